@@ -1,0 +1,2 @@
+//! `snapfence`: the operator tool.
+fn main() {}

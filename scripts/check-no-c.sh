@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Fails when the default (normal + build) dependency tree of the shipped crates contains a crate that
+# compiles or links C: *-sys crates, cc, cmake, bindgen, pkg-config. protocol-tests is a test-only member.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tree=$(cargo tree -e normal,build --prefix none -p snapfence -p snapfence-cli)
+bad=$(printf '%s\n' "$tree" | grep -E '^([A-Za-z0-9_-]+-sys|cc|cmake|bindgen|pkg-config) v' | sort -u || true)
+if [ -n "$bad" ]; then
+  echo "C-building crates in the default dependency tree:" >&2
+  printf '  %s\n' $bad >&2
+  exit 1
+fi
+echo "no-C check: $(printf '%s\n' "$tree" | sort -u | wc -l) crates, none build C"

@@ -1,0 +1,1 @@
+//! The partition reader and the group consumer.

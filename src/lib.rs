@@ -1,0 +1,28 @@
+//! # snapfence
+//!
+//! A Kafka client written from the wire protocol up, for stream processors that keep per-key state as
+//! snapshots in a compacted topic and must never let a stale owner overwrite that state.
+//!
+//! The crate is layered; every layer only calls the ones below it:
+//!
+//! | layer | what it owns |
+//! |---|---|
+//! | [`records`] | record batches: bytes ↔ batches, compression, read_committed visibility, the LSO from a log |
+//! | [`wire`] | frames, request/response headers, API versions, the Kafka error-code table |
+//! | [`net`] | connections, ApiVersions negotiation, metadata, routing to leaders and coordinators |
+//! | [`producer`] | the idempotent and transactional producer (transaction versions 1 and 2) |
+//! | [`consumer`] | the partition reader and the group consumer (classic and KIP-848) |
+//! | [`snapshot`] | group-committed fenced snapshot writes, the recovery read, the per-key fold runtime |
+//!
+//! No C is linked in the default build: compression, checksums and the protocol are pure Rust.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod consumer;
+pub mod net;
+pub mod producer;
+pub mod records;
+pub mod snapshot;
+pub mod wire;
+
+pub use wire::ErrorCode;

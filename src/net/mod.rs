@@ -1,0 +1,1 @@
+//! Connections, version negotiation, cluster metadata and request routing.

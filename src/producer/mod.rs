@@ -1,0 +1,1 @@
+//! The idempotent and transactional producer.

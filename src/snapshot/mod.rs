@@ -1,0 +1,1 @@
+//! Generation-fenced snapshot persistence.
