@@ -17,9 +17,12 @@
 
 #![allow(dead_code)] // The async drivers over net::Client land with the net layer.
 
+mod accumulator;
 mod classify;
 mod error;
 mod record;
+mod sequence;
 
 pub use error::{ErrorClass, ProducerError};
 pub use record::{Header, OffsetAndMetadata, ProducerRecord, RecordMetadata, TopicPartition};
+pub use sequence::ProducerIdEpoch;
