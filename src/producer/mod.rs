@@ -19,10 +19,15 @@
 
 mod accumulator;
 mod classify;
+mod config;
 mod error;
+mod messages;
 mod record;
 mod sequence;
+mod txn;
 
+pub use config::{ProducerConfig, TransactionalConfig};
 pub use error::{ErrorClass, ProducerError};
 pub use record::{Header, OffsetAndMetadata, ProducerRecord, RecordMetadata, TopicPartition};
 pub use sequence::ProducerIdEpoch;
+pub use txn::TransactionState;
