@@ -186,6 +186,40 @@ impl<T> Accumulator<T> {
             .min()
     }
 
+    /// Whether `tp`'s oldest batch may be sent now.
+    pub(crate) fn is_ready(&self, tp: &TopicPartition, now: Instant) -> bool {
+        self.queues
+            .get(tp)
+            .and_then(VecDeque::front)
+            .is_some_and(|b| self.head_ready(b, now))
+    }
+
+    /// Takes out the batches, oldest first per partition, created at or before `cutoff` (their delivery
+    /// time ran out before they were ever sent).
+    pub(crate) fn take_created_before(&mut self, cutoff: Instant) -> Vec<Batch<T>> {
+        let mut out = Vec::new();
+        self.queues.retain(|_, q| {
+            while q.front().is_some_and(|b| b.created <= cutoff) {
+                out.extend(q.pop_front());
+            }
+            !q.is_empty()
+        });
+        out
+    }
+
+    /// The creation time of the oldest waiting batch.
+    pub(crate) fn oldest_created(&self) -> Option<Instant> {
+        self.queues
+            .values()
+            .filter_map(|q| q.front().map(|b| b.created))
+            .min()
+    }
+
+    /// Whether any waiting batch has an id at or below `id`.
+    pub(crate) fn holds_batch_up_to(&self, id: BatchId) -> bool {
+        self.queues.values().flatten().any(|b| b.id <= id)
+    }
+
     /// Takes `tp`'s oldest batch (ready or not: the caller decides). Its memory stays reserved.
     pub(crate) fn drain(&mut self, tp: &TopicPartition) -> Option<Batch<T>> {
         let q = self.queues.get_mut(tp)?;

@@ -20,6 +20,7 @@
 mod accumulator;
 mod classify;
 mod config;
+mod core;
 mod error;
 mod messages;
 mod record;
