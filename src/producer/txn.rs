@@ -1029,10 +1029,8 @@ impl TxnMachine {
             }) => self.on_end(
                 response, now, started, deadline, attempts, commit, in_doubt, timeout,
             ),
-            None => Step::Failed(ProducerError::IllegalState {
-                op: "on_response",
-                state: "idle",
-            }),
+            // The operation was cut short (a fatal error from the produce path, say): report why.
+            None => Step::Failed(self.refusal("on_response")),
         }
     }
 

@@ -972,3 +972,300 @@ fn mismatched_answer_is_fatal_not_a_panic() {
         Step::Failed(ProducerError::IllegalState { .. })
     ));
 }
+
+// ------------------------------------------------------------------------------------------------
+// random walks
+
+mod walk {
+    //! Random interleavings of calls, answers, dropped futures and passing time, checked against the
+    //! invariants the caller relies on.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone, Copy)]
+    enum Answer {
+        Ok,
+        Retry,
+        MovedCoordinator,
+        Lost,
+        Fenced,
+        CommitFenced,
+        Abortable,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Cmd {
+        Init,
+        Begin,
+        Append(i32),
+        PollAdd,
+        AnswerAdd(bool),
+        ProduceSent(i32),
+        ProduceError {
+            fatal: bool,
+            bump: bool,
+        },
+        SendOffsets,
+        Commit,
+        Abort,
+        Answer(Answer),
+        /// Time passes beyond every deadline.
+        Wait,
+    }
+
+    fn answer() -> impl Strategy<Value = Answer> {
+        prop_oneof![
+            4 => Just(Answer::Ok),
+            2 => Just(Answer::Retry),
+            1 => Just(Answer::MovedCoordinator),
+            3 => Just(Answer::Lost),
+            1 => Just(Answer::Fenced),
+            1 => Just(Answer::CommitFenced),
+            1 => Just(Answer::Abortable),
+        ]
+    }
+
+    fn cmd() -> impl Strategy<Value = Cmd> {
+        prop_oneof![
+            1 => Just(Cmd::Init),
+            2 => Just(Cmd::Begin),
+            2 => (0..3i32).prop_map(Cmd::Append),
+            1 => Just(Cmd::PollAdd),
+            1 => any::<bool>().prop_map(Cmd::AnswerAdd),
+            2 => (0..3i32).prop_map(Cmd::ProduceSent),
+            1 => (any::<bool>(), any::<bool>())
+                .prop_map(|(fatal, bump)| Cmd::ProduceError { fatal: fatal && bump, bump }),
+            1 => Just(Cmd::SendOffsets),
+            2 => Just(Cmd::Commit),
+            2 => Just(Cmd::Abort),
+            6 => answer().prop_map(Cmd::Answer),
+            2 => Just(Cmd::Wait),
+        ]
+    }
+
+    fn response(req: &TxnRequest, a: Answer) -> TxnResponse {
+        let code = match a {
+            Answer::Ok => ErrorCode::None,
+            Answer::Retry => ErrorCode::ConcurrentTransactions,
+            Answer::MovedCoordinator => ErrorCode::NotCoordinator,
+            Answer::Lost => return TxnResponse::NoAnswer("lost".into()),
+            Answer::Fenced => ErrorCode::ProducerFenced,
+            Answer::CommitFenced => ErrorCode::IllegalGeneration,
+            Answer::Abortable => ErrorCode::TransactionAbortable,
+        };
+        match req {
+            TxnRequest::InitProducerId { current, .. } => {
+                TxnResponse::InitProducerId(if code.is_ok() {
+                    Ok(current.map_or(IDS, |c| ProducerIdEpoch {
+                        id: c.id,
+                        epoch: c.epoch + 1,
+                    }))
+                } else {
+                    Err(code)
+                })
+            }
+            TxnRequest::AddPartitions { partitions, .. } => {
+                TxnResponse::AddPartitions(partitions.iter().map(|tp| (tp.clone(), code)).collect())
+            }
+            TxnRequest::AddOffsets { .. } => TxnResponse::AddOffsets(code),
+            TxnRequest::TxnOffsetCommit { offsets, .. } => TxnResponse::TxnOffsetCommit(
+                offsets.iter().map(|(tp, _)| (tp.clone(), code)).collect(),
+            ),
+            TxnRequest::EndTxn { ids, tv, .. } => TxnResponse::EndTxn {
+                code,
+                next: (*tv == TxnVersion::V2 && code.is_ok()).then_some(ProducerIdEpoch {
+                    id: ids.id,
+                    epoch: ids.epoch + 1,
+                }),
+            },
+        }
+    }
+
+    /// What the walk knows about the open transaction, independent of the machine.
+    #[derive(Default)]
+    struct Model {
+        /// Something of the transaction was put on the wire.
+        reached: bool,
+        /// A TxnOffsetCommit went out and its answer was never fed.
+        offsets_in_doubt: bool,
+        /// Partitions whose AddPartitionsToTxn was answered with success.
+        enrolled: BTreeSet<TopicPartition>,
+    }
+
+    fn check_error(m: &TxnMachine, e: &ProducerError) {
+        if e.is_fatal() {
+            assert_eq!(m.state(), TransactionState::FatalError, "{e}");
+        }
+        if e.is_outcome_unknown() {
+            assert_eq!(m.state(), TransactionState::CommitOutcomeUnknown, "{e}");
+        }
+        if e.is_abortable() {
+            assert!(
+                matches!(
+                    m.state(),
+                    TransactionState::AbortableError | TransactionState::FatalError
+                ),
+                "{e} in {:?}",
+                m.state()
+            );
+        }
+    }
+
+    fn run(tv: i16, cmds: Vec<Cmd>) {
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut m = machine(tv);
+        let mut outstanding: Option<TxnRequest> = None;
+        let mut add_outstanding: Option<TxnRequest> = None;
+        let mut model = Model::default();
+        for cmd in cmds {
+            let before = m.state();
+            let fatal_before = before == TransactionState::FatalError;
+            let dropped_offsets = matches!(outstanding, Some(TxnRequest::TxnOffsetCommit { .. }));
+            let mut step = None;
+            match cmd {
+                Cmd::Init => step = Some(m.start_init(now, OP)),
+                Cmd::Begin => {
+                    if m.begin(now).is_ok() {
+                        model = Model::default();
+                        add_outstanding = None;
+                    }
+                }
+                Cmd::Append(p) => {
+                    let _ = m.on_append(&tp(p));
+                }
+                Cmd::PollAdd => {
+                    if add_outstanding.is_none() {
+                        if let Some(r) = m.poll_add_partitions(now) {
+                            model.reached = true;
+                            add_outstanding = Some(r);
+                        }
+                    }
+                }
+                Cmd::AnswerAdd(ok) => {
+                    if let Some(req) = add_outstanding.take() {
+                        let resp = response(&req, if ok { Answer::Ok } else { Answer::Retry });
+                        if let (true, TxnRequest::AddPartitions { partitions, .. }) = (ok, &req) {
+                            model.enrolled.extend(partitions.iter().cloned());
+                        }
+                        if let Some(e) = m.on_add_partitions(resp, now).error {
+                            check_error(&m, &e);
+                        }
+                    }
+                }
+                Cmd::ProduceSent(p) => {
+                    if m.can_produce(&tp(p)) {
+                        if m.txn_version() == TxnVersion::V1 {
+                            assert!(
+                                model.enrolled.contains(&tp(p)),
+                                "TV1 produce before enrolment"
+                            );
+                        }
+                        model.reached = true;
+                        m.on_produce_sent(&tp(p));
+                    }
+                }
+                Cmd::ProduceError { fatal, bump } => {
+                    let err = if fatal {
+                        ProducerError::Fenced {
+                            transactional_id: "tx-1".into(),
+                            code: ErrorCode::ProducerFenced,
+                        }
+                    } else {
+                        ProducerError::Broker {
+                            api: "Produce",
+                            code: ErrorCode::OutOfOrderSequenceNumber,
+                            class: ErrorClass::Abortable,
+                        }
+                    };
+                    m.on_produce_error(err, bump);
+                }
+                Cmd::SendOffsets => step = Some(m.start_send_offsets(&group(), offsets(), now, OP)),
+                Cmd::Commit => step = Some(m.start_commit(now, OP)),
+                Cmd::Abort => step = Some(m.start_abort(now, OP)),
+                Cmd::Answer(a) => {
+                    if let Some(req) = outstanding.take() {
+                        let s = m.on_response(response(&req, a), now);
+                        // A later send_offsets that completed ran the fence for the offsets that count
+                        // (requests to one coordinator are processed in order).
+                        if matches!(req, TxnRequest::TxnOffsetCommit { .. })
+                            && matches!(s, Step::Done)
+                        {
+                            model.offsets_in_doubt = false;
+                        }
+                        step = Some(s);
+                    }
+                }
+                Cmd::Wait => now += OP * 2,
+            }
+            if let Some(step) = step {
+                if !matches!(cmd, Cmd::Answer(_)) && dropped_offsets {
+                    model.offsets_in_doubt = true;
+                }
+                match step {
+                    Step::Send(req) | Step::Backoff { request: req, .. } => {
+                        if let TxnRequest::EndTxn { commit, .. } = &req {
+                            if *commit {
+                                assert!(
+                                    !model.offsets_in_doubt,
+                                    "commit after an interrupted send_offsets"
+                                );
+                            } else {
+                                assert!(
+                                    !matches!(
+                                        before,
+                                        TransactionState::Committing
+                                            | TransactionState::CommitOutcomeUnknown
+                                    ),
+                                    "abort of a commit that may land"
+                                );
+                            }
+                        }
+                        if matches!(
+                            req,
+                            TxnRequest::TxnOffsetCommit { .. } | TxnRequest::AddOffsets { .. }
+                        ) {
+                            model.reached = true;
+                        }
+                        assert!(!fatal_before, "a request after a fatal error: {req:?}");
+                        outstanding = Some(req);
+                    }
+                    Step::Done => {
+                        if matches!(cmd, Cmd::Commit | Cmd::Abort)
+                            && before == TransactionState::InTransaction
+                        {
+                            assert!(
+                                !model.reached,
+                                "EndTxn skipped for a transaction on the wire"
+                            );
+                        }
+                    }
+                    Step::Failed(e) => {
+                        check_error(&m, &e);
+                        if fatal_before {
+                            assert!(e.is_fatal(), "{e}");
+                        }
+                    }
+                }
+            }
+            if fatal_before {
+                assert_eq!(m.state(), TransactionState::FatalError, "fatal is terminal");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn tv1_walks_keep_the_invariants(cmds in proptest::collection::vec(cmd(), 1..60)) {
+            run(1, cmds);
+        }
+
+        #[test]
+        fn tv2_walks_keep_the_invariants(cmds in proptest::collection::vec(cmd(), 1..60)) {
+            run(2, cmds);
+        }
+    }
+}
