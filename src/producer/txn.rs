@@ -367,6 +367,9 @@ struct Txn {
     span: Span,
 }
 
+/// The retry delay for a first enrolment answered CONCURRENT_TRANSACTIONS (the Java client uses the same).
+pub(crate) const CONCURRENT_RETRY: Duration = Duration::from_millis(20);
+
 /// What happened to an AddPartitionsToTxn answer.
 #[derive(Debug, Clone)]
 pub(crate) struct AddPartitionsOutcome {
@@ -724,6 +727,10 @@ impl TxnMachine {
         let mut refresh = false;
         let mut retry = BTreeSet::new();
         let mut worst: Option<(Action, ErrorCode)> = None;
+        // The first enrolment of a transaction often races the end of the previous one (its markers
+        // are still being written): CONCURRENT_TRANSACTIONS then clears within milliseconds, so a full
+        // backoff would add most of a transaction's latency.
+        let mut racing_previous = txn.partitions.is_empty();
         for (tp, code) in results {
             match classify(Api::AddPartitionsToTxn, code) {
                 Action::Ok => {
@@ -731,6 +738,7 @@ impl TxnMachine {
                 }
                 Action::Retry(r) => {
                     refresh |= r == Refresh::Coordinator;
+                    racing_previous &= code == ErrorCode::ConcurrentTransactions;
                     retry.insert(tp);
                 }
                 action => {
@@ -774,7 +782,12 @@ impl TxnMachine {
             txn.add_not_before = None;
         } else {
             txn.pending.extend(retry);
-            txn.add_not_before = Some(now + self.backoff.delay(txn.add_attempts));
+            let delay = if racing_previous && txn.partitions.is_empty() {
+                self.backoff.delay(txn.add_attempts).min(CONCURRENT_RETRY)
+            } else {
+                self.backoff.delay(txn.add_attempts)
+            };
+            txn.add_not_before = Some(now + delay);
             txn.add_attempts += 1;
         }
         AddPartitionsOutcome {

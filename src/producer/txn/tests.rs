@@ -401,6 +401,40 @@ fn tv1_add_partitions_retries_and_errors() {
     assert!(matches!(refused, ProducerError::MustAbort { .. }));
 }
 
+/// A first enrolment that races the previous transaction's end retries after 20 ms, not a full
+/// backoff; once something is enrolled, CONCURRENT_TRANSACTIONS backs off as usual.
+#[test]
+fn tv1_first_enrolment_racing_the_previous_end_retries_quickly() {
+    let t0 = Instant::now();
+    let slow = Backoff {
+        base: Duration::from_millis(500),
+        max: Duration::from_secs(1),
+    };
+    let mut m = TxnMachine::new("tx-1", Duration::from_secs(60), slow, caps(1));
+    sent(m.start_init(t0, OP));
+    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    m.poll_add_partitions(t0).unwrap();
+    let busy = |p| TxnResponse::AddPartitions(vec![(tp(p), ErrorCode::ConcurrentTransactions)]);
+    m.on_add_partitions(busy(0), t0);
+    assert_eq!(m.add_partitions_not_before(), Some(t0 + CONCURRENT_RETRY));
+    let t1 = t0 + CONCURRENT_RETRY;
+    m.poll_add_partitions(t1).unwrap();
+    m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None)]),
+        t1,
+    );
+    m.on_append(&tp(1)).unwrap();
+    m.poll_add_partitions(t1).unwrap();
+    m.on_add_partitions(busy(1), t1);
+    assert_eq!(
+        m.add_partitions_not_before(),
+        Some(t1 + Duration::from_millis(500)),
+        "not the first enrolment any more"
+    );
+}
+
 #[test]
 fn tv1_add_partitions_fenced_is_fatal() {
     let t0 = Instant::now();
