@@ -25,10 +25,11 @@ const STARTED_LINE: &str = "Kafka Server started";
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// Per-request timeout of the readiness probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-/// JVM flags that cut start-up time on a small machine (see the crate docs for the measurements):
-/// serial GC has the least to set up, C1-only JIT compiles the start-up path sooner, and the default CDS
-/// archive maps the JDK classes instead of parsing them. Override with `SNAPFENCE_KAFKA_JVM_OPTS`.
-const FAST_START_FLAGS: &str = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto";
+/// JVM flags that cut start-up time on a small machine (measurements in the crate docs): C1-only JIT
+/// compiles the start-up path sooner and is most of the gain; serial GC has the least to set up and no
+/// GC threads competing for two cores. Override with `SNAPFENCE_KAFKA_JVM_OPTS` (benchmarks that want the
+/// broker at full speed set e.g. `-XX:+UseG1GC`, which re-enables C2).
+const FAST_START_FLAGS: &str = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1";
 
 pub(crate) struct LocalCluster {
     pub(crate) spec: ClusterSpec,
@@ -118,11 +119,16 @@ impl LocalCluster {
             started_in: Duration::ZERO,
         };
         // From here on, dropping `cluster` on an error kills whatever was started.
-        cluster.format_all()?;
-        for node in &cluster.nodes {
-            cluster.spawn_node(node)?;
+        let started = cluster.format_all().and_then(|()| {
+            for node in &cluster.nodes {
+                cluster.spawn_node(node)?;
+            }
+            cluster.wait_ready(Instant::now() + READY_TIMEOUT)
+        });
+        if let Err(e) = started {
+            cluster.keep_for_post_mortem(&e);
+            return Err(e);
         }
-        cluster.wait_ready(Instant::now() + READY_TIMEOUT)?;
         let mut cluster = cluster;
         cluster.started_in = began.elapsed();
         Ok(cluster)
@@ -458,6 +464,44 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Stops the nodes and moves the cluster folder to `<cache>/failed/` (keeping the newest few), so a
+    /// failed start in CI can be read afterwards; the process's own folder is deleted at exit.
+    fn keep_for_post_mortem(&self, error: &FixtureError) {
+        const KEEP: usize = 5;
+        for node in &self.nodes {
+            self.kill(node.id);
+        }
+        let failed = jars::cache_root().join("failed");
+        if fs::create_dir_all(&failed).is_err() {
+            return;
+        }
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let name = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let target = failed.join(format!("{stamp}-{}-{name}", std::process::id()));
+        if fs::rename(&self.dir, &target).is_ok() {
+            let _ = fs::write(target.join("error.txt"), error.to_string());
+            eprintln!(
+                "protocol-tests: failed cluster start kept in {}",
+                target.display()
+            );
+        }
+        let mut old: Vec<PathBuf> = fs::read_dir(&failed)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        old.sort(); // names start with a millisecond stamp
+        let excess = old.len().saturating_sub(KEEP);
+        for dir in &old[..excess] {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+
     /// `detail` followed by the end of every node's server.log: the folder is deleted when the cluster is
     /// dropped, so an error must carry what explains it.
     fn with_logs(&self, mut detail: String) -> String {
@@ -493,6 +537,11 @@ impl LocalCluster {
             let _ = fs::remove_file(f);
         }
         state.paused = false;
+    }
+
+    /// The pid (and process group id) of the node's JVM, when it runs.
+    pub(crate) fn pid(&self, id: i32) -> Option<u32> {
+        self.node(id).state().child.as_ref().map(Child::id)
     }
 
     /// SIGSTOP (`pause = true`) or SIGCONT to the node's process group.

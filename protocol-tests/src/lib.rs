@@ -9,7 +9,105 @@
 //! # }
 //! ```
 //!
-//! FACTS_PLACEHOLDER
+//! # What the fixture does
+//! - **Jars.** On first use per Kafka release it writes `<cache>/kafka/<v>/pom.xml` (packaging `pom`:
+//!   `org.apache.kafka:kafka_2.13:<v>` plus one SLF4J binding) and runs
+//!   `mvn -B -q org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies -DincludeScope=runtime`
+//!   into a temp folder, checks the broker jar is there with exactly one SLF4J binding, and renames it to
+//!   `<cache>/kafka/<v>/libs`. An `flock` on `<cache>/kafka/<v>/.lock` serialises concurrent test processes.
+//!   Later runs need neither the network nor `mvn`. A missing `java` or `mvn` fails with a message naming
+//!   the tool and the `apt-get` line that installs it.
+//! - **Nodes.** KRaft combined `broker,controller` nodes (ids 1..=n) on ports picked by binding
+//!   `127.0.0.1:0`, a static `controller.quorum.voters`, the settings of `shared/BROKER.md` (replication
+//!   factors 3 / min ISR 2 with three nodes), each formatted by `kafka.tools.StorageTool format` with the
+//!   spec's `--feature` flags. Logs: WARN and above plus the "Kafka Server started" line go to
+//!   `server.log` in the node folder; JVM output to `stdout.log`. JVM: `-Xms512m -Xmx512m` and
+//!   `-XX:+UseSerialGC -XX:TieredStopAtLevel=1` (see the measurements below).
+//! - **Ready** means: every running node logged "Kafka Server started", every running node answers a
+//!   Metadata request listing every running node, and FindCoordinator for a group and for a transactional id
+//!   both answer without error. It is checked by [`probe::Probe`], a blocking client of its own, never by
+//!   snapfence's `net` layer (the code under test).
+//! - **Faults.** [`KafkaCluster::kill`] = SIGKILL to the JVM's process group (a crash),
+//!   [`KafkaCluster::pause`]/[`KafkaCluster::resume`] = SIGSTOP/SIGCONT (a frozen process whose sockets stay
+//!   open), [`KafkaCluster::restart`] = start again on the same data dir and ports, then wait until ready.
+//! - **No JVM left behind**: every JVM gets its own process group and `PR_SET_PDEATHSIG(SIGKILL)` from one
+//!   long-lived spawner thread (so it dies with the test process, even on SIGKILL); dropping a cluster kills
+//!   its nodes; an `atexit` hook kills and deletes this process's clusters; and pid files under
+//!   `<cache>/run/<pid>.<starttime>/` let the next test process kill JVMs whose owner is gone (checked by
+//!   the JVM's own start time, so a recycled pid is never hit). A cluster whose start failed is moved to
+//!   `<cache>/failed/` (newest five kept) for a post-mortem.
+//! - **Sharing.** [`cluster`] keeps one cluster per distinct [`ClusterSpec`] per test binary, started by
+//!   the first test that asks; [`dedicated`] gives a private one that is stopped on drop. Neither is tied to
+//!   a tokio runtime: the start runs on a plain thread and the JVMs are `std::process` children.
+//!
+//! # Environment
+//! | variable | effect |
+//! |---|---|
+//! | `SNAPFENCE_BOOTSTRAP` | use this external cluster for every spec; node faults then panic (tests check [`KafkaCluster::is_external`] and skip) |
+//! | `SNAPFENCE_KAFKA_VERSION` | the 4.x release of [`ClusterSpec::kafka4`] (default [`DEFAULT_KAFKA4`]) |
+//! | `SNAPFENCE_KAFKA39_VERSION` | the 3.9 release of [`ClusterSpec::kafka39`] (default [`DEFAULT_KAFKA39`]) |
+//! | `SNAPFENCE_CACHE` | the cache folder (default `~/.cache/snapfence`) |
+//! | `SNAPFENCE_KAFKA_JVM_OPTS` | replaces the start-up JVM flags, e.g. `-XX:+UseG1GC` for a full-speed broker in benchmarks |
+//! | `JAVA_HOME` | the JVM to run (default `java` on `PATH`) |
+//!
+//! # Broker facts proven here (checked against `shared/BROKER.md`)
+//! Proven by the tests in `tests/fixture.rs` or by `cargo run -p protocol-tests --bin kafka-fixture`:
+//! - Coordinates: `kafka_2.13:4.4.0` + `log4j-slf4j-impl:2.25.3` gives 45 jars with one binding
+//!   (`log4j-core`/`log4j-api` come with the binding; 4.4.0 still uses `slf4j-api` 1.7.36).
+//!   `kafka_2.13:3.9.2` + `slf4j-reload4j:1.7.36` + `reload4j:1.2.25` gives 57 jars with one binding.
+//!   A cold fetch of both takes about 15 s each.
+//! - Main classes `kafka.tools.StorageTool` and `kafka.Kafka` exist in both releases. `format -t ID -c FILE`
+//!   without `--standalone` works with a static `controller.quorum.voters`, for one node and for three
+//!   formatted with one cluster id and started together. A cluster id made in Rust (16 random bytes,
+//!   base64url without padding) is accepted.
+//! - `--feature transaction.version=1` and `--feature group.version=0` are accepted by 4.4.0's StorageTool
+//!   and show up as the finalized levels in ApiVersions.
+//! - The log line is `[KafkaRaftServer nodeId=N] Kafka Server started` from logger
+//!   `kafka.server.KafkaRaftServer` in both releases; 4.x reads a Log4j 2 *properties* file through
+//!   `-Dlog4j2.configurationFile`, 3.9 a log4j 1 file through `-Dlog4j.configuration=file:`.
+//! - Every setting listed in BROKER.md is accepted by both releases (3.9 only warns about the share
+//!   coordinator ones, which it does not know, without a warning).
+//! - Three nodes: after SIGKILL of one node the survivors keep answering Metadata and stop listing the dead
+//!   node within about 3 s (`broker.session.timeout.ms=3000`); restarted on the same data dir without
+//!   re-formatting it rejoins and is listed by all nodes again.
+//! - SIGSTOP: the kernel still completes TCP handshakes to the frozen broker, but nothing answers;
+//!   after SIGCONT an old connection works again. A node uses about 230 MB (4.4.0) to 290 MB (3.9.2)
+//!   resident after start, less than the 0.5 GB BROKER.md estimated.
+//!
+//! # Broker facts corrected or added
+//! - 4.4.0's default format finalizes more than `transaction.version=2` and `group.version=1`: also
+//!   `share.version=2`, `streams.version=1`, `eligible.leader.replicas.version=1`, and
+//!   `metadata.version=33` (4.4-IV2). Share groups and streams groups are on by default.
+//! - A feature at level 0 is absent from `finalized_features` (not listed as 0): with `group.version=0`
+//!   ApiVersions simply has no `group.version` entry.
+//! - `group.version=0` does not hide the KIP-848 APIs: ConsumerGroupHeartbeat is still advertised
+//!   (v0..v1), but a join answers UNSUPPORTED_VERSION (35). Likewise a TV1 cluster advertises exactly the
+//!   same API version ranges as a TV2 one (EndTxn up to v5, TxnOffsetCommit up to v6, Produce up to v13):
+//!   a client must choose the KIP-890 part 2 path from the finalized `transaction.version`, not from API
+//!   versions.
+//! - 3.9.2 finalizes only `metadata.version` (21 = 3.9-IV0): there is no `transaction.version` and no
+//!   `group.version` entry at all (so level 0 for both). It advertises ConsumerGroupHeartbeat v0 whether or
+//!   not the preview is on; `group.coordinator.rebalance.protocols=classic,consumer` is all 3.9.2 needs for
+//!   a KIP-848 join to succeed (without it: 35 UNSUPPORTED_VERSION). Its first heartbeat must carry a
+//!   non-empty `SubscribedTopicNames` (an empty list is INVALID_REQUEST, 42).
+//! - ApiVersions v3 omits every *supported* feature whose minimum level is 0 (both releases list only
+//!   `metadata.version` there); ApiVersions v4 lists them all (4.4.0: `group.version` 0..1,
+//!   `transaction.version` 0..2, `kraft.version` 0..1, ...). Finalized features are complete at v3.
+//!   4.4.0 advertises ApiVersions up to v5, beyond kafka-protocol 0.18 (v4).
+//! - The newest log4j 2.25.x that resolves is 2.25.3 (BROKER.md said "2.25.x").
+//!
+//! # Start-up times
+//! STARTUP_PLACEHOLDER
+//!
+//! # kafka-protocol features
+//! This crate enables only kafka-protocol's `client` feature. Its `Request` trait is implemented only when
+//! both `client` and `broker` are on, so the probe is generic over `Encodable + HeaderVersion` instead; turning
+//! `broker` on here would, through Cargo feature unification, hide from `cargo test --workspace` any use of
+//! `Request` in the snapfence library that a plain `cargo build -p snapfence` would reject.
+//!
+//! # References
+//! - KIP-500/KIP-631 (KRaft), KIP-584 (versioned features), KIP-848 (consumer groups), KIP-890
+//!   (transaction.version 2), KIP-511 (ApiVersions v3), KIP-1082 (client-made member ids, heartbeat v1)
 #![deny(missing_docs)]
 
 mod cluster;
@@ -40,13 +138,18 @@ impl KafkaVersion {
     /// A release by its number. Panics unless `version` is two or three dot-separated numbers (it becomes
     /// part of a path and a Maven coordinate).
     pub fn new(version: &str) -> KafkaVersion {
+        Self::parse(version)
+            .unwrap_or_else(|| panic!("not a Kafka version (want e.g. 4.4.0): {version:?}"))
+    }
+
+    /// A release by its number, or None unless `version` is two or three dot-separated numbers.
+    pub fn parse(version: &str) -> Option<KafkaVersion> {
         let parts: Vec<&str> = version.split('.').collect();
         let ok = (2..=3).contains(&parts.len())
             && parts
                 .iter()
                 .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-        assert!(ok, "not a Kafka version (want e.g. 4.4.0): {version:?}");
-        KafkaVersion(version.to_owned())
+        ok.then(|| KafkaVersion(version.to_owned()))
     }
 
     /// The default 4.x release: `SNAPFENCE_KAFKA_VERSION` if set, else [`DEFAULT_KAFKA4`].
@@ -348,6 +451,11 @@ impl KafkaCluster {
         }
     }
 
+    /// The pid of the node's JVM (also its process group id) while it runs. Panics for an external cluster.
+    pub fn node_pid(&self, node: i32) -> Option<u32> {
+        self.local_only("node_pid").pid(node)
+    }
+
     /// Crashes the node: SIGKILL to its JVM's process group. Its data stays for [`restart`](Self::restart).
     /// A node that is not running is left alone. Panics for an external cluster or an unknown node.
     pub fn kill(&self, node: i32) {
@@ -397,6 +505,12 @@ impl KafkaCluster {
                 .unwrap_or_else(|e| panic!("cannot provide Kafka jars: {e}")),
         }
     }
+}
+
+/// The folder the fixture keeps everything in: `$SNAPFENCE_CACHE`, else `$XDG_CACHE_HOME/snapfence`, else
+/// `~/.cache/snapfence`. Jars live in `kafka/<version>/libs`, running clusters in `run/<pid>.<start>/`.
+pub fn cache_root() -> PathBuf {
+    jars::cache_root()
 }
 
 /// The jar folder for `version` (fetched from Maven Central on first use, then cached): for Java peers that
@@ -516,8 +630,10 @@ mod tests {
     fn versions_parse_and_reject_path_tricks() {
         let v = KafkaVersion::new("4.4.0");
         assert_eq!((v.major(), v.minor()), (4, 4));
-        assert!(std::panic::catch_unwind(|| KafkaVersion::new("../4.4.0")).is_err());
-        assert!(std::panic::catch_unwind(|| KafkaVersion::new("4")).is_err());
+        assert_eq!(KafkaVersion::parse("3.9"), Some(KafkaVersion("3.9".into())));
+        for bad in ["../4.4.0", "4", "4.4.0.1", "4..0", "4.4.0-rc1", ""] {
+            assert_eq!(KafkaVersion::parse(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -214,4 +214,42 @@ mod tests {
         assert!(!dead.exists());
         fs::remove_dir_all(&run).unwrap();
     }
+
+    #[test]
+    fn sweep_kills_the_recorded_process_group_of_a_dead_owner() {
+        // Stands in for a JVM whose parent-death signal never came: own process group, no PDEATHSIG.
+        let mut orphan = Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = orphan.id();
+        let run = std::env::temp_dir().join(format!("snapfence-sweep-kill-{}", std::process::id()));
+        let dead_owner = run.join(format!("{}.1", std::process::id()));
+        fs::create_dir_all(&dead_owner).unwrap();
+        let started = start_time(pid).unwrap();
+        fs::write(
+            dead_owner.join(format!("jvm-{pid}.pid")),
+            format!("{pid} {started}\n"),
+        )
+        .unwrap();
+
+        sweep(&run);
+
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = orphan.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "sweep left the recorded process running"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(!dead_owner.exists());
+        fs::remove_dir_all(&run).unwrap();
+    }
 }
