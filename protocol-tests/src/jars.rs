@@ -83,9 +83,28 @@ const MAVEN_HINT: &str =
     "The Kafka test fixture fetches the broker jars from Maven Central with Maven \
      on first use: install it (`apt-get install -y maven`), or fill the cache folder by hand.";
 
-/// Makes sure a JVM can be started.
-pub fn require_java() -> Result<(), FixtureError> {
-    require_tool(&java_binary(), "-version", JAVA_HINT)
+/// Makes sure a JVM can be started; returns what `java -version` printed (it identifies the JVM build).
+pub fn require_java() -> Result<String, FixtureError> {
+    let java = java_binary();
+    match Command::new(&java)
+        .arg("-version")
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => Ok(String::from_utf8_lossy(&out.stderr).into_owned()),
+        Ok(out) => Err(FixtureError::MissingTool {
+            tool: java.display().to_string(),
+            detail: format!(
+                "`{} -version` exited with {}. {JAVA_HINT}",
+                java.display(),
+                out.status
+            ),
+        }),
+        Err(e) => Err(FixtureError::MissingTool {
+            tool: java.display().to_string(),
+            detail: format!("cannot run `{}`: {e}. {JAVA_HINT}", java.display()),
+        }),
+    }
 }
 
 /// The folder holding every jar the broker of `version` needs (for `-cp "DIR/*"`), fetching it on first use.
