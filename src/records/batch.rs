@@ -198,20 +198,11 @@ impl RecordBatch {
 
     /// [`records`](Self::records) with a caller-chosen cap on the decompressed record section.
     pub fn records_with_limit(&self, limit: usize) -> Result<Records, DecodeError> {
-        let data = match self.compression {
-            Compression::None => self.records.clone(),
-            codec => Bytes::from(compression::decompress(codec, &self.records, limit)?),
-        };
-        check_record_count(self.base_offset, self.record_count, data.len())?;
         Ok(Records {
-            data,
+            data: self.record_data(limit)?,
             pos: 0,
             left: self.record_count,
-            base_offset: self.base_offset,
-            base_timestamp: self.base_timestamp,
-            timestamp_type: self.attributes.timestamp_type(),
-            max_timestamp: self.max_timestamp,
-            last_offset_delta: self.last_offset_delta,
+            ctx: self.context(),
             done: false,
         })
     }
@@ -451,7 +442,7 @@ pub struct Header {
     pub value: Option<Bytes>,
 }
 
-/// One data record.
+/// One data record, owning (zero-copy) slices of the fetched buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Record {
     /// The record's offset in the partition.
@@ -468,20 +459,281 @@ pub struct Record {
     pub headers: Vec<Header>,
 }
 
+/// A byte range inside a record section; `len == -1` is null.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Span {
+    pub(crate) start: u32,
+    pub(crate) len: i32,
+}
+
+impl Span {
+    const NULL: Span = Span { start: 0, len: -1 };
+
+    pub(crate) fn get<'a>(&self, data: &'a [u8]) -> Option<&'a [u8]> {
+        let len = usize::try_from(self.len).ok()?;
+        let start = self.start as usize;
+        data.get(start..start + len)
+    }
+
+    pub(crate) fn slice(&self, data: &Bytes) -> Option<Bytes> {
+        let len = usize::try_from(self.len).ok()?;
+        let start = self.start as usize;
+        (start + len <= data.len()).then(|| data.slice(start..start + len))
+    }
+}
+
+/// A decoded record as positions into its record section: what the engine stores per record, so
+/// delivering a record costs no allocation and no reference count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct RawRecord {
+    pub(crate) offset: i64,
+    pub(crate) timestamp: i64,
+    pub(crate) key: Span,
+    pub(crate) value: Span,
+    /// The headers' bytes (already validated) and how many there are.
+    pub(crate) headers: Span,
+    pub(crate) header_count: u32,
+}
+
+impl RawRecord {
+    pub(crate) fn to_record(self, data: &Bytes, timestamp_type: TimestampType) -> Record {
+        Record {
+            offset: self.offset,
+            timestamp: self.timestamp,
+            timestamp_type,
+            key: self.key.slice(data),
+            value: self.value.slice(data),
+            headers: if self.header_count == 0 {
+                Vec::new()
+            } else {
+                HeaderIter::new(data, &self)
+                    .map(|(k, v)| Header {
+                        key: slice_of(data, k),
+                        value: v.map(|v| slice_of(data, v)),
+                    })
+                    .collect()
+            },
+        }
+    }
+}
+
+/// `part` is a subslice of `data`; turn it back into a zero-copy `Bytes`.
+fn slice_of(data: &Bytes, part: &[u8]) -> Bytes {
+    data.slice_ref(part)
+}
+
+/// The headers of a record, borrowed from its record section.
+#[derive(Debug, Clone)]
+pub struct HeaderIter<'a> {
+    cur: Cursor<'a>,
+    left: u32,
+}
+
+impl<'a> HeaderIter<'a> {
+    pub(crate) fn new(data: &'a [u8], raw: &RawRecord) -> HeaderIter<'a> {
+        let start = raw.headers.start as usize;
+        let end = start + raw.headers.len.max(0) as usize;
+        HeaderIter {
+            cur: Cursor {
+                buf: data.get(..end).unwrap_or(&[]),
+                pos: start,
+            },
+            left: raw.header_count,
+        }
+    }
+}
+
+impl<'a> Iterator for HeaderIter<'a> {
+    /// `(key, value)`; a null value is `None`.
+    type Item = (&'a [u8], Option<&'a [u8]>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        // The bytes were validated when the record was decoded, so these reads succeed; should they not,
+        // the iterator just ends.
+        let key = self.cur.nullable("header key").ok()??;
+        let value = self.cur.nullable("header value").ok()?;
+        Some((key, value))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.left as usize))
+    }
+}
+
+/// What record decoding needs from the batch header.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordContext {
+    pub(crate) base_offset: i64,
+    pub(crate) base_timestamp: i64,
+    pub(crate) max_timestamp: i64,
+    pub(crate) timestamp_type: TimestampType,
+    pub(crate) last_offset_delta: i32,
+}
+
+impl RecordBatch {
+    pub(crate) fn context(&self) -> RecordContext {
+        RecordContext {
+            base_offset: self.base_offset,
+            base_timestamp: self.base_timestamp,
+            max_timestamp: self.max_timestamp,
+            timestamp_type: self.attributes.timestamp_type(),
+            last_offset_delta: self.last_offset_delta,
+        }
+    }
+
+    /// The record section to parse: the raw one, or the decompressed one, with its count checked.
+    pub(crate) fn record_data(&self, limit: usize) -> Result<Bytes, DecodeError> {
+        // Spans are u32 positions; no record section may outgrow them.
+        let limit = limit.min(u32::MAX as usize);
+        let data = match self.compression {
+            Compression::None => self.records.clone(),
+            codec => Bytes::from(compression::decompress(codec, &self.records, limit)?),
+        };
+        check_record_count(self.base_offset, self.record_count, data.len())?;
+        Ok(data)
+    }
+
+    /// [`record_data`](Self::record_data), moving an uncompressed section out of the batch (which is
+    /// left without records).
+    pub(crate) fn take_record_data(&mut self, limit: usize) -> Result<Bytes, DecodeError> {
+        if self.compression != Compression::None {
+            return self.record_data(limit);
+        }
+        check_record_count(self.base_offset, self.record_count, self.records.len())?;
+        Ok(std::mem::take(&mut self.records))
+    }
+}
+
+/// Decodes one record starting at `pos` of `data` (a record section of at most u32::MAX bytes).
+/// Returns the record and the position after it.
+#[inline]
+pub(crate) fn parse_record(
+    data: &[u8],
+    pos: usize,
+    ctx: &RecordContext,
+) -> Result<(RawRecord, usize), DecodeError> {
+    let mut cur = Cursor { buf: data, pos };
+    let len = cur.length("record")?.ok_or(DecodeError::NegativeLength {
+        field: "record",
+        length: -1,
+    })?;
+    let body_start = cur.pos;
+    if len > data.len() - body_start {
+        return Err(DecodeError::Overrun { field: "record" });
+    }
+    let end = body_start + len;
+    // Bound every field read by the record's own length, not the section's.
+    let mut cur = Cursor {
+        buf: &data[..end],
+        pos: body_start,
+    };
+    // Attributes, then the timestamp delta, offset delta and key length are one byte each in nearly every
+    // record (deltas below 64, keys shorter than 64 bytes): take them in one bounds check. Otherwise,
+    // field by field.
+    let (ts_delta, offset_delta, key) = match cur.buf.get(cur.pos..cur.pos + 4) {
+        Some(&[_, t, o, k]) if (t | o | k) < 0x80 => {
+            cur.pos += 4;
+            let key = match unzigzag32(k) {
+                -1 => Span::NULL,
+                n if n < 0 => {
+                    return Err(DecodeError::NegativeLength {
+                        field: "record key",
+                        length: n,
+                    })
+                }
+                n => {
+                    let len = n as usize;
+                    if len > cur.buf.len() - cur.pos {
+                        return Err(DecodeError::Overrun {
+                            field: "record key",
+                        });
+                    }
+                    let start = cur.pos;
+                    cur.pos += len;
+                    Span {
+                        start: start as u32,
+                        len: n,
+                    }
+                }
+            };
+            (i64::from(unzigzag32(t)), unzigzag32(o), key)
+        }
+        _ => {
+            let _attributes = cur.u8("record attributes")?;
+            let ts_delta = cur.varlong()?;
+            let offset_delta = cur.varint()?;
+            (ts_delta, offset_delta, cur.span("record key")?)
+        }
+    };
+    if !(0..=ctx.last_offset_delta).contains(&offset_delta) {
+        return Err(DecodeError::OffsetDeltaOutOfRange {
+            delta: offset_delta,
+            last_offset_delta: ctx.last_offset_delta,
+        });
+    }
+    let value = cur.span("record value")?;
+    let header_count = cur.varint()?;
+    let headers_start = cur.pos;
+    if header_count != 0 {
+        let n = u32::try_from(header_count).map_err(|_| DecodeError::NegativeLength {
+            field: "header count",
+            length: header_count,
+        })?;
+        // Each header takes at least two bytes; a count the record cannot hold is rejected up front.
+        if n as usize > (end - cur.pos) / 2 {
+            return Err(DecodeError::Overrun { field: "headers" });
+        }
+        for _ in 0..n {
+            if cur.span("header key")?.len < 0 {
+                return Err(DecodeError::NegativeLength {
+                    field: "header key",
+                    length: -1,
+                });
+            }
+            cur.span("header value")?;
+        }
+    }
+    if cur.pos != end {
+        return Err(DecodeError::RecordLengthMismatch {
+            declared: len,
+            read: cur.pos - body_start,
+        });
+    }
+    let timestamp = match ctx.timestamp_type {
+        TimestampType::CreateTime => ctx.base_timestamp.wrapping_add(ts_delta),
+        TimestampType::LogAppendTime => ctx.max_timestamp,
+    };
+    Ok((
+        RawRecord {
+            // Cannot overflow: the batch decoder checked base_offset + last_offset_delta + 1.
+            offset: ctx.base_offset + i64::from(offset_delta),
+            timestamp,
+            key,
+            value,
+            headers: Span {
+                start: headers_start as u32,
+                len: (end - headers_start) as i32,
+            },
+            header_count: header_count.max(0) as u32,
+        },
+        end,
+    ))
+}
+
 /// A lazy iterator over one batch's records, from [`RecordBatch::records`].
 ///
 /// Yields at most `record_count` records, then an error if bytes are left over; nothing after an error.
 #[derive(Debug, Clone)]
 pub struct Records {
-    data: Bytes,
-    pos: usize,
-    left: i32,
-    base_offset: i64,
-    base_timestamp: i64,
-    timestamp_type: TimestampType,
-    max_timestamp: i64,
-    last_offset_delta: i32,
-    done: bool,
+    pub(crate) data: Bytes,
+    pub(crate) pos: usize,
+    pub(crate) left: i32,
+    pub(crate) ctx: RecordContext,
+    pub(crate) done: bool,
 }
 
 impl Records {
@@ -490,8 +742,9 @@ impl Records {
         self.left.max(0) as usize
     }
 
-    /// Decodes the next record, or `None` after the last one.
-    pub(crate) fn next_record(&mut self) -> Result<Option<Record>, DecodeError> {
+    /// Decodes the next record's positions, or `None` after the last one.
+    #[inline]
+    pub(crate) fn next_raw(&mut self) -> Result<Option<RawRecord>, DecodeError> {
         if self.left <= 0 {
             if self.pos != self.data.len() {
                 return Err(DecodeError::TrailingBytes {
@@ -500,81 +753,10 @@ impl Records {
             }
             return Ok(None);
         }
-        let mut cur = Cursor {
-            buf: &self.data,
-            pos: self.pos,
-        };
-        let len = cur.length("record")?.ok_or(DecodeError::NegativeLength {
-            field: "record",
-            length: -1,
-        })?;
-        let body_start = cur.pos;
-        if len > cur.buf.len() - body_start {
-            return Err(DecodeError::Overrun { field: "record" });
-        }
-        let end = body_start + len;
-        // Bound every field read by the record's own length, not the batch's.
-        let mut cur = Cursor {
-            buf: &self.data[..end],
-            pos: body_start,
-        };
-        let _attributes = cur.u8("record attributes")?;
-        let ts_delta = cur.varlong()?;
-        let offset_delta = cur.varint()?;
-        if !(0..=self.last_offset_delta).contains(&offset_delta) {
-            return Err(DecodeError::OffsetDeltaOutOfRange {
-                delta: offset_delta,
-                last_offset_delta: self.last_offset_delta,
-            });
-        }
-        let key = cur.nullable_bytes(&self.data, "record key")?;
-        let value = cur.nullable_bytes(&self.data, "record value")?;
-        let header_count = cur.varint()?;
-        let headers = if header_count == 0 {
-            Vec::new()
-        } else {
-            let n = usize::try_from(header_count).map_err(|_| DecodeError::NegativeLength {
-                field: "header count",
-                length: header_count,
-            })?;
-            // Each header takes at least two bytes (two one-byte lengths); cap the allocation by that.
-            if n > (end - cur.pos) / 2 {
-                return Err(DecodeError::Overrun { field: "headers" });
-            }
-            let mut headers = Vec::with_capacity(n);
-            for _ in 0..n {
-                let key = cur.nullable_bytes(&self.data, "header key")?.ok_or(
-                    DecodeError::NegativeLength {
-                        field: "header key",
-                        length: -1,
-                    },
-                )?;
-                let value = cur.nullable_bytes(&self.data, "header value")?;
-                headers.push(Header { key, value });
-            }
-            headers
-        };
-        if cur.pos != end {
-            return Err(DecodeError::RecordLengthMismatch {
-                declared: len,
-                read: cur.pos - body_start,
-            });
-        }
+        let (raw, end) = parse_record(&self.data, self.pos, &self.ctx)?;
         self.pos = end;
         self.left -= 1;
-        let timestamp = match self.timestamp_type {
-            TimestampType::CreateTime => self.base_timestamp.wrapping_add(ts_delta),
-            TimestampType::LogAppendTime => self.max_timestamp,
-        };
-        Ok(Some(Record {
-            // Cannot overflow: the batch decoder checked base_offset + last_offset_delta + 1.
-            offset: self.base_offset + i64::from(offset_delta),
-            timestamp,
-            timestamp_type: self.timestamp_type,
-            key,
-            value,
-            headers,
-        }))
+        Ok(Some(raw))
     }
 }
 
@@ -585,8 +767,8 @@ impl Iterator for Records {
         if self.done {
             return None;
         }
-        match self.next_record() {
-            Ok(Some(r)) => Some(Ok(r)),
+        match self.next_raw() {
+            Ok(Some(r)) => Some(Ok(r.to_record(&self.data, self.ctx.timestamp_type))),
             Ok(None) => {
                 self.done = true;
                 None
@@ -603,13 +785,21 @@ impl Iterator for Records {
     }
 }
 
+/// Zigzag-decodes a one-byte varint.
+#[inline(always)]
+fn unzigzag32(b: u8) -> i32 {
+    let u = u32::from(b);
+    (u >> 1) as i32 ^ -((u & 1) as i32)
+}
+
 /// A bounds-checked reader over one record: every read checks what is left first.
+#[derive(Debug, Clone)]
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
-impl Cursor<'_> {
+impl<'a> Cursor<'a> {
     fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
         let b = *self
             .buf
@@ -622,13 +812,24 @@ impl Cursor<'_> {
     /// An unsigned LEB128 of at most `max_bytes` bytes whose value fits `bits` bits.
     #[inline(always)]
     fn uvarint(&mut self, max_bytes: usize, bits: u32) -> Result<u64, DecodeError> {
-        // Nearly every varint in a record is one byte; keep that path short.
+        // Nearly every varint in a record is one or two bytes (lengths up to 8 KiB); keep those short.
         if let Some(&b) = self.buf.get(self.pos) {
             if b < 0x80 {
                 self.pos += 1;
                 return Ok(u64::from(b));
             }
+            if let Some(&c) = self.buf.get(self.pos + 1) {
+                if c < 0x80 {
+                    self.pos += 2;
+                    return Ok(u64::from(b & 0x7f) | u64::from(c) << 7);
+                }
+            }
         }
+        self.uvarint_slow(max_bytes, bits)
+    }
+
+    #[inline(never)]
+    fn uvarint_slow(&mut self, max_bytes: usize, bits: u32) -> Result<u64, DecodeError> {
         let mut value = 0u64;
         for i in 0..max_bytes {
             let b = *self
@@ -674,21 +875,26 @@ impl Cursor<'_> {
         }
     }
 
-    /// Length-prefixed bytes, sliced (not copied) out of `whole`, of which `self.buf` is a prefix.
+    /// Length-prefixed bytes as a span of the buffer (whose positions fit u32).
     #[inline(always)]
-    fn nullable_bytes(
-        &mut self,
-        whole: &Bytes,
-        field: &'static str,
-    ) -> Result<Option<Bytes>, DecodeError> {
+    fn span(&mut self, field: &'static str) -> Result<Span, DecodeError> {
         let Some(len) = self.length(field)? else {
-            return Ok(None);
+            return Ok(Span::NULL);
         };
         if len > self.buf.len() - self.pos {
             return Err(DecodeError::Overrun { field });
         }
         let start = self.pos;
         self.pos += len;
-        Ok(Some(whole.slice(start..start + len)))
+        Ok(Span {
+            start: start as u32,
+            len: len as i32,
+        })
+    }
+
+    /// Length-prefixed bytes borrowed from the buffer.
+    fn nullable(&mut self, field: &'static str) -> Result<Option<&'a [u8]>, DecodeError> {
+        let span = self.span(field)?;
+        Ok(span.get(self.buf))
     }
 }

@@ -19,14 +19,15 @@ mod error;
 mod visibility;
 
 pub use batch::{
-    decode_batches, BatchAttributes, Batches, ControlMarker, Header, Record, RecordBatch, Records,
-    TimestampType,
+    decode_batches, BatchAttributes, Batches, ControlMarker, Header, HeaderIter, Record,
+    RecordBatch, Records, TimestampType,
 };
 pub use builder::{control_batch, BatchBuilder, NewRecord, ProducerStamp, SealedBatch};
 pub use compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
 pub use error::{DecodeError, EncodeError};
 pub use visibility::{
-    visible, visible_in, AbortedTransaction, IsolationLevel, LogState, OpenTransaction, Visible,
+    visible, visible_in, AbortedTransaction, IsolationLevel, LogState, OpenTransaction, RecordRef,
+    Visible,
 };
 
 /// Internals the fuzz targets drive directly; not part of the public API.

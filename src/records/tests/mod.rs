@@ -105,12 +105,11 @@ impl Log {
 
 /// `(offset, value)` of delivered records, for compact assertions.
 pub(crate) fn offsets_values(v: &Visible) -> Vec<(i64, String)> {
-    v.records
-        .iter()
+    v.iter()
         .map(|r| {
             (
-                r.offset,
-                String::from_utf8(r.value.clone().unwrap().to_vec()).unwrap(),
+                r.offset(),
+                String::from_utf8(r.value().unwrap().to_vec()).unwrap(),
             )
         })
         .collect()

@@ -46,7 +46,7 @@ fn seed_003_open_transaction_pins_the_lso_at_zero() {
     assert_eq!(v.next_offset, 6);
     // A read_committed fetch is bounded by the LSO (0): the broker returns no batch, nothing is seen.
     let v = visible(&[], &[], ReadCommitted, 0).unwrap();
-    assert!(v.records.is_empty());
+    assert!(v.is_empty());
     assert_eq!(v.next_offset, 0);
 }
 
@@ -239,7 +239,7 @@ fn markers_are_never_delivered_and_move_the_next_offset() {
     }
     // A fetch holding only a marker still moves past it.
     let v = visible(&log.batches()[1..], &[], ReadCommitted, 1).unwrap();
-    assert!(v.records.is_empty());
+    assert!(v.is_empty());
     assert_eq!(v.next_offset, 3);
 }
 
@@ -281,5 +281,5 @@ fn visible_in_stops_at_a_partial_trailing_batch() {
 fn an_empty_fetch_keeps_the_fetch_offset() {
     let v = visible(&[], &[at(P7, 0)], ReadCommitted, 17).unwrap();
     assert_eq!(v.next_offset, 17);
-    assert!(v.records.is_empty());
+    assert!(v.is_empty());
 }
