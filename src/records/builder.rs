@@ -156,18 +156,15 @@ impl BatchBuilder {
     /// Compresses the records and writes the header with `stamp`, base offset 0 (the broker assigns
     /// offsets) and the CRC.
     pub fn seal(self, stamp: ProducerStamp) -> Result<SealedBatch, EncodeError> {
-        let last_offset_delta = (self.count - 1).max(0);
-        let max_timestamp = if self.count == 0 {
-            self.base_timestamp
-        } else {
-            self.max_timestamp
-        };
+        if self.count == 0 {
+            return Err(EncodeError::EmptyBatch);
+        }
         let header = Header {
             codec: self.compression.id(),
             control: false,
-            last_offset_delta,
+            last_offset_delta: self.count - 1,
             base_timestamp: self.base_timestamp,
-            max_timestamp,
+            max_timestamp: self.max_timestamp,
             record_count: self.count,
         };
         let buf = match self.compression {

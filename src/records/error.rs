@@ -162,6 +162,9 @@ pub enum EncodeError {
         /// The batch's base timestamp.
         base: i64,
     },
+    /// A batch must hold at least one record.
+    #[error("cannot seal a batch without records")]
+    EmptyBatch,
     /// The batch already holds `i32::MAX` records.
     #[error("batch holds the maximum number of records")]
     TooManyRecords,

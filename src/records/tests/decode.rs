@@ -326,3 +326,13 @@ fn visible_views_match_decoded_records() {
     assert_eq!(v.iter().map(|r| r.offset()).collect::<Vec<_>>(), [12]);
     assert_eq!(Visible::empty(5).next_offset, 5);
 }
+
+#[test]
+fn an_empty_builder_cannot_be_sealed() {
+    let b = BatchBuilder::new(Compression::Zstd, 1024);
+    assert!(b.is_empty());
+    assert_eq!(
+        b.seal(ProducerStamp::NONE).unwrap_err(),
+        EncodeError::EmptyBatch
+    );
+}
