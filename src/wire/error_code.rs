@@ -237,6 +237,9 @@ mod tests {
         assert!(!ErrorCode::IllegalGeneration.is_retriable());
         assert!(!ErrorCode::Unknown(4242).is_retriable());
         assert_eq!(ErrorCode::from_code(90), ErrorCode::ProducerFenced);
-        assert_eq!(ErrorCode::ProducerFenced.to_string(), "PRODUCER_FENCED (90)");
+        assert_eq!(
+            ErrorCode::ProducerFenced.to_string(),
+            "PRODUCER_FENCED (90)"
+        );
     }
 }
