@@ -128,6 +128,16 @@ struct Inner {
     next_any: AtomicUsize,
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("bootstrap", &self.inner.config.bootstrap)
+            .field("client_id", &self.inner.config.client_id)
+            .field("brokers", &self.cached_metadata().brokers.len())
+            .finish_non_exhaustive()
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section here is a plain read or replace of a cache entry; a panic inside one
     // cannot leave a half-written value, so a poisoned lock is used as is.
@@ -213,6 +223,9 @@ impl Client {
     /// failures (no leader yet, coordinator not available) are retried the same way. After the last
     /// retry the error is [`NetError::RetriesExhausted`], which says whether any attempt's outcome is
     /// unknown.
+    ///
+    /// Every request must be answered: a Produce with `acks = 0` (which the broker never answers) would
+    /// time out and reset the connection, so this client does not send one.
     ///
     /// Cancel-safe in the same sense as [`Client::send`].
     pub async fn call<R: ApiRequest, T>(

@@ -264,11 +264,10 @@ impl Connection {
             Ok(Ok(slot)) => slot,
             // The semaphore is never closed; treat it like a dead connection all the same.
             Ok(Err(_)) => return Err(self.dead(false)),
-            Err(_) => {
-                // Every slot stayed busy for a whole timeout: the peer is not answering.
-                shared.fail(ConnectionFailure::RequestTimedOut(timeout));
-                return Err(self.timed_out(timeout, false));
-            }
+            // Every slot stayed busy for a whole timeout. Nothing was sent, and other requests may
+            // legitimately be waiting long (a JoinGroup spans a rebalance), so the connection stays;
+            // requests that overrun their own deadlines reset it themselves.
+            Err(_) => return Err(self.timed_out(timeout, false)),
         };
         let (answer, mut answered) = oneshot::channel();
         let correlation_id = {

@@ -232,6 +232,43 @@ async fn request_dropped_while_waiting_for_a_slot_leaves_no_entry() {
     assert_eq!(conn.pending_len(), 0);
 }
 
+/// Waiting too long for an in-flight slot fails only that request (nothing was sent); the connection
+/// and the requests holding the slots carry on.
+#[tokio::test]
+async fn timing_out_while_waiting_for_a_slot_keeps_the_connection() {
+    let (conn, mut peer) = pair(
+        4096,
+        ConnOptions {
+            max_in_flight: 1,
+            ..options()
+        },
+    );
+    let first = spawn_request(&conn, topics_request(&["a".into()]), LONG);
+    let got = peer.next_request().await.unwrap();
+    let err = conn
+        .request(
+            &topics_request(&["b".into()]),
+            12,
+            Duration::from_millis(50),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            NetError::Timeout {
+                outcome_unknown: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(conn.is_usable());
+    peer.respond(got.header.correlation_id, &MetadataResponse::default(), 12)
+        .await;
+    first.await.unwrap().unwrap();
+}
+
 /// A response for a correlation id nobody sent poisons the connection and fails every waiter with a
 /// transport error whose outcome is unknown.
 #[tokio::test]
