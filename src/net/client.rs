@@ -255,6 +255,11 @@ impl Client {
                     Verdict::Retry(code) => (NetError::broker(code, None, describe(&target)), true),
                 },
                 Err(err) => {
+                    if matches!(err, NetError::UnknownBroker(_)) {
+                        // The route names a broker newer than our broker list; a failure here
+                        // surfaces again on the next attempt, so its result can be ignored.
+                        let _ = self.fetch_metadata(Some(&[])).await;
+                    }
                     if err.is_transport()
                         || matches!(err, NetError::UnknownBroker(_))
                         || err.error_code().is_some_and(|c| {
@@ -572,12 +577,15 @@ impl Client {
             .partitions
             .get(&partition)
             .ok_or_else(|| NetError::broker(ErrorCode::UnknownTopicOrPartition, None, context()))?;
-        if !p.error.is_ok() && p.leader < 0 {
-            return Err(NetError::broker(p.error, None, context()));
+        match metadata.leader(topic, partition) {
+            Some(leader) => Ok(leader),
+            None if !p.error.is_ok() => Err(NetError::broker(p.error, None, context())),
+            None => Err(NetError::broker(
+                ErrorCode::LeaderNotAvailable,
+                None,
+                context(),
+            )),
         }
-        metadata
-            .leader(topic, partition)
-            .ok_or_else(|| NetError::broker(ErrorCode::LeaderNotAvailable, None, context()))
     }
 
     /// Forgets the cached leader of `topic`/`partition` (in practice the whole topic's metadata), so the

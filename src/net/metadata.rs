@@ -114,9 +114,12 @@ pub struct ClusterMetadata {
 
 impl ClusterMetadata {
     /// The leader of `topic`/`partition`, if known.
+    ///
+    /// A partition error does not hide a leader that is there: REPLICA_NOT_AVAILABLE, for one, comes
+    /// with a valid leader, and the broker reports "no leader" as leader -1.
     pub fn leader(&self, topic: &str, partition: i32) -> Option<LeaderInfo> {
         let p = self.topics.get(topic)?.partitions.get(&partition)?;
-        (p.leader >= 0 && p.error.is_ok()).then_some(LeaderInfo {
+        (p.leader >= 0).then_some(LeaderInfo {
             node: p.leader,
             epoch: p.leader_epoch,
         })
@@ -226,6 +229,15 @@ mod tests {
         let m = ClusterMetadata::default().merged(&response("a", -1, 0));
         assert_eq!(m.leader("a", 0), None);
         assert_eq!(m.leader("a", 1), None);
+    }
+
+    /// A partition error that comes with a leader (REPLICA_NOT_AVAILABLE) must not stop routing to it.
+    #[test]
+    fn partition_error_with_a_leader_still_routes() {
+        let mut r = response("a", 1, 3);
+        r.topics[0].partitions[0].error_code = ErrorCode::ReplicaNotAvailable.code();
+        let m = ClusterMetadata::default().merged(&r);
+        assert_eq!(m.leader("a", 0), Some(LeaderInfo { node: 1, epoch: 3 }));
     }
 
     #[test]

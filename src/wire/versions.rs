@@ -90,7 +90,7 @@ impl BrokerApiVersions {
 /// The cluster-wide finalized feature levels a broker reported (KIP-584).
 ///
 /// A feature the broker does not list is at level 0, which is what the broker itself assumes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Features {
     /// Finalized `transaction.version`: 2 turns on the KIP-890 part 2 transaction protocol.
@@ -107,6 +107,21 @@ pub struct Features {
     pub finalized: BTreeMap<String, (i16, i16)>,
     /// Every feature the reporting broker's software supports, as name → (min, max).
     pub supported: BTreeMap<String, (i16, i16)>,
+}
+
+impl Default for Features {
+    /// Nothing reported yet: every level 0, epoch -1.
+    fn default() -> Self {
+        Features {
+            transaction_version: 0,
+            group_version: 0,
+            kraft_version: None,
+            metadata_version: None,
+            epoch: -1,
+            finalized: BTreeMap::new(),
+            supported: BTreeMap::new(),
+        }
+    }
 }
 
 impl Features {
