@@ -652,7 +652,12 @@ impl Client {
             }
             let err = match self.find_coordinators(kind, &todo).await {
                 Ok(found) => {
-                    let mut first_err = None;
+                    // A key the answer leaves out counts as not available yet, so it is retried with
+                    // back-off rather than asked for again at once.
+                    let mut first_err = todo
+                        .iter()
+                        .find(|k| !found.contains_key(**k))
+                        .map(|k| NetError::broker(ErrorCode::CoordinatorNotAvailable, None, *k));
                     for (key, result) in found {
                         match result {
                             Ok(node) => {
