@@ -80,13 +80,9 @@ impl<T> Accumulator<T> {
     }
 
     /// Bytes reserved now.
+    #[cfg(test)]
     pub(crate) fn used(&self) -> usize {
         self.used
-    }
-
-    /// Bytes free now.
-    pub(crate) fn available(&self) -> usize {
-        self.config.buffer_memory.saturating_sub(self.used)
     }
 
     /// Appends `record` (its partition already chosen) to `tp`'s open batch or a new one. On failure the
@@ -266,11 +262,13 @@ impl<T> Accumulator<T> {
     }
 
     /// Whether no batch is waiting.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.queues.is_empty()
     }
 
     /// Batches waiting (not yet drained).
+    #[cfg(test)]
     pub(crate) fn batches_waiting(&self) -> usize {
         self.queues.values().map(VecDeque::len).sum()
     }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::accumulator::AccumulatorConfig;
 use super::sequence::MAX_IN_FLIGHT;
 use super::txn::Backoff;
+use crate::records::Compression;
 
 /// Settings shared by the idempotent and the transactional producer. Acks are always `all`: idempotence
 /// needs them.
@@ -31,6 +32,11 @@ pub struct ProducerConfig {
     pub retry_backoff: Duration,
     /// Largest retry delay. Default 1 s.
     pub retry_backoff_max: Duration,
+    /// How batches are compressed. Default none.
+    pub compression: Compression,
+    /// How long `send` waits for buffer space (and for the topic's metadata) before it gives up.
+    /// Default 60 s.
+    pub max_block: Duration,
 }
 
 impl Default for ProducerConfig {
@@ -45,6 +51,8 @@ impl Default for ProducerConfig {
             request_timeout: Duration::from_secs(30),
             retry_backoff: Duration::from_millis(100),
             retry_backoff_max: Duration::from_secs(1),
+            compression: Compression::None,
+            max_block: Duration::from_secs(60),
         }
     }
 }

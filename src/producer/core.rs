@@ -56,6 +56,8 @@ pub(crate) enum ProduceAnswer {
     Partition(PartitionAnswer),
     /// The request got no answer (timeout, dropped connection): the batch may have been written.
     NoAnswer(String),
+    /// The request never left (no connection, no leader known): not written by this attempt.
+    NotSent(String),
 }
 
 /// A batch to put into a Produce request (at most one per partition per request).
@@ -171,11 +173,6 @@ impl<T> ProducerCore<T> {
         }
     }
 
-    /// Bytes free in the buffer.
-    pub(crate) fn available(&self) -> usize {
-        self.acc.available()
-    }
-
     /// Appends a record for `tp` (partition chosen, timestamp set). On failure the record and its
     /// completion come back with the error, so a waiting `send` can retry.
     #[allow(clippy::type_complexity, clippy::result_large_err)]
@@ -215,8 +212,9 @@ impl<T> ProducerCore<T> {
     }
 
     /// Batches to send now: retries first (same bytes, same sequence, in order), then new batches of
-    /// ready partitions that `allow` lets through (a TV1 transaction only produces to enrolled
-    /// partitions) and whose in-flight window has room.
+    /// ready partitions whose in-flight window has room. Only partitions `allow` lets through are
+    /// considered (a TV1 transaction only produces to enrolled partitions; the driver keeps one sending
+    /// lane per partition).
     pub(crate) fn poll_send(
         &mut self,
         now: Instant,
@@ -243,6 +241,9 @@ impl<T> ProducerCore<T> {
         let mut parts: Vec<_> = waiting.into_iter().filter(|(_, t)| *t <= now).collect();
         parts.sort();
         for (tp, _) in parts {
+            if !allow(&tp) {
+                continue;
+            }
             while let Some(id) = seq.poll_resend(&tp) {
                 let Some(f) = self.flights.get_mut(&id) else {
                     continue;
@@ -359,6 +360,12 @@ impl<T> ProducerCore<T> {
                 Outcome::NoAnswer,
                 Action::Retry(Refresh::Leader),
                 ErrorCode::RequestTimedOut,
+                reason.clone(),
+            ),
+            ProduceAnswer::NotSent(reason) => (
+                Outcome::Retriable,
+                Action::Retry(Refresh::Leader),
+                ErrorCode::NetworkException,
                 reason.clone(),
             ),
             ProduceAnswer::Partition(a) => {
@@ -571,6 +578,7 @@ impl<T> ProducerCore<T> {
     }
 
     /// Nothing waits and nothing is in flight.
+    #[cfg(test)]
     pub(crate) fn is_idle(&self) -> bool {
         self.acc.is_empty() && self.flights.is_empty()
     }

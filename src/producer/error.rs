@@ -46,9 +46,10 @@ pub enum ErrorClass {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProducerError {
-    /// Another producer with the same transactional id has initialised since this one did (or the
-    /// coordinator otherwise rejected this producer's epoch on a transaction request). Fatal.
-    #[error("producer fenced: transactional id {transactional_id:?} has a newer owner ({code})")]
+    /// The coordinator rejected this producer's epoch: another producer initialised with the same
+    /// transactional id, or the coordinator timed the transaction out and bumped the epoch itself (the
+    /// two look the same from here). Fatal.
+    #[error("producer fenced: transactional id {transactional_id:?} moved to a newer epoch (a newer producer, or a transaction timeout) ({code})")]
     Fenced {
         /// The transactional id.
         transactional_id: String,
@@ -160,6 +161,29 @@ pub enum ProducerError {
         what: String,
     },
 
+    /// The record's transaction was aborted before the record was sent. Nothing of it was written.
+    #[error("the record's transaction was aborted before it was sent")]
+    TransactionAborted,
+
+    /// The topic (or the partition the record names) is not in the cluster's metadata.
+    #[error("topic {topic:?} has no partition {partition:?} in the cluster metadata")]
+    UnknownPartition {
+        /// The topic.
+        topic: String,
+        /// The partition asked for, if the record named one.
+        partition: Option<i32>,
+    },
+
+    /// The network layer failed in a way that leaves nothing more specific to say.
+    #[error("network: {source}")]
+    Net {
+        /// What the network layer reported.
+        #[source]
+        source: Arc<crate::net::NetError>,
+        /// What the caller must do.
+        class: ErrorClass,
+    },
+
     /// The producer was closed.
     #[error("the producer is closed")]
     Closed,
@@ -182,7 +206,11 @@ impl ProducerError {
                     ErrorClass::OutcomeUnknown
                 }
             }
-            ProducerError::Broker { class, .. } | ProducerError::Timeout { class, .. } => *class,
+            ProducerError::Broker { class, .. }
+            | ProducerError::Timeout { class, .. }
+            | ProducerError::Net { class, .. } => *class,
+            ProducerError::TransactionAborted => ErrorClass::Abortable,
+            ProducerError::UnknownPartition { .. } => ErrorClass::Refused,
             ProducerError::BufferFull { .. } => ErrorClass::Retriable,
             ProducerError::IllegalState { .. } | ProducerError::RecordTooLarge { .. } => {
                 ErrorClass::Refused

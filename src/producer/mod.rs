@@ -15,20 +15,25 @@
 //! - Message specs: Produce v3-13, InitProducerId v0-6, AddPartitionsToTxn v0-5, AddOffsetsToTxn v0-4,
 //!   TxnOffsetCommit v0-5, EndTxn v0-5
 
-#![allow(dead_code)] // The async drivers over net::Client land with the net layer.
-
 mod accumulator;
 mod classify;
 mod config;
 mod core;
+mod driver;
+mod encoder;
 mod error;
+mod idempotent;
 mod messages;
 mod record;
 mod sequence;
+mod transactional;
 mod txn;
 
 pub use config::{ProducerConfig, TransactionalConfig};
+pub use driver::Delivery;
 pub use error::{ErrorClass, ProducerError};
+pub use idempotent::Producer;
 pub use record::{Header, OffsetAndMetadata, ProducerRecord, RecordMetadata, TopicPartition};
 pub use sequence::ProducerIdEpoch;
+pub use transactional::TransactionalProducer;
 pub use txn::TransactionState;

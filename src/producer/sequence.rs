@@ -396,6 +396,7 @@ impl Sequencer {
     }
 
     /// Batches in flight or waiting on `tp`.
+    #[cfg(test)]
     pub(crate) fn in_window(&self, tp: &TopicPartition) -> usize {
         self.partitions.get(tp).map_or(0, |p| p.window.len())
     }
@@ -407,6 +408,7 @@ impl Sequencer {
     }
 
     /// The base sequence of batch `id` on `tp`, if it is in the window.
+    #[cfg(test)]
     pub(crate) fn base_seq(&self, tp: &TopicPartition, id: BatchId) -> Option<i32> {
         self.partitions
             .get(tp)?

@@ -238,6 +238,24 @@ impl TxnRequest {
     }
 }
 
+impl TxnRequest {
+    /// The answer this request would get if the broker answered `code` for all of it: how a request
+    /// that never left (no coordinator, no connection) is fed back to the machine.
+    pub(crate) fn answered_with(&self, code: ErrorCode) -> TxnResponse {
+        match self {
+            TxnRequest::InitProducerId { .. } => TxnResponse::InitProducerId(Err(code)),
+            TxnRequest::AddPartitions { partitions, .. } => {
+                TxnResponse::AddPartitions(partitions.iter().map(|tp| (tp.clone(), code)).collect())
+            }
+            TxnRequest::AddOffsets { .. } => TxnResponse::AddOffsets(code),
+            TxnRequest::TxnOffsetCommit { offsets, .. } => TxnResponse::TxnOffsetCommit(
+                offsets.iter().map(|(tp, _)| (tp.clone(), code)).collect(),
+            ),
+            TxnRequest::EndTxn { .. } => TxnResponse::EndTxn { code, next: None },
+        }
+    }
+}
+
 /// An answer to a [`TxnRequest`], reduced to what the machine needs.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum TxnResponse {
@@ -423,10 +441,6 @@ impl TxnMachine {
 
     pub(crate) fn ids(&self) -> Option<ProducerIdEpoch> {
         self.ids
-    }
-
-    pub(crate) fn transactional_id(&self) -> &str {
-        &self.transactional_id
     }
 
     /// The protocol of the open transaction (or the one the next would use).
@@ -687,6 +701,7 @@ impl TxnMachine {
     }
 
     /// Whether TV1 enrolment is still pending or in flight (a commit must wait for it).
+    #[cfg(test)]
     pub(crate) fn enrolment_pending(&self) -> bool {
         self.txn
             .as_ref()
@@ -1321,6 +1336,7 @@ impl TxnMachine {
     }
 
     /// Whether an operation is under way (or was interrupted by a dropped future and awaits resumption).
+    #[cfg(test)]
     pub(crate) fn op_in_progress(&self) -> bool {
         self.op.is_some()
     }
