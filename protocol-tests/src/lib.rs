@@ -486,6 +486,14 @@ impl KafkaCluster {
         self.local_only("kill").kill(node);
     }
 
+    /// Stops the node the orderly way: SIGTERM, so the broker shuts down in a controlled way (it gives up its
+    /// partition leaderships and its controller role first), then waits up to 60 s for the JVM to exit
+    /// before SIGKILL. Returns true when it exited on its own. Its data stays for
+    /// [`restart`](Self::restart). Blocks; panics like [`kill`](Self::kill).
+    pub fn stop(&self, node: i32) -> bool {
+        self.local_only("stop").stop(node, Duration::from_secs(60))
+    }
+
     /// Freezes the node with SIGSTOP: its sockets stay open but nothing answers, as in a long GC pause.
     /// Panics for an external cluster, an unknown node or a node that is not running.
     pub fn pause(&self, node: i32) {

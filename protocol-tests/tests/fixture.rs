@@ -198,7 +198,7 @@ async fn three_nodes_survive_a_crash_and_the_restarted_node_rejoins() {
 }
 
 #[tokio::test]
-async fn a_paused_node_stops_answering_until_resumed() {
+async fn a_paused_node_stops_answering_until_resumed_and_a_stopped_one_restarts() {
     let kafka = dedicated(ClusterSpec::kafka4()).await;
     if kafka.is_external() {
         return eprintln!("skipped: SNAPFENCE_BOOTSTRAP names an external cluster");
@@ -222,6 +222,18 @@ async fn a_paused_node_stops_answering_until_resumed() {
     kafka.resume(1);
     // The same connection as before the pause works again: the process was frozen, not restarted.
     assert_eq!(before.broker_ids().unwrap(), vec![1]);
+
+    // SIGTERM: a controlled shutdown that ends the JVM by itself, then the node comes back on its data.
+    let first_pid = kafka.node_pid(1).unwrap();
+    assert!(
+        kafka.stop(1),
+        "the broker did not exit within 60 s of SIGTERM"
+    );
+    assert!(!jvm_alive(first_pid));
+    assert!(Probe::connect(&kafka.node_address(1), TIMEOUT).is_err());
+    kafka.restart(1).await;
+    assert_ne!(kafka.node_pid(1), Some(first_pid));
+    assert_eq!(probe(&kafka, 1).broker_ids().unwrap(), vec![1]);
 
     // Dropping a dedicated cluster stops it at once.
     let (address, pid) = (kafka.node_address(1), kafka.node_pid(1).unwrap());
