@@ -30,7 +30,8 @@
 //!   snapfence's `net` layer (the code under test).
 //! - **Faults.** [`KafkaCluster::kill`] = SIGKILL to the JVM's process group (a crash),
 //!   [`KafkaCluster::pause`]/[`KafkaCluster::resume`] = SIGSTOP/SIGCONT (a frozen process whose sockets stay
-//!   open), [`KafkaCluster::restart`] = start again on the same data dir and ports, then wait until ready.
+//!   open), [`KafkaCluster::stop`] = SIGTERM (a controlled shutdown) with SIGKILL after 60 s,
+//!   [`KafkaCluster::restart`] = start again on the same data dir and ports, then wait until ready.
 //! - **No JVM left behind**: every JVM gets its own process group and `PR_SET_PDEATHSIG(SIGKILL)` from one
 //!   long-lived spawner thread (so it dies with the test process, even on SIGKILL); dropping a cluster kills
 //!   its nodes; an `atexit` hook kills and deletes this process's clusters; and pid files under
