@@ -547,6 +547,30 @@ impl LocalCluster {
         })
     }
 
+    /// SIGTERM (a controlled shutdown: the broker hands off its leaderships and the JVM runs its exit
+    /// hooks), then waits up to `grace` for the JVM to exit; SIGKILL after that. True when it exited in
+    /// time. A paused node is resumed first, or it could never act on the signal.
+    pub(crate) fn stop(&self, id: i32, grace: Duration) -> bool {
+        let node = self.node(id);
+        let mut state = node.state();
+        let Some(child) = state.child.as_mut() else {
+            return true;
+        };
+        procs::signal_group(child.id(), libc::SIGTERM);
+        procs::signal_group(child.id(), libc::SIGCONT);
+        let until = Instant::now() + grace;
+        let exited = loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break true,
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
+                _ => break false,
+            }
+        };
+        drop(state);
+        self.kill(id); // reaps, removes the pid file; a no-op signal when it already exited
+        exited
+    }
+
     /// SIGKILL to the node's process group, then reap it. A node that is not running is left alone.
     pub(crate) fn kill(&self, id: i32) {
         let node = self.node(id);
@@ -687,22 +711,10 @@ fn train(
     let cluster = LocalCluster::unstarted(&spec, libs, jvm)?;
     cluster.boot()?;
     let node = &cluster.nodes[0];
-    let exited = {
-        let mut state = node.state();
-        let child = state.child.as_mut().expect("the training node runs");
-        procs::signal_group(child.id(), libc::SIGTERM);
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break Some(status),
-                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
-                _ => break None,
-            }
-        }
-    };
-    drop(cluster); // kills the node if it did not exit, deletes its folder
+    let exited = cluster.stop(node.id, Duration::from_secs(60));
+    drop(cluster); // deletes its folder
     match exited {
-        Some(_) if fs::metadata(&tmp).is_ok_and(|m| m.len() > 0) => {
+        true if fs::metadata(&tmp).is_ok_and(|m| m.len() > 0) => {
             fs::rename(&tmp, archive).map_err(|e| FixtureError::io(archive, e))?;
             eprintln!(
                 "protocol-tests: recorded the class-data archive for Kafka {version} in {:.1}s",

@@ -22,14 +22,16 @@
 //!   factors 3 / min ISR 2 with three nodes), each formatted by `kafka.tools.StorageTool format` with the
 //!   spec's `--feature` flags. Logs: WARN and above plus the "Kafka Server started" line go to
 //!   `server.log` in the node folder; JVM output to `stdout.log`. JVM: `-Xms512m -Xmx512m` and
-//!   `-XX:+UseSerialGC -XX:TieredStopAtLevel=1` (see the measurements below).
+//!   `-XX:+UseSerialGC -XX:TieredStopAtLevel=1`, plus an AppCDS archive recorded once per release (see the
+//!   measurements below).
 //! - **Ready** means: every running node logged "Kafka Server started", every running node answers a
 //!   Metadata request listing every running node, and FindCoordinator for a group and for a transactional id
 //!   both answer without error. It is checked by [`probe::Probe`], a blocking client of its own, never by
 //!   snapfence's `net` layer (the code under test).
 //! - **Faults.** [`KafkaCluster::kill`] = SIGKILL to the JVM's process group (a crash),
 //!   [`KafkaCluster::pause`]/[`KafkaCluster::resume`] = SIGSTOP/SIGCONT (a frozen process whose sockets stay
-//!   open), [`KafkaCluster::restart`] = start again on the same data dir and ports, then wait until ready.
+//!   open), [`KafkaCluster::stop`] = SIGTERM (a controlled shutdown) with SIGKILL after 60 s,
+//!   [`KafkaCluster::restart`] = start again on the same data dir and ports, then wait until ready.
 //! - **No JVM left behind**: every JVM gets its own process group and `PR_SET_PDEATHSIG(SIGKILL)` from one
 //!   long-lived spawner thread (so it dies with the test process, even on SIGKILL); dropping a cluster kills
 //!   its nodes; an `atexit` hook kills and deletes this process's clusters; and pid files under
@@ -48,6 +50,7 @@
 //! | `SNAPFENCE_KAFKA39_VERSION` | the 3.9 release of [`ClusterSpec::kafka39`] (default [`DEFAULT_KAFKA39`]) |
 //! | `SNAPFENCE_CACHE` | the cache folder (default `~/.cache/snapfence`) |
 //! | `SNAPFENCE_KAFKA_JVM_OPTS` | replaces the start-up JVM flags, e.g. `-XX:+UseG1GC` for a full-speed broker in benchmarks |
+//! | `SNAPFENCE_KAFKA_CDS=0` | no class-data-sharing archive (neither recorded nor used) |
 //! | `JAVA_HOME` | the JVM to run (default `java` on `PATH`) |
 //!
 //! # Broker facts proven here (checked against `shared/BROKER.md`)
@@ -97,7 +100,29 @@
 //! - The newest log4j 2.25.x that resolves is 2.25.3 (BROKER.md said "2.25.x").
 //!
 //! # Start-up times
-//! STARTUP_PLACEHOLDER
+//! Measured on this 2-core machine while other builds ran (load average 5 to 14), so treat them as
+//! ranges. "Ready" is from writing the configs to the readiness check passing (format included), as
+//! reported by [`KafkaCluster::started_in`]; `cargo run -p protocol-tests --bin kafka-fixture -- 4|3n|39`
+//! prints it.
+//!
+//! | what | time |
+//! |---|---|
+//! | single 4.4.0 node ready | 3.5-4 s alone; 5-9 s when tests start clusters two at a time |
+//! | single 3.9.2 node ready | 3-3.5 s alone; 5-7 s in the test run |
+//! | three 4.4.0 nodes ready | 10.7-11.6 s alone; 13-21 s in the test run |
+//! | restart of one of three nodes until all list it again | 2.8-6.3 s |
+//! | cold jar fetch (empty `~/.m2` too) | 4.4.0: 18 s alone; both releases in parallel under load: 43 s |
+//! | recording the class-data archive (once per release) | 10-15 s alone, 22-28 s under load |
+//! | `cargo test -p protocol-tests`, cold cache and empty Maven repository | 114 s |
+//! | the same, warm | 47-58 s |
+//!
+//! JVM flags, single 4.4.0 node, interleaved runs: default G1 + C2 10-13 s, serial GC 7-19 s, C1 only
+//! (`-XX:TieredStopAtLevel=1`) 4-8.5 s, serial + C1 4-9 s. C1 is the gain; serial GC is kept because it
+//! starts no GC worker threads on two cores. AppCDS on top: single node 5.9-9.0 s without → 3.5-3.9 s
+//! with, three nodes 15.8-17.0 s → 10.7-11.6 s. `-Xshare:auto` is already the JDK 17 default. The readiness
+//! check itself takes 0.2-1.5 s after the last "started" line: the first FindCoordinator calls answer
+//! COORDINATOR_NOT_AVAILABLE (15) while `__consumer_offsets` and `__transaction_state` are created, as
+//! BROKER.md said.
 //!
 //! # kafka-protocol features
 //! This crate enables only kafka-protocol's `client` feature. Its `Request` trait is implemented only when
@@ -460,6 +485,14 @@ impl KafkaCluster {
     /// A node that is not running is left alone. Panics for an external cluster or an unknown node.
     pub fn kill(&self, node: i32) {
         self.local_only("kill").kill(node);
+    }
+
+    /// Stops the node the orderly way: SIGTERM, so the broker shuts down in a controlled way (it gives up its
+    /// partition leaderships and its controller role first), then waits up to 60 s for the JVM to exit
+    /// before SIGKILL. Returns true when it exited on its own. Its data stays for
+    /// [`restart`](Self::restart). Blocks; panics like [`kill`](Self::kill).
+    pub fn stop(&self, node: i32) -> bool {
+        self.local_only("stop").stop(node, Duration::from_secs(60))
     }
 
     /// Freezes the node with SIGSTOP: its sockets stay open but nothing answers, as in a long GC pause.

@@ -75,8 +75,15 @@ fn broker_ids_seen_by(kafka: &KafkaCluster, node: i32) -> Option<Vec<i32>> {
 #[tokio::test]
 async fn kafka4_single_node_is_ready_with_tv2_and_consumer_groups() {
     let kafka = cluster(ClusterSpec::kafka4()).await;
+    // Ready means ready, for a fixture cluster and an external one alike: the first test to use it needs
+    // no warm-up retries.
+    let first = kafka.bootstrap().split(',').next().unwrap().to_owned();
+    let mut p = Probe::connect(&first, TIMEOUT).expect("connect to a ready cluster");
+    assert_eq!(p.broker_ids().unwrap(), kafka.node_ids());
+    assert_eq!(p.find_coordinator(0, &unique("g")).unwrap().0, 0);
+    assert_eq!(p.find_coordinator(1, &unique("tx")).unwrap().0, 0);
     if kafka.is_external() {
-        return eprintln!("skipped: SNAPFENCE_BOOTSTRAP names an external cluster");
+        return eprintln!("version checks skipped: SNAPFENCE_BOOTSTRAP names an external cluster");
     }
     report("kafka4 single node", &kafka);
     assert_eq!(
@@ -84,16 +91,12 @@ async fn kafka4_single_node_is_ready_with_tv2_and_consumer_groups() {
         protocol_tests::KafkaVersion::kafka4().as_str()
     );
     assert_eq!(kafka.node_ids(), vec![1]);
-    let mut p = probe(&kafka, 1);
+    assert_eq!(p.find_coordinator(0, &unique("g")).unwrap(), (0, 1));
     let versions = p.api_versions().unwrap();
     // 4.x formats with KIP-890 part 2 and KIP-848 finalized unless told otherwise.
     assert_eq!(finalized_feature(&versions, "transaction.version"), Some(2));
     assert_eq!(finalized_feature(&versions, "group.version"), Some(1));
     assert_eq!(consumer_protocol_join_error(&mut p), 0);
-    // Ready means ready: no warm-up retries needed by the first test that uses the cluster.
-    assert_eq!(p.broker_ids().unwrap(), vec![1]);
-    assert_eq!(p.find_coordinator(0, &unique("g")).unwrap(), (0, 1));
-    assert_eq!(p.find_coordinator(1, &unique("tx")).unwrap(), (0, 1));
 }
 
 #[tokio::test]
@@ -195,7 +198,7 @@ async fn three_nodes_survive_a_crash_and_the_restarted_node_rejoins() {
 }
 
 #[tokio::test]
-async fn a_paused_node_stops_answering_until_resumed() {
+async fn a_paused_node_stops_answering_until_resumed_and_a_stopped_one_restarts() {
     let kafka = dedicated(ClusterSpec::kafka4()).await;
     if kafka.is_external() {
         return eprintln!("skipped: SNAPFENCE_BOOTSTRAP names an external cluster");
@@ -219,6 +222,18 @@ async fn a_paused_node_stops_answering_until_resumed() {
     kafka.resume(1);
     // The same connection as before the pause works again: the process was frozen, not restarted.
     assert_eq!(before.broker_ids().unwrap(), vec![1]);
+
+    // SIGTERM: a controlled shutdown that ends the JVM by itself, then the node comes back on its data.
+    let first_pid = kafka.node_pid(1).unwrap();
+    assert!(
+        kafka.stop(1),
+        "the broker did not exit within 60 s of SIGTERM"
+    );
+    assert!(!jvm_alive(first_pid));
+    assert!(Probe::connect(&kafka.node_address(1), TIMEOUT).is_err());
+    kafka.restart(1).await;
+    assert_ne!(kafka.node_pid(1), Some(first_pid));
+    assert_eq!(probe(&kafka, 1).broker_ids().unwrap(), vec![1]);
 
     // Dropping a dedicated cluster stops it at once.
     let (address, pid) = (kafka.node_address(1), kafka.node_pid(1).unwrap());
