@@ -8,6 +8,8 @@
 mod error;
 mod group_commit;
 mod recovery;
+mod runner;
+mod store;
 
 pub use error::{FailureKind, SnapshotError, StallDiagnosis, TxnFailure};
 pub use group_commit::{
@@ -17,3 +19,4 @@ pub use recovery::{
     read_to_target, recover, LogChunk, LogError, RecoveredState, RecoveryConfig, RecoveryStats,
     SnapshotLog,
 };
+pub use store::{Assignment, SnapshotConfig, SnapshotStore};
