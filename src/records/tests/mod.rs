@@ -3,6 +3,7 @@
 
 mod codec;
 mod decode;
+mod interop;
 mod malformed;
 mod model;
 mod visibility;
