@@ -1,1 +1,5 @@
 //! The partition reader and the group consumer.
+
+mod group_metadata;
+
+pub use group_metadata::{GroupMetadata, NotJoined};
