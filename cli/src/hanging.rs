@@ -206,18 +206,19 @@ pub(crate) async fn run(
     let partitions = scope(cluster, args).await?;
 
     let mut progress = Progress::new(io.progress, "describing producers");
+    let total = partitions.len() as u64;
+    let mut done = 0u64;
+    let err = &mut *io.err;
+    let described = cluster
+        .describe_producers_many(&partitions, args.broker, |n| {
+            done += n as u64;
+            progress.update(err, done, Some(total));
+        })
+        .await?;
+    let now = now_ms();
     let mut open = 0usize;
     let mut found = Vec::new();
-    let now = now_ms();
-    for (i, (topic, partition)) in partitions.iter().enumerate() {
-        progress.update(io.err, i as u64, Some(partitions.len() as u64));
-        let target = match args.broker {
-            Some(b) => Target::Broker(b),
-            None => Target::leader(topic.as_str(), *partition),
-        };
-        let producers = cluster
-            .describe_producers(target, topic, *partition)
-            .await?;
+    for ((topic, partition), producers) in &described {
         open += producers
             .iter()
             .filter(|p| p.has_open_transaction())
@@ -225,7 +226,7 @@ pub(crate) async fn run(
         found.extend(candidates(
             topic,
             *partition,
-            &producers,
+            producers,
             now,
             args.max_transaction_timeout_ms,
         ));

@@ -15,10 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 
 use serde_json::{json, Value};
-use snapfence::net::Target;
 
 use crate::error::CliError;
-use crate::kafka::{Cluster, Committed, Listing, Offsets, ProducerInfo, TxnDescription};
+use crate::kafka::{Cluster, Committed, Listing, Offsets, ProducerInfo, Tp, TxnDescription};
 use crate::progress::Progress;
 use crate::show::{age, now_ms, Table};
 use crate::{Format, Io};
@@ -57,17 +56,37 @@ pub(crate) async fn run(
     let topic = cluster.topic(&args.topic).await?;
     let partitions: Vec<i32> = topic.partitions.keys().copied().collect();
     let mut progress = Progress::new(io.progress, format!("inspecting {}", topic.name));
+    // Two passes over the partitions (offsets, then producers): progress counts both.
+    let total = 2 * partitions.len() as u64;
+    let mut done = 0u64;
+    let err = &mut *io.err;
+    let mut offsets = cluster
+        .offsets_many(&topic.name, &partitions, |n| {
+            done += n as u64;
+            progress.update(err, done, Some(total));
+        })
+        .await?;
+    let keys: Vec<Tp> = partitions
+        .iter()
+        .map(|p| (topic.name.clone(), *p))
+        .collect();
+    let mut producers = cluster
+        .describe_producers_many(&keys, None, |n| {
+            done += n as u64;
+            progress.update(err, done, Some(total));
+        })
+        .await?;
     let mut states = Vec::with_capacity(partitions.len());
-    for (i, &partition) in partitions.iter().enumerate() {
-        progress.update(io.err, i as u64, Some(partitions.len() as u64));
-        let offsets = cluster.offsets(&topic.name, partition).await?;
-        let producers = cluster
-            .describe_producers(
-                Target::leader(topic.name.as_str(), partition),
-                &topic.name,
-                partition,
-            )
-            .await?;
+    for &partition in &partitions {
+        let (Some(offsets), Some(producers)) = (
+            offsets.remove(&partition),
+            producers.remove(&(topic.name.clone(), partition)),
+        ) else {
+            return Err(CliError::Protocol {
+                what: format!("inspect {}", topic.name),
+                detail: format!("no answer for partition {partition}"),
+            });
+        };
         states.push(PartitionState {
             partition,
             leader: topic.partitions[&partition].leader,

@@ -12,7 +12,7 @@
 //! - WriteTxnMarkers (key 27): the marker a coordinator sends a leader; KIP-664 lets an operator send an
 //!   ABORT for a hanging transaction
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -23,7 +23,9 @@ use kafka_protocol::messages::{
     ProducerId, TopicName, TransactionalId, WriteTxnMarkersRequest,
 };
 use kafka_protocol::protocol::StrBytes;
-use snapfence::net::{CallOptions, Client, ClientConfig, NetError, Target, TopicMetadata, Verdict};
+use snapfence::net::{
+    retry_action, CallOptions, Client, ClientConfig, NetError, Target, TopicMetadata, Verdict,
+};
 use snapfence::records::{AbortedTransaction, IsolationLevel};
 use snapfence::ErrorCode;
 
@@ -125,11 +127,42 @@ fn failure<T>(code: i16) -> Verdict<Answer<T>> {
     Verdict::from_code(code, Err((ErrorCode::from_code(code), None)))
 }
 
+fn producers_of(
+    p: &kafka_protocol::messages::describe_producers_response::PartitionResponse,
+) -> Vec<ProducerInfo> {
+    p.active_producers
+        .iter()
+        .map(|s| ProducerInfo {
+            producer_id: s.producer_id.0,
+            producer_epoch: s.producer_epoch,
+            last_sequence: s.last_sequence,
+            last_timestamp: s.last_timestamp,
+            coordinator_epoch: s.coordinator_epoch,
+            txn_start_offset: s.current_txn_start_offset,
+        })
+        .collect()
+}
+
 fn missing<T>(what: &str) -> Verdict<Answer<T>> {
     Verdict::Done(Err((
         ErrorCode::UnknownServerError,
         Some(format!("the answer does not mention {what}")),
     )))
+}
+
+/// Partitions per batched request: what `kafka-transactions.sh` uses, small enough that no broker
+/// minds one request.
+const BATCH: usize = 500;
+
+/// A (topic, partition) pair.
+pub(crate) type Tp = (String, i32);
+
+fn by_topic(partitions: &[Tp]) -> BTreeMap<&str, Vec<i32>> {
+    let mut out: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (t, p) in partitions {
+        out.entry(t.as_str()).or_default().push(*p);
+    }
+    out
 }
 
 fn name(s: &str) -> TopicName {
@@ -289,6 +322,203 @@ impl Cluster {
             .await
     }
 
+    /// Partitions grouped by the broker to ask: `on` when given, else each partition's leader as the
+    /// cached metadata has it. Partitions without a known leader come back apart, for the routed path.
+    fn by_broker(&self, partitions: &[Tp], on: Option<i32>) -> (BTreeMap<i32, Vec<Tp>>, Vec<Tp>) {
+        let metadata = self.client.cached_metadata();
+        let mut groups: BTreeMap<i32, Vec<Tp>> = BTreeMap::new();
+        let mut apart = Vec::new();
+        for (t, p) in partitions {
+            match on.or_else(|| metadata.leader(t, *p).map(|l| l.node)) {
+                Some(node) => groups.entry(node).or_default().push((t.clone(), *p)),
+                None => apart.push((t.clone(), *p)),
+            }
+        }
+        (groups, apart)
+    }
+
+    /// [`offsets`](Self::offsets) for many partitions of one topic: three ListOffsets per leader rather
+    /// than three per partition. Partitions a leader answers for with a "moved" or "busy" code (or not
+    /// at all) are asked again one by one through the routing loop. `tick(n)` reports progress.
+    pub async fn offsets_many(
+        &self,
+        topic: &str,
+        partitions: &[i32],
+        mut tick: impl FnMut(usize),
+    ) -> Result<BTreeMap<i32, Offsets>, CliError> {
+        let keys: Vec<Tp> = partitions.iter().map(|p| (topic.to_owned(), *p)).collect();
+        let (groups, mut apart) = self.by_broker(&keys, None);
+        let mut out = BTreeMap::new();
+        for (node, parts) in groups {
+            for chunk in parts.chunks(BATCH) {
+                let ps: Vec<i32> = chunk.iter().map(|(_, p)| *p).collect();
+                let log_start = self
+                    .list_offsets_on(node, topic, &ps, -2, IsolationLevel::ReadUncommitted)
+                    .await?;
+                let high = self
+                    .list_offsets_on(node, topic, &ps, -1, IsolationLevel::ReadUncommitted)
+                    .await?;
+                let stable = self
+                    .list_offsets_on(node, topic, &ps, -1, IsolationLevel::ReadCommitted)
+                    .await?;
+                let before = out.len();
+                for p in ps {
+                    match (log_start.get(&p), high.get(&p), stable.get(&p)) {
+                        (Some(&log_start), Some(&high_watermark), Some(&last_stable)) => {
+                            out.insert(
+                                p,
+                                Offsets {
+                                    log_start,
+                                    high_watermark,
+                                    last_stable,
+                                },
+                            );
+                        }
+                        _ => apart.push((topic.to_owned(), p)),
+                    }
+                }
+                tick(out.len() - before);
+            }
+        }
+        for (_, p) in apart {
+            out.insert(p, self.offsets(topic, p).await?);
+            tick(1);
+        }
+        Ok(out)
+    }
+
+    /// One batched ListOffsets to broker `node`: the offsets of the partitions it answered for. Codes
+    /// that mean "moved" or "busy" leave the partition out (the caller retries it routed); any other
+    /// code fails.
+    async fn list_offsets_on(
+        &self,
+        node: i32,
+        topic: &str,
+        partitions: &[i32],
+        timestamp: i64,
+        isolation: IsolationLevel,
+    ) -> Result<BTreeMap<i32, i64>, CliError> {
+        let options = CallOptions {
+            min_version: Some(2),
+            ..CallOptions::default()
+        };
+        let timeout_ms = self.timeout_ms();
+        let (response, _) = self
+            .client
+            .call(
+                Target::Broker(node),
+                &options,
+                |_| {
+                    ListOffsetsRequest::default()
+                        .with_replica_id(BrokerId(-1))
+                        .with_isolation_level(isolation.as_i8())
+                        .with_timeout_ms(timeout_ms)
+                        .with_topics(vec![list_offsets_request::ListOffsetsTopic::default()
+                            .with_name(name(topic))
+                            .with_partitions(
+                                partitions
+                                    .iter()
+                                    .map(|p| {
+                                        list_offsets_request::ListOffsetsPartition::default()
+                                            .with_partition_index(*p)
+                                            .with_timestamp(timestamp)
+                                    })
+                                    .collect(),
+                            )])
+                },
+                |r, v| Verdict::Done((r, v)),
+            )
+            .await
+            .map_err(|e| self.net(format!("list offsets of {topic} on broker {node}"), e))?;
+        let mut out = BTreeMap::new();
+        for p in response
+            .topics
+            .iter()
+            .filter(|t| t.name.0.as_str() == topic)
+            .flat_map(|t| t.partitions.iter())
+            .filter(|p| partitions.contains(&p.partition_index))
+        {
+            let code = ErrorCode::from_code(p.error_code);
+            if code.is_ok() {
+                out.insert(p.partition_index, p.offset);
+            } else if retry_action(code).is_none() {
+                return Err(CliError::from_code(
+                    format!("list offsets of {topic}/{}", p.partition_index),
+                    code,
+                    None,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// DescribeProducers for many partitions: one request per leader (or to `on`, a broker holding a
+    /// replica of each), with partitions answered by a "moved" or "busy" code (or not at all) asked
+    /// again one by one through the routing loop. `tick(n)` reports progress.
+    pub async fn describe_producers_many(
+        &self,
+        partitions: &[Tp],
+        on: Option<i32>,
+        mut tick: impl FnMut(usize),
+    ) -> Result<BTreeMap<Tp, Vec<ProducerInfo>>, CliError> {
+        let (groups, mut apart) = self.by_broker(partitions, on);
+        let mut out = BTreeMap::new();
+        for (node, parts) in groups {
+            for chunk in parts.chunks(BATCH) {
+                let wanted: BTreeSet<&Tp> = chunk.iter().collect();
+                let topics = by_topic(chunk);
+                let (response, _) = self
+                    .client
+                    .send(Target::Broker(node), |_| {
+                        DescribeProducersRequest::default().with_topics(
+                            topics
+                                .iter()
+                                .map(|(t, ps)| {
+                                    describe_producers_request::TopicRequest::default()
+                                        .with_name(name(t))
+                                        .with_partition_indexes(ps.clone())
+                                })
+                                .collect(),
+                        )
+                    })
+                    .await
+                    .map_err(|e| self.net(format!("describe producers on broker {node}"), e))?;
+                let mut answered = BTreeSet::new();
+                for t in &response.topics {
+                    for p in &t.partitions {
+                        let key: Tp = (t.name.0.to_string(), p.partition_index);
+                        if !wanted.contains(&key) {
+                            continue;
+                        }
+                        let code = ErrorCode::from_code(p.error_code);
+                        if code.is_ok() {
+                            out.insert(key.clone(), producers_of(p));
+                            answered.insert(key);
+                        } else if retry_action(code).is_none() {
+                            return Err(CliError::from_code(
+                                format!("describe the producers of {}/{}", key.0, key.1),
+                                code,
+                                p.error_message.as_deref(),
+                            ));
+                        }
+                    }
+                }
+                apart.extend(chunk.iter().filter(|k| !answered.contains(*k)).cloned());
+                tick(answered.len());
+            }
+        }
+        for (t, p) in apart {
+            let target = match on {
+                Some(b) => Target::Broker(b),
+                None => Target::leader(t.as_str(), p),
+            };
+            let producers = self.describe_producers(target, &t, p).await?;
+            out.insert((t, p), producers);
+            tick(1);
+        }
+        Ok(out)
+    }
+
     /// DescribeProducers for one partition, sent to `target` (the leader, or a given replica).
     pub async fn describe_producers(
         &self,
@@ -318,19 +548,7 @@ impl Cluster {
                     let Some(p) = p else {
                         return missing("the partition");
                     };
-                    verdict(p.error_code, p.error_message.as_ref(), || {
-                        p.active_producers
-                            .iter()
-                            .map(|s| ProducerInfo {
-                                producer_id: s.producer_id.0,
-                                producer_epoch: s.producer_epoch,
-                                last_sequence: s.last_sequence,
-                                last_timestamp: s.last_timestamp,
-                                coordinator_epoch: s.coordinator_epoch,
-                                txn_start_offset: s.current_txn_start_offset,
-                            })
-                            .collect()
-                    })
+                    verdict(p.error_code, p.error_message.as_ref(), || producers_of(p))
                 },
             )
             .await;
