@@ -249,7 +249,15 @@ pub(crate) async fn run(
                 break 'fetching "count";
             }
         }
-        offset = offset.max(iter.next_offset().unwrap_or(offset));
+        let next = offset.max(iter.next_offset().unwrap_or(offset));
+        if next == fetch_offset {
+            // Complete batches that all end below the fetch offset: asking again would loop forever.
+            return Err(CliError::Protocol {
+                what: format!("fetch {}/{p} from offset {fetch_offset}", topic.name),
+                detail: "the broker answered only with batches before the fetch offset".into(),
+            });
+        }
+        offset = next;
     };
     progress.finish(io.err);
     summary(
