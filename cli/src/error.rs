@@ -148,7 +148,10 @@ impl CliError {
                  the log start"
             ),
             CliError::NotAuthorized { code, .. } => authorization_hint(*code).into(),
-            CliError::Broker { source, .. } if source.is_retriable() => {
+            // Retries already ran out inside the client; the code says whether waiting may help.
+            CliError::Broker { source, .. }
+                if source.error_code().is_some_and(ErrorCode::is_retriable) =>
+            {
                 "the cluster may be electing a leader or loading a coordinator: try again in a few \
                  seconds; if it persists, check the broker logs"
                     .into()
@@ -254,8 +257,27 @@ mod tests {
         assert!(refused.to_string().contains("TOPIC_AUTHORIZATION_FAILED"));
         assert!(refused.next_step().contains("DESCRIBE"));
 
-        let other = CliError::from_code("read t", ErrorCode::CorruptMessage, None);
+        let other = CliError::from_code("read t", ErrorCode::InvalidRecord, None);
         assert_eq!(other.exit_code(), EXIT_FAILED);
+        assert!(other.next_step().contains("broker logs"));
+        let busy = CliError::from_net(
+            "describe",
+            "b:1",
+            NetError::RetriesExhausted {
+                attempts: 21,
+                outcome_unknown: false,
+                last: Box::new(NetError::Broker {
+                    code: ErrorCode::CoordinatorLoadInProgress,
+                    message: None,
+                    context: "describe".into(),
+                }),
+            },
+        );
+        assert!(
+            busy.next_step().contains("try again"),
+            "{}",
+            busy.next_step()
+        );
     }
 
     #[test]
