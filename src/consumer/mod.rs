@@ -1,15 +1,17 @@
 //! The partition reader and the group consumer.
 
-// The classic member that drives these lands in the next commits.
-#[allow(dead_code)]
 mod assignor;
+mod config;
 mod error;
 mod group_metadata;
-#[allow(dead_code)]
+#[allow(dead_code)] // driven by the async group consumer, which lands with the net layer
+mod membership;
 mod protocol;
 mod types;
 
 pub use assignor::{Assignor, RebalanceProtocol};
+pub use config::{GroupConfig, GroupProtocol};
 pub use error::ConsumerError;
 pub use group_metadata::{GroupMetadata, NotJoined};
+pub use membership::LostReason;
 pub use types::{TopicId, TopicPartition};
