@@ -31,6 +31,8 @@
 
 pub(crate) mod classic;
 pub(crate) mod kip848;
+#[cfg(test)]
+mod sim_tests;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
