@@ -32,6 +32,8 @@
 pub(crate) mod classic;
 pub(crate) mod kip848;
 #[cfg(test)]
+mod sim848_tests;
+#[cfg(test)]
 mod sim_tests;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
