@@ -39,6 +39,17 @@ pub enum ConsumerError {
         code: ErrorCode,
     },
 
+    /// A partition's position is outside the log and the reset policy is
+    /// [`OffsetReset::Fail`](super::OffsetReset::Fail). The partition is not fetched until the
+    /// application seeks.
+    #[error("offset {offset} of {partition} is out of range and the reset policy is to fail")]
+    OffsetOutOfRange {
+        /// The partition.
+        partition: super::TopicPartition,
+        /// The position that was out of range.
+        offset: i64,
+    },
+
     /// Group protocol bytes written by another member (a ConsumerProtocol subscription or assignment)
     /// could not be decoded.
     #[error("malformed {what}: {detail}")]

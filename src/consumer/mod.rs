@@ -3,6 +3,8 @@
 mod assignor;
 mod config;
 mod error;
+#[allow(dead_code)] // driven by the partition reader, which lands with the net layer
+mod fetcher;
 mod group_metadata;
 mod listener;
 mod live;
@@ -16,6 +18,7 @@ mod types;
 pub use assignor::{Assignor, RebalanceProtocol};
 pub use config::{GroupConfig, GroupProtocol};
 pub use error::ConsumerError;
+pub use fetcher::{OffsetReset, StartAt};
 pub use group_metadata::{GroupMetadata, NotJoined};
 pub use listener::RebalanceListener;
 pub use live::GroupMetadataHandle;
