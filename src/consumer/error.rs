@@ -50,6 +50,35 @@ pub enum ConsumerError {
         offset: i64,
     },
 
+    /// A partition-level error the reader cannot handle by retrying (for example
+    /// `TOPIC_AUTHORIZATION_FAILED`).
+    #[error("{partition}: {code}")]
+    Partition {
+        /// The partition.
+        partition: super::TopicPartition,
+        /// The broker's error code.
+        code: ErrorCode,
+    },
+
+    /// A newly assigned partition has no committed offset and the reset policy is to fail.
+    #[error("{partition} has no committed offset and the reset policy is to fail")]
+    NoCommittedOffset {
+        /// The partition.
+        partition: super::TopicPartition,
+    },
+
+    /// The group coordinator refused a request that does not end the membership (an offset fetch,
+    /// a commit for a reason other than fencing).
+    #[error("group {group:?}: {request} refused with {code}")]
+    Refused {
+        /// The group id.
+        group: String,
+        /// The request.
+        request: &'static str,
+        /// The coordinator's error code.
+        code: ErrorCode,
+    },
+
     /// Group protocol bytes written by another member (a ConsumerProtocol subscription or assignment)
     /// could not be decoded.
     #[error("malformed {what}: {detail}")]

@@ -54,6 +54,10 @@ impl Member {
     pub(crate) fn poll_event(&mut self) -> Option<MemberEvent> {
         both!(self, m => m.poll_event())
     }
+    /// Whether events wait for the poll path.
+    pub(crate) fn has_events(&self) -> bool {
+        both!(self, m => m.has_events())
+    }
     pub(crate) fn ack(&mut self, now: Instant) {
         both!(self, m => m.ack(now))
     }
@@ -84,6 +88,9 @@ pub(crate) struct Shared {
     /// Signalled whenever the poll path changed something the driver must act on (an
     /// acknowledgement, a poll after a poll-interval expiry, a leave).
     pub(crate) wake: Notify,
+    /// Signalled by the driver after it fed the machine, so a poll waiting with nothing to fetch
+    /// notices a completed join or a pending revocation without sleeping out its timeout.
+    pub(crate) app_wake: Notify,
 }
 
 impl Shared {
@@ -91,6 +98,7 @@ impl Shared {
         Shared {
             member: Mutex::new(member),
             wake: Notify::new(),
+            app_wake: Notify::new(),
         }
     }
 
@@ -186,6 +194,11 @@ impl PollPath {
             }
         }
         Ok(())
+    }
+
+    /// Publishes the member's current group metadata (end of every poll).
+    pub(crate) fn publish(&self, shared: &Shared) {
+        self.publisher.publish(shared.lock().group_metadata());
     }
 
     fn acknowledge(&mut self, shared: &Shared) {

@@ -216,6 +216,10 @@ impl ClassicMember {
         self.events.poll()
     }
 
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The application finished handling the oldest outstanding `Revoke` or `Lost`.
     pub(crate) fn ack(&mut self, _now: Instant) {
         if !self.events.ack() {

@@ -195,6 +195,10 @@ impl ConsumerMember {
         self.events.poll()
     }
 
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The application finished handling the oldest outstanding `Revoke` or `Lost`.
     pub(crate) fn ack(&mut self, now: Instant) {
         if !self.events.ack() {

@@ -278,6 +278,10 @@ impl Events {
         true
     }
 
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
     /// Whether some revocation or loss has not been acknowledged yet (handed out or still queued).
     fn blocking(&self) -> bool {
         self.outstanding > 0 || self.queue.iter().any(MemberEvent::needs_ack)
