@@ -1,1 +1,39 @@
 //! Connections, version negotiation, cluster metadata and request routing.
+//!
+//! [`Client`] is the entry point for every layer above: it keeps one connection per broker, negotiates
+//! API versions on each (ApiVersions), caches metadata and coordinators, and routes each request to a
+//! [`Target`] (any broker, one broker, a partition leader, a coordinator), retrying with a bounded
+//! [`Backoff`] when the target moved or the connection failed.
+//!
+//! A known gap below this layer: kafka-protocol 0.18 reserves `Vec` capacity from an array's wire count
+//! before checking that the bytes are there, so a malformed response body from a broker can request an
+//! allocation of many gigabytes (which aborts the process) instead of failing to decode. Frames are
+//! bounded by [`ClientConfig::max_frame_size`], but counts inside a frame are not; the fix belongs in
+//! kafka-protocol (bound the reservation by the bytes remaining).
+//!
+//! # References
+//! - Kafka protocol guide: <https://kafka.apache.org/protocol.html>
+//! - KIP-35 / KIP-511 (ApiVersions), KIP-584 (features), KIP-320 (leader epochs), KIP-516 (topic ids),
+//!   KIP-699 (batched FindCoordinator), KIP-590 (admin request forwarding in KRaft), KIP-580 (back-off)
+
+mod broker;
+mod client;
+mod config;
+mod conn;
+mod error;
+mod metadata;
+mod retry;
+
+#[cfg(test)]
+mod conn_tests;
+#[cfg(test)]
+mod testing;
+
+pub use crate::wire::{BrokerApiVersions, Features};
+pub use client::{CallOptions, Client, CoordinatorKind, Target};
+pub use config::ClientConfig;
+pub use error::{ConnectionFailure, NetError};
+pub use metadata::{
+    BrokerInfo, ClusterMetadata, LeaderInfo, PartitionMetadata, TopicId, TopicMetadata,
+};
+pub use retry::{retry_action, Backoff, RetryAction, Verdict};

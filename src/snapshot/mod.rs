@@ -1,1 +1,19 @@
-//! Generation-fenced snapshot persistence.
+//! Generation-fenced snapshot persistence: group-committed transactional writes, the recovery read with
+//! its stall deadline, and the per-key fold runtime.
+//!
+//! # References
+//! - KIP-98 (transactions), KIP-447 (generation-fenced TxnOffsetCommit), KIP-848 (member epoch),
+//!   KIP-664 (hanging transactions), KIP-890 (transaction server-side defence)
+
+mod error;
+mod group_commit;
+mod recovery;
+
+pub use error::{FailureKind, SnapshotError, StallDiagnosis, TxnFailure};
+pub use group_commit::{
+    GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError, TxnBatch,
+};
+pub use recovery::{
+    read_to_target, recover, LogChunk, LogError, RecoveredState, RecoveryConfig, RecoveryStats,
+    SnapshotLog,
+};

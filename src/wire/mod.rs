@@ -1,6 +1,33 @@
 //! The wire layer: size-prefixed frames, request and response headers, API version ranges, and the
 //! Kafka error-code table.
+//!
+//! Everything here is pure: bytes in, bytes or messages out, no sockets and no clocks. The net layer
+//! above owns the sockets and calls down into this module for every frame.
+//!
+//! # References
+//! - Kafka protocol guide: <https://kafka.apache.org/protocol.html>
+//! - KIP-482 (flexible versions and tagged fields), KIP-511 (ApiVersions v3), KIP-584 (feature flags)
 
+mod api;
+mod codec;
+mod error;
 mod error_code;
+mod frame;
+mod versions;
 
+pub use api::ApiRequest;
+pub use error::WireError;
 pub use error_code::ErrorCode;
+pub use versions::{client_versions, client_versions_of, BrokerApiVersions, Features};
+
+pub(crate) use codec::{decode_response, encode_request, response_correlation_id};
+pub(crate) use frame::FrameDecoder;
+pub(crate) use versions::{decode_api_versions, initial_api_versions_version};
+
+/// Internals the cargo-fuzz targets drive directly; not part of the public API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::codec::{decode_response_header, response_correlation_id};
+    pub use super::frame::FrameDecoder;
+}

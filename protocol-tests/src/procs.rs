@@ -1,0 +1,255 @@
+//! Child JVMs that never outlive the test process.
+//!
+//! Three layers, because each one alone has a hole:
+//! 1. Every JVM runs in its own process group (its pgid is its pid), so a signal to `-pid` also reaches
+//!    anything the JVM forks, and a terminal's Ctrl-C does not hit the broker before the test process.
+//! 2. `PR_SET_PDEATHSIG(SIGKILL)`: the kernel kills the JVM when the thread that forked it exits. That is the
+//!    forking *thread*, not the process, so every child is forked by one dedicated spawner thread that lives
+//!    as long as the process (a test thread would kill its brokers when the test that started them ended).
+//!    This covers a panic, `process::exit` at the end of the test binary, and a SIGKILL of the test process.
+//! 3. Pid files. Each test process owns `<cache>/run/<pid>.<starttime>/`, and every JVM it starts is recorded
+//!    there as `jvm-<pid>.pid` holding the JVM's own start time. At start-up the fixture sweeps the folders of
+//!    owners that are gone and kills only recorded JVMs whose start time still matches, so a recycled pid is
+//!    never touched. This catches what (2) cannot: a JVM forked in the instant its parent died.
+//!
+//! # References
+//! - prctl(2) `PR_SET_PDEATHSIG`; proc(5) `/proc/<pid>/stat` field 22 (`starttime`)
+
+use std::fs;
+use std::io;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
+
+/// Spawns `cmd` in its own process group from the long-lived spawner thread, with SIGKILL as its parent-death
+/// signal.
+pub fn spawn(cmd: Command) -> io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let tx = SPAWNER
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<SpawnRequest>();
+            std::thread::Builder::new()
+                .name("kafka-fixture-spawner".into())
+                .spawn(move || {
+                    // The sender lives in a static, so `recv` never fails and this thread never returns:
+                    // its exit would SIGKILL every broker it ever started.
+                    while let Ok((mut cmd, reply)) = rx.recv() {
+                        let _ = reply.send(spawn_here(&mut cmd));
+                    }
+                })
+                .expect("cannot start the fixture's spawner thread");
+            Mutex::new(tx)
+        })
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let (reply_tx, reply_rx) = mpsc::channel();
+    tx.send((cmd, reply_tx))
+        .map_err(|_| io::Error::other("fixture spawner thread is gone"))?;
+    reply_rx
+        .recv()
+        .map_err(|_| io::Error::other("fixture spawner thread dropped the request"))?
+}
+
+fn spawn_here(cmd: &mut Command) -> io::Result<Child> {
+    // SAFETY: getpid is async-signal-safe and is read before the fork.
+    let parent = unsafe { libc::getpid() };
+    cmd.process_group(0);
+    // SAFETY: the closure runs between fork and exec and only calls prctl and getppid, which are
+    // async-signal-safe and touch no memory of the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl; then no signal will ever come.
+            if libc::getppid() != parent {
+                return Err(io::Error::other("parent died during spawn"));
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// Sends `signal` to the process group led by `pid`. Errors (the group is gone) are ignored: every caller
+/// wants the group dead, stopped or running, and a missing group already is the first.
+pub fn signal_group(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill has no memory effects.
+    unsafe {
+        libc::kill(-(pid as libc::pid_t), signal);
+    }
+}
+
+/// Kernel start time of `pid` (clock ticks since boot), the pid's identity across recycling.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses; fields after the last ')' are plain.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // rest starts at field 3 (state); starttime is field 22.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// This process's folder under `<cache>/run`, created on first use (and the first use sweeps stale ones).
+pub fn owner_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let run = crate::jars::cache_root().join("run");
+        let _ = fs::create_dir_all(&run);
+        sweep(&run);
+        let me = std::process::id();
+        let dir = run.join(format!("{me}.{}", start_time(me).unwrap_or(0)));
+        let _ = fs::create_dir_all(&dir);
+        register_exit_cleanup();
+        dir
+    })
+}
+
+/// Records a started JVM; returns the pid file to remove when the JVM is reaped.
+pub fn record(pid: u32) -> PathBuf {
+    let file = owner_dir().join(format!("jvm-{pid}.pid"));
+    let _ = fs::write(&file, format!("{pid} {}\n", start_time(pid).unwrap_or(0)));
+    file
+}
+
+/// Kills every recorded JVM in `dir` that is still the process it was recorded as.
+fn kill_recorded(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("jvm-") && name.ends_with(".pid")) {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        let (Some(Some(pid)), Some(Some(started))) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Ok(pid) = u32::try_from(pid) else {
+            continue;
+        };
+        if pid > 1 && start_time(pid) == Some(started) {
+            signal_group(pid, libc::SIGKILL);
+        }
+        let _ = fs::remove_file(entry.path());
+    }
+}
+
+/// Removes the folders of test processes that are gone, killing their recorded JVMs first.
+fn sweep(run: &Path) {
+    let Ok(entries) = fs::read_dir(run) else {
+        return;
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((pid, started)) = name.split_once('.') else {
+            continue;
+        };
+        let (Ok(pid), Ok(started)) = (pid.parse::<u32>(), started.parse::<u64>()) else {
+            continue;
+        };
+        if start_time(pid) == Some(started) {
+            continue; // owner still running (another test binary right now)
+        }
+        kill_recorded(&entry.path());
+        let _ = fs::remove_dir_all(entry.path());
+    }
+}
+
+/// At a normal exit (libtest calls `exit` after the last test) kill this process's JVMs and delete their
+/// data. PR_SET_PDEATHSIG would kill them a moment later anyway; this also frees the disk.
+fn register_exit_cleanup() {
+    extern "C" fn at_exit() {
+        // Registered from inside owner_dir's initialiser, so the folder is known by now.
+        let dir = owner_dir();
+        kill_recorded(dir);
+        let _ = fs::remove_dir_all(dir);
+    }
+    // SAFETY: registers a plain extern "C" fn with no captured state.
+    unsafe {
+        libc::atexit(at_exit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_identifies_this_process() {
+        let me = std::process::id();
+        let a = start_time(me).expect("own /proc entry");
+        assert_eq!(start_time(me), Some(a));
+        assert_eq!(start_time(u32::MAX), None);
+    }
+
+    #[test]
+    fn sweep_spares_live_owners_and_removes_dead_ones() {
+        let run = std::env::temp_dir().join(format!("snapfence-sweep-test-{}", std::process::id()));
+        let me = std::process::id();
+        let live = run.join(format!("{me}.{}", start_time(me).unwrap()));
+        // Start time 1 tick after boot: no test process can have it, so the owner counts as gone.
+        let dead = run.join(format!("{me}.1"));
+        fs::create_dir_all(&live).unwrap();
+        fs::create_dir_all(&dead).unwrap();
+        // A pid file naming this very process with a wrong start time must not get it killed.
+        fs::write(dead.join(format!("jvm-{me}.pid")), format!("{me} 1\n")).unwrap();
+        sweep(&run);
+        assert!(live.exists());
+        assert!(!dead.exists());
+        fs::remove_dir_all(&run).unwrap();
+    }
+
+    #[test]
+    fn sweep_kills_the_recorded_process_group_of_a_dead_owner() {
+        // Stands in for a JVM whose parent-death signal never came: own process group, no PDEATHSIG.
+        let mut orphan = Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = orphan.id();
+        let run = std::env::temp_dir().join(format!("snapfence-sweep-kill-{}", std::process::id()));
+        let dead_owner = run.join(format!("{}.1", std::process::id()));
+        fs::create_dir_all(&dead_owner).unwrap();
+        let started = start_time(pid).unwrap();
+        fs::write(
+            dead_owner.join(format!("jvm-{pid}.pid")),
+            format!("{pid} {started}\n"),
+        )
+        .unwrap();
+
+        sweep(&run);
+
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = orphan.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "sweep left the recorded process running"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(!dead_owner.exists());
+        fs::remove_dir_all(&run).unwrap();
+    }
+}

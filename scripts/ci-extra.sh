@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Extra CI steps, run by .ci/run when this file is executable. One section per concern, each owned by the
+# helper who wrote it; add a section rather than editing another's. Every section must pass on a fresh
+# machine (it installs what it needs) and stay within CI's time budget.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+section() { echo; echo "--- $* ($(( $(date +%s) - start ))s)"; }
+
+# ============================================================================================
+# fuzz (records): build every cargo-fuzz target, then run each briefly from its committed seeds.
+# Targets live in fuzz/fuzz_targets; fuzz/ is its own workspace. The frame-reader target belongs
+# to the net layer: add it to fuzz/Cargo.toml and it is picked up here by `cargo fuzz list`.
+# ============================================================================================
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+section "fuzz: toolchain"
+if ! rustup toolchain list | grep -q '^nightly'; then
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+  cargo install cargo-fuzz --locked
+fi
+section "fuzz: build all targets"
+(cd fuzz && cargo +nightly fuzz build)
+for target in $(cd fuzz && cargo +nightly fuzz list); do
+  section "fuzz: run $target for ${FUZZ_SECONDS}s"
+  mkdir -p "fuzz/corpus/$target"
+  seeds=()
+  [ -d "fuzz/seeds/$target" ] && seeds=("seeds/$target")
+  (cd fuzz && cargo +nightly fuzz run "$target" "corpus/$target" "${seeds[@]}" -- \
+     -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1)
+done
+# ======================================== end fuzz ==========================================

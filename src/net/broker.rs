@@ -1,0 +1,329 @@
+//! Opening a connection to one broker: the TCP socket with its options, then the ApiVersions handshake
+//! that tells us which versions of each API the broker speaks and which features the cluster finalized.
+//!
+//! # References
+//! - KIP-35 (ApiVersions), KIP-511 (v3: client software name and version, UNSUPPORTED_VERSION answered
+//!   in a v0 body), KIP-584 (finalized features)
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::messages::ApiVersionsRequest;
+use kafka_protocol::protocol::StrBytes;
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::time::{timeout_at, Instant};
+
+use super::conn::{ConnOptions, Connection};
+use super::{ClientConfig, NetError};
+use crate::wire::{self, ApiRequest, BrokerApiVersions, ErrorCode, Features};
+
+/// Reported to brokers in ApiVersions v3+ (KIP-511); must match `[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?`.
+const SOFTWARE_NAME: &str = "snapfence";
+const SOFTWARE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A connection that has finished its handshake.
+#[derive(Clone)]
+pub(crate) struct BrokerConn {
+    pub conn: Connection,
+    /// The node id, or -1 for a bootstrap connection whose id is not known.
+    pub node: i32,
+    pub versions: Arc<BrokerApiVersions>,
+    pub features: Features,
+}
+
+/// Connects to `addr` and runs the handshake, all within the configured connect timeout.
+pub(crate) async fn open(
+    addr: &str,
+    node: i32,
+    config: &ClientConfig,
+) -> Result<BrokerConn, NetError> {
+    let deadline = Instant::now() + config.connect_timeout;
+    let stream = connect_tcp(addr, config, deadline).await?;
+    let (read, write) = stream.into_split();
+    let conn = Connection::spawn(
+        read,
+        write,
+        ConnOptions {
+            addr: addr.to_owned(),
+            client_id: Arc::from(config.client_id.as_str()),
+            max_frame_size: config.max_frame_size,
+            max_in_flight: config.max_in_flight_per_connection,
+            sweep_interval: sweep_interval(config.request_timeout),
+        },
+    );
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let (versions, features) =
+        negotiate(&conn, remaining, &config.client_id, config.max_frame_size)
+            .await
+            .map_err(|e| match e {
+                // A handshake that never completes is a failure to connect: nothing else was sent yet.
+                NetError::Timeout { .. } | NetError::Connection { .. } => NetError::Connect {
+                    addr: addr.to_owned(),
+                    message: format!("ApiVersions handshake failed: {e}"),
+                },
+                other => other,
+            })?;
+    tracing::debug!(%addr, node, tv = features.transaction_version, gv = features.group_version, "connected");
+    Ok(BrokerConn {
+        conn,
+        node,
+        versions: Arc::new(versions),
+        features,
+    })
+}
+
+/// How often a connection looks for abandoned requests that are overdue: often enough to notice within
+/// a fraction of the timeout, rarely enough to cost nothing.
+fn sweep_interval(request_timeout: Duration) -> Duration {
+    (request_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+async fn connect_tcp(
+    addr: &str,
+    config: &ClientConfig,
+    deadline: Instant,
+) -> Result<TcpStream, NetError> {
+    let fail = |message: String| NetError::Connect {
+        addr: addr.to_owned(),
+        message,
+    };
+    let resolved: Vec<SocketAddr> = match timeout_at(deadline, tokio::net::lookup_host(addr)).await
+    {
+        Ok(Ok(addrs)) => addrs.collect(),
+        Ok(Err(e)) => return Err(fail(format!("cannot resolve: {e}"))),
+        Err(_) => return Err(fail("timed out resolving the address".into())),
+    };
+    let mut last = String::from("the name resolved to no address");
+    for sa in resolved {
+        match timeout_at(deadline, connect_one(sa, config)).await {
+            Ok(Ok(stream)) => return Ok(stream),
+            Ok(Err(e)) => last = format!("{sa}: {e}"),
+            Err(_) => {
+                return Err(fail(format!(
+                    "{sa}: timed out after {:?}",
+                    config.connect_timeout
+                )))
+            }
+        }
+    }
+    Err(fail(last))
+}
+
+async fn connect_one(sa: SocketAddr, config: &ClientConfig) -> std::io::Result<TcpStream> {
+    let socket = if sa.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    {
+        let s = SockRef::from(&socket);
+        // Buffer sizes must be set before connecting: the TCP window scale is fixed in the handshake.
+        if let Some(n) = config.socket_send_buffer {
+            s.set_send_buffer_size(n)?;
+        }
+        if let Some(n) = config.socket_receive_buffer {
+            s.set_recv_buffer_size(n)?;
+        }
+        if let Some(idle) = config.tcp_keepalive {
+            let interval = (idle / 6).max(Duration::from_secs(1));
+            s.set_tcp_keepalive(&TcpKeepalive::new().with_time(idle).with_interval(interval))?;
+        }
+        // Requests are written whole and answered one by one; Nagle would only add latency.
+        s.set_tcp_nodelay(true)?;
+    }
+    socket.connect(sa).await
+}
+
+/// Runs the ApiVersions exchange on a fresh connection.
+///
+/// The first request goes out at the newest version this client knows. A broker that does not know it
+/// answers UNSUPPORTED_VERSION with its own ApiVersions range in a v0 body; the exchange is then repeated
+/// at the highest version the broker listed, so that a v3+ broker still reports its features.
+pub(crate) async fn negotiate(
+    conn: &Connection,
+    timeout: Duration,
+    client_id: &str,
+    max_frame_size: usize,
+) -> Result<(BrokerApiVersions, Features), NetError> {
+    let deadline = Instant::now() + timeout;
+    let mut version = wire::initial_api_versions_version();
+    let request = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str(SOFTWARE_NAME))
+        .with_client_software_version(StrBytes::from_static_str(SOFTWARE_VERSION));
+    // At most one downgrade is ever needed; the bound only guards against a broker that keeps
+    // answering UNSUPPORTED_VERSION to the version it listed itself.
+    for _ in 0..3 {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let frame = conn
+            .round_trip(remaining, |correlation_id| {
+                wire::encode_request(&request, version, correlation_id, client_id, max_frame_size)
+            })
+            .await?;
+        let (response, _) =
+            wire::decode_api_versions(frame, version).map_err(|source| NetError::Protocol {
+                addr: conn.addr().to_owned(),
+                source,
+            })?;
+        match ErrorCode::from_code(response.error_code) {
+            ErrorCode::None => {
+                return Ok((
+                    BrokerApiVersions::from_response(&response),
+                    Features::from_response(&response),
+                ))
+            }
+            ErrorCode::UnsupportedVersion => {
+                let theirs = response
+                    .api_keys
+                    .iter()
+                    .find(|k| k.api_key == ApiVersionsRequest::KEY)
+                    .map(|k| k.max_version)
+                    .unwrap_or(0);
+                let next = theirs.min(version - 1).max(0);
+                if version == 0 {
+                    break;
+                }
+                tracing::debug!(
+                    addr = conn.addr(),
+                    from = version,
+                    to = next,
+                    "ApiVersions downgrade"
+                );
+                version = next;
+            }
+            code => return Err(NetError::broker(code, None, "ApiVersions handshake")),
+        }
+    }
+    Err(NetError::UnsupportedVersion {
+        broker: -1,
+        api_key: ApiVersionsRequest::KEY,
+        min: 0,
+        max: version,
+        broker_range: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::testing::{options, pair};
+    use kafka_protocol::messages::api_versions_response::{ApiVersion, FinalizedFeatureKey};
+    use kafka_protocol::messages::ApiVersionsResponse;
+    use kafka_protocol::protocol::Decodable;
+
+    fn listing(max_api_versions: i16) -> Vec<ApiVersion> {
+        vec![
+            ApiVersion::default()
+                .with_api_key(18)
+                .with_min_version(0)
+                .with_max_version(max_api_versions),
+            ApiVersion::default()
+                .with_api_key(3)
+                .with_min_version(0)
+                .with_max_version(9),
+        ]
+    }
+
+    /// A v3+ broker gets the client software name and version and reports its features.
+    #[tokio::test]
+    async fn handshake_sends_software_name_and_reads_features() {
+        let (conn, mut peer) = pair(4096, options());
+        let client =
+            tokio::spawn(
+                async move { negotiate(&conn, Duration::from_secs(5), "c", 1 << 20).await },
+            );
+        let got = peer.next_request().await.unwrap();
+        let version = got.header.request_api_version;
+        assert_eq!(version, wire::initial_api_versions_version());
+        let mut body = got.body;
+        let request = ApiVersionsRequest::decode(&mut body, version).unwrap();
+        assert_eq!(request.client_software_name.as_str(), "snapfence");
+        assert_eq!(request.client_software_version.as_str(), SOFTWARE_VERSION);
+        let answer = ApiVersionsResponse::default()
+            .with_api_keys(listing(version))
+            .with_finalized_features_epoch(4)
+            .with_finalized_features(vec![FinalizedFeatureKey::default()
+                .with_name("group.version".into())
+                .with_min_version_level(1)
+                .with_max_version_level(1)]);
+        peer.respond(got.header.correlation_id, &answer, version)
+            .await;
+        let (versions, features) = client.await.unwrap().unwrap();
+        assert_eq!(versions.usable(3), Some(9));
+        assert_eq!(features.group_version, 1);
+        assert_eq!(features.transaction_version, 0);
+        assert_eq!(features.epoch, 4);
+    }
+
+    /// An older broker answers UNSUPPORTED_VERSION in a v0 body; the client retries at the version the
+    /// broker listed and ends up with the broker's real table.
+    #[tokio::test]
+    async fn unsupported_version_falls_back_to_the_brokers_version() {
+        let (conn, mut peer) = pair(4096, options());
+        let client =
+            tokio::spawn(
+                async move { negotiate(&conn, Duration::from_secs(5), "c", 1 << 20).await },
+            );
+        let first = peer.next_request().await.unwrap();
+        let refusal = ApiVersionsResponse::default()
+            .with_error_code(ErrorCode::UnsupportedVersion.code())
+            .with_api_keys(listing(2));
+        // The refusal is always written at v0, whatever was asked.
+        peer.respond(first.header.correlation_id, &refusal, 0).await;
+
+        let second = peer.next_request().await.unwrap();
+        assert_eq!(second.header.request_api_version, 2);
+        let answer = ApiVersionsResponse::default().with_api_keys(listing(2));
+        peer.respond(second.header.correlation_id, &answer, 2).await;
+        let (versions, features) = client.await.unwrap().unwrap();
+        assert_eq!(versions.broker_range(18), Some((0, 2)));
+        assert_eq!(versions.usable(3), Some(9));
+        assert_eq!(features.epoch, -1, "ApiVersions v2 carries no features");
+    }
+
+    /// A broker that only speaks ApiVersions v0 is still usable.
+    #[tokio::test]
+    async fn falls_back_all_the_way_to_v0() {
+        let (conn, mut peer) = pair(4096, options());
+        let client =
+            tokio::spawn(
+                async move { negotiate(&conn, Duration::from_secs(5), "c", 1 << 20).await },
+            );
+        let first = peer.next_request().await.unwrap();
+        let refusal = ApiVersionsResponse::default()
+            .with_error_code(ErrorCode::UnsupportedVersion.code())
+            .with_api_keys(vec![]);
+        peer.respond(first.header.correlation_id, &refusal, 0).await;
+        let second = peer.next_request().await.unwrap();
+        assert_eq!(second.header.request_api_version, 0);
+        peer.respond(
+            second.header.correlation_id,
+            &ApiVersionsResponse::default().with_api_keys(listing(0)),
+            0,
+        )
+        .await;
+        let (versions, _) = client.await.unwrap().unwrap();
+        assert_eq!(versions.broker_range(18), Some((0, 0)));
+    }
+
+    #[tokio::test]
+    async fn other_handshake_errors_are_broker_errors() {
+        let (conn, mut peer) = pair(4096, options());
+        let client =
+            tokio::spawn(
+                async move { negotiate(&conn, Duration::from_secs(5), "c", 1 << 20).await },
+            );
+        let first = peer.next_request().await.unwrap();
+        let answer =
+            ApiVersionsResponse::default().with_error_code(ErrorCode::InvalidRequest.code());
+        peer.respond(
+            first.header.correlation_id,
+            &answer,
+            first.header.request_api_version,
+        )
+        .await;
+        let err = client.await.unwrap().unwrap_err();
+        assert_eq!(err.error_code(), Some(ErrorCode::InvalidRequest));
+    }
+}

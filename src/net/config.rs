@@ -1,0 +1,91 @@
+//! Client settings.
+
+use std::time::Duration;
+
+use super::retry::Backoff;
+
+/// How the client connects, times out and retries. Build with [`ClientConfig::new`] or
+/// `ClientConfig { bootstrap, ..Default::default() }`.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `host:port` addresses to learn the cluster from; any one reachable broker is enough.
+    pub bootstrap: Vec<String>,
+    /// Sent in every request header; shows up in broker logs and quotas.
+    pub client_id: String,
+    /// How long a request may wait for its answer before the connection is reset and the request is
+    /// re-routed (or fails, once retries run out).
+    pub request_timeout: Duration,
+    /// How long opening a TCP connection and the ApiVersions handshake may take.
+    pub connect_timeout: Duration,
+    /// Largest frame sent or accepted, in bytes. A larger announced response is refused before any
+    /// memory is reserved for it.
+    pub max_frame_size: usize,
+    /// First delay between retries; doubles per attempt up to `retry_backoff_max`, with ±20% jitter.
+    pub retry_backoff: Duration,
+    /// Ceiling of the retry delay.
+    pub retry_backoff_max: Duration,
+    /// Retries after the first attempt before a request fails with
+    /// [`NetError::RetriesExhausted`](super::NetError::RetriesExhausted).
+    pub max_retries: u32,
+    /// Requests in flight at once on one connection; further requests wait for a slot.
+    pub max_in_flight_per_connection: usize,
+    /// `SO_SNDBUF`; `None` keeps the operating system's default (and its auto-tuning).
+    pub socket_send_buffer: Option<usize>,
+    /// `SO_RCVBUF`; `None` keeps the operating system's default (and its auto-tuning).
+    pub socket_receive_buffer: Option<usize>,
+    /// TCP keepalive idle time; `None` turns keepalive off.
+    pub tcp_keepalive: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            bootstrap: Vec::new(),
+            client_id: "snapfence".to_owned(),
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            // Kafka's own default for socket.request.max.bytes; comfortably above fetch.max.bytes.
+            max_frame_size: 100 * 1024 * 1024,
+            retry_backoff: Duration::from_millis(100),
+            retry_backoff_max: Duration::from_secs(1),
+            // With the default backoff this spans roughly 15 s, long enough for a KRaft cluster to
+            // notice a dead broker (broker.session.timeout.ms defaults to 9 s) and move its leaderships.
+            max_retries: 20,
+            max_in_flight_per_connection: 64,
+            socket_send_buffer: None,
+            socket_receive_buffer: None,
+            tcp_keepalive: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Default settings for a comma-separated bootstrap list such as `"127.0.0.1:9092,127.0.0.1:9093"`.
+    pub fn new(bootstrap: &str) -> Self {
+        ClientConfig {
+            bootstrap: bootstrap
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            ..ClientConfig::default()
+        }
+    }
+
+    /// A fresh [`Backoff`] following this configuration's retry settings.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.retry_backoff, self.retry_backoff_max, self.max_retries)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bootstrap_list_is_split_and_trimmed() {
+        let c = ClientConfig::new(" 127.0.0.1:1, 127.0.0.1:2 ,,");
+        assert_eq!(c.bootstrap, vec!["127.0.0.1:1", "127.0.0.1:2"]);
+    }
+}

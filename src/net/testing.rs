@@ -1,0 +1,126 @@
+//! A scripted peer for broker-free tests of the connection machinery: it reads request frames off an
+//! in-memory pipe, decodes them with kafka-protocol's broker-side decoders, and writes whatever answer
+//! the test scripts. It stands in for a socket, never for broker behaviour.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{decode_request_header_from_buffer, Encodable, HeaderVersion};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+
+use super::conn::{ConnOptions, Connection};
+
+pub(crate) fn options() -> ConnOptions {
+    ConnOptions {
+        addr: "peer".into(),
+        client_id: Arc::from("test-client"),
+        max_frame_size: 1 << 20,
+        max_in_flight: 8,
+        sweep_interval: Duration::from_millis(20),
+    }
+}
+
+/// A connection whose other end is a [`Peer`], joined by a pipe with `buffer` bytes of capacity in each
+/// direction.
+pub(crate) fn pair(buffer: usize, opts: ConnOptions) -> (Connection, Peer) {
+    let (ours, theirs) = tokio::io::duplex(buffer);
+    let (read, write) = tokio::io::split(ours);
+    let conn = Connection::spawn(read, write, opts);
+    let (read, write) = tokio::io::split(theirs);
+    (
+        conn,
+        Peer {
+            read,
+            write: Some(write),
+            buf: BytesMut::new(),
+        },
+    )
+}
+
+/// One request as the peer received it.
+pub(crate) struct Received {
+    pub header: RequestHeader,
+    /// The body, after the header.
+    pub body: Bytes,
+}
+
+pub(crate) struct Peer {
+    read: ReadHalf<DuplexStream>,
+    write: Option<WriteHalf<DuplexStream>>,
+    buf: BytesMut,
+}
+
+impl Peer {
+    /// The next whole request frame, or `None` once the client closed its side. A frame that ends
+    /// before its announced length is a test failure: the client must never do that.
+    pub(crate) async fn next_frame(&mut self) -> Option<Bytes> {
+        loop {
+            if self.buf.len() >= 4 {
+                let len = i32::from_be_bytes(self.buf[..4].try_into().unwrap()) as usize;
+                if self.buf.len() >= 4 + len {
+                    self.buf.advance(4);
+                    return Some(self.buf.split_to(len).freeze());
+                }
+            }
+            let n = self.read.read_buf(&mut self.buf).await.unwrap_or(0);
+            if n == 0 {
+                assert!(
+                    self.buf.is_empty(),
+                    "client left {} bytes of an unfinished frame on the wire",
+                    self.buf.len()
+                );
+                return None;
+            }
+        }
+    }
+
+    /// The next request, header decoded.
+    pub(crate) async fn next_request(&mut self) -> Option<Received> {
+        let mut frame = self.next_frame().await?;
+        let header = decode_request_header_from_buffer(&mut frame).expect("request header");
+        Some(Received {
+            header,
+            body: frame,
+        })
+    }
+
+    /// Answers `correlation_id` with `body` encoded at `version`, header version chosen by the message.
+    pub(crate) async fn respond<M: Encodable + HeaderVersion>(
+        &mut self,
+        correlation_id: i32,
+        body: &M,
+        version: i16,
+    ) {
+        let mut frame = BytesMut::new();
+        ResponseHeader::default()
+            .with_correlation_id(correlation_id)
+            .encode(&mut frame, M::header_version(version))
+            .unwrap();
+        body.encode(&mut frame, version).unwrap();
+        self.send_frame(&frame).await;
+    }
+
+    /// Writes `payload` behind a correct size prefix.
+    pub(crate) async fn send_frame(&mut self, payload: &[u8]) {
+        let mut out = BytesMut::with_capacity(4 + payload.len());
+        out.put_i32(payload.len() as i32);
+        out.put_slice(payload);
+        self.send_raw(&out).await;
+    }
+
+    /// Writes bytes exactly as given.
+    pub(crate) async fn send_raw(&mut self, bytes: &[u8]) {
+        let w = self.write.as_mut().expect("peer write side open");
+        w.write_all(bytes).await.unwrap();
+        w.flush().await.unwrap();
+    }
+
+    /// Closes the peer's sending side (the client sees end of stream).
+    pub(crate) async fn close_write(&mut self) {
+        if let Some(mut w) = self.write.take() {
+            let _ = w.shutdown().await;
+        }
+    }
+}
