@@ -97,6 +97,20 @@ pub enum ConsumerError {
     #[error("invalid consumer configuration: {0}")]
     InvalidConfig(String),
 
+    /// The request could not be completed (transport, routing, or an unexpected broker answer).
+    #[error(transparent)]
+    Net(#[from] crate::net::NetError),
+
+    /// A fetched partition's records did not decode.
+    #[error("{partition}: {source}")]
+    Decode {
+        /// The partition.
+        partition: super::TopicPartition,
+        /// What was wrong.
+        #[source]
+        source: crate::records::DecodeError,
+    },
+
     /// The consumer was closed, or its background task stopped.
     #[error("consumer closed")]
     Closed,

@@ -3,14 +3,15 @@
 mod assignor;
 mod config;
 mod error;
-#[allow(dead_code)] // driven by the partition reader, which lands with the net layer
 mod fetcher;
 mod group_metadata;
 mod listener;
 mod live;
-#[allow(dead_code)] // driven by the async group consumer, which lands with the net layer
+#[allow(dead_code)] // driven by the group consumer (next commit)
 mod membership;
+mod offsets;
 mod protocol;
+mod reader;
 #[allow(dead_code)] // idem
 mod rebalance;
 mod types;
@@ -23,4 +24,6 @@ pub use group_metadata::{GroupMetadata, NotJoined};
 pub use listener::RebalanceListener;
 pub use live::GroupMetadataHandle;
 pub use membership::LostReason;
+pub use offsets::{commit_offsets, committed_offsets};
+pub use reader::{list_offsets, OffsetSpec, PartitionReader, PartitionRecords, ReaderConfig};
 pub use types::{TopicId, TopicPartition};
