@@ -3,16 +3,16 @@
 mod assignor;
 mod config;
 mod error;
+mod exec;
 mod fetcher;
+mod group;
 mod group_metadata;
 mod listener;
 mod live;
-#[allow(dead_code)] // driven by the group consumer (next commit)
 mod membership;
 mod offsets;
 mod protocol;
 mod reader;
-#[allow(dead_code)] // idem
 mod rebalance;
 mod types;
 
@@ -20,6 +20,7 @@ pub use assignor::{Assignor, RebalanceProtocol};
 pub use config::{GroupConfig, GroupProtocol};
 pub use error::ConsumerError;
 pub use fetcher::{OffsetReset, StartAt};
+pub use group::{GroupConsumer, GroupConsumerConfig};
 pub use group_metadata::{GroupMetadata, NotJoined};
 pub use listener::RebalanceListener;
 pub use live::GroupMetadataHandle;

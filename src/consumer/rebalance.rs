@@ -64,6 +64,9 @@ impl Member {
     pub(crate) fn on_poll(&mut self, now: Instant) {
         both!(self, m => m.on_poll(now))
     }
+    pub(crate) fn subscribe(&mut self, topics: impl IntoIterator<Item = String>) {
+        both!(self, m => m.subscribe(topics))
+    }
     pub(crate) fn leave(&mut self) {
         both!(self, m => m.leave())
     }
