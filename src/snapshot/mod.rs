@@ -7,6 +7,7 @@
 
 mod error;
 mod group_commit;
+mod log;
 mod recovery;
 mod runner;
 mod store;
@@ -15,6 +16,7 @@ pub use error::{FailureKind, SnapshotError, StallDiagnosis, TxnFailure};
 pub use group_commit::{
     GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError, TxnBatch,
 };
+pub use log::PartitionLog;
 pub use recovery::{
     read_to_target, recover, LogChunk, LogError, RecoveredState, RecoveryConfig, RecoveryStats,
     SnapshotLog,

@@ -1,0 +1,628 @@
+//! The partition reader's bookkeeping as a sans-IO core: positions, which partitions to fetch from
+//! which leader, what to do with each partition's answer.
+//!
+//! The async partition reader owns the I/O: it asks [`Fetcher::plan`] for
+//! the requests to send (Fetch per leader, ListOffsets for partitions whose position must be reset),
+//! turns the records of each fetched partition into deliverable records through the records layer's
+//! visibility engine, and reports each partition's outcome back here.
+//!
+//! Rules kept here:
+//! - a position only moves forward through a fetch that started at it: an answer for an offset the
+//!   application has since moved away from (seek, reassign) is dropped;
+//! - OFFSET_OUT_OF_RANGE follows the configured [`OffsetReset`] and never silently picks one;
+//! - leader epochs (KIP-320): every Fetch and ListOffsets carries the leader epoch from metadata, so a
+//!   broker that is no longer leader (or a reader with stale metadata) is fenced instead of served;
+//!   the epoch of the last consumed batch goes out as `last_fetched_epoch` (Fetch v12+) so the leader
+//!   can report a log that diverged (truncated) after a leader change, and the position moves back to
+//!   the end of the diverging epoch;
+//! - a partition whose leader errored backs off and asks for a metadata refresh, without holding up
+//!   the other partitions.
+//!
+//! # References
+//! - Fetch v4-v12 (v4 isolation level and aborted transactions, KIP-98; v9 current leader epoch,
+//!   KIP-320; v12 last fetched epoch and diverging epoch, KIP-595)
+//! - ListOffsets v2+ (isolation level: latest is the LSO under read_committed), v4 current leader epoch
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::TopicPartition;
+use crate::wire::ErrorCode;
+
+/// What to do when the position of a partition is out of the log's range (or there is none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OffsetReset {
+    /// Move to the log start offset.
+    Earliest,
+    /// Move to the end: the high watermark at read_uncommitted, the last stable offset at
+    /// read_committed.
+    Latest,
+    /// Fail with [`ConsumerError::OffsetOutOfRange`](super::ConsumerError::OffsetOutOfRange) and stop
+    /// fetching the partition until the application seeks.
+    Fail,
+}
+
+/// Where to start reading a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StartAt {
+    /// At this offset.
+    Offset(i64),
+    /// At the log start offset.
+    Earliest,
+    /// At the end (HW or LSO by isolation level): only records written from now on.
+    Latest,
+}
+
+/// The ListOffsets timestamps for earliest and latest.
+pub(crate) const EARLIEST_TIMESTAMP: i64 = -2;
+pub(crate) const LATEST_TIMESTAMP: i64 = -1;
+
+#[derive(Debug, Clone, PartialEq)]
+struct PartitionState {
+    /// `None` while a reset is pending.
+    position: Option<i64>,
+    reset_to: Option<i64>,
+    /// The leader epoch of the last batch consumed (for truncation detection).
+    last_fetched_epoch: Option<i32>,
+    high_watermark: Option<i64>,
+    last_stable_offset: Option<i64>,
+    log_start_offset: Option<i64>,
+    /// Out of range under `OffsetReset::Fail`: not fetched until the application seeks.
+    failed: bool,
+    paused: bool,
+    inflight: bool,
+    backoff_until: Option<Instant>,
+}
+
+impl PartitionState {
+    fn new(start: StartAt) -> Self {
+        let (position, reset_to) = match start {
+            StartAt::Offset(o) => (Some(o), None),
+            StartAt::Earliest => (None, Some(EARLIEST_TIMESTAMP)),
+            StartAt::Latest => (None, Some(LATEST_TIMESTAMP)),
+        };
+        PartitionState {
+            position,
+            reset_to,
+            last_fetched_epoch: None,
+            high_watermark: None,
+            last_stable_offset: None,
+            log_start_offset: None,
+            failed: false,
+            paused: false,
+            inflight: false,
+            backoff_until: None,
+        }
+    }
+}
+
+/// One partition in a planned Fetch.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FetchPartition {
+    pub tp: TopicPartition,
+    pub fetch_offset: i64,
+    /// From metadata; -1 when unknown.
+    pub current_leader_epoch: i32,
+    /// -1 when nothing was consumed yet.
+    pub last_fetched_epoch: i32,
+    pub log_start_offset: i64,
+}
+
+/// One partition in a planned ListOffsets.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ListPartition {
+    pub tp: TopicPartition,
+    pub timestamp: i64,
+    pub current_leader_epoch: i32,
+}
+
+/// Requests for one leader.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Plan {
+    pub fetch: BTreeMap<i32, Vec<FetchPartition>>,
+    pub list: BTreeMap<i32, Vec<ListPartition>>,
+    /// Partitions with no known leader: the driver refreshes metadata for them.
+    pub leaderless: Vec<TopicPartition>,
+}
+
+/// A partition's part of a Fetch response, after the records went through the visibility engine.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Fetched {
+    pub error: ErrorCode,
+    pub high_watermark: i64,
+    pub last_stable_offset: i64,
+    pub log_start_offset: i64,
+    /// From the visibility engine: where the next fetch starts (past every complete batch examined).
+    pub next_offset: i64,
+    /// The partition leader epoch of the last complete batch examined, if any.
+    pub last_batch_epoch: Option<i32>,
+    /// Fetch v12+: the leader's log diverged from what this reader consumed; (epoch, end offset).
+    pub diverging: Option<(i32, i64)>,
+}
+
+/// What the driver must do after a partition's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Deliver the records; the position moved.
+    Deliver,
+    /// The answer was for an offset no longer current; drop its records.
+    Stale,
+    /// The leader moved or is unavailable: refresh its metadata. Nothing to deliver.
+    RefreshLeader,
+    /// Retry later; nothing to deliver.
+    Retry,
+    /// The log was truncated below this reader's position (a leader change lost records); the
+    /// position moved back to `to`. Nothing to deliver from this answer.
+    Truncated { from: i64, to: i64 },
+    /// Out of range and the policy is to fail.
+    OutOfRange { offset: i64 },
+    /// Out of range; a reset to earliest/latest is pending.
+    Reset,
+    /// An error the application must see.
+    Fatal(ErrorCode),
+}
+
+/// Positions and fetch state of the assigned partitions.
+#[derive(Debug)]
+pub(crate) struct Fetcher {
+    reset: OffsetReset,
+    retry_backoff: Duration,
+    partitions: BTreeMap<TopicPartition, PartitionState>,
+}
+
+impl Fetcher {
+    pub(crate) fn new(reset: OffsetReset, retry_backoff: Duration) -> Self {
+        Fetcher {
+            reset,
+            retry_backoff,
+            partitions: BTreeMap::new(),
+        }
+    }
+
+    /// Starts (or restarts) reading `tp` at `start`.
+    pub(crate) fn assign(&mut self, tp: TopicPartition, start: StartAt) {
+        self.partitions.insert(tp, PartitionState::new(start));
+    }
+
+    pub(crate) fn unassign(&mut self, tp: &TopicPartition) -> bool {
+        self.partitions.remove(tp).is_some()
+    }
+
+    pub(crate) fn assigned(&self) -> impl Iterator<Item = &TopicPartition> {
+        self.partitions.keys()
+    }
+
+    /// Moves the position; answers still in flight for the old position will be dropped.
+    pub(crate) fn seek(&mut self, tp: &TopicPartition, start: StartAt) -> bool {
+        match self.partitions.get_mut(tp) {
+            Some(p) => {
+                let paused = p.paused;
+                *p = PartitionState::new(start);
+                p.paused = paused;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn position(&self, tp: &TopicPartition) -> Option<i64> {
+        self.partitions.get(tp)?.position
+    }
+
+    pub(crate) fn high_watermark(&self, tp: &TopicPartition) -> Option<i64> {
+        self.partitions.get(tp)?.high_watermark
+    }
+
+    pub(crate) fn last_stable_offset(&self, tp: &TopicPartition) -> Option<i64> {
+        self.partitions.get(tp)?.last_stable_offset
+    }
+
+    pub(crate) fn set_paused(&mut self, tp: &TopicPartition, paused: bool) {
+        if let Some(p) = self.partitions.get_mut(tp) {
+            p.paused = paused;
+        }
+    }
+
+    /// The requests to send now. Partitions planned are marked in flight until their answer (or
+    /// failure) is reported.
+    pub(crate) fn plan(
+        &mut self,
+        now: Instant,
+        mut leader: impl FnMut(&TopicPartition) -> Option<(i32, i32)>,
+    ) -> Plan {
+        let mut plan = Plan::default();
+        for (tp, p) in &mut self.partitions {
+            if p.inflight || p.paused || p.failed || p.backoff_until.is_some_and(|t| now < t) {
+                continue;
+            }
+            let Some((node, epoch)) = leader(tp) else {
+                plan.leaderless.push(tp.clone());
+                continue;
+            };
+            p.inflight = true;
+            match (p.position, p.reset_to) {
+                (Some(offset), _) => plan.fetch.entry(node).or_default().push(FetchPartition {
+                    tp: tp.clone(),
+                    fetch_offset: offset,
+                    current_leader_epoch: epoch,
+                    last_fetched_epoch: p.last_fetched_epoch.unwrap_or(-1),
+                    log_start_offset: -1,
+                }),
+                (None, Some(timestamp)) => plan.list.entry(node).or_default().push(ListPartition {
+                    tp: tp.clone(),
+                    timestamp,
+                    current_leader_epoch: epoch,
+                }),
+                (None, None) => p.inflight = false,
+            }
+        }
+        plan
+    }
+
+    /// A Fetch or ListOffsets that included `tp` failed as a whole (transport): retry after backoff.
+    pub(crate) fn failed(&mut self, now: Instant, tp: &TopicPartition) {
+        if let Some(p) = self.partitions.get_mut(tp) {
+            p.inflight = false;
+            p.backoff_until = Some(now + self.retry_backoff);
+        }
+    }
+
+    /// The partition was planned but the driver did not send it (e.g. the fetch was cancelled).
+    pub(crate) fn unplanned(&mut self, tp: &TopicPartition) {
+        if let Some(p) = self.partitions.get_mut(tp) {
+            p.inflight = false;
+        }
+    }
+
+    /// A Fetch answer for `tp` that was sent at `fetch_offset`.
+    pub(crate) fn fetched(
+        &mut self,
+        now: Instant,
+        tp: &TopicPartition,
+        fetch_offset: i64,
+        f: &Fetched,
+    ) -> Outcome {
+        let reset = self.reset;
+        let backoff = self.retry_backoff;
+        let Some(p) = self.partitions.get_mut(tp) else {
+            return Outcome::Stale;
+        };
+        p.inflight = false;
+        if p.position != Some(fetch_offset) {
+            return Outcome::Stale;
+        }
+        match f.error {
+            ErrorCode::None => {}
+            ErrorCode::OffsetOutOfRange => {
+                return match reset {
+                    OffsetReset::Fail => {
+                        p.failed = true;
+                        Outcome::OutOfRange {
+                            offset: fetch_offset,
+                        }
+                    }
+                    OffsetReset::Earliest | OffsetReset::Latest => {
+                        tracing::warn!(%tp, offset = fetch_offset, policy = ?reset, "fetch offset out of range; resetting");
+                        p.position = None;
+                        p.last_fetched_epoch = None;
+                        p.reset_to = Some(if reset == OffsetReset::Earliest {
+                            EARLIEST_TIMESTAMP
+                        } else {
+                            LATEST_TIMESTAMP
+                        });
+                        Outcome::Reset
+                    }
+                };
+            }
+            ErrorCode::NotLeaderOrFollower
+            | ErrorCode::FencedLeaderEpoch
+            | ErrorCode::LeaderNotAvailable
+            | ErrorCode::UnknownTopicOrPartition
+            | ErrorCode::UnknownTopicId
+            | ErrorCode::KafkaStorageError
+            | ErrorCode::ReplicaNotAvailable
+            | ErrorCode::OffsetNotAvailable => {
+                p.backoff_until = Some(now + backoff);
+                return Outcome::RefreshLeader;
+            }
+            ErrorCode::UnknownLeaderEpoch => {
+                // The broker has not caught up with the epoch our metadata has; ask again shortly.
+                p.backoff_until = Some(now + backoff);
+                return Outcome::Retry;
+            }
+            e if e.is_retriable() => {
+                p.backoff_until = Some(now + backoff);
+                return Outcome::Retry;
+            }
+            e => return Outcome::Fatal(e),
+        }
+        p.high_watermark = Some(f.high_watermark);
+        if f.last_stable_offset >= 0 {
+            p.last_stable_offset = Some(f.last_stable_offset);
+        }
+        if f.log_start_offset >= 0 {
+            p.log_start_offset = Some(f.log_start_offset);
+        }
+        if let Some((epoch, end)) = f.diverging {
+            let from = fetch_offset;
+            let to = end.min(fetch_offset);
+            tracing::warn!(%tp, from, to, epoch, "log diverged after a leader change; moving the position back");
+            p.position = Some(to);
+            p.last_fetched_epoch = Some(epoch);
+            return Outcome::Truncated { from, to };
+        }
+        if f.next_offset > fetch_offset {
+            p.position = Some(f.next_offset);
+            if let Some(e) = f.last_batch_epoch {
+                p.last_fetched_epoch = Some(e);
+            }
+        }
+        Outcome::Deliver
+    }
+
+    /// A ListOffsets answer for a pending reset of `tp`.
+    pub(crate) fn listed(
+        &mut self,
+        now: Instant,
+        tp: &TopicPartition,
+        error: ErrorCode,
+        offset: i64,
+        leader_epoch: i32,
+    ) -> Outcome {
+        let backoff = self.retry_backoff;
+        let Some(p) = self.partitions.get_mut(tp) else {
+            return Outcome::Stale;
+        };
+        p.inflight = false;
+        if p.position.is_some() {
+            return Outcome::Stale;
+        }
+        match error {
+            ErrorCode::None if offset >= 0 => {
+                p.position = Some(offset);
+                p.reset_to = None;
+                p.last_fetched_epoch = (leader_epoch >= 0).then_some(leader_epoch);
+                Outcome::Deliver
+            }
+            ErrorCode::None => {
+                p.backoff_until = Some(now + backoff);
+                Outcome::Retry
+            }
+            ErrorCode::NotLeaderOrFollower
+            | ErrorCode::FencedLeaderEpoch
+            | ErrorCode::LeaderNotAvailable
+            | ErrorCode::UnknownTopicOrPartition
+            | ErrorCode::ReplicaNotAvailable
+            | ErrorCode::OffsetNotAvailable => {
+                p.backoff_until = Some(now + backoff);
+                Outcome::RefreshLeader
+            }
+            e if e.is_retriable() => {
+                p.backoff_until = Some(now + backoff);
+                Outcome::Retry
+            }
+            e => Outcome::Fatal(e),
+        }
+    }
+
+    /// The earliest backoff that ends after `now`, so a caller with nothing to fetch knows when to
+    /// look again.
+    pub(crate) fn next_wakeup(&self, now: Instant) -> Option<Instant> {
+        self.partitions
+            .values()
+            .filter_map(|p| p.backoff_until)
+            .filter(|t| *t > now)
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(p: i32) -> TopicPartition {
+        TopicPartition::new("t", p)
+    }
+
+    fn ok(next: i64, hw: i64) -> Fetched {
+        Fetched {
+            error: ErrorCode::None,
+            high_watermark: hw,
+            last_stable_offset: hw,
+            log_start_offset: 0,
+            next_offset: next,
+            last_batch_epoch: Some(3),
+            diverging: None,
+        }
+    }
+
+    fn fetcher(reset: OffsetReset) -> Fetcher {
+        Fetcher::new(reset, Duration::from_millis(100))
+    }
+
+    /// Partitions are grouped by leader, with the leader epoch from metadata, and one fetch per
+    /// partition is in flight at a time.
+    #[test]
+    fn plans_by_leader_one_inflight_per_partition() {
+        let now = Instant::now();
+        let mut f = fetcher(OffsetReset::Fail);
+        for p in 0..4 {
+            f.assign(tp(p), StartAt::Offset(10 * p as i64));
+        }
+        let leaders = |t: &TopicPartition| Some((t.partition % 2, 5));
+        let plan = f.plan(now, leaders);
+        assert_eq!(plan.fetch.len(), 2);
+        assert_eq!(
+            plan.fetch[&0]
+                .iter()
+                .map(|p| p.tp.partition)
+                .collect::<Vec<_>>(),
+            vec![0, 2]
+        );
+        assert_eq!(plan.fetch[&1][1].fetch_offset, 30);
+        assert!(plan.fetch[&1]
+            .iter()
+            .all(|p| p.current_leader_epoch == 5 && p.last_fetched_epoch == -1));
+        assert_eq!(f.plan(now, leaders), Plan::default(), "all in flight");
+        assert_eq!(f.fetched(now, &tp(0), 0, &ok(4, 9)), Outcome::Deliver);
+        assert_eq!(f.position(&tp(0)), Some(4));
+        let plan = f.plan(now, leaders);
+        assert_eq!(plan.fetch[&0][0].fetch_offset, 4);
+        assert_eq!(plan.fetch[&0][0].last_fetched_epoch, 3);
+    }
+
+    /// An answer for an offset the application has since moved away from is dropped.
+    #[test]
+    fn stale_answers_are_dropped() {
+        let now = Instant::now();
+        let mut f = fetcher(OffsetReset::Fail);
+        f.assign(tp(0), StartAt::Offset(0));
+        f.plan(now, |_| Some((1, 0)));
+        f.seek(&tp(0), StartAt::Offset(100));
+        assert_eq!(f.fetched(now, &tp(0), 0, &ok(50, 60)), Outcome::Stale);
+        assert_eq!(f.position(&tp(0)), Some(100));
+    }
+
+    /// OFFSET_OUT_OF_RANGE with the Fail policy stops the partition until a seek; never a silent reset.
+    #[test]
+    fn out_of_range_fail_policy_stops_until_seek() {
+        let now = Instant::now();
+        let mut f = fetcher(OffsetReset::Fail);
+        f.assign(tp(0), StartAt::Offset(500));
+        f.plan(now, |_| Some((1, 0)));
+        let mut e = ok(0, 10);
+        e.error = ErrorCode::OffsetOutOfRange;
+        assert_eq!(
+            f.fetched(now, &tp(0), 500, &e),
+            Outcome::OutOfRange { offset: 500 }
+        );
+        assert_eq!(f.position(&tp(0)), Some(500));
+        assert_eq!(f.plan(now, |_| Some((1, 0))), Plan::default());
+        f.seek(&tp(0), StartAt::Offset(3));
+        assert_eq!(f.plan(now, |_| Some((1, 0))).fetch[&1][0].fetch_offset, 3);
+    }
+
+    /// OFFSET_OUT_OF_RANGE with a reset policy lists the offset and continues from it.
+    #[test]
+    fn out_of_range_resets_by_policy() {
+        for (policy, ts) in [
+            (OffsetReset::Earliest, EARLIEST_TIMESTAMP),
+            (OffsetReset::Latest, LATEST_TIMESTAMP),
+        ] {
+            let now = Instant::now();
+            let mut f = fetcher(policy);
+            f.assign(tp(0), StartAt::Offset(500));
+            f.plan(now, |_| Some((1, 0)));
+            let mut e = ok(0, 10);
+            e.error = ErrorCode::OffsetOutOfRange;
+            assert_eq!(f.fetched(now, &tp(0), 500, &e), Outcome::Reset);
+            assert_eq!(f.position(&tp(0)), None);
+            let plan = f.plan(now, |_| Some((1, 4)));
+            assert!(plan.fetch.is_empty());
+            assert_eq!(
+                plan.list[&1],
+                vec![ListPartition {
+                    tp: tp(0),
+                    timestamp: ts,
+                    current_leader_epoch: 4
+                }]
+            );
+            assert_eq!(
+                f.listed(now, &tp(0), ErrorCode::None, 7, 4),
+                Outcome::Deliver
+            );
+            assert_eq!(f.position(&tp(0)), Some(7));
+        }
+    }
+
+    /// A leader error backs off only that partition and asks for a metadata refresh.
+    #[test]
+    fn leader_errors_back_off_one_partition() {
+        for code in [ErrorCode::NotLeaderOrFollower, ErrorCode::FencedLeaderEpoch] {
+            let now = Instant::now();
+            let mut f = fetcher(OffsetReset::Fail);
+            f.assign(tp(0), StartAt::Offset(0));
+            f.assign(tp(1), StartAt::Offset(0));
+            f.plan(now, |_| Some((1, 0)));
+            let mut e = ok(0, 0);
+            e.error = code;
+            assert_eq!(f.fetched(now, &tp(0), 0, &e), Outcome::RefreshLeader);
+            assert_eq!(f.fetched(now, &tp(1), 0, &ok(2, 2)), Outcome::Deliver);
+            let plan = f.plan(now, |_| Some((2, 1)));
+            assert_eq!(
+                plan.fetch[&2].len(),
+                1,
+                "only the healthy partition: {plan:?}"
+            );
+            assert_eq!(plan.fetch[&2][0].tp, tp(1));
+            let plan = f.plan(now + Duration::from_millis(100), |_| Some((2, 1)));
+            assert_eq!(
+                plan.fetch[&2][0].tp,
+                tp(0),
+                "after the backoff, at the new leader"
+            );
+            assert_eq!(plan.fetch[&2][0].current_leader_epoch, 1);
+            assert_eq!(
+                f.position(&tp(0)),
+                Some(0),
+                "errors never move the position"
+            );
+        }
+    }
+
+    /// A diverging epoch (the new leader's log is shorter) moves the position back to the divergence
+    /// point and reports the truncation; nothing from that answer is delivered.
+    #[test]
+    fn diverging_epoch_moves_position_back() {
+        let now = Instant::now();
+        let mut f = fetcher(OffsetReset::Fail);
+        f.assign(tp(0), StartAt::Offset(0));
+        f.plan(now, |_| Some((1, 3)));
+        f.fetched(now, &tp(0), 0, &ok(100, 100));
+        f.plan(now, |_| Some((2, 4)));
+        let mut d = ok(100, 90);
+        d.diverging = Some((3, 90));
+        assert_eq!(
+            f.fetched(now, &tp(0), 100, &d),
+            Outcome::Truncated { from: 100, to: 90 }
+        );
+        assert_eq!(f.position(&tp(0)), Some(90));
+        let plan = f.plan(now, |_| Some((2, 4)));
+        assert_eq!(plan.fetch[&2][0].last_fetched_epoch, 3);
+    }
+
+    /// A partition without a known leader is reported so the driver can refresh metadata.
+    #[test]
+    fn leaderless_partitions_are_reported() {
+        let now = Instant::now();
+        let mut f = fetcher(OffsetReset::Fail);
+        f.assign(tp(0), StartAt::Latest);
+        let plan = f.plan(now, |_| None);
+        assert_eq!(plan.leaderless, vec![tp(0)]);
+        assert!(
+            f.plan(now, |_| Some((1, 0))).list.contains_key(&1),
+            "not left in flight"
+        );
+    }
+
+    /// Paused partitions are not fetched; the HW and LSO of the last answer are kept.
+    #[test]
+    fn paused_and_watermarks() {
+        let now = Instant::now();
+        let mut f = fetcher(OffsetReset::Fail);
+        f.assign(tp(0), StartAt::Offset(0));
+        f.plan(now, |_| Some((1, 0)));
+        let mut a = ok(5, 12);
+        a.last_stable_offset = 7;
+        f.fetched(now, &tp(0), 0, &a);
+        assert_eq!(
+            (f.high_watermark(&tp(0)), f.last_stable_offset(&tp(0))),
+            (Some(12), Some(7))
+        );
+        f.set_paused(&tp(0), true);
+        assert_eq!(f.plan(now, |_| Some((1, 0))), Plan::default());
+        f.set_paused(&tp(0), false);
+        assert_eq!(f.plan(now, |_| Some((1, 0))).fetch[&1][0].fetch_offset, 5);
+    }
+}

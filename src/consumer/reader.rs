@@ -1,0 +1,652 @@
+//! The partition reader: Fetch from assigned partitions, at read_uncommitted or read_committed, with
+//! positions tracked and memory bounded; ListOffsets for earliest and end offsets.
+//!
+//! Every fetched partition goes through the records layer's one visibility function, so
+//! read_committed filtering (aborted transactions, control markers, the LSO bound) is decided in one
+//! place for every reader in the crate.
+//!
+//! # References
+//! - Fetch v4-v12 (isolation level, aborted transactions, leader epochs, diverging epoch), KIP-74
+//!   (max_bytes bounds; the first batch is returned even if larger)
+//! - ListOffsets v2+ (isolation level: the latest offset is the high watermark at read_uncommitted and
+//!   the last stable offset at read_committed), v4+ current leader epoch
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kafka_protocol::messages::fetch_request::{FetchPartition as KpFetchPartition, FetchTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, ListOffsetsRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use super::fetcher::{
+    FetchPartition, Fetched, Fetcher, ListPartition, Outcome, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP,
+};
+use super::{ConsumerError, OffsetReset, StartAt, TopicPartition};
+use crate::net::{CallOptions, Client, Target, Verdict};
+use crate::records::{
+    decode_batches, visible, AbortedTransaction, IsolationLevel, Record, RecordBatch,
+};
+use crate::wire::ErrorCode;
+
+/// Fetch v13 addresses topics by id; this reader addresses them by name.
+const FETCH_MAX_VERSION: i16 = 12;
+
+/// Partition reader settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReaderConfig {
+    /// read_uncommitted (everything up to the high watermark) or read_committed (committed and
+    /// non-transactional records up to the last stable offset). Default read_uncommitted.
+    pub isolation: IsolationLevel,
+    /// What to do when a position is out of range. Default [`OffsetReset::Fail`]: never silently skip
+    /// or replay.
+    pub reset: OffsetReset,
+    /// Upper bound on the bytes one Fetch response may carry (all partitions together). The broker
+    /// may exceed it only to return one batch larger than the bound. Default 50 MiB.
+    pub max_bytes: i32,
+    /// Upper bound per partition per Fetch (same exception). Default 1 MiB.
+    pub partition_max_bytes: i32,
+    /// How long the broker may hold a Fetch waiting for `min_bytes`. Default 500 ms.
+    pub max_wait: Duration,
+    /// The broker answers as soon as this many bytes are available. Default 1.
+    pub min_bytes: i32,
+    /// Pause for a partition after a retriable error. Default 100 ms.
+    pub retry_backoff: Duration,
+}
+
+impl Default for ReaderConfig {
+    fn default() -> Self {
+        ReaderConfig {
+            isolation: IsolationLevel::ReadUncommitted,
+            reset: OffsetReset::Fail,
+            max_bytes: 50 * 1024 * 1024,
+            partition_max_bytes: 1024 * 1024,
+            max_wait: Duration::from_millis(500),
+            min_bytes: 1,
+            retry_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Records fetched from one partition, in offset order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionRecords {
+    /// The partition.
+    pub partition: TopicPartition,
+    /// The records this reader may deliver at its isolation level.
+    pub records: Vec<Record>,
+    /// The position after these records (where the next fetch starts).
+    pub next_offset: i64,
+    /// The partition's high watermark at the time of the fetch.
+    pub high_watermark: i64,
+    /// The partition's last stable offset at the time of the fetch (-1 if the broker did not say).
+    pub last_stable_offset: i64,
+}
+
+/// Which offset ListOffsets asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OffsetSpec {
+    /// The log start offset.
+    Earliest,
+    /// The end of the log as the isolation level sees it: the high watermark at read_uncommitted, the
+    /// last stable offset at read_committed.
+    Latest,
+}
+
+/// Reads assigned partitions. Not a group member: positions are the caller's to choose.
+#[derive(Debug)]
+pub struct PartitionReader {
+    client: Client,
+    config: ReaderConfig,
+    fetcher: Fetcher,
+}
+
+impl PartitionReader {
+    /// A reader with nothing assigned.
+    pub fn new(client: Client, config: ReaderConfig) -> Self {
+        let fetcher = Fetcher::new(config.reset, config.retry_backoff);
+        PartitionReader {
+            client,
+            config,
+            fetcher,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ReaderConfig {
+        &self.config
+    }
+
+    /// Starts reading `partition` at `start` (replacing any previous position).
+    pub fn assign(&mut self, partition: TopicPartition, start: StartAt) {
+        self.fetcher.assign(partition, start);
+    }
+
+    /// Stops reading `partition`. Returns whether it was assigned.
+    pub fn unassign(&mut self, partition: &TopicPartition) -> bool {
+        self.fetcher.unassign(partition)
+    }
+
+    /// The assigned partitions.
+    pub fn assignment(&self) -> Vec<TopicPartition> {
+        self.fetcher.assigned().cloned().collect()
+    }
+
+    /// Moves the position of an assigned partition. Returns whether it was assigned.
+    pub fn seek(&mut self, partition: &TopicPartition, start: StartAt) -> bool {
+        self.fetcher.seek(partition, start)
+    }
+
+    /// The next offset to be fetched, or `None` while the position is being reset (or unassigned).
+    pub fn position(&self, partition: &TopicPartition) -> Option<i64> {
+        self.fetcher.position(partition)
+    }
+
+    /// The high watermark and last stable offset seen in the latest fetch of `partition`.
+    pub fn watermarks(&self, partition: &TopicPartition) -> (Option<i64>, Option<i64>) {
+        (
+            self.fetcher.high_watermark(partition),
+            self.fetcher.last_stable_offset(partition),
+        )
+    }
+
+    /// Stops fetching `partition` until [`resume`](Self::resume); its position is kept.
+    pub fn pause(&mut self, partition: &TopicPartition) {
+        self.fetcher.set_paused(partition, true);
+    }
+
+    /// Fetches `partition` again.
+    pub fn resume(&mut self, partition: &TopicPartition) {
+        self.fetcher.set_paused(partition, false);
+    }
+
+    /// One round of fetching: one Fetch per leader (sent concurrently) for every assigned partition
+    /// that is not paused or backing off, and a ListOffsets for every partition whose position must be
+    /// reset first. Returns the partitions that produced records (possibly none: a Fetch returns empty
+    /// after `max_wait` when nothing new arrived).
+    ///
+    /// Memory is bounded by `max_bytes` per leader contacted.
+    ///
+    /// Cancel-safe: a dropped call loses no records and moves no position; the partitions in flight
+    /// are fetched again from the same positions by the next call.
+    pub async fn fetch(&mut self) -> Result<Vec<PartitionRecords>, ConsumerError> {
+        self.fetch_for(self.config.max_wait).await
+    }
+
+    pub(crate) async fn fetch_for(
+        &mut self,
+        max_wait: Duration,
+    ) -> Result<Vec<PartitionRecords>, ConsumerError> {
+        let metadata = self.client.cached_metadata();
+        let plan = self.fetcher.plan(super::rebalance::now(), |tp| {
+            metadata
+                .leader(&tp.topic, tp.partition)
+                .map(|l| (l.node, l.epoch))
+        });
+        if plan.fetch.is_empty() && plan.list.is_empty() && plan.leaderless.is_empty() {
+            // Everything is paused, stopped or backing off: wait for the first backoff to end (or the
+            // fetch wait), rather than returning at once into a caller's busy loop.
+            let now = super::rebalance::now();
+            let until = self
+                .fetcher
+                .next_wakeup(now)
+                .map_or(max_wait, |t| t.duration_since(now).min(max_wait));
+            tokio::time::sleep(until).await;
+            return Ok(Vec::new());
+        }
+        // A guard puts planned partitions back if this future is dropped mid-way.
+        let mut guard = Unplan {
+            fetcher: &mut self.fetcher,
+            pending: plan
+                .fetch
+                .values()
+                .flatten()
+                .map(|p| p.tp.clone())
+                .chain(plan.list.values().flatten().map(|p| p.tp.clone()))
+                .collect(),
+        };
+        if !plan.leaderless.is_empty() {
+            let topics: Vec<&str> = {
+                let mut t: Vec<&str> = plan.leaderless.iter().map(|tp| &*tp.topic).collect();
+                t.dedup();
+                t
+            };
+            if let Err(e) = self.client.metadata(&topics).await {
+                tracing::debug!(error = %e, "metadata refresh for leaderless partitions failed");
+            }
+        }
+        let isolation = self.config.isolation;
+        // One task per leader, so one slow leader does not serialize the others. Dropping this future
+        // drops the set, which aborts the tasks; the guard puts their partitions back.
+        let mut lists = tokio::task::JoinSet::new();
+        for (node, parts) in plan.list {
+            let client = self.client.clone();
+            lists.spawn(async move {
+                let r = list_offsets_at(&client, node, &parts, isolation).await;
+                (parts, r)
+            });
+        }
+        let mut fetches = tokio::task::JoinSet::new();
+        for (node, parts) in plan.fetch {
+            let client = self.client.clone();
+            let config = self.config.clone();
+            fetches.spawn(async move {
+                let r = fetch_at(&client, node, &parts, &config, max_wait).await;
+                (parts, r)
+            });
+        }
+        let listed = collect(&mut lists).await;
+        let fetched = collect(&mut fetches).await;
+
+        let now = super::rebalance::now();
+        let mut first_error: Option<ConsumerError> = None;
+        for (parts, result) in listed {
+            match result {
+                Ok(answers) => {
+                    for (p, (error, offset, epoch)) in parts.iter().zip(answers) {
+                        guard.done(&p.tp);
+                        let outcome = guard.fetcher.listed(now, &p.tp, error, offset, epoch);
+                        react(&self.client, &p.tp, outcome, &mut first_error);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "ListOffsets failed");
+                    for p in &parts {
+                        guard.done(&p.tp);
+                        guard.fetcher.failed(now, &p.tp);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (parts, result) in fetched {
+            match result {
+                Ok(mut answers) => {
+                    for p in &parts {
+                        guard.done(&p.tp);
+                        let Some(answer) = answers.remove(&p.tp) else {
+                            guard.fetcher.failed(now, &p.tp);
+                            continue;
+                        };
+                        let decoded = match decode(&p.tp, answer, p.fetch_offset, isolation) {
+                            Ok(d) => d,
+                            Err(e) => {
+                                guard.fetcher.failed(now, &p.tp);
+                                first_error.get_or_insert(e);
+                                continue;
+                            }
+                        };
+                        let outcome =
+                            guard
+                                .fetcher
+                                .fetched(now, &p.tp, p.fetch_offset, &decoded.fetched);
+                        if outcome == Outcome::Deliver && !decoded.records.is_empty() {
+                            out.push(PartitionRecords {
+                                partition: p.tp.clone(),
+                                records: decoded.records,
+                                next_offset: decoded.fetched.next_offset,
+                                high_watermark: decoded.fetched.high_watermark,
+                                last_stable_offset: decoded.fetched.last_stable_offset,
+                            });
+                        } else {
+                            react(&self.client, &p.tp, outcome, &mut first_error);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "Fetch failed");
+                    for p in &parts {
+                        guard.done(&p.tp);
+                        guard.fetcher.failed(now, &p.tp);
+                    }
+                }
+            }
+        }
+        drop(guard);
+        match first_error {
+            Some(e) if out.is_empty() => Err(e),
+            Some(e) => {
+                // Deliver what was fetched; the error comes back on the next call (the partition is
+                // stopped or backing off, so it recurs).
+                tracing::warn!(error = %e, "partition error deferred behind delivered records");
+                Ok(out)
+            }
+            None => Ok(out),
+        }
+    }
+}
+
+/// What the driver does about a partition's outcome beyond the fetcher's own bookkeeping.
+fn react(
+    client: &Client,
+    tp: &TopicPartition,
+    outcome: Outcome,
+    first_error: &mut Option<ConsumerError>,
+) {
+    {
+        match outcome {
+            Outcome::RefreshLeader => client.invalidate_leader(&tp.topic, tp.partition),
+            Outcome::OutOfRange { offset } => {
+                first_error.get_or_insert(ConsumerError::OffsetOutOfRange {
+                    partition: tp.clone(),
+                    offset,
+                });
+            }
+            Outcome::Fatal(code) => {
+                first_error.get_or_insert(ConsumerError::Partition {
+                    partition: tp.clone(),
+                    code,
+                });
+            }
+            Outcome::Deliver
+            | Outcome::Stale
+            | Outcome::Retry
+            | Outcome::Reset
+            | Outcome::Truncated { .. } => {}
+        }
+    }
+}
+
+impl PartitionReader {
+    /// The offsets `spec` names for `partitions`, as this reader's isolation level sees them: latest
+    /// is the high watermark at read_uncommitted and the last stable offset at read_committed.
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn list_offsets(
+        &self,
+        partitions: &[TopicPartition],
+        spec: OffsetSpec,
+    ) -> Result<BTreeMap<TopicPartition, i64>, ConsumerError> {
+        list_offsets(&self.client, partitions, spec, self.config.isolation).await
+    }
+}
+
+/// ListOffsets for `partitions` at `isolation`, each sent to its leader, retried on leader changes.
+///
+/// Cancel-safe: it only reads.
+pub async fn list_offsets(
+    client: &Client,
+    partitions: &[TopicPartition],
+    spec: OffsetSpec,
+    isolation: IsolationLevel,
+) -> Result<BTreeMap<TopicPartition, i64>, ConsumerError> {
+    let timestamp = match spec {
+        OffsetSpec::Earliest => EARLIEST_TIMESTAMP,
+        OffsetSpec::Latest => LATEST_TIMESTAMP,
+    };
+    let mut out = BTreeMap::new();
+    for tp in partitions {
+        let (offset, _) = client
+            .call(
+                Target::leader(tp.topic.clone(), tp.partition),
+                &CallOptions {
+                    min_version: Some(2),
+                    ..CallOptions::default()
+                },
+                |_| list_request(&[(tp, timestamp, -1)], isolation),
+                |r, _| {
+                    let p = r
+                        .topics
+                        .iter()
+                        .flat_map(|t| t.partitions.iter())
+                        .find(|p| p.partition_index == tp.partition);
+                    match p {
+                        Some(p) if p.error_code != 0 => {
+                            Verdict::from_code(p.error_code, Err(p.error_code))
+                        }
+                        Some(p) => Verdict::Done(Ok((p.offset, p.leader_epoch))),
+                        None => Verdict::Done(Err(ErrorCode::UnknownTopicOrPartition.code())),
+                    }
+                },
+            )
+            .await?
+            .map_err(|code| ConsumerError::Partition {
+                partition: tp.clone(),
+                code: ErrorCode::from_code(code),
+            })?;
+        out.insert(tp.clone(), offset);
+    }
+    Ok(out)
+}
+
+fn list_request(
+    parts: &[(&TopicPartition, i64, i32)],
+    isolation: IsolationLevel,
+) -> ListOffsetsRequest {
+    let mut topics: BTreeMap<&str, Vec<ListOffsetsPartition>> = BTreeMap::new();
+    for (tp, timestamp, epoch) in parts {
+        topics.entry(&tp.topic).or_default().push(
+            ListOffsetsPartition::default()
+                .with_partition_index(tp.partition)
+                .with_timestamp(*timestamp)
+                .with_current_leader_epoch(*epoch),
+        );
+    }
+    ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_isolation_level(isolation.as_i8())
+        .with_topics(
+            topics
+                .into_iter()
+                .map(|(t, ps)| {
+                    ListOffsetsTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                        .with_partitions(ps)
+                })
+                .collect(),
+        )
+}
+
+/// ListOffsets for planned resets at one leader; answers in the order of `parts`.
+async fn list_offsets_at(
+    client: &Client,
+    node: i32,
+    parts: &[ListPartition],
+    isolation: IsolationLevel,
+) -> Result<Vec<(ErrorCode, i64, i32)>, crate::net::NetError> {
+    let req: Vec<(&TopicPartition, i64, i32)> = parts
+        .iter()
+        .map(|p| (&p.tp, p.timestamp, p.current_leader_epoch))
+        .collect();
+    let (r, _) = client
+        .call(
+            Target::Broker(node),
+            &CallOptions {
+                min_version: Some(2),
+                max_retries: Some(0),
+                ..CallOptions::default()
+            },
+            |_| list_request(&req, isolation),
+            |r, v| Verdict::Done((r, v)),
+        )
+        .await?;
+    Ok(parts
+        .iter()
+        .map(|p| {
+            r.topics
+                .iter()
+                .filter(|t| *t.name.0 == *p.tp.topic)
+                .flat_map(|t| t.partitions.iter())
+                .find(|x| x.partition_index == p.tp.partition)
+                .map(|x| (ErrorCode::from_code(x.error_code), x.offset, x.leader_epoch))
+                .unwrap_or((ErrorCode::UnknownTopicOrPartition, -1, -1))
+        })
+        .collect())
+}
+
+/// One partition's raw Fetch answer.
+struct RawFetched {
+    error: ErrorCode,
+    high_watermark: i64,
+    last_stable_offset: i64,
+    log_start_offset: i64,
+    diverging: Option<(i32, i64)>,
+    aborted: Vec<AbortedTransaction>,
+    records: bytes::Bytes,
+}
+
+async fn fetch_at(
+    client: &Client,
+    node: i32,
+    parts: &[FetchPartition],
+    config: &ReaderConfig,
+    max_wait: Duration,
+) -> Result<BTreeMap<TopicPartition, RawFetched>, crate::net::NetError> {
+    let mut topics: BTreeMap<&str, Vec<KpFetchPartition>> = BTreeMap::new();
+    for p in parts {
+        topics.entry(&p.tp.topic).or_default().push(
+            KpFetchPartition::default()
+                .with_partition(p.tp.partition)
+                .with_current_leader_epoch(p.current_leader_epoch)
+                .with_fetch_offset(p.fetch_offset)
+                .with_last_fetched_epoch(p.last_fetched_epoch)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(config.partition_max_bytes),
+        );
+    }
+    let request = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(max_wait.as_millis().min(i32::MAX as u128) as i32)
+        .with_min_bytes(config.min_bytes)
+        .with_max_bytes(config.max_bytes)
+        .with_isolation_level(config.isolation.as_i8())
+        // No fetch session (KIP-227): every request is full, which keeps the reader stateless on the
+        // broker at the cost of listing the partitions each time.
+        .with_session_id(0)
+        .with_session_epoch(-1)
+        .with_topics(
+            topics
+                .into_iter()
+                .map(|(t, ps)| {
+                    FetchTopic::default()
+                        .with_topic(TopicName(StrBytes::from_string(t.to_string())))
+                        .with_partitions(ps)
+                })
+                .collect(),
+        );
+    // The broker may hold the request for max_wait before answering.
+    let timeout = client.config().request_timeout + max_wait;
+    let (r, _) = client
+        .call(
+            Target::Broker(node),
+            &CallOptions {
+                timeout: Some(timeout),
+                min_version: Some(4),
+                max_version: Some(FETCH_MAX_VERSION),
+                max_retries: Some(0),
+            },
+            |_| request.clone(),
+            |r, v| Verdict::Done((r, v)),
+        )
+        .await?;
+    let mut out = BTreeMap::new();
+    for t in r.responses {
+        let topic: std::sync::Arc<str> = std::sync::Arc::from(&*t.topic.0);
+        for p in t.partitions {
+            let diverging = (p.diverging_epoch.epoch >= 0)
+                .then_some((p.diverging_epoch.epoch, p.diverging_epoch.end_offset));
+            out.insert(
+                TopicPartition::new(topic.clone(), p.partition_index),
+                RawFetched {
+                    error: ErrorCode::from_code(p.error_code),
+                    high_watermark: p.high_watermark,
+                    last_stable_offset: p.last_stable_offset,
+                    log_start_offset: p.log_start_offset,
+                    diverging,
+                    aborted: p
+                        .aborted_transactions
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|a| AbortedTransaction {
+                            producer_id: a.producer_id.0,
+                            first_offset: a.first_offset,
+                        })
+                        .collect(),
+                    records: p.records.unwrap_or_default(),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+struct Decoded {
+    fetched: Fetched,
+    records: Vec<Record>,
+}
+
+/// Runs a partition's answer through the visibility engine.
+fn decode(
+    tp: &TopicPartition,
+    raw: RawFetched,
+    fetch_offset: i64,
+    isolation: IsolationLevel,
+) -> Result<Decoded, ConsumerError> {
+    let mut fetched = Fetched {
+        error: raw.error,
+        high_watermark: raw.high_watermark,
+        last_stable_offset: raw.last_stable_offset,
+        log_start_offset: raw.log_start_offset,
+        next_offset: fetch_offset,
+        last_batch_epoch: None,
+        diverging: raw.diverging,
+    };
+    if !raw.error.is_ok() || raw.diverging.is_some() {
+        return Ok(Decoded {
+            fetched,
+            records: Vec::new(),
+        });
+    }
+    let batches: Vec<RecordBatch> = decode_batches(raw.records)
+        .collect::<Result<_, _>>()
+        .map_err(|source| ConsumerError::Decode {
+            partition: tp.clone(),
+            source,
+        })?;
+    fetched.last_batch_epoch = batches.last().map(|b| b.partition_leader_epoch());
+    let v = visible(&batches, &raw.aborted, isolation, fetch_offset).map_err(|source| {
+        ConsumerError::Decode {
+            partition: tp.clone(),
+            source,
+        }
+    })?;
+    fetched.next_offset = v.next_offset;
+    Ok(Decoded {
+        fetched,
+        records: v.into_records(),
+    })
+}
+
+/// Puts planned-but-unanswered partitions back when a fetch round is dropped half-way.
+struct Unplan<'a> {
+    fetcher: &'a mut Fetcher,
+    pending: Vec<TopicPartition>,
+}
+
+impl Unplan<'_> {
+    fn done(&mut self, tp: &TopicPartition) {
+        self.pending.retain(|p| p != tp);
+    }
+}
+
+impl Drop for Unplan<'_> {
+    fn drop(&mut self) {
+        for tp in &self.pending {
+            self.fetcher.unplanned(tp);
+        }
+    }
+}
+
+/// Waits for every task of `set`. A task that panicked is logged and its partitions stay in the
+/// guard, so they are fetched again.
+async fn collect<T: 'static>(set: &mut tokio::task::JoinSet<T>) -> Vec<T> {
+    let mut out = Vec::with_capacity(set.len());
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(v) => out.push(v),
+            Err(e) => tracing::error!(error = %e, "fetch task failed"),
+        }
+    }
+    out
+}
