@@ -55,3 +55,10 @@ strip -o "$cli_stripped" "$cli_bin"
 echo "snapfence static binary: $(stat -c %s "$cli_bin") bytes ($(stat -c %s "$cli_stripped") stripped)"
 rm -f "$cli_stripped"
 # ======================================== end cli ===========================================
+
+# ============================================================================================
+# benches: benchmarks never run inside CI's pass/fail; CI only checks that they build.
+# ============================================================================================
+section "benches: build"
+cargo bench --workspace --no-run
+# ======================================== end benches =======================================
