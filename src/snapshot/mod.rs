@@ -6,6 +6,7 @@
 //!   KIP-664 (hanging transactions), KIP-890 (transaction server-side defence)
 
 mod error;
+mod flow;
 mod group_commit;
 mod log;
 mod recovery;
@@ -13,6 +14,7 @@ mod runner;
 mod store;
 
 pub use error::{FailureKind, SnapshotError, StallDiagnosis, TxnFailure};
+pub use flow::{BoxError, Flow, FlowConfig, FlowError, Fold, PersistenceMode};
 pub use group_commit::{
     GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError, TxnBatch,
 };
