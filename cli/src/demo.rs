@@ -189,7 +189,7 @@ pub(crate) async fn run(
                 "       ready at {bootstrap}{}\n",
                 kafka
                     .started_in()
-                    .map(|d| format!(", {:.1} s after the start", d.as_secs_f64()))
+                    .map(|d| format!(" after {:.1} s", d.as_secs_f64()))
                     .unwrap_or_default()
             )?;
             (Some(kafka), bootstrap)
@@ -257,7 +257,7 @@ async fn tell(
         if !topics.is_empty() {
             writeln!(
                 out,
-                "(the demo's topics are deleted; its consumer groups expire with offsets.retention.minutes)"
+                "(the demo's topics are deleted; its consumer groups expire with offsets.retention.minutes)\n"
             )?;
         }
     }
