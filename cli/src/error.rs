@@ -3,6 +3,7 @@
 
 use snapfence::net::NetError;
 use snapfence::records::DecodeError;
+use snapfence::snapshot::{SnapshotError, StallDiagnosis};
 use snapfence::ErrorCode;
 
 /// Exit status of a run that did what was asked.
@@ -17,6 +18,8 @@ pub const EXIT_UNREACHABLE: i32 = 3;
 pub const EXIT_NOT_FOUND: i32 = 4;
 /// Exit status when the cluster refused the request for lack of permissions.
 pub const EXIT_NOT_AUTHORIZED: i32 = 5;
+/// Exit status of a recovery read that stopped advancing past its stall deadline (`recover`).
+pub const EXIT_STALLED: i32 = 6;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +109,49 @@ pub enum CliError {
         /// What was wrong with the answer.
         detail: String,
     },
+    /// The recovery read stopped advancing for longer than the stall deadline.
+    #[error(
+        "recovery of {topic}/{partition} stalled at offset {position} for {:.1} s, below its target \
+         {target}: {diagnosis}",
+        stalled_for.as_secs_f64()
+    )]
+    RecoveryStalled {
+        /// The snapshot topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The read_committed position reached.
+        position: i64,
+        /// The high watermark captured at the start.
+        target: i64,
+        /// How long the position had not moved.
+        stalled_for: std::time::Duration,
+        /// What a fresh read of the log end found.
+        diagnosis: StallDiagnosis,
+    },
+    /// The recovery read failed for a reason other than a stall.
+    #[error("recovery of {topic}/{partition} failed: {source}")]
+    Recovery {
+        /// The snapshot topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The snapshot layer's error.
+        #[source]
+        source: SnapshotError,
+    },
+    /// The demo could not get a Kafka broker of its own.
+    #[error("cannot start a local Kafka broker for the demo: {detail}")]
+    Fixture {
+        /// The fixture's error.
+        detail: String,
+    },
+    /// The demo ran but did not show what it exists to show.
+    #[error("the demo did not show the expected outcome: {detail}")]
+    DemoFailed {
+        /// What was off.
+        detail: String,
+    },
     /// Writing the output or reading the confirmation failed.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -121,6 +167,7 @@ impl CliError {
             | CliError::UnknownPartition { .. }
             | CliError::OffsetOutOfRange { .. } => EXIT_NOT_FOUND,
             CliError::NotAuthorized { .. } => EXIT_NOT_AUTHORIZED,
+            CliError::RecoveryStalled { .. } => EXIT_STALLED,
             _ => EXIT_FAILED,
         }
     }
@@ -162,6 +209,20 @@ impl CliError {
             }
             CliError::Decode { .. } => "the batch is corrupt or uses a format this tool cannot read; \
                 dump from a later --offset to skip it, and compare with kafka-dump-log.sh on the broker"
+                .into(),
+            CliError::RecoveryStalled {
+                topic, diagnosis, ..
+            } => stall_hint(topic, diagnosis),
+            CliError::Recovery { .. } => "check that the brokers are up (`snapfence inspect <topic>`) and \
+                try again; run with RUST_LOG=debug for the requests sent"
+                .into(),
+            CliError::Fixture { .. } => "install what the message names (a JDK 17 and Maven; the broker jars \
+                come from Maven Central on first use), or run the demo against a cluster of yours with \
+                --bootstrap host:port"
+                .into(),
+            CliError::DemoFailed { .. } => "read the story above for the step that went differently; on a \
+                cluster of yours, check group.min.session.timeout.ms allows 6 s sessions, and rerun to \
+                rule out a slow machine"
                 .into(),
             CliError::Io(_) => "check that the output can be written".into(),
         }
@@ -206,6 +267,21 @@ impl CliError {
     /// run quietly rather than as a failure.
     pub fn is_broken_pipe(&self) -> bool {
         matches!(self, CliError::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
+fn stall_hint(topic: &str, diagnosis: &StallDiagnosis) -> String {
+    match diagnosis {
+        StallDiagnosis::Truncated { .. } => "records the broker had acknowledged are gone (an unclean \
+            leader election or a lost disk): an operator must choose between resetting the input group's \
+            offsets so the state is rebuilt from the input, and restoring the snapshot topic from a backup"
+            .into(),
+        StallDiagnosis::OpenTransaction { .. } => format!(
+            "find the transaction with `snapfence inspect {topic}` and `snapfence find-hanging --topic \
+             {topic}`: a hanging one can be ended with `find-hanging --abort`; a healthy one ends within \
+             its transaction timeout, so retry with a --stall-timeout above it"
+        ),
+        _ => "the broker could not be asked why: check that it is reachable and try again".into(),
     }
 }
 

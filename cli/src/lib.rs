@@ -8,9 +8,11 @@
 //! | `inspect` | per partition: log start, HW, LSO, HW−LSO, open transactions and their owners; a group's committed offsets |
 //! | `dump` | a partition's batches and markers from an offset, at either isolation level, text or JSON lines |
 //! | `find-hanging` | KIP-664's hanging transactions for a topic or a broker; `--abort` ends them |
+//! | `recover` | a snapshot partition's recovery read, run without owning it; a stall with its diagnosis |
+//! | `demo` | the stale-owner story, fenced and unfenced, on a broker it starts itself (or `--bootstrap`) |
 //!
 //! Exit status: 0 success, 1 failure, 2 bad command line, 3 cluster unreachable, 4 topic/partition/offset
-//! not found, 5 not authorized (see [`error`]). Errors name the cause and the next step on stderr.
+//! not found, 5 not authorized, 6 recovery stalled (see [`error`]). Errors name the cause and the next step on stderr.
 //!
 //! # References
 //! - KIP-98 (transactions, LSO), KIP-447 (stable offsets), KIP-664 (hanging transactions)
@@ -19,11 +21,13 @@
 
 pub mod error;
 
+mod demo;
 mod dump;
 mod hanging;
 mod inspect;
 mod kafka;
 mod progress;
+mod recover;
 mod show;
 
 use std::ffi::OsString;
@@ -31,10 +35,12 @@ use std::io::{BufRead, Write};
 
 use clap::{Parser, Subcommand};
 
+pub use demo::DemoArgs;
 pub use dump::{DumpArgs, Isolation};
 pub use error::CliError;
 pub use hanging::FindHangingArgs;
 pub use inspect::InspectArgs;
+pub use recover::RecoverArgs;
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -82,6 +88,11 @@ pub enum Command {
     Dump(DumpArgs),
     /// Find transactions no coordinator will end (KIP-664), and optionally abort them.
     FindHanging(FindHangingArgs),
+    /// Run a snapshot partition's recovery read without owning it; on a stall, say why.
+    Recover(RecoverArgs),
+    /// Show a stale owner's late snapshot write refused by the fence, and the damage without it. Starts
+    /// a local Kafka broker unless --bootstrap (or SNAPFENCE_BOOTSTRAP) names one.
+    Demo(DemoArgs),
 }
 
 /// Where a run reads and writes.
@@ -144,16 +155,22 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
         .bootstrap
         .as_deref()
         .map(str::trim)
-        .filter(|b| !b.is_empty())
-        .ok_or_else(|| CliError::Usage {
-            message: "no bootstrap address".into(),
-            hint: "pass --bootstrap host:port or set SNAPFENCE_BOOTSTRAP".into(),
-        })?;
+        .filter(|b| !b.is_empty());
+    if let Command::Demo(args) = &cli.command {
+        return demo::run(bootstrap, args, cli.format, io).await;
+    }
+    let bootstrap = bootstrap.ok_or_else(|| CliError::Usage {
+        message: "no bootstrap address".into(),
+        hint: "pass --bootstrap host:port or set SNAPFENCE_BOOTSTRAP".into(),
+    })?;
     let cluster = kafka::Cluster::connect(bootstrap).await?;
     match &cli.command {
         Command::Inspect(args) => inspect::run(&cluster, args, cli.format, io).await,
         Command::Dump(args) => dump::run(&cluster, args, cli.format, io).await,
         Command::FindHanging(args) => hanging::run(&cluster, args, cli.format, io).await,
+        Command::Recover(args) => recover::run(&cluster, args, cli.format, io).await,
+        // Handled above without a connection; kept total rather than panicking.
+        Command::Demo(args) => demo::run(Some(bootstrap), args, cli.format, io).await,
     }
 }
 
@@ -197,6 +214,12 @@ mod tests {
         let (code, _, err) =
             run_captured(&["snapfence", "find-hanging", "--partition", "1", "-b", "x:1"]).await;
         assert_eq!(code, 2, "--partition needs --topic: {err}");
+        let (code, _, err) = run_captured(&["snapfence", "-b", "x:1", "recover", "t"]).await;
+        assert_eq!(code, 2, "recover needs --partition: {err}");
+        // Refused before any broker is started or reached.
+        let (code, _, err) = run_captured(&["snapfence", "--format", "json", "demo"]).await;
+        assert_eq!(code, error::EXIT_USAGE, "{err}");
+        assert!(err.contains("no JSON output"), "{err}");
     }
 
     #[tokio::test]

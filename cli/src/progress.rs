@@ -27,6 +27,11 @@ impl Progress {
         }
     }
 
+    /// Changes the words before the bar (a read that starts waiting says so); shown at the next redraw.
+    pub fn set_label(&mut self, label: impl Into<String>) {
+        self.label = label.into();
+    }
+
     /// Shows `done` of `total` (a bar when the total is known).
     pub fn update(&mut self, err: &mut dyn Write, done: u64, total: Option<u64>) {
         if !self.enabled {

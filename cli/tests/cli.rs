@@ -8,11 +8,13 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use bytes::Bytes;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{InitProducerIdRequest, ProduceRequest, TopicName, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
 use serde_json::Value;
 use snapfence::net::{CallOptions, Client, ClientConfig, Target, Verdict};
+use snapfence::producer::{ProducerRecord, TransactionalConfig, TransactionalProducer};
 use snapfence::records::{BatchBuilder, Compression, NewRecord, ProducerStamp};
 use snapfence::ErrorCode;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -898,5 +900,298 @@ async fn the_binary_uses_the_environment_and_stays_quiet_when_piped() {
     assert!(
         stderr.contains("cannot reach") && stderr.contains("next step"),
         "{stderr}"
+    );
+}
+
+// ---- recover --------------------------------------------------------------------------------------
+
+/// Writes `records` to `topic`/0 in one transaction of `producer` and commits (or aborts) it.
+async fn snapshot_txn(
+    producer: &mut TransactionalProducer,
+    topic: &str,
+    records: &[(&str, Option<&str>)],
+    commit: bool,
+) {
+    producer.begin().expect("begin");
+    let mut deliveries = Vec::new();
+    for (k, v) in records {
+        let record = ProducerRecord::new(topic, v.map(|v| Bytes::copy_from_slice(v.as_bytes())))
+            .key(Bytes::copy_from_slice(k.as_bytes()))
+            .partition(0);
+        deliveries.push(producer.send(record).await.expect("send"));
+    }
+    if commit {
+        producer.commit().await.expect("commit");
+        for d in deliveries {
+            d.await.expect("delivered");
+        }
+    } else {
+        // The records reach the log first, so the abort has something to abort.
+        for d in deliveries {
+            d.await.expect("delivered");
+        }
+        producer.abort().await.expect("abort");
+    }
+}
+
+/// Waits until no transaction holds `topic`/0 back. A commit returns once the coordinator has decided;
+/// its marker reaches the partition a moment later.
+async fn markers_written(kafka: &KafkaCluster, topic: &str) {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = snapfence(kafka, &["--format", "json", "inspect", topic])
+            .await
+            .ok()
+            .json();
+        if partition(&state, 0)["hw_minus_lso"] == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "markers not written within 30 s: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `recover` must report what the next owner would recover (live keys after tombstones, keyed records
+/// read, bytes, the captured target), never count an aborted transaction; with a transaction held open it
+/// must stall, diagnose an open transaction with its next step and exit 6; and once that transaction
+/// commits it must drain past the LSO to the target and say it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let c = client(&kafka).await;
+    let topic = unique("cli-snaps");
+    c.create_topic(&topic, 1, -1, &[("cleanup.policy", "compact")])
+        .await
+        .expect("create topic");
+    let mut owner =
+        TransactionalProducer::init(c.clone(), TransactionalConfig::new(unique("owner")))
+            .await
+            .expect("init");
+    // Live afterwards: a=3, c=4. Records: 5 (the tombstone counts), 9 bytes of keys and values. (A keyless
+    // record, which recovery skips, cannot be written here: a compacted topic refuses it.)
+    snapshot_txn(
+        &mut owner,
+        &topic,
+        &[
+            ("a", Some("1")),
+            ("b", Some("2")),
+            ("a", Some("3")),
+            ("c", Some("4")),
+            ("b", None),
+        ],
+        true,
+    )
+    .await;
+    snapshot_txn(&mut owner, &topic, &[("d", Some("aborted"))], false).await;
+    markers_written(&kafka, &topic).await;
+
+    let done = snapfence(
+        &kafka,
+        &["--format", "json", "recover", &topic, "-p", "0", "--keys"],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(done["outcome"], "recovered", "{done}");
+    assert_eq!(done["keys"], 2, "{done}");
+    assert_eq!(done["records"], 5, "{done}");
+    assert_eq!(done["bytes"], 9, "{done}");
+    assert_eq!(done["waited_for_open_transactions"], false, "{done}");
+    let keys: Vec<&str> = done["key_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"]["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["a", "c"], "{done}");
+    let target = done["target"].as_i64().unwrap();
+    assert!(done["end"].as_i64().unwrap() >= target, "{done}");
+    let text = snapfence(&kafka, &["recover", &topic, "-p", "0"])
+        .await
+        .ok()
+        .out;
+    assert!(
+        text.contains("2 live key(s)") && text.contains("no open transaction held the read back"),
+        "{text}"
+    );
+
+    // A foreign transaction held open, and a committed snapshot above it that only a read past the LSO
+    // reaches.
+    let mut foreign =
+        TransactionalProducer::init(c.clone(), TransactionalConfig::new(unique("foreign")))
+            .await
+            .expect("init");
+    foreign.begin().expect("begin");
+    foreign
+        .send(
+            ProducerRecord::new(topic.as_str(), Some(Bytes::from_static(b"pending")))
+                .key(Bytes::from_static(b"e"))
+                .partition(0),
+        )
+        .await
+        .expect("send")
+        .await
+        .expect("delivered");
+    snapshot_txn(&mut owner, &topic, &[("f", Some("6"))], true).await;
+
+    let stalled = snapfence(
+        &kafka,
+        &[
+            "--format",
+            "json",
+            "recover",
+            &topic,
+            "-p",
+            "0",
+            "--stall-timeout",
+            "2",
+        ],
+    )
+    .await;
+    assert_eq!(
+        stalled.code,
+        snapfence_cli::error::EXIT_STALLED,
+        "{}\n{}",
+        stalled.out,
+        stalled.err
+    );
+    let report = stalled.json();
+    assert_eq!(report["outcome"], "stalled", "{report}");
+    assert_eq!(report["diagnosis"]["kind"], "open_transaction", "{report}");
+    assert!(
+        report["position"].as_i64() < report["target"].as_i64(),
+        "{report}"
+    );
+    assert!(
+        stalled.err.contains("open transaction") && stalled.err.contains("find-hanging --topic"),
+        "{}",
+        stalled.err
+    );
+
+    let committer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        foreign
+            .commit()
+            .await
+            .expect("commit the foreign transaction");
+        foreign
+    });
+    let waited = snapfence(
+        &kafka,
+        &[
+            "--format",
+            "json",
+            "recover",
+            &topic,
+            "-p",
+            "0",
+            "--stall-timeout",
+            "30",
+            "--keys",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    committer.await.expect("committer");
+    assert_eq!(waited["waited_for_open_transactions"], true, "{waited}");
+    let keys: Vec<&str> = waited["key_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"]["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["a", "c", "e", "f"], "{waited}");
+
+    let missing = snapfence(&kafka, &["recover", &topic, "-p", "3"]).await;
+    assert_eq!(
+        missing.code,
+        snapfence_cli::error::EXIT_NOT_FOUND,
+        "{}",
+        missing.err
+    );
+}
+
+// ---- demo -----------------------------------------------------------------------------------------
+
+/// The demo is the README's main job: on a real broker its fenced run must refuse the stale owner's late
+/// write and recover a state equal to a fold of all input, and its unfenced run must let that write land
+/// and recover a damaged state. Exit 0 with a PASS verdict as the last line means both; the topics it
+/// made on a cluster it did not start are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_refuses_the_stale_write_fenced_and_shows_the_damage_unfenced() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let began = std::time::Instant::now();
+    let run = snapfence(&kafka, &["demo"]).await.ok();
+    let took = began.elapsed();
+    let last = run.out.lines().last().unwrap_or_default();
+    assert!(last.starts_with("verdict: PASS"), "{}", run.out);
+    assert!(run.out.contains("A's late write is REFUSED"), "{}", run.out);
+    assert!(run.out.contains("A's late write LANDED"), "{}", run.out);
+    assert!(
+        run.out.contains("WRONG: lost 5 deposit(s): #16-#20"),
+        "{}",
+        run.out
+    );
+    eprintln!("the demo took {took:?} on a running broker");
+    assert!(!run.out.contains("could not delete"), "{}", run.out);
+    // DeleteTopics returns once the controller has decided; the broker's metadata follows a moment later.
+    let c = client(&kafka).await;
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let metadata = c.metadata_all().await.expect("metadata");
+        let left: Vec<&String> = metadata
+            .topics
+            .keys()
+            .filter(|t| t.starts_with("snapfence-demo-"))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "demo topics left behind: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The README's first command: the binary with no bootstrap starts its own broker, passes, and leaves no
+/// broker behind (its port refuses connections once the binary has exited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_binary_starts_and_stops_its_own_broker() {
+    if std::env::var_os("SNAPFENCE_BOOTSTRAP").is_some() {
+        eprintln!(
+            "skipped: SNAPFENCE_BOOTSTRAP names an external cluster, so no local broker may start"
+        );
+        return;
+    }
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .arg("demo")
+        .output()
+        .await
+        .expect("run snapfence demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("verdict: PASS")),
+        "{stdout}"
+    );
+    let address = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ready at "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no broker address in {stdout}"));
+    let refused = tokio::net::TcpStream::connect(address).await;
+    assert!(
+        refused.is_err(),
+        "the demo's broker at {address} still accepts connections"
     );
 }

@@ -620,6 +620,13 @@ impl<F: Fold> Flow<F> {
         })
     }
 
+    /// The next input offset of `partition` this flow will fold (the assigned offset until events arrive),
+    /// if held: how a caller knows the flow has caught up with an input end it read elsewhere.
+    pub async fn position(&self, partition: i32) -> Option<i64> {
+        let flows = self.shared.partitions.lock().await;
+        flows.get(&partition).map(|f| f.position)
+    }
+
     /// Polls, persisting every `persist_every` and committing every `commit_offsets_interval`, until
     /// `stop` completes or an error (a fence stops a stale owner here). Then leaves the group, flushing
     /// through the revocation.

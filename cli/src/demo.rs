@@ -1,0 +1,881 @@
+//! `demo`: the handover story of snapfence's issue #732, told on screen against a real broker, once with the
+//! fence and once without it.
+//!
+//! Owner A folds an input partition and persists per-key snapshots; A stalls (it stops polling); the group
+//! evicts it and owner B takes over, recovers, folds and commits; A wakes up and flushes the state it still
+//! holds, now stale; a fresh owner C recovers and its state is compared with a fold of all input from
+//! scratch. Fenced, A's late write is refused and C is right. Unfenced, A's write lands after B's on the
+//! last-write-wins snapshot topic, and C folds onto stale state, for good: the committed offset is already
+//! past the events B folded.
+//!
+//! The same story is the library-level test `protocol-tests/tests/flow.rs` (three broker versions, no
+//! narration). This one is written for a reader: every step says what it models and what the broker
+//! answered, and the run ends with a verdict and an exit status (0 only when the fenced run is correct and
+//! the unfenced one shows the damage).
+//!
+//! Without `--bootstrap`, the demo starts one Kafka 4.x node itself through the protocol-tests fixture and
+//! kills it at the end.
+//!
+//! # References
+//! - KIP-447 (generation-fenced TxnOffsetCommit), KIP-98 (transactions, read_committed);
+//!   `docs/fencing.md`
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use snapfence::consumer::{
+    committed_offsets, list_offsets, GroupConfig, GroupConsumerConfig, OffsetReset, OffsetSpec,
+    TopicPartition,
+};
+use snapfence::net::{Client, ClientConfig};
+use snapfence::producer::{Producer, ProducerConfig, ProducerError, ProducerRecord};
+use snapfence::records::{IsolationLevel, Record};
+use snapfence::snapshot::{
+    BoxError, FailureKind, Flow, FlowConfig, FlowError, Fold, PersistenceMode, SnapshotConfig,
+    SnapshotError,
+};
+
+use crate::error::CliError;
+use crate::{Format, Io};
+
+/// The arguments of `demo`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// On a cluster named with --bootstrap, leave the demo's topics behind (they are deleted by default).
+    #[arg(long)]
+    pub keep_topics: bool,
+}
+
+/// The group's `max.poll.interval`: how long A's stall lasts before the group evicts it. Short, so the
+/// demo is quick; the session timeout stays at 6 s, the lowest a default broker accepts.
+const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3);
+/// The width prose is wrapped to.
+const WIDTH: usize = 100;
+/// How long any one step may take before the demo gives up on it.
+const STEP_LIMIT: Duration = Duration::from_secs(60);
+
+// ---- the fold ------------------------------------------------------------------------------------
+
+/// One account: how many deposits, their sum, and the number of the last one folded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Account {
+    deposits: u64,
+    balance: i64,
+    last: u64,
+}
+
+impl Account {
+    /// Folds one deposit, written as `"<number>:<amount>"`. Anything else leaves the account as it was.
+    fn apply(self, value: &[u8]) -> Account {
+        let parsed = std::str::from_utf8(value).ok().and_then(|s| {
+            let (n, amount) = s.split_once(':')?;
+            Some((n.parse::<u64>().ok()?, amount.parse::<i64>().ok()?))
+        });
+        match parsed {
+            Some((n, amount)) => Account {
+                deposits: self.deposits + 1,
+                balance: self.balance + amount,
+                last: n,
+            },
+            None => self,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{:>2} deposits, balance {:>5}, last #{}",
+            self.deposits, self.balance, self.last
+        )
+    }
+}
+
+/// The demo's fold: deposits per account.
+struct Ledger;
+
+impl Fold for Ledger {
+    type State = Account;
+
+    fn fold(&self, _key: &Bytes, state: Option<Account>, event: &Record) -> Account {
+        state
+            .unwrap_or_default()
+            .apply(event.value.as_deref().unwrap_or_default())
+    }
+
+    fn encode(&self, a: &Account) -> Bytes {
+        let mut v = Vec::with_capacity(24);
+        v.extend_from_slice(&a.deposits.to_be_bytes());
+        v.extend_from_slice(&a.balance.to_be_bytes());
+        v.extend_from_slice(&a.last.to_be_bytes());
+        Bytes::from(v)
+    }
+
+    fn decode(&self, b: &[u8]) -> Result<Account, BoxError> {
+        let b: &[u8; 24] = b
+            .try_into()
+            .map_err(|_| "an account snapshot is 24 bytes")?;
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            w
+        };
+        Ok(Account {
+            deposits: u64::from_be_bytes(word(0)),
+            balance: i64::from_be_bytes(word(1)),
+            last: u64::from_be_bytes(word(2)),
+        })
+    }
+}
+
+// ---- running it ----------------------------------------------------------------------------------
+
+/// Runs `demo`: on the cluster at `bootstrap`, or on a broker it starts itself.
+pub(crate) async fn run(
+    bootstrap: Option<&str>,
+    args: &DemoArgs,
+    format: Format,
+    io: &mut Io<'_>,
+) -> Result<(), CliError> {
+    if format == Format::Json {
+        return Err(CliError::Usage {
+            message: "the demo tells a story in text; it has no JSON output".into(),
+            hint: "leave out --format json; the last line is the verdict and the exit status says the same"
+                .into(),
+        });
+    }
+    let out = &mut *io.out;
+    writeln!(
+        out,
+        "snapfence demo: a stale owner's late snapshot write, with and without the fence\n"
+    )?;
+    let (local, bootstrap) = match bootstrap {
+        Some(b) => {
+            writeln!(
+                out,
+                "Kafka: the cluster at {b} (from --bootstrap or SNAPFENCE_BOOTSTRAP)\n"
+            )?;
+            (None, b.to_owned())
+        }
+        None => {
+            let spec = protocol_tests::ClusterSpec::kafka4();
+            writeln!(
+                out,
+                "Kafka: starting a single-node Kafka {} broker on this machine with the protocol-tests fixture",
+                spec.version
+            )?;
+            let jars = protocol_tests::cache_root().join("kafka");
+            if !jars.join(spec.version.as_str()).join("libs").is_dir() {
+                writeln!(
+                    out,
+                    "       (first run: fetching the broker jars from Maven Central into {}; this takes a while)",
+                    jars.display()
+                )?;
+            }
+            out.flush()?;
+            let kafka =
+                tokio::task::spawn_blocking(move || protocol_tests::KafkaCluster::start(&spec))
+                    .await
+                    .map_err(|e| CliError::Fixture {
+                        detail: e.to_string(),
+                    })?
+                    .map_err(|e| CliError::Fixture {
+                        detail: e.to_string(),
+                    })?;
+            let bootstrap = kafka.bootstrap();
+            writeln!(
+                out,
+                "       ready at {bootstrap}{}\n",
+                kafka
+                    .started_in()
+                    .map(|d| format!(" after {:.1} s", d.as_secs_f64()))
+                    .unwrap_or_default()
+            )?;
+            (Some(kafka), bootstrap)
+        }
+    };
+    let told = tell(&bootstrap, args, local.is_none(), out).await;
+    if let Some(kafka) = local {
+        // Dropping the cluster kills the JVM and deletes its data; both block.
+        let _ = tokio::task::spawn_blocking(move || drop(kafka)).await;
+        writeln!(out, "(the local broker is stopped and its data deleted)\n")?;
+    }
+    let (fenced, unfenced) = told?;
+    verdict(&fenced, &unfenced, out)
+}
+
+/// Both runs, and the cleanup of a user's cluster.
+async fn tell(
+    bootstrap: &str,
+    args: &DemoArgs,
+    users_cluster: bool,
+    out: &mut dyn Write,
+) -> Result<(Ending, Ending), CliError> {
+    let client = Client::connect(ClientConfig {
+        client_id: "snapfence-demo".into(),
+        ..ClientConfig::new(bootstrap)
+    })
+    .await
+    .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
+    writeln!(
+        out,
+        "{}\n",
+        wrap(
+            "The setup: deposits to two accounts, alice and bob, arrive on a one-partition input topic. The \
+             consumer group member that owns the partition folds them into a balance per account, persists \
+             each account as a snapshot in a compacted topic (the last write of a key wins), and commits \
+             the input offset its snapshots cover. A new owner recovers the snapshots and resumes at that \
+             offset. The story runs twice: first with snapfence's fence (each snapshot write goes out in a \
+             Kafka transaction together with an offset commit that the group coordinator checks against \
+             the writer's group generation), then without it (plain idempotent writes, offsets committed \
+             by the consumer).",
+            WIDTH
+        )
+        .join("\n")
+    )?;
+    let mut topics = Vec::new();
+    let fenced = Story::new(&client, PersistenceMode::Transactional, out, &mut topics)
+        .await?
+        .tell(1)
+        .await;
+    let unfenced = match &fenced {
+        Ok(_) => Some(
+            Story::new(&client, PersistenceMode::NonTransactional, out, &mut topics)
+                .await?
+                .tell(2)
+                .await,
+        ),
+        Err(_) => None,
+    };
+    if users_cluster && !args.keep_topics {
+        for t in &topics {
+            if let Err(e) = client.delete_topic(t).await {
+                writeln!(out, "(could not delete the demo topic {t}: {e})")?;
+            }
+        }
+        if !topics.is_empty() {
+            writeln!(
+                out,
+                "(the demo's topics are deleted; its consumer groups expire with offsets.retention.minutes)\n"
+            )?;
+        }
+    }
+    match (fenced, unfenced) {
+        (Ok(fenced), Some(Ok(unfenced))) => Ok((fenced, unfenced)),
+        (Err(e), _) | (_, Some(Err(e))) => Err(e),
+        // Not reached: the unfenced run is skipped only after a fenced run that failed.
+        (Ok(_), None) => Err(CliError::DemoFailed {
+            detail: "the unfenced run did not run".into(),
+        }),
+    }
+}
+
+fn verdict(fenced: &Ending, unfenced: &Ending, out: &mut dyn Write) -> Result<(), CliError> {
+    let fenced_ok = fenced.late_write_refused() && fenced.correct();
+    let damaged = !unfenced.late_write_refused() && !unfenced.correct();
+    let damage = unfenced
+        .rows
+        .iter()
+        .filter(|r| r.got != Some(r.want))
+        .map(|r| format!("{} {}", r.key, r.damage()))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if fenced_ok && damaged {
+        writeln!(
+            out,
+            "verdict: PASS: fenced, A's late write was refused and the recovered state equals a fold of all \
+             input; unfenced, A's late write landed and the recovered state is wrong ({damage})"
+        )?;
+        return Ok(());
+    }
+    let mut detail = String::new();
+    if !fenced.late_write_refused() {
+        detail.push_str("fenced, A's late write was not refused; ");
+    }
+    if !fenced.correct() {
+        detail.push_str("fenced, the recovered state differs from a fold of all input; ");
+    }
+    if unfenced.late_write_refused() {
+        detail.push_str("unfenced, A's late write failed, so the damage could not be shown; ");
+    }
+    if !unfenced.late_write_refused() && unfenced.correct() {
+        detail.push_str("unfenced, the recovered state came out right: the damage did not show; ");
+    }
+    let detail = detail.trim_end_matches("; ").to_owned();
+    writeln!(out, "verdict: FAIL: {detail}")?;
+    Err(CliError::DemoFailed { detail })
+}
+
+// ---- one run of the story ------------------------------------------------------------------------
+
+/// What happened to A's late write.
+enum LateWrite {
+    Refused {
+        error: String,
+        why: &'static str,
+    },
+    Landed {
+        log_end_before: i64,
+        log_end_after: i64,
+    },
+}
+
+/// One key: what the fresh owner ended with, and what a fold of all input gives.
+struct Row {
+    key: String,
+    got: Option<Account>,
+    want: Account,
+    /// The deposits of this key written after the one the fresh owner's state ends at.
+    after_got: Vec<u64>,
+}
+
+impl Row {
+    fn damage(&self) -> String {
+        match self.got {
+            None => "is missing".into(),
+            Some(g) if g == self.want => "is right".into(),
+            Some(g) if g.deposits < self.want.deposits && !self.after_got.is_empty() => format!(
+                "lost {} deposit(s): {}",
+                self.want.deposits - g.deposits,
+                numbers(&self.after_got)
+            ),
+            Some(_) => "differs".into(),
+        }
+    }
+}
+
+/// How one run ended.
+struct Ending {
+    late_write: LateWrite,
+    rows: Vec<Row>,
+}
+
+impl Ending {
+    fn late_write_refused(&self) -> bool {
+        matches!(self.late_write, LateWrite::Refused { .. })
+    }
+
+    fn correct(&self) -> bool {
+        self.rows.iter().all(|r| r.got == Some(r.want))
+    }
+}
+
+struct Story<'a> {
+    client: Client,
+    mode: PersistenceMode,
+    out: &'a mut dyn Write,
+    began: Instant,
+    input: String,
+    snapshots: String,
+    group: String,
+    txn_prefix: String,
+    producer: Producer,
+    /// Every deposit written, in order: (account, number, amount). The oracle.
+    written: Vec<(&'static str, u64, i64)>,
+}
+
+impl<'a> Story<'a> {
+    async fn new(
+        client: &Client,
+        mode: PersistenceMode,
+        out: &'a mut dyn Write,
+        topics: &mut Vec<String>,
+    ) -> Result<Story<'a>, CliError> {
+        let tag = match mode {
+            PersistenceMode::Transactional => "fenced",
+            _ => "unfenced",
+        };
+        let stamp = stamp();
+        let producer = Producer::new(client.clone(), ProducerConfig::default())
+            .await
+            .map_err(|e| failed("start the input producer", e))?;
+        let story = Story {
+            client: client.clone(),
+            mode,
+            out,
+            began: Instant::now(),
+            input: format!("snapfence-demo-{tag}-input-{stamp}"),
+            snapshots: format!("snapfence-demo-{tag}-snapshots-{stamp}"),
+            group: format!("snapfence-demo-{tag}-{stamp}"),
+            txn_prefix: format!("snapfence-demo-{tag}-{stamp}"),
+            producer,
+            written: Vec::new(),
+        };
+        for (topic, configs) in [
+            (&story.input, &[][..]),
+            (&story.snapshots, &[("cleanup.policy", "compact")][..]),
+        ] {
+            story
+                .client
+                .create_topic(topic, 1, -1, configs)
+                .await
+                .map_err(|e| failed(&format!("create topic {topic}"), e))?;
+            topics.push(topic.clone());
+        }
+        Ok(story)
+    }
+
+    /// One line of the story, stamped with the time since the run began, shown at once.
+    /// Prose is wrapped to the screen width; lines that start with two spaces (tables) are kept as they are.
+    fn say(&mut self, text: &str) -> Result<(), CliError> {
+        let stamp = format!("[{:>5.1} s] ", self.began.elapsed().as_secs_f64());
+        let indent = " ".repeat(stamp.len());
+        let mut lead = stamp.as_str();
+        for paragraph in text.lines() {
+            let lines = if paragraph.starts_with("  ") {
+                vec![paragraph.to_owned()]
+            } else {
+                wrap(paragraph, WIDTH - indent.len())
+            };
+            for line in lines {
+                writeln!(self.out, "{lead}{line}")?;
+                lead = &indent;
+            }
+        }
+        self.out.flush()?;
+        Ok(())
+    }
+
+    fn config(&self) -> FlowConfig {
+        let mut group = GroupConfig::new(&self.group);
+        group.session_timeout = Duration::from_secs(6);
+        group.heartbeat_interval = Duration::from_millis(500);
+        group.max_poll_interval = MAX_POLL_INTERVAL;
+        let mut consumer = GroupConsumerConfig::new(group);
+        consumer.reader.reset = OffsetReset::Earliest;
+        let mut snapshots = SnapshotConfig::new(&self.snapshots, &self.txn_prefix);
+        snapshots.recovery_stall_timeout = Some(Duration::from_secs(30));
+        let mut config = FlowConfig::new(consumer, &self.input, snapshots);
+        config.mode = self.mode;
+        config
+    }
+
+    async fn owner(&self, name: &str) -> Result<Flow<Ledger>, CliError> {
+        Flow::start(self.client.clone(), self.config(), Ledger)
+            .await
+            .map_err(|e| failed(&format!("start owner {name}"), e))
+    }
+
+    /// Writes `n` deposits for `account` and waits until the broker has them all.
+    async fn deposit(&mut self, account: &'static str, n: usize) -> Result<String, CliError> {
+        let mut deliveries = Vec::with_capacity(n);
+        let first = self.written.len() as u64 + 1;
+        for _ in 0..n {
+            let number = self.written.len() as u64 + 1;
+            let amount = 10 * number as i64;
+            self.written.push((account, number, amount));
+            let record = ProducerRecord::new(
+                self.input.as_str(),
+                Some(Bytes::from(format!("{number}:{amount}"))),
+            )
+            .key(Bytes::from_static(account.as_bytes()))
+            .partition(0);
+            deliveries.push(
+                self.producer
+                    .send(record)
+                    .await
+                    .map_err(|e| failed("write a deposit", e))?,
+            );
+        }
+        for d in deliveries {
+            d.await.map_err(|e| failed("write a deposit", e))?;
+        }
+        Ok(format!("#{first}-#{}", self.written.len()))
+    }
+
+    fn input_end(&self) -> i64 {
+        self.written.len() as i64
+    }
+
+    fn expected(&self) -> BTreeMap<&'static str, Account> {
+        let mut m: BTreeMap<&'static str, Account> = BTreeMap::new();
+        for (account, number, amount) in &self.written {
+            let a = m.entry(account).or_default();
+            *a = a.apply(format!("{number}:{amount}").as_bytes());
+        }
+        m
+    }
+
+    async fn snapshot_log_end(&self) -> Result<i64, CliError> {
+        let tp = TopicPartition::new(self.snapshots.as_str(), 0);
+        list_offsets(
+            &self.client,
+            std::slice::from_ref(&tp),
+            OffsetSpec::Latest,
+            IsolationLevel::ReadUncommitted,
+        )
+        .await
+        .map_err(|e| failed("read the snapshot partition's log end", e))?
+        .get(&tp)
+        .copied()
+        .ok_or_else(|| CliError::DemoFailed {
+            detail: "the broker did not answer the snapshot partition's log end".into(),
+        })
+    }
+
+    async fn committed(&self) -> Result<Option<i64>, CliError> {
+        let tp = TopicPartition::new(self.input.as_str(), 0);
+        Ok(
+            committed_offsets(&self.client, &self.group, std::slice::from_ref(&tp))
+                .await
+                .map_err(|e| failed("read the group's committed offset", e))?
+                .get(&tp)
+                .copied()
+                .flatten(),
+        )
+    }
+
+    async fn tell(mut self, number: usize) -> Result<Ending, CliError> {
+        let title = match self.mode {
+            PersistenceMode::Transactional => {
+                "fenced: snapshots written in transactions checked against the group generation"
+            }
+            _ => "unfenced: plain idempotent snapshot writes, offsets committed by the consumer",
+        };
+        writeln!(self.out, "== Run {number} of 2, {title} ==")?;
+        self.say(&format!(
+            "Topics: input {} and snapshots {} (compacted), one partition each.",
+            self.input, self.snapshots
+        ))?;
+
+        // 1. A owns the partition, folds, persists, commits.
+        let alice = self.deposit("alice", 5).await?;
+        let bob = self.deposit("bob", 5).await?;
+        self.say(&format!(
+            "{} deposits written to the input: {alice} for alice, {bob} for bob.",
+            self.written.len()
+        ))?;
+        let mut a = self.owner("A").await?;
+        catch_up(&mut a, self.input_end(), "owner A joining and folding").await?;
+        a.persist()
+            .await
+            .map_err(|e| failed("owner A's first persist", e))?;
+        a.commit()
+            .await
+            .map_err(|e| failed("owner A's first commit", e))?;
+        let committed = self.committed().await?;
+        self.say(&format!(
+            "Owner A joins the group ({}) and owns partition 0. It folds all {} deposits, persists snapshots \
+             of alice and bob, and commits input offset {}.",
+            generation(&a),
+            self.written.len(),
+            show_offset(committed)
+        ))?;
+
+        // 2. More input; A folds it in memory, then stalls.
+        let more = self.deposit("alice", 5).await?;
+        catch_up(&mut a, self.input_end(), "owner A folding more").await?;
+        let stale = alice_of(&a).await;
+        let stalled_at = Instant::now();
+        self.say(&format!(
+            "5 more deposits for alice ({more}). A folds them: in A's memory alice now has {}. Not persisted \
+             yet.",
+            short(stale)
+        ))?;
+        self.say(&format!(
+            "A stalls: it stops calling poll. This models a long GC pause or a poll loop stuck behind slow \
+             work (here A and B are two group members in this one process, and A is simply not polled): \
+             A lives on and its connections stay open, but the group evicts its member once \
+             max.poll.interval ({} s here) passes without a poll.",
+            MAX_POLL_INTERVAL.as_secs()
+        ))?;
+
+        // 3. B takes over while A is stalled.
+        let mut b = self.owner("B").await?;
+        let newer = self.deposit("alice", 5).await?;
+        self.say(&format!(
+            "Owner B joins the group. 5 more deposits for alice arrive ({newer})."
+        ))?;
+        catch_up(&mut b, self.input_end(), "owner B taking over").await?;
+        let took_over_after = stalled_at.elapsed();
+        b.persist()
+            .await
+            .map_err(|e| failed("owner B's persist", e))?;
+        b.commit()
+            .await
+            .map_err(|e| failed("owner B's commit", e))?;
+        let committed = self.committed().await?;
+        let b_alice = alice_of(&b).await;
+        self.say(&format!(
+            "B owns partition 0 ({}), {:.1} s after A's last poll. It recovers the snapshots A persisted, \
+             replays the input from the committed offset, and holds alice at {}. B persists its snapshots \
+             and commits input offset {}.",
+            generation(&b),
+            took_over_after.as_secs_f64(),
+            short(b_alice),
+            show_offset(committed)
+        ))?;
+
+        // 4. A wakes up and flushes its stale state.
+        self.say(&format!(
+            "A wakes up, unaware that it was replaced, and flushes what it holds: alice at {}, older than \
+             B's snapshot.",
+            short(stale)
+        ))?;
+        let log_end_before = self.snapshot_log_end().await?;
+        let late = a.persist().await;
+        // A's process ends here; its member is long gone from the group.
+        drop(a);
+        let late_write = match late {
+            Err(e) => LateWrite::Refused {
+                why: why_refused(&e),
+                error: e.to_string(),
+            },
+            Ok(()) => LateWrite::Landed {
+                log_end_before,
+                log_end_after: self.snapshot_log_end().await?,
+            },
+        };
+        match &late_write {
+            LateWrite::Refused { error, why } => {
+                self.say(&format!("A's late write is REFUSED: {error}\n{why}"))?;
+            }
+            LateWrite::Landed {
+                log_end_before,
+                log_end_after,
+            } => {
+                self.say(&format!(
+                    "A's late write LANDED: it was accepted without an error, and the snapshot partition's \
+                     log end moved from {log_end_before} to {log_end_after}. A's stale alice is now the \
+                     newest record of that key: on the compacted topic it shadows B's."
+                ))?;
+            }
+        }
+
+        // 5. A fresh owner recovers; compare with a fold of everything from scratch.
+        b.run(std::future::ready(()))
+            .await
+            .map_err(|e| failed("owner B leaving the group", e))?;
+        let committed = self.committed().await?;
+        self.say(&format!(
+            "B leaves the group cleanly. A fresh owner C joins, recovers the snapshots and folds whatever \
+             input lies past the committed offset ({}).",
+            show_offset(committed)
+        ))?;
+        let mut c = self.owner("C").await?;
+        catch_up(&mut c, self.input_end(), "owner C recovering").await?;
+        let got = c.state(0).await.unwrap_or_default();
+        c.run(std::future::ready(()))
+            .await
+            .map_err(|e| failed("owner C leaving the group", e))?;
+        let rows: Vec<Row> = self
+            .expected()
+            .into_iter()
+            .map(|(key, want)| {
+                let got = got.get(&Bytes::from_static(key.as_bytes())).copied();
+                let after_got = self
+                    .written
+                    .iter()
+                    .filter(|(k, n, _)| *k == key && got.is_some_and(|g| *n > g.last))
+                    .map(|(_, n, _)| *n)
+                    .collect();
+                Row {
+                    key: key.to_owned(),
+                    got,
+                    want,
+                    after_got,
+                }
+            })
+            .collect();
+        let mut table = format!(
+            "C's state, compared with a fold of all {} deposits from scratch:\n",
+            self.written.len()
+        );
+        let _ = writeln!(
+            table,
+            "  {:<8} {:<38} all input folded from scratch",
+            "account", "C recovered and folded"
+        );
+        for r in &rows {
+            let _ = writeln!(
+                table,
+                "  {:<8} {:<38} {:<38} {}",
+                r.key,
+                r.got.map_or("-".into(), |g| g.describe()),
+                r.want.describe(),
+                if r.got == Some(r.want) {
+                    "same".to_owned()
+                } else {
+                    format!("WRONG: {}", r.damage())
+                }
+            );
+        }
+        let ending = Ending { late_write, rows };
+        if ending.correct() {
+            table.push_str("Correct: the recovered state equals a fold of all input.");
+        } else {
+            table.push_str(
+                "Damaged: C recovered A's stale snapshot, and the committed offset is already past the \
+                 deposits B had folded into its newer one, so no owner will ever fold them again.",
+            );
+        }
+        self.say(&table)?;
+        writeln!(self.out)?;
+        Ok(ending)
+    }
+}
+
+async fn alice_of(flow: &Flow<Ledger>) -> Option<Account> {
+    flow.state(0)
+        .await
+        .and_then(|s| s.get(&Bytes::from_static(b"alice")).copied())
+}
+
+/// An account in a sentence.
+fn short(a: Option<Account>) -> String {
+    a.map_or("nothing".into(), |a| {
+        format!(
+            "{} deposits (balance {}, up to #{})",
+            a.deposits, a.balance, a.last
+        )
+    })
+}
+
+/// Polls `flow` until it holds partition 0 and its position has reached `end`.
+async fn catch_up(flow: &mut Flow<Ledger>, end: i64, step: &str) -> Result<(), CliError> {
+    let began = Instant::now();
+    loop {
+        flow.poll_once(Duration::from_millis(100))
+            .await
+            .map_err(|e| failed(step, e))?;
+        if flow.position(0).await.is_some_and(|p| p >= end) {
+            return Ok(());
+        }
+        if began.elapsed() > STEP_LIMIT {
+            return Err(CliError::DemoFailed {
+                detail: format!(
+                    "{step}: partition 0 was not held and caught up to offset {end} within {} s",
+                    STEP_LIMIT.as_secs()
+                ),
+            });
+        }
+    }
+}
+
+fn generation(flow: &Flow<Ledger>) -> String {
+    flow.group_metadata()
+        .current()
+        .map_or("no generation yet".into(), |m| {
+            format!("generation {}", m.generation_id())
+        })
+}
+
+fn show_offset(o: Option<i64>) -> String {
+    o.map_or("none".into(), |o| o.to_string())
+}
+
+/// Says which mechanism refused the stale write, from the error's class.
+fn why_refused(e: &FlowError) -> &'static str {
+    if e.is_fenced() {
+        return "The group coordinator checked the offset commit inside A's transaction against A's group \
+                generation, found it stale, and aborted the whole transaction, snapshot included: \
+                read_committed readers never see it.";
+    }
+    match e {
+        FlowError::Snapshot(SnapshotError::Transaction { failure, .. })
+            if failure.kind == FailureKind::Fatal
+                && matches!(
+                    failure.source.downcast_ref::<ProducerError>(),
+                    Some(ProducerError::Fenced { .. })
+                ) =>
+        {
+            "B's takeover initialised the partition's transactional id, which fenced A's producer with a \
+             newer producer epoch: A's transaction cannot commit, and read_committed readers never see it. \
+             (Had A written between its eviction and B's takeover, the group coordinator's generation check \
+             on the offset commit in the same transaction would have refused it: see docs/fencing.md.)"
+        }
+        _ => "The transaction carrying it did not commit, so read_committed readers never see it.",
+    }
+}
+
+fn failed(step: &str, e: impl std::fmt::Display) -> CliError {
+    CliError::DemoFailed {
+        detail: format!("{step}: {e}"),
+    }
+}
+
+/// Breaks `text` into lines of at most `width` characters at spaces (a longer word gets a line of its own).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// `#16-#20` for a run of numbers, else a list.
+fn numbers(ns: &[u64]) -> String {
+    match ns {
+        [] => String::new(),
+        [one] => format!("#{one}"),
+        [first, .., last] if (last - first) as usize + 1 == ns.len() => format!("#{first}-#{last}"),
+        _ => ns
+            .iter()
+            .map(|n| format!("#{n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// Names the demo's topics, groups and transactional ids apart from earlier runs on the same cluster.
+fn stamp() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{:x}", std::process::id(), nanos % (1 << 40))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The oracle and the runtime must agree on what a deposit does, and a snapshot must round-trip, or
+    /// the comparison would report damage that is not there.
+    #[test]
+    fn accounts_fold_and_round_trip() {
+        let a = Account::default().apply(b"1:10").apply(b"4:40");
+        assert_eq!(
+            a,
+            Account {
+                deposits: 2,
+                balance: 50,
+                last: 4
+            }
+        );
+        assert_eq!(a.apply(b"garbage"), a);
+        assert_eq!(Ledger.decode(&Ledger.encode(&a)).unwrap(), a);
+        assert!(Ledger.decode(b"short").is_err());
+    }
+
+    #[test]
+    fn lost_deposits_are_named() {
+        assert_eq!(numbers(&[16, 17, 18, 19, 20]), "#16-#20");
+        assert_eq!(numbers(&[3, 7]), "#3, #7");
+        let row = Row {
+            key: "alice".into(),
+            got: Some(Account {
+                deposits: 10,
+                balance: 0,
+                last: 15,
+            }),
+            want: Account {
+                deposits: 15,
+                balance: 0,
+                last: 20,
+            },
+            after_got: vec![16, 17, 18, 19, 20],
+        };
+        assert_eq!(row.damage(), "lost 5 deposit(s): #16-#20");
+    }
+}
