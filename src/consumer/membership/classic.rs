@@ -207,7 +207,9 @@ impl ClassicMember {
         .ok()
     }
 
-    /// The partitions the application holds (assigned and not revoked or lost).
+    /// The partitions assigned and not yet handed out for revocation or loss.
+    /// The machine's view; the application's is the poll path's held set.
+    #[cfg(test)]
     pub(crate) fn assignment(&self) -> &BTreeSet<TopicPartition> {
         &self.owned
     }
