@@ -937,6 +937,72 @@ async fn evicted_classic_member_is_fenced_kafka39() {
     .await;
 }
 
+/// Static membership (KIP-345): a static member that stops and comes back under the same instance id
+/// within its session resumes its partitions without a rebalance: same generation, new member id.
+/// (With two members the restarted one may be the leader, which exercises KIP-814's skip-assignment.)
+async fn static_member_restart_keeps_the_generation(spec: ClusterSpec, assignor: Assignor) {
+    let kafka = cluster(spec).await;
+    let c = client(&kafka).await;
+    let t = topic(&c, 4).await;
+    let all: BTreeSet<TopicPartition> =
+        (0..4).map(|p| TopicPartition::new(t.as_str(), p)).collect();
+    let group = unique("g");
+    let config = |instance: &str| {
+        let mut config = group_config(&group, classic(assignor));
+        config.group.group_instance_id = Some(instance.to_string());
+        config.group.session_timeout = Duration::from_secs(30);
+        config
+    };
+    let a = GroupConsumer::subscribe(c.clone(), config("a"), [t.as_str()], ())
+        .await
+        .unwrap();
+    let b = GroupConsumer::subscribe(c.clone(), config("b"), [t.as_str()], ())
+        .await
+        .unwrap();
+    let mut members = vec![a, b];
+    settle(&mut members, &all, Duration::from_secs(60)).await;
+    let before_a = members[0].group_metadata().current().unwrap();
+    let owned_a = members[0].assignment();
+    // "a" restarts: a static member's close sends no LeaveGroup.
+    members
+        .remove(0)
+        .close(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let a = GroupConsumer::subscribe(c.clone(), config("a"), [t.as_str()], ())
+        .await
+        .unwrap();
+    members.insert(0, a);
+    settle(&mut members, &all, Duration::from_secs(60)).await;
+    let after_a = members[0].group_metadata().current().unwrap();
+    assert_eq!(after_a.group_instance_id(), Some("a"));
+    assert_ne!(
+        after_a.member_id(),
+        before_a.member_id(),
+        "a new member id for the new process"
+    );
+    assert_eq!(
+        after_a.generation_id(),
+        before_a.generation_id(),
+        "no rebalance"
+    );
+    assert_eq!(members[0].assignment(), owned_a, "the same partitions back");
+    for m in members {
+        m.close(Duration::from_secs(10)).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_member_restart_kafka4() {
+    static_member_restart_keeps_the_generation(ClusterSpec::kafka4(), Assignor::Range).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_member_restart_kafka39() {
+    static_member_restart_keeps_the_generation(ClusterSpec::kafka39(), Assignor::CooperativeSticky)
+        .await;
+}
+
 /// A member whose application stops polling past max_poll_interval leaves the group and reports its
 /// partitions lost on the next poll, instead of being evicted silently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

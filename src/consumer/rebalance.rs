@@ -310,6 +310,7 @@ mod tests {
         move |r| match r {
             Request::FindCoordinator => Some(Response::Coordinator { node: 1 }),
             Request::JoinGroup { .. } => Some(Response::JoinGroup {
+                skip_assignment: false,
                 error: ErrorCode::None,
                 generation_id: generation,
                 protocol_name: Some(protocol.into()),
@@ -527,6 +528,7 @@ mod tests {
         answer(&shared, &mut |r| match r {
             Request::FindCoordinator => Some(Response::Coordinator { node: 1 }),
             Request::JoinGroup { .. } => Some(Response::JoinGroup {
+                skip_assignment: false,
                 error: ErrorCode::GroupAuthorizationFailed,
                 generation_id: -1,
                 protocol_name: None,
