@@ -4,7 +4,7 @@
 //! Run: `cargo bench --bench decode` (optionally `-- <runs>`). Method: docs/benchmarks.md.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use snapfence::records::{
@@ -197,8 +197,8 @@ fn fetches(f: &Fixture, max: usize) -> Vec<Fetch> {
 type Pass<'a> = (&'static str, Box<dyn FnMut() -> usize + 'a>);
 
 /// Runs every pass once to warm up, then `runs` rounds of all passes in turn, so load from elsewhere on
-/// the machine hits every pass alike. Returns (min, median) per pass; each run includes dropping its
-/// output.
+/// the machine hits every pass alike. Returns (min, median) thread CPU time per pass; each run includes
+/// dropping its output.
 fn measure(runs: usize, passes: &mut [Pass<'_>]) -> Vec<(Duration, Duration)> {
     for (_, f) in passes.iter_mut() {
         black_box(f());
@@ -206,9 +206,9 @@ fn measure(runs: usize, passes: &mut [Pass<'_>]) -> Vec<(Duration, Duration)> {
     let mut times = vec![Vec::with_capacity(runs); passes.len()];
     for _ in 0..runs {
         for (i, (_, f)) in passes.iter_mut().enumerate() {
-            let start = Instant::now();
+            let start = cpu_time();
             black_box(f());
-            times[i].push(start.elapsed());
+            times[i].push(cpu_time() - start);
         }
     }
     times
@@ -218,6 +218,19 @@ fn measure(runs: usize, passes: &mut [Pass<'_>]) -> Vec<(Duration, Duration)> {
             (t[0], t[t.len() / 2])
         })
         .collect()
+}
+
+/// The calling thread's CPU time: unlike wall time, it does not count the time the thread spends
+/// descheduled, which on a shared machine is most of the noise.
+fn cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 fn mbps(bytes: usize, d: Duration) -> f64 {
@@ -256,7 +269,7 @@ fn main() {
         .find_map(|a| a.parse::<usize>().ok())
         .unwrap_or(15);
     println!(
-        "decode benchmark: {} MiB per case, {runs} interleaved runs after one warm-up; MB/s = 1e6 bytes/s of input",
+        "decode benchmark: {} MiB per case, {runs} interleaved runs after one warm-up, thread CPU time; MB/s = 1e6 bytes/s of input",
         LOG_BYTES >> 20
     );
     let names = [

@@ -1,5 +1,6 @@
 //! Writes the fuzz seed corpora (`fuzz/seeds/<target>/`): small valid logs built with the encoder, one
-//! per codec, laid out the way each target reads its input.
+//! per codec, and the Java-written logs captured from a real broker (protocol-tests/fixtures/records),
+//! laid out the way each target reads its input.
 //!
 //! Run: `cargo run --example fuzz_seeds` (the files are committed; rerun only when the encoder changes).
 
@@ -88,6 +89,20 @@ fn main() {
         input.extend_from_slice(&[1, 1, 1, 1]);
         input.extend_from_slice(&log);
         fs::write(fetch_dir.join(format!("log-{name}.bin")), &input).unwrap();
+    }
+    // Batches the Java client wrote, captured from a real broker (protocol-tests/tests/records.rs).
+    let captured = Path::new(env!("CARGO_MANIFEST_DIR")).join("protocol-tests/fixtures/records");
+    for (_, name) in CODECS {
+        let Ok(log) = fs::read(captured.join(name).join("read_uncommitted.bin")) else {
+            continue;
+        };
+        let mut input = vec![0u8];
+        input.extend_from_slice(&[0; 16]);
+        input.extend_from_slice(&log);
+        fs::write(batch_dir.join(format!("broker-{name}.bin")), &input).unwrap();
+        let mut input = vec![4u8, 1, 1, 1, 1];
+        input.extend_from_slice(&log);
+        fs::write(fetch_dir.join(format!("broker-{name}.bin")), &input).unwrap();
     }
     println!("seeds written under {}", root.display());
 }

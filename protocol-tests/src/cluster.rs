@@ -769,7 +769,15 @@ fn random_cluster_id() -> Result<String, FixtureError> {
         &mut bytes,
     )
     .map_err(|e| FixtureError::io(path, e))?;
-    Ok(base64url(&bytes))
+    Ok(cluster_id_from(bytes))
+}
+
+/// An id that starts with `-` (first six bits all but one set, one draw in 64) is read by the storage
+/// tool's argument parser as an option, and the format fails. Kafka's own `Uuid.randomUuid` redraws in
+/// that case; clearing the top bit keeps the first character in `A`..`f` instead.
+fn cluster_id_from(mut bytes: [u8; 16]) -> String {
+    bytes[0] &= 0x7f;
+    base64url(&bytes)
 }
 
 fn base64url(bytes: &[u8]) -> String {
@@ -792,6 +800,22 @@ fn base64url(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cluster id never starts with `-`, which the storage tool would take for an option (seen in CI:
+    /// `argument --cluster-id/-t: expected one argument`).
+    #[test]
+    fn cluster_id_never_looks_like_an_option() {
+        for first in 0..=255u8 {
+            let mut bytes = [0xffu8; 16];
+            bytes[0] = first;
+            let id = cluster_id_from(bytes);
+            assert!(
+                !id.starts_with('-') && !id.starts_with('_'),
+                "{first:#x} gave {id}"
+            );
+            assert_eq!(id.len(), 22);
+        }
+    }
 
     #[test]
     fn base64url_matches_known_vectors() {

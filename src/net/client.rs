@@ -955,11 +955,33 @@ impl Client {
             )
             .await?;
         deleted?;
-        let mut current = lock(&self.inner.metadata);
-        if let Some(next) = current.without_topic(name) {
-            *current = Arc::new(next);
+        {
+            let mut current = lock(&self.inner.metadata);
+            if let Some(next) = current.without_topic(name) {
+                *current = Arc::new(next);
+            }
         }
-        Ok(())
+        // The controller has accepted the deletion; brokers learn of it from the metadata log a moment
+        // later. Wait until Metadata stops listing the topic, as create_topic waits for leaders, so a
+        // caller that re-creates or checks the topic next sees the deletion.
+        let deadline = tokio::time::Instant::now() + self.inner.config.request_timeout;
+        let mut backoff = self.backoff();
+        loop {
+            let metadata = self.metadata(&[name]).await?;
+            match metadata.topics.get(name) {
+                Some(t) if t.error.is_ok() => {}
+                _ => return Ok(()),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(NetError::broker(
+                    ErrorCode::RequestTimedOut,
+                    Some("the topic is still listed in the metadata"),
+                    format!("delete topic {name}"),
+                ));
+            }
+            let delay = backoff.next_delay().unwrap_or(Duration::from_millis(200));
+            tokio::time::sleep(delay).await;
+        }
     }
 
     // ---- helpers -----------------------------------------------------------------------------------

@@ -1,1 +1,39 @@
 //! The idempotent and transactional producer.
+//!
+//! The logic lives in sans-IO cores that take `now` and answers in and hand requests out, so that it is
+//! tested without a broker:
+//!
+//! - `txn`: the transaction state machine (TV1 and TV2), which request comes next;
+//! - `classify`: the one table of what an error code means for the request that returned it;
+//! - `sequence`: per-partition sequence numbers and the in-flight window (idempotence);
+//! - `accumulator`: per-partition batching with a linger, a size bound and a memory bound.
+//!
+//! Errors come in classes the caller acts on: see [`ErrorClass`] and [`ProducerError`].
+//!
+//! # References
+//! - KIP-98 (idempotence and transactions), KIP-360, KIP-447, KIP-588, KIP-890 (parts 1 and 2)
+//! - Message specs: Produce v3-13, InitProducerId v0-6, AddPartitionsToTxn v0-5, AddOffsetsToTxn v0-4,
+//!   TxnOffsetCommit v0-5, EndTxn v0-5
+
+mod accumulator;
+mod classify;
+mod config;
+mod core;
+mod driver;
+mod encoder;
+mod error;
+mod idempotent;
+mod messages;
+mod record;
+mod sequence;
+mod transactional;
+mod txn;
+
+pub use config::{ProducerConfig, TransactionalConfig};
+pub use driver::Delivery;
+pub use error::{ErrorClass, ProducerError};
+pub use idempotent::Producer;
+pub use record::{Header, OffsetAndMetadata, ProducerRecord, RecordMetadata, TopicPartition};
+pub use sequence::ProducerIdEpoch;
+pub use transactional::TransactionalProducer;
+pub use txn::TransactionState;

@@ -215,11 +215,17 @@ impl RecordBatch {
             return Ok(None);
         }
         let bad = |reason| DecodeError::BadControlRecord { reason };
-        let record = self
-            .records()?
-            .next()
-            .ok_or(bad("control batch without a record"))??;
-        let key = record.key.ok_or(bad("control record without a key"))?;
+        // Markers are read for every transaction boundary; parse the one record in place rather than
+        // building an owned Record.
+        let data = self.record_data(DEFAULT_MAX_DECOMPRESSED)?;
+        if self.record_count < 1 {
+            return Err(bad("control batch without a record"));
+        }
+        let (record, _) = parse_record(&data, 0, &self.context())?;
+        let key = record
+            .key
+            .get(&data)
+            .ok_or(bad("control record without a key"))?;
         let key: &[u8; 4] = key
             .get(..4)
             .and_then(|k| k.try_into().ok())
@@ -229,7 +235,7 @@ impl RecordBatch {
         let epoch = || -> Result<i32, DecodeError> {
             let value = record
                 .value
-                .as_ref()
+                .get(&data)
                 .ok_or(bad("transaction marker without a value"))?;
             let v: &[u8; 6] = value
                 .get(..6)
@@ -506,7 +512,7 @@ impl RawRecord {
             headers: if self.header_count == 0 {
                 Vec::new()
             } else {
-                HeaderIter::new(data, &self)
+                HeaderIter::new(data, self.headers)
                     .map(|(k, v)| Header {
                         key: slice_of(data, k),
                         value: v.map(|v| slice_of(data, v)),
@@ -526,19 +532,19 @@ fn slice_of(data: &Bytes, part: &[u8]) -> Bytes {
 #[derive(Debug, Clone)]
 pub struct HeaderIter<'a> {
     cur: Cursor<'a>,
-    left: u32,
 }
 
 impl<'a> HeaderIter<'a> {
-    pub(crate) fn new(data: &'a [u8], raw: &RawRecord) -> HeaderIter<'a> {
-        let start = raw.headers.start as usize;
-        let end = start + raw.headers.len.max(0) as usize;
+    /// The headers whose encoded bytes (after the header count) are `headers` within `data`. The record
+    /// decoder checked that they fill the span exactly, so iterating to its end yields all of them.
+    pub(crate) fn new(data: &'a [u8], headers: Span) -> HeaderIter<'a> {
+        let start = headers.start as usize;
+        let end = start + headers.len.max(0) as usize;
         HeaderIter {
             cur: Cursor {
                 buf: data.get(..end).unwrap_or(&[]),
                 pos: start,
             },
-            left: raw.header_count,
         }
     }
 }
@@ -548,19 +554,14 @@ impl<'a> Iterator for HeaderIter<'a> {
     type Item = (&'a [u8], Option<&'a [u8]>);
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.left == 0 {
+        if self.cur.pos >= self.cur.buf.len() {
             return None;
         }
-        self.left -= 1;
         // The bytes were validated when the record was decoded, so these reads succeed; should they not,
         // the iterator just ends.
         let key = self.cur.nullable("header key").ok()??;
         let value = self.cur.nullable("header value").ok()?;
         Some((key, value))
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (0, Some(self.left as usize))
     }
 }
 

@@ -1,12 +1,19 @@
 //! Record batches (magic 2): decoding, encoding, compression, and read_committed visibility.
 //!
-//! The layer is pure: bytes in, batches and records out, and back. Readers go
-//! [`decode_batches`] → [`visible`] (or [`LogState`]); the producer goes [`BatchBuilder`] →
-//! [`SealedBatch`].
+//! The layer is pure: bytes in, batches and records out, and back.
 //!
-//! Decoding is zero-copy for uncompressed batches: keys, values and header values are `Bytes` slices of
-//! the fetched buffer. Every batch's CRC-32C is checked. Every malformation is a [`DecodeError`]; nothing
-//! panics on input and nothing is allocated from a length before it is checked against the bytes left.
+//! - Readers hand a fetched partition's `records` bytes and aborted-transaction list to [`visible_in`]
+//!   (or decode with [`decode_batches`] and call [`visible`]): the one place that decides which records
+//!   a reader may deliver, at either [`IsolationLevel`], and where the next fetch starts. [`LogState`]
+//!   finds open transactions and the LSO from a read_uncommitted scan alone.
+//! - The producer fills a [`BatchBuilder`] and seals it into a [`SealedBatch`] whose bytes every retry
+//!   resends.
+//!
+//! Decoding is zero-copy for uncompressed batches: keys, values and header values are slices of the
+//! fetched buffer ([`RecordRef`] borrows them, [`Record`] holds them as `Bytes`). Every batch's CRC-32C is
+//! checked. Every malformation is a [`DecodeError`]; nothing panics on input and nothing is allocated
+//! from a length before it is checked against the bytes left. Compressed sections (gzip, snappy, lz4,
+//! zstd, all pure Rust) are decompressed under a cap, so a decompression bomb is an error too.
 //!
 //! # References
 //! - Kafka protocol guide, "Record Batch" (message format v2, KIP-98)

@@ -10,11 +10,12 @@
 //!   batch's last offset, and released by that producer's ABORT marker
 
 use std::collections::{BTreeMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use bytes::Bytes;
 
 use super::batch::{
-    decode_batches, parse_record, ControlMarker, HeaderIter, RawRecord, Record, RecordBatch,
+    decode_batches, parse_record, ControlMarker, Header, HeaderIter, Record, RecordBatch, Span,
     TimestampType, MIN_RECORD_LEN,
 };
 use super::compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
@@ -63,13 +64,26 @@ pub struct Visible {
     /// batches and markers included), and never below the fetch offset.
     pub next_offset: i64,
     /// One record section per batch that delivered records.
-    buffers: Vec<(Bytes, TimestampType)>,
+    buffers: Vec<Buffer>,
     records: Vec<Indexed>,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Buffer {
+    data: Bytes,
+    base_offset: i64,
+    timestamp_type: TimestampType,
+}
+
+/// One delivered record in 40 bytes: the output of a large fetch is written once and read once, so its
+/// size is a good part of the engine's cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Indexed {
-    raw: RawRecord,
+    timestamp: i64,
+    key: Span,
+    value: Span,
+    headers: Span,
+    offset_delta: u32,
     buffer: u32,
 }
 
@@ -109,11 +123,9 @@ impl Visible {
     }
 
     fn view<'a>(&'a self, r: &'a Indexed) -> RecordRef<'a> {
-        let (data, timestamp_type) = &self.buffers[r.buffer as usize];
         RecordRef {
-            data,
-            timestamp_type: *timestamp_type,
-            raw: &r.raw,
+            buffer: &self.buffers[r.buffer as usize],
+            record: r,
         }
     }
 }
@@ -121,47 +133,60 @@ impl Visible {
 /// A delivered record, borrowed from a [`Visible`].
 #[derive(Debug, Clone, Copy)]
 pub struct RecordRef<'a> {
-    data: &'a Bytes,
-    timestamp_type: TimestampType,
-    raw: &'a RawRecord,
+    buffer: &'a Buffer,
+    record: &'a Indexed,
 }
 
 impl<'a> RecordRef<'a> {
     /// The record's offset.
     pub fn offset(&self) -> i64 {
-        self.raw.offset
+        self.buffer.base_offset + i64::from(self.record.offset_delta)
     }
     /// The record's timestamp (the batch's max timestamp under `LogAppendTime`).
     pub fn timestamp(&self) -> i64 {
-        self.raw.timestamp
+        self.record.timestamp
     }
     /// How the timestamp was assigned.
     pub fn timestamp_type(&self) -> TimestampType {
-        self.timestamp_type
+        self.buffer.timestamp_type
     }
     /// The key, `None` for null.
     pub fn key(&self) -> Option<&'a [u8]> {
-        self.raw.key.get(self.data)
+        self.record.key.get(&self.buffer.data)
     }
     /// The value, `None` for null.
     pub fn value(&self) -> Option<&'a [u8]> {
-        self.raw.value.get(self.data)
+        self.record.value.get(&self.buffer.data)
     }
     /// The key as a zero-copy slice of the fetched buffer.
     pub fn key_bytes(&self) -> Option<Bytes> {
-        self.raw.key.slice(self.data)
+        self.record.key.slice(&self.buffer.data)
     }
     /// The value as a zero-copy slice of the fetched buffer.
     pub fn value_bytes(&self) -> Option<Bytes> {
-        self.raw.value.slice(self.data)
+        self.record.value.slice(&self.buffer.data)
     }
     /// The headers, `(key, value)`.
     pub fn headers(&self) -> HeaderIter<'a> {
-        HeaderIter::new(self.data, self.raw)
+        HeaderIter::new(&self.buffer.data, self.record.headers)
     }
     /// An owned copy of the record's fields (the bytes themselves are shared, not copied).
     pub fn to_record(&self) -> Record {
-        (*self.raw).to_record(self.data, self.timestamp_type)
+        let data = &self.buffer.data;
+        Record {
+            offset: self.offset(),
+            timestamp: self.timestamp(),
+            timestamp_type: self.timestamp_type(),
+            key: self.key_bytes(),
+            value: self.value_bytes(),
+            headers: self
+                .headers()
+                .map(|(k, v)| Header {
+                    key: data.slice_ref(k),
+                    value: v.map(|v| data.slice_ref(v)),
+                })
+                .collect(),
+        }
     }
 }
 
@@ -282,7 +307,15 @@ impl Engine {
             let (raw, end) = parse_record(&data, pos, &ctx)?;
             pos = end;
             if raw.offset >= self.fetch_offset {
-                out.records.push(Indexed { raw, buffer });
+                out.records.push(Indexed {
+                    timestamp: raw.timestamp,
+                    key: raw.key,
+                    value: raw.value,
+                    headers: raw.headers,
+                    // Within 0..=last_offset_delta, checked by the record decoder.
+                    offset_delta: (raw.offset - ctx.base_offset) as u32,
+                    buffer,
+                });
             }
         }
         if pos != data.len() {
@@ -293,7 +326,11 @@ impl Engine {
             });
         }
         if out.records.len() > before {
-            out.buffers.push((data, ctx.timestamp_type));
+            out.buffers.push(Buffer {
+                data,
+                base_offset: ctx.base_offset,
+                timestamp_type: ctx.timestamp_type,
+            });
         }
         Ok(())
     }
@@ -305,7 +342,7 @@ struct AbortFilter {
     pending: Vec<AbortedTransaction>,
     next: usize,
     /// Producers whose aborted transaction has begun and whose ABORT marker is still ahead.
-    aborting: HashSet<i64>,
+    aborting: HashSet<i64, BuildHasherDefault<ProducerIdHasher>>,
 }
 
 impl AbortFilter {
@@ -316,7 +353,7 @@ impl AbortFilter {
         AbortFilter {
             pending,
             next: 0,
-            aborting: HashSet::new(),
+            aborting: HashSet::default(),
         }
     }
 
@@ -342,7 +379,28 @@ impl AbortFilter {
             }
             return Ok(true);
         }
-        Ok(batch.is_transactional() && self.aborting.contains(&batch.producer_id()))
+        Ok(batch.is_transactional()
+            && !self.aborting.is_empty()
+            && self.aborting.contains(&batch.producer_id()))
+    }
+}
+
+/// Hashes a producer id with one multiply: SipHash's protection against chosen keys buys nothing here,
+/// since the set holds at most the broker's aborted list for one fetch, and it costs a lookup per batch.
+#[derive(Default)]
+struct ProducerIdHasher(u64);
+
+impl Hasher for ProducerIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_i64(&mut self, v: i64) {
+        self.0 = (v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 

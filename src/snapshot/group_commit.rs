@@ -81,6 +81,12 @@ where
     }
 }
 
+impl MetadataSource for crate::consumer::GroupMetadataHandle {
+    fn current(&self) -> Option<GroupMetadata> {
+        crate::consumer::GroupMetadataHandle::current(self)
+    }
+}
+
 type Reply = oneshot::Sender<Result<(), SnapshotError>>;
 
 struct QueuedWrite {

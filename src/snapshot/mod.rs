@@ -6,14 +6,21 @@
 //!   KIP-664 (hanging transactions), KIP-890 (transaction server-side defence)
 
 mod error;
+mod flow;
 mod group_commit;
+mod log;
 mod recovery;
+mod runner;
+mod store;
 
 pub use error::{FailureKind, SnapshotError, StallDiagnosis, TxnFailure};
+pub use flow::{BoxError, Flow, FlowConfig, FlowError, Fold, PersistenceMode};
 pub use group_commit::{
     GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError, TxnBatch,
 };
+pub use log::PartitionLog;
 pub use recovery::{
     read_to_target, recover, LogChunk, LogError, RecoveredState, RecoveryConfig, RecoveryStats,
     SnapshotLog,
 };
+pub use store::{Assignment, SnapshotConfig, SnapshotStore};

@@ -1,8 +1,10 @@
 //! Tests of the records layer. `Log` assembles partition logs from the public encoder, the way a broker
 //! lays batches out (consecutive offsets, markers written by the coordinator).
 
+mod broker;
 mod codec;
 mod decode;
+mod interop;
 mod malformed;
 mod model;
 mod visibility;

@@ -180,6 +180,10 @@ proptest! {
         let v = visible(&batches, &[], IsolationLevel::ReadUncommitted, fetch_offset).unwrap();
         prop_assert_eq!(offsets_values(&v), m.expected(fetch_offset, hw, false));
         prop_assert_eq!(v.next_offset, hw.max(fetch_offset));
+        // The streaming entry point agrees with the slice one (a fetch may begin below the fetch offset).
+        let streamed =
+            visible_in(m.log.bytes(), &[], IsolationLevel::ReadUncommitted, fetch_offset).unwrap();
+        prop_assert_eq!(offsets_values(&streamed), m.expected(fetch_offset, hw, false));
 
         let (batches, mut aborted) = m.fetch(fetch_offset, lso);
         if !aborted.is_empty() {

@@ -1,0 +1,297 @@
+//! The tool's error type: every failure names its cause and the operator's next step, and maps to an
+//! exit status a script can branch on.
+
+use snapfence::net::NetError;
+use snapfence::records::DecodeError;
+use snapfence::ErrorCode;
+
+/// Exit status of a run that did what was asked.
+pub const EXIT_OK: i32 = 0;
+/// Exit status of a failure not covered by a more specific status below.
+pub const EXIT_FAILED: i32 = 1;
+/// Exit status of a command line that cannot work (also what clap uses for a parse error).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit status when no broker could be reached.
+pub const EXIT_UNREACHABLE: i32 = 3;
+/// Exit status when the topic, partition or offset asked for does not exist.
+pub const EXIT_NOT_FOUND: i32 = 4;
+/// Exit status when the cluster refused the request for lack of permissions.
+pub const EXIT_NOT_AUTHORIZED: i32 = 5;
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CliError {
+    /// The command line asks for something that cannot work.
+    #[error("{message}")]
+    Usage {
+        /// What is wrong.
+        message: String,
+        /// How to write it instead.
+        hint: String,
+    },
+    /// No broker answered.
+    #[error("cannot reach the Kafka cluster at {bootstrap}: {detail}")]
+    Unreachable {
+        /// The bootstrap list that was tried.
+        bootstrap: String,
+        /// What the connection attempts failed with.
+        detail: String,
+    },
+    /// The topic does not exist (or is hidden from this principal, which Kafka reports the same way).
+    #[error("topic {topic:?} does not exist")]
+    UnknownTopic {
+        /// The topic asked for.
+        topic: String,
+    },
+    /// The topic exists but has no such partition.
+    #[error("topic {topic:?} has no partition {partition} (it has {count})")]
+    UnknownPartition {
+        /// The topic.
+        topic: String,
+        /// The partition asked for.
+        partition: i32,
+        /// How many partitions the topic has.
+        count: usize,
+    },
+    /// The offset asked for is outside the partition's log.
+    #[error("offset {offset} is outside {topic}/{partition}, whose log spans {log_start}..{high_watermark}")]
+    OffsetOutOfRange {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The offset asked for.
+        offset: i64,
+        /// The first offset still in the log.
+        log_start: i64,
+        /// The high watermark.
+        high_watermark: i64,
+    },
+    /// The cluster refused for lack of an ACL.
+    #[error("not authorized to {what}: {code}", code = code.name())]
+    NotAuthorized {
+        /// What was being done.
+        what: String,
+        /// The authorization error the broker answered with.
+        code: ErrorCode,
+    },
+    /// A broker answered with an error this tool has no better words for.
+    #[error("{what} failed: {source}")]
+    Broker {
+        /// What was being done.
+        what: String,
+        /// The net layer's error.
+        #[source]
+        source: NetError,
+    },
+    /// A fetched batch did not decode.
+    #[error("the batch at {topic}/{partition} offset {offset} does not decode: {source}")]
+    Decode {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The offset the fetch started at.
+        offset: i64,
+        /// The records layer's error.
+        #[source]
+        source: DecodeError,
+    },
+    /// The broker's answer does not fit the request (a missing partition, an unexpected entry).
+    #[error("unexpected answer to {what}: {detail}")]
+    Protocol {
+        /// What was being done.
+        what: String,
+        /// What was wrong with the answer.
+        detail: String,
+    },
+    /// Writing the output or reading the confirmation failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl CliError {
+    /// The exit status for this failure.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage { .. } => EXIT_USAGE,
+            CliError::Unreachable { .. } => EXIT_UNREACHABLE,
+            CliError::UnknownTopic { .. }
+            | CliError::UnknownPartition { .. }
+            | CliError::OffsetOutOfRange { .. } => EXIT_NOT_FOUND,
+            CliError::NotAuthorized { .. } => EXIT_NOT_AUTHORIZED,
+            _ => EXIT_FAILED,
+        }
+    }
+
+    /// What the operator can do about it.
+    pub fn next_step(&self) -> String {
+        match self {
+            CliError::Usage { hint, .. } => hint.clone(),
+            CliError::Unreachable { .. } => "check that a broker listens at that address (set it with \
+                --bootstrap host:port or SNAPFENCE_BOOTSTRAP) and that the addresses it advertises \
+                (advertised.listeners) are reachable from this machine"
+                .into(),
+            CliError::UnknownTopic { .. } => "check the spelling; topic names are case-sensitive. If the \
+                topic exists, the principal may lack DESCRIBE on it (Kafka reports both the same way)"
+                .into(),
+            CliError::UnknownPartition { count, .. } => {
+                format!("use a partition between 0 and {}", count.saturating_sub(1))
+            }
+            CliError::OffsetOutOfRange {
+                log_start,
+                high_watermark,
+                ..
+            } => format!(
+                "pass an --offset between {log_start} and {high_watermark}, or leave it out to start at \
+                 the log start"
+            ),
+            CliError::NotAuthorized { code, .. } => authorization_hint(*code).into(),
+            // Retries already ran out inside the client; the code says whether waiting may help.
+            CliError::Broker { source, .. }
+                if source.error_code().is_some_and(ErrorCode::is_retriable) =>
+            {
+                "the cluster may be electing a leader or loading a coordinator: try again in a few \
+                 seconds; if it persists, check the broker logs"
+                    .into()
+            }
+            CliError::Broker { .. } | CliError::Protocol { .. } => {
+                "check the broker logs around this time; run with RUST_LOG=debug for the requests sent"
+                    .into()
+            }
+            CliError::Decode { .. } => "the batch is corrupt or uses a format this tool cannot read; \
+                dump from a later --offset to skip it, and compare with kafka-dump-log.sh on the broker"
+                .into(),
+            CliError::Io(_) => "check that the output can be written".into(),
+        }
+    }
+
+    /// Classifies a net-layer error met while doing `what`.
+    pub(crate) fn from_net(what: impl Into<String>, bootstrap: &str, err: NetError) -> CliError {
+        let what = what.into();
+        if err.is_transport() {
+            return CliError::Unreachable {
+                bootstrap: bootstrap.to_owned(),
+                detail: format!("{what}: {err}"),
+            };
+        }
+        match err.error_code() {
+            Some(code) if is_authorization(code) => CliError::NotAuthorized { what, code },
+            _ => CliError::Broker { what, source: err },
+        }
+    }
+
+    /// A broker error code found inside a response body while doing `what`.
+    pub(crate) fn from_code(
+        what: impl Into<String>,
+        code: ErrorCode,
+        message: Option<&str>,
+    ) -> Self {
+        let what = what.into();
+        if is_authorization(code) {
+            return CliError::NotAuthorized { what, code };
+        }
+        CliError::Broker {
+            source: NetError::Broker {
+                code,
+                message: message.map(str::to_owned),
+                context: what.clone(),
+            },
+            what,
+        }
+    }
+
+    /// Whether this is an output pipe closed by the reader (`snapfence dump ... | head`), which ends the
+    /// run quietly rather than as a failure.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, CliError::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
+fn is_authorization(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::TopicAuthorizationFailed
+            | ErrorCode::GroupAuthorizationFailed
+            | ErrorCode::ClusterAuthorizationFailed
+            | ErrorCode::TransactionalIdAuthorizationFailed
+    )
+}
+
+fn authorization_hint(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::TopicAuthorizationFailed => {
+            "grant this principal DESCRIBE on the topic (inspect, find-hanging) and READ (dump)"
+        }
+        ErrorCode::GroupAuthorizationFailed => "grant this principal DESCRIBE on the group",
+        ErrorCode::TransactionalIdAuthorizationFailed => {
+            "grant this principal DESCRIBE on the transactional ids (ListTransactions and \
+             DescribeTransactions only show ids it may describe)"
+        }
+        ErrorCode::ClusterAuthorizationFailed => {
+            "aborting a transaction (WriteTxnMarkers) needs CLUSTER_ACTION on the cluster; run --abort \
+             as a cluster administrator"
+        }
+        _ => "ask the cluster administrator for the missing ACL",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_failures_are_unreachable_and_acl_codes_not_authorized() {
+        let down = NetError::Connect {
+            addr: "127.0.0.1:1".into(),
+            message: "connection refused".into(),
+        };
+        let e = CliError::from_net("connect", "127.0.0.1:1", down);
+        assert_eq!(e.exit_code(), EXIT_UNREACHABLE);
+        assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+        assert!(e.next_step().contains("--bootstrap"));
+
+        let refused = CliError::from_code("read t", ErrorCode::TopicAuthorizationFailed, None);
+        assert_eq!(refused.exit_code(), EXIT_NOT_AUTHORIZED);
+        assert!(refused.to_string().contains("TOPIC_AUTHORIZATION_FAILED"));
+        assert!(refused.next_step().contains("DESCRIBE"));
+
+        let other = CliError::from_code("read t", ErrorCode::InvalidRecord, None);
+        assert_eq!(other.exit_code(), EXIT_FAILED);
+        assert!(other.next_step().contains("broker logs"));
+        let busy = CliError::from_net(
+            "describe",
+            "b:1",
+            NetError::RetriesExhausted {
+                attempts: 21,
+                outcome_unknown: false,
+                last: Box::new(NetError::Broker {
+                    code: ErrorCode::CoordinatorLoadInProgress,
+                    message: None,
+                    context: "describe".into(),
+                }),
+            },
+        );
+        assert!(
+            busy.next_step().contains("try again"),
+            "{}",
+            busy.next_step()
+        );
+    }
+
+    #[test]
+    fn not_found_errors_say_what_exists() {
+        let e = CliError::UnknownPartition {
+            topic: "t".into(),
+            partition: 7,
+            count: 3,
+        };
+        assert_eq!(e.exit_code(), EXIT_NOT_FOUND);
+        assert!(
+            e.next_step().contains("between 0 and 2"),
+            "{}",
+            e.next_step()
+        );
+    }
+}

@@ -1,0 +1,962 @@
+//! The requests the tool sends, each wrapped so that it routes through `net::Client` (leaders,
+//! coordinators, retries) and fails with a [`CliError`] that says what was being done.
+//!
+//! Errors inside a response body are read here: codes that mean "moved" or "busy" go back to the
+//! client's routing loop as a [`Verdict`], everything else ends the call with the code.
+//!
+//! # References
+//! - ListOffsets (key 2; -2 earliest, -1 latest; `isolation_level` 1 answers the LSO, KIP-98)
+//! - Fetch (key 1; topic ids from v13, KIP-516), OffsetFetch (key 9; `require_stable` v7, KIP-447;
+//!   batched groups v8)
+//! - DescribeProducers (key 61), DescribeTransactions (key 65), ListTransactions (key 66): KIP-664
+//! - WriteTxnMarkers (key 27): the marker a coordinator sends a leader; KIP-664 lets an operator send an
+//!   ABORT for a hanging transaction
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::{
+    describe_producers_request, fetch_request, list_offsets_request, offset_fetch_request,
+    write_txn_markers_request, BrokerId, DescribeProducersRequest, DescribeTransactionsRequest,
+    FetchRequest, GroupId, ListOffsetsRequest, ListTransactionsRequest, OffsetFetchRequest,
+    ProducerId, TopicName, TransactionalId, WriteTxnMarkersRequest,
+};
+use kafka_protocol::protocol::StrBytes;
+use snapfence::net::{
+    retry_action, CallOptions, Client, ClientConfig, NetError, Target, TopicMetadata, Verdict,
+};
+use snapfence::records::{AbortedTransaction, IsolationLevel};
+use snapfence::ErrorCode;
+
+use crate::error::CliError;
+
+/// A connected client plus the bootstrap string, which every "unreachable" error repeats.
+pub(crate) struct Cluster {
+    pub client: Client,
+    pub bootstrap: String,
+}
+
+/// A partition's offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Offsets {
+    pub log_start: i64,
+    pub high_watermark: i64,
+    pub last_stable: i64,
+}
+
+/// One producer in DescribeProducers' answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProducerInfo {
+    pub producer_id: i64,
+    pub producer_epoch: i32,
+    pub last_sequence: i32,
+    pub last_timestamp: i64,
+    pub coordinator_epoch: i32,
+    /// -1 when the producer has no open transaction in the partition.
+    pub txn_start_offset: i64,
+}
+
+impl ProducerInfo {
+    pub fn has_open_transaction(&self) -> bool {
+        self.txn_start_offset >= 0
+    }
+}
+
+/// One entry of ListTransactions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Listing {
+    pub transactional_id: String,
+    pub state: String,
+    pub coordinator: i32,
+}
+
+/// DescribeTransactions' answer for one transactional id the coordinator knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TxnDescription {
+    pub state: String,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub timeout_ms: i32,
+    /// -1 when no transaction is in progress.
+    pub start_time_ms: i64,
+    /// The partitions the coordinator will write markers to.
+    pub partitions: Vec<(String, i32)>,
+}
+
+/// A group's committed offset for one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Committed {
+    /// -1 when nothing is committed.
+    pub offset: i64,
+    pub metadata: Option<String>,
+    /// A transactional offset commit for this partition is waiting for its transaction to end
+    /// (OffsetFetch with `require_stable` answered UNSTABLE_OFFSET_COMMIT).
+    pub pending_transaction: bool,
+}
+
+/// One Fetch answer for one partition.
+#[derive(Debug, Clone)]
+pub(crate) struct Fetched {
+    pub high_watermark: i64,
+    pub last_stable: i64,
+    pub log_start: i64,
+    pub aborted: Vec<AbortedTransaction>,
+    pub records: Bytes,
+}
+
+/// What a handler decided: a value, or an error code to report.
+type Answer<T> = Result<T, (ErrorCode, Option<String>)>;
+
+/// Reads a per-partition (or per-entry) error code: success → `value()`, "moved"/"busy" → the client
+/// retries, anything else → the code.
+fn verdict<T>(
+    code: i16,
+    message: Option<&StrBytes>,
+    value: impl FnOnce() -> T,
+) -> Verdict<Answer<T>> {
+    let parsed = ErrorCode::from_code(code);
+    if parsed.is_ok() {
+        return Verdict::Done(Ok(value()));
+    }
+    Verdict::from_code(code, Err((parsed, message.map(|m| m.to_string()))))
+}
+
+/// A non-zero error code: "moved"/"busy" → the client retries, anything else → the code.
+fn failure<T>(code: i16) -> Verdict<Answer<T>> {
+    Verdict::from_code(code, Err((ErrorCode::from_code(code), None)))
+}
+
+fn producers_of(
+    p: &kafka_protocol::messages::describe_producers_response::PartitionResponse,
+) -> Vec<ProducerInfo> {
+    p.active_producers
+        .iter()
+        .map(|s| ProducerInfo {
+            producer_id: s.producer_id.0,
+            producer_epoch: s.producer_epoch,
+            last_sequence: s.last_sequence,
+            last_timestamp: s.last_timestamp,
+            coordinator_epoch: s.coordinator_epoch,
+            txn_start_offset: s.current_txn_start_offset,
+        })
+        .collect()
+}
+
+fn missing<T>(what: &str) -> Verdict<Answer<T>> {
+    Verdict::Done(Err((
+        ErrorCode::UnknownServerError,
+        Some(format!("the answer does not mention {what}")),
+    )))
+}
+
+/// Partitions per batched request: what `kafka-transactions.sh` uses, small enough that no broker
+/// minds one request.
+const BATCH: usize = 500;
+
+/// A (topic, partition) pair.
+pub(crate) type Tp = (String, i32);
+
+fn by_topic(partitions: &[Tp]) -> BTreeMap<&str, Vec<i32>> {
+    let mut out: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (t, p) in partitions {
+        out.entry(t.as_str()).or_default().push(*p);
+    }
+    out
+}
+
+fn name(s: &str) -> TopicName {
+    TopicName(StrBytes::from_string(s.to_owned()))
+}
+
+impl Cluster {
+    /// Connects to the first reachable bootstrap address.
+    pub async fn connect(bootstrap: &str) -> Result<Cluster, CliError> {
+        let config = ClientConfig {
+            client_id: "snapfence-cli".into(),
+            ..ClientConfig::new(bootstrap)
+        };
+        let client = Client::connect(config)
+            .await
+            .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
+        Ok(Cluster {
+            client,
+            bootstrap: bootstrap.to_owned(),
+        })
+    }
+
+    fn net(&self, what: impl Into<String>, e: NetError) -> CliError {
+        CliError::from_net(what, &self.bootstrap, e)
+    }
+
+    /// Runs `call`, turning both the transport error and the answer's error code into a [`CliError`].
+    async fn finish<T>(
+        &self,
+        what: impl Into<String>,
+        result: Result<Answer<T>, NetError>,
+    ) -> Result<T, CliError> {
+        let what = what.into();
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err((code, message))) => Err(CliError::from_code(what, code, message.as_deref())),
+            Err(e) => Err(self.net(what, e)),
+        }
+    }
+
+    /// The topic's metadata. An unknown topic fails at once (the routing loop would retry it).
+    pub async fn topic(&self, topic: &str) -> Result<TopicMetadata, CliError> {
+        let metadata = self
+            .client
+            .metadata(&[topic])
+            .await
+            .map_err(|e| self.net(format!("read the metadata of {topic}"), e))?;
+        let t = metadata
+            .topics
+            .get(topic)
+            .ok_or_else(|| CliError::UnknownTopic {
+                topic: topic.to_owned(),
+            })?;
+        match t.error {
+            ErrorCode::None => Ok(t.clone()),
+            ErrorCode::UnknownTopicOrPartition | ErrorCode::InvalidTopicException => {
+                Err(CliError::UnknownTopic {
+                    topic: topic.to_owned(),
+                })
+            }
+            code => Err(CliError::from_code(
+                format!("read the metadata of {topic}"),
+                code,
+                None,
+            )),
+        }
+    }
+
+    /// Every topic in the cluster, internal ones included.
+    pub async fn all_topics(&self) -> Result<Vec<TopicMetadata>, CliError> {
+        let metadata = self
+            .client
+            .metadata_all()
+            .await
+            .map_err(|e| self.net("list the topics", e))?;
+        Ok(metadata
+            .topics
+            .values()
+            .filter(|t| t.error.is_ok())
+            .cloned()
+            .collect())
+    }
+
+    /// The broker ids in the cluster.
+    pub async fn brokers(&self) -> Result<Vec<i32>, CliError> {
+        let metadata = self
+            .client
+            .metadata(&[])
+            .await
+            .map_err(|e| self.net("list the brokers", e))?;
+        Ok(metadata.brokers.keys().copied().collect())
+    }
+
+    /// Log start, high watermark and last stable offset of one partition (three ListOffsets).
+    pub async fn offsets(&self, topic: &str, partition: i32) -> Result<Offsets, CliError> {
+        Ok(Offsets {
+            log_start: self
+                .list_offset(topic, partition, -2, IsolationLevel::ReadUncommitted)
+                .await?,
+            high_watermark: self
+                .list_offset(topic, partition, -1, IsolationLevel::ReadUncommitted)
+                .await?,
+            last_stable: self
+                .list_offset(topic, partition, -1, IsolationLevel::ReadCommitted)
+                .await?,
+        })
+    }
+
+    /// ListOffsets for one partition: `timestamp` -2 is the log start, -1 the end (the high watermark at
+    /// read_uncommitted, the LSO at read_committed).
+    pub async fn list_offset(
+        &self,
+        topic: &str,
+        partition: i32,
+        timestamp: i64,
+        isolation: IsolationLevel,
+    ) -> Result<i64, CliError> {
+        let options = CallOptions {
+            // v2 brought isolation_level.
+            min_version: Some(2),
+            ..CallOptions::default()
+        };
+        let timeout_ms = self.timeout_ms();
+        let result = self
+            .client
+            .call(
+                Target::leader(topic, partition),
+                &options,
+                |_| {
+                    ListOffsetsRequest::default()
+                        .with_replica_id(BrokerId(-1))
+                        .with_isolation_level(isolation.as_i8())
+                        .with_timeout_ms(timeout_ms)
+                        .with_topics(vec![list_offsets_request::ListOffsetsTopic::default()
+                            .with_name(name(topic))
+                            .with_partitions(vec![
+                                list_offsets_request::ListOffsetsPartition::default()
+                                    .with_partition_index(partition)
+                                    .with_timestamp(timestamp),
+                            ])])
+                },
+                |r, _| {
+                    let p = r
+                        .topics
+                        .iter()
+                        .filter(|t| t.name.0.as_str() == topic)
+                        .flat_map(|t| t.partitions.iter())
+                        .find(|p| p.partition_index == partition);
+                    match p {
+                        Some(p) => verdict(p.error_code, None, || p.offset),
+                        None => missing("the partition"),
+                    }
+                },
+            )
+            .await;
+        self.finish(format!("list offsets of {topic}/{partition}"), result)
+            .await
+    }
+
+    /// Partitions grouped by the broker to ask: `on` when given, else each partition's leader as the
+    /// cached metadata has it. Partitions without a known leader come back apart, for the routed path.
+    fn by_broker(&self, partitions: &[Tp], on: Option<i32>) -> (BTreeMap<i32, Vec<Tp>>, Vec<Tp>) {
+        let metadata = self.client.cached_metadata();
+        let mut groups: BTreeMap<i32, Vec<Tp>> = BTreeMap::new();
+        let mut apart = Vec::new();
+        for (t, p) in partitions {
+            match on.or_else(|| metadata.leader(t, *p).map(|l| l.node)) {
+                Some(node) => groups.entry(node).or_default().push((t.clone(), *p)),
+                None => apart.push((t.clone(), *p)),
+            }
+        }
+        (groups, apart)
+    }
+
+    /// [`offsets`](Self::offsets) for many partitions of one topic: three ListOffsets per leader rather
+    /// than three per partition. Partitions a leader answers for with a "moved" or "busy" code (or not
+    /// at all) are asked again one by one through the routing loop. `tick(n)` reports progress.
+    pub async fn offsets_many(
+        &self,
+        topic: &str,
+        partitions: &[i32],
+        mut tick: impl FnMut(usize),
+    ) -> Result<BTreeMap<i32, Offsets>, CliError> {
+        let keys: Vec<Tp> = partitions.iter().map(|p| (topic.to_owned(), *p)).collect();
+        let (groups, mut apart) = self.by_broker(&keys, None);
+        let mut out = BTreeMap::new();
+        for (node, parts) in groups {
+            for chunk in parts.chunks(BATCH) {
+                let ps: Vec<i32> = chunk.iter().map(|(_, p)| *p).collect();
+                let log_start = self
+                    .list_offsets_on(node, topic, &ps, -2, IsolationLevel::ReadUncommitted)
+                    .await?;
+                let high = self
+                    .list_offsets_on(node, topic, &ps, -1, IsolationLevel::ReadUncommitted)
+                    .await?;
+                let stable = self
+                    .list_offsets_on(node, topic, &ps, -1, IsolationLevel::ReadCommitted)
+                    .await?;
+                let before = out.len();
+                for p in ps {
+                    match (log_start.get(&p), high.get(&p), stable.get(&p)) {
+                        (Some(&log_start), Some(&high_watermark), Some(&last_stable)) => {
+                            out.insert(
+                                p,
+                                Offsets {
+                                    log_start,
+                                    high_watermark,
+                                    last_stable,
+                                },
+                            );
+                        }
+                        _ => apart.push((topic.to_owned(), p)),
+                    }
+                }
+                tick(out.len() - before);
+            }
+        }
+        for (_, p) in apart {
+            out.insert(p, self.offsets(topic, p).await?);
+            tick(1);
+        }
+        Ok(out)
+    }
+
+    /// One batched ListOffsets to broker `node`: the offsets of the partitions it answered for. Codes
+    /// that mean "moved" or "busy" leave the partition out (the caller retries it routed); any other
+    /// code fails.
+    async fn list_offsets_on(
+        &self,
+        node: i32,
+        topic: &str,
+        partitions: &[i32],
+        timestamp: i64,
+        isolation: IsolationLevel,
+    ) -> Result<BTreeMap<i32, i64>, CliError> {
+        let options = CallOptions {
+            min_version: Some(2),
+            ..CallOptions::default()
+        };
+        let timeout_ms = self.timeout_ms();
+        let (response, _) = self
+            .client
+            .call(
+                Target::Broker(node),
+                &options,
+                |_| {
+                    ListOffsetsRequest::default()
+                        .with_replica_id(BrokerId(-1))
+                        .with_isolation_level(isolation.as_i8())
+                        .with_timeout_ms(timeout_ms)
+                        .with_topics(vec![list_offsets_request::ListOffsetsTopic::default()
+                            .with_name(name(topic))
+                            .with_partitions(
+                                partitions
+                                    .iter()
+                                    .map(|p| {
+                                        list_offsets_request::ListOffsetsPartition::default()
+                                            .with_partition_index(*p)
+                                            .with_timestamp(timestamp)
+                                    })
+                                    .collect(),
+                            )])
+                },
+                |r, v| Verdict::Done((r, v)),
+            )
+            .await
+            .map_err(|e| self.net(format!("list offsets of {topic} on broker {node}"), e))?;
+        let mut out = BTreeMap::new();
+        for p in response
+            .topics
+            .iter()
+            .filter(|t| t.name.0.as_str() == topic)
+            .flat_map(|t| t.partitions.iter())
+            .filter(|p| partitions.contains(&p.partition_index))
+        {
+            let code = ErrorCode::from_code(p.error_code);
+            if code.is_ok() {
+                out.insert(p.partition_index, p.offset);
+            } else if retry_action(code).is_none() {
+                return Err(CliError::from_code(
+                    format!("list offsets of {topic}/{}", p.partition_index),
+                    code,
+                    None,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// DescribeProducers for many partitions: one request per leader (or to `on`, a broker holding a
+    /// replica of each), with partitions answered by a "moved" or "busy" code (or not at all) asked
+    /// again one by one through the routing loop. `tick(n)` reports progress.
+    pub async fn describe_producers_many(
+        &self,
+        partitions: &[Tp],
+        on: Option<i32>,
+        mut tick: impl FnMut(usize),
+    ) -> Result<BTreeMap<Tp, Vec<ProducerInfo>>, CliError> {
+        let (groups, mut apart) = self.by_broker(partitions, on);
+        let mut out = BTreeMap::new();
+        for (node, parts) in groups {
+            for chunk in parts.chunks(BATCH) {
+                let wanted: BTreeSet<&Tp> = chunk.iter().collect();
+                let topics = by_topic(chunk);
+                let (response, _) = self
+                    .client
+                    .send(Target::Broker(node), |_| {
+                        DescribeProducersRequest::default().with_topics(
+                            topics
+                                .iter()
+                                .map(|(t, ps)| {
+                                    describe_producers_request::TopicRequest::default()
+                                        .with_name(name(t))
+                                        .with_partition_indexes(ps.clone())
+                                })
+                                .collect(),
+                        )
+                    })
+                    .await
+                    .map_err(|e| self.net(format!("describe producers on broker {node}"), e))?;
+                let mut answered = BTreeSet::new();
+                for t in &response.topics {
+                    for p in &t.partitions {
+                        let key: Tp = (t.name.0.to_string(), p.partition_index);
+                        if !wanted.contains(&key) {
+                            continue;
+                        }
+                        let code = ErrorCode::from_code(p.error_code);
+                        if code.is_ok() {
+                            out.insert(key.clone(), producers_of(p));
+                            answered.insert(key);
+                        } else if retry_action(code).is_none() {
+                            return Err(CliError::from_code(
+                                format!("describe the producers of {}/{}", key.0, key.1),
+                                code,
+                                p.error_message.as_deref(),
+                            ));
+                        }
+                    }
+                }
+                apart.extend(chunk.iter().filter(|k| !answered.contains(*k)).cloned());
+                tick(answered.len());
+            }
+        }
+        for (t, p) in apart {
+            let target = match on {
+                Some(b) => Target::Broker(b),
+                None => Target::leader(t.as_str(), p),
+            };
+            let producers = self.describe_producers(target, &t, p).await?;
+            out.insert((t, p), producers);
+            tick(1);
+        }
+        Ok(out)
+    }
+
+    /// DescribeProducers for one partition, sent to `target` (the leader, or a given replica).
+    pub async fn describe_producers(
+        &self,
+        target: Target,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Vec<ProducerInfo>, CliError> {
+        let result = self
+            .client
+            .call(
+                target,
+                &CallOptions::default(),
+                |_| {
+                    DescribeProducersRequest::default().with_topics(vec![
+                        describe_producers_request::TopicRequest::default()
+                            .with_name(name(topic))
+                            .with_partition_indexes(vec![partition]),
+                    ])
+                },
+                |r, _| {
+                    let p = r
+                        .topics
+                        .iter()
+                        .filter(|t| t.name.0.as_str() == topic)
+                        .flat_map(|t| t.partitions.iter())
+                        .find(|p| p.partition_index == partition);
+                    let Some(p) = p else {
+                        return missing("the partition");
+                    };
+                    verdict(p.error_code, p.error_message.as_ref(), || producers_of(p))
+                },
+            )
+            .await;
+        self.finish(
+            format!("describe the producers of {topic}/{partition}"),
+            result,
+        )
+        .await
+    }
+
+    /// ListTransactions on every broker (each answers for the transactional ids it coordinates),
+    /// filtered to `producer_ids`: which transactional id each producer id belongs to.
+    pub async fn list_transactions(
+        &self,
+        producer_ids: &[i64],
+    ) -> Result<BTreeMap<i64, Listing>, CliError> {
+        let mut out = BTreeMap::new();
+        if producer_ids.is_empty() {
+            return Ok(out);
+        }
+        let filter: Vec<ProducerId> = producer_ids.iter().map(|p| ProducerId(*p)).collect();
+        for broker in self.brokers().await? {
+            let result = self
+                .client
+                .call(
+                    Target::Broker(broker),
+                    &CallOptions::default(),
+                    |_| {
+                        ListTransactionsRequest::default()
+                            .with_producer_id_filters(filter.clone())
+                            .with_duration_filter(-1)
+                    },
+                    |r, _| {
+                        verdict(r.error_code, None, || {
+                            r.transaction_states
+                                .iter()
+                                .map(|s| {
+                                    (
+                                        s.producer_id.0,
+                                        s.transactional_id.0.to_string(),
+                                        s.transaction_state.to_string(),
+                                    )
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                    },
+                )
+                .await;
+            let states = self
+                .finish(format!("list the transactions on broker {broker}"), result)
+                .await?;
+            for (producer_id, transactional_id, state) in states {
+                // A broker may answer with more than was asked for; only the filter counts.
+                if producer_ids.contains(&producer_id) {
+                    out.insert(
+                        producer_id,
+                        Listing {
+                            transactional_id,
+                            state,
+                            coordinator: broker,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// DescribeTransactions of one transactional id at its coordinator; `None` when the coordinator does
+    /// not know the id (TRANSACTIONAL_ID_NOT_FOUND).
+    pub async fn describe_transaction(
+        &self,
+        transactional_id: &str,
+    ) -> Result<Option<TxnDescription>, CliError> {
+        let key: Arc<str> = Arc::from(transactional_id);
+        let result = self
+            .client
+            .call(
+                Target::transaction(key),
+                &CallOptions::default(),
+                |_| {
+                    DescribeTransactionsRequest::default().with_transactional_ids(vec![
+                        TransactionalId(StrBytes::from_string(transactional_id.to_owned())),
+                    ])
+                },
+                |r, _| {
+                    let Some(s) = r
+                        .transaction_states
+                        .iter()
+                        .find(|s| s.transactional_id.0.as_str() == transactional_id)
+                    else {
+                        return missing("the transactional id");
+                    };
+                    if ErrorCode::from_code(s.error_code) == ErrorCode::TransactionalIdNotFound {
+                        return Verdict::Done(Ok(None));
+                    }
+                    verdict(s.error_code, None, || {
+                        Some(TxnDescription {
+                            state: s.transaction_state.to_string(),
+                            producer_id: s.producer_id.0,
+                            producer_epoch: s.producer_epoch,
+                            timeout_ms: s.transaction_timeout_ms,
+                            start_time_ms: s.transaction_start_time_ms,
+                            partitions: s
+                                .topics
+                                .iter()
+                                .flat_map(|t| {
+                                    t.partitions.iter().map(|p| (t.topic.0.to_string(), *p))
+                                })
+                                .collect(),
+                        })
+                    })
+                },
+            )
+            .await;
+        self.finish(
+            format!("describe transactional id {transactional_id:?}"),
+            result,
+        )
+        .await
+    }
+
+    /// Writes an ABORT marker for `producer`'s open transaction in `topic`/`partition`, as the
+    /// coordinator would have: WriteTxnMarkers to the partition leader.
+    pub async fn write_abort_marker(
+        &self,
+        topic: &str,
+        partition: i32,
+        producer: &ProducerInfo,
+    ) -> Result<(), CliError> {
+        let epoch = i16::try_from(producer.producer_epoch).map_err(|_| CliError::Protocol {
+            what: "abort".into(),
+            detail: format!(
+                "producer epoch {} does not fit 16 bits",
+                producer.producer_epoch
+            ),
+        })?;
+        // A transaction that hung before its producer's first marker has coordinator epoch -1 in the
+        // leader's producer state; any marker epoch >= -1 passes the leader's fencing check, and 0 is the
+        // lowest a real coordinator could have written.
+        let coordinator_epoch = producer.coordinator_epoch.max(0);
+        let result = self
+            .client
+            .call(
+                Target::leader(topic, partition),
+                &CallOptions::default(),
+                |_| {
+                    WriteTxnMarkersRequest::default().with_markers(vec![
+                        write_txn_markers_request::WritableTxnMarker::default()
+                            .with_producer_id(ProducerId(producer.producer_id))
+                            .with_producer_epoch(epoch)
+                            .with_transaction_result(false)
+                            .with_coordinator_epoch(coordinator_epoch)
+                            .with_topics(vec![
+                                write_txn_markers_request::WritableTxnMarkerTopic::default()
+                                    .with_name(name(topic))
+                                    .with_partition_indexes(vec![partition]),
+                            ]),
+                    ])
+                },
+                |r, _| {
+                    let p = r
+                        .markers
+                        .iter()
+                        .filter(|m| m.producer_id.0 == producer.producer_id)
+                        .flat_map(|m| m.topics.iter())
+                        .filter(|t| t.name.0.as_str() == topic)
+                        .flat_map(|t| t.partitions.iter())
+                        .find(|p| p.partition_index == partition);
+                    match p {
+                        Some(p) => verdict(p.error_code, None, || ()),
+                        None => missing("the partition"),
+                    }
+                },
+            )
+            .await;
+        self.finish(
+            format!(
+                "abort the transaction of producer {} on {topic}/{partition}",
+                producer.producer_id
+            ),
+            result,
+        )
+        .await
+    }
+
+    /// A group's committed offsets for `partitions` of `topic`, and which of them wait for a
+    /// transaction (two OffsetFetch: one plain, one with `require_stable`).
+    pub async fn committed(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<BTreeMap<i32, Committed>, CliError> {
+        let plain = self.offset_fetch(group, topic, partitions, false).await?;
+        let stable = self.offset_fetch(group, topic, partitions, true).await;
+        let mut out = BTreeMap::new();
+        for (partition, (offset, metadata, code)) in plain {
+            if !code.is_ok() {
+                return Err(CliError::from_code(
+                    format!("read the offsets of group {group:?} for {topic}/{partition}"),
+                    code,
+                    None,
+                ));
+            }
+            let pending = match &stable {
+                Ok(s) => s
+                    .get(&partition)
+                    .is_some_and(|(_, _, c)| *c == ErrorCode::UnstableOffsetCommit),
+                // Brokers before KIP-447 cannot say; the plain answer is still right.
+                Err(_) => false,
+            };
+            out.insert(
+                partition,
+                Committed {
+                    offset,
+                    metadata,
+                    pending_transaction: pending,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// One OffsetFetch; per partition the offset, metadata and error code. A group-level
+    /// UNSTABLE_OFFSET_COMMIT is spread to every partition.
+    async fn offset_fetch(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: &[i32],
+        require_stable: bool,
+    ) -> Result<BTreeMap<i32, (i64, Option<String>, ErrorCode)>, CliError> {
+        type Row = (i64, Option<String>, ErrorCode);
+        let options = CallOptions {
+            min_version: require_stable.then_some(7),
+            ..CallOptions::default()
+        };
+        let spread = |code: ErrorCode| -> BTreeMap<i32, Row> {
+            partitions.iter().map(|p| (*p, (-1, None, code))).collect()
+        };
+        let result = self
+            .client
+            .call(
+                Target::group(group),
+                &options,
+                |version| {
+                    let request = OffsetFetchRequest::default().with_require_stable(require_stable);
+                    if version >= 8 {
+                        request.with_groups(vec![
+                            offset_fetch_request::OffsetFetchRequestGroup::default()
+                                .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+                                .with_topics(Some(vec![
+                                    offset_fetch_request::OffsetFetchRequestTopics::default()
+                                        .with_name(name(topic))
+                                        .with_partition_indexes(partitions.to_vec()),
+                                ])),
+                        ])
+                    } else {
+                        request
+                            .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+                            .with_topics(Some(vec![
+                                offset_fetch_request::OffsetFetchRequestTopic::default()
+                                    .with_name(name(topic))
+                                    .with_partition_indexes(partitions.to_vec()),
+                            ]))
+                    }
+                },
+                |r, version| {
+                    let (code, rows): (i16, Vec<(i32, Row)>) = if version >= 8 {
+                        let Some(g) = r.groups.iter().find(|g| g.group_id.0.as_str() == group)
+                        else {
+                            return missing("the group");
+                        };
+                        let rows = g
+                            .topics
+                            .iter()
+                            .filter(|t| t.name.0.as_str() == topic)
+                            .flat_map(|t| t.partitions.iter())
+                            .map(|p| {
+                                let row = (
+                                    p.committed_offset,
+                                    p.metadata.as_ref().map(|m| m.to_string()),
+                                    ErrorCode::from_code(p.error_code),
+                                );
+                                (p.partition_index, row)
+                            })
+                            .collect();
+                        (g.error_code, rows)
+                    } else {
+                        let rows = r
+                            .topics
+                            .iter()
+                            .filter(|t| t.name.0.as_str() == topic)
+                            .flat_map(|t| t.partitions.iter())
+                            .map(|p| {
+                                let row = (
+                                    p.committed_offset,
+                                    p.metadata.as_ref().map(|m| m.to_string()),
+                                    ErrorCode::from_code(p.error_code),
+                                );
+                                (p.partition_index, row)
+                            })
+                            .collect();
+                        (r.error_code, rows)
+                    };
+                    // UNSTABLE_OFFSET_COMMIT is retriable, but here it is the answer, not a reason to
+                    // wait: the point is to see it.
+                    if ErrorCode::from_code(code) == ErrorCode::UnstableOffsetCommit {
+                        return Verdict::Done(Ok(spread(ErrorCode::UnstableOffsetCommit)));
+                    }
+                    verdict(code, None, || rows.into_iter().collect())
+                },
+            )
+            .await;
+        self.finish(
+            format!("read the committed offsets of group {group:?}"),
+            result,
+        )
+        .await
+    }
+
+    /// One Fetch of one partition from `offset`, at `isolation`, up to `max_bytes`.
+    pub async fn fetch(
+        &self,
+        topic: &TopicMetadata,
+        partition: i32,
+        offset: i64,
+        isolation: IsolationLevel,
+        max_bytes: i32,
+    ) -> Result<Fetched, CliError> {
+        let topic_name = topic.name.as_str();
+        let topic_id = uuid::Uuid::from_bytes(topic.id.0);
+        let options = CallOptions {
+            // Topic ids from v13 need a known id; fall back to names when the broker gave none.
+            max_version: topic.id.is_zero().then_some(12),
+            ..CallOptions::default()
+        };
+        let result = self
+            .client
+            .call(
+                Target::leader(topic_name, partition),
+                &options,
+                |version| {
+                    let fetch_topic = fetch_request::FetchTopic::default().with_partitions(vec![
+                        fetch_request::FetchPartition::default()
+                            .with_partition(partition)
+                            .with_fetch_offset(offset)
+                            .with_partition_max_bytes(max_bytes),
+                    ]);
+                    let fetch_topic = if version >= 13 {
+                        fetch_topic.with_topic_id(topic_id)
+                    } else {
+                        fetch_topic.with_topic(name(topic_name))
+                    };
+                    FetchRequest::default()
+                        .with_max_wait_ms(100)
+                        .with_min_bytes(1)
+                        .with_max_bytes(max_bytes)
+                        .with_isolation_level(isolation.as_i8())
+                        .with_topics(vec![fetch_topic])
+                },
+                |r, version| {
+                    if !ErrorCode::from_code(r.error_code).is_ok() {
+                        return failure(r.error_code);
+                    }
+                    let p = r
+                        .responses
+                        .iter()
+                        .filter(|t| {
+                            if version >= 13 {
+                                t.topic_id == topic_id
+                            } else {
+                                t.topic.0.as_str() == topic_name
+                            }
+                        })
+                        .flat_map(|t| t.partitions.iter())
+                        .find(|p| p.partition_index == partition);
+                    let Some(p) = p else {
+                        return missing("the partition");
+                    };
+                    verdict(p.error_code, None, || Fetched {
+                        high_watermark: p.high_watermark,
+                        last_stable: p.last_stable_offset,
+                        log_start: p.log_start_offset,
+                        aborted: p
+                            .aborted_transactions
+                            .iter()
+                            .flatten()
+                            .map(|a| AbortedTransaction {
+                                producer_id: a.producer_id.0,
+                                first_offset: a.first_offset,
+                            })
+                            .collect(),
+                        records: p.records.clone().unwrap_or_default(),
+                    })
+                },
+            )
+            .await;
+        self.finish(
+            format!("fetch {topic_name}/{partition} from offset {offset}"),
+            result,
+        )
+        .await
+    }
+
+    fn timeout_ms(&self) -> i32 {
+        let t = self.client.config().request_timeout.as_millis() / 2;
+        t.min(i32::MAX as u128) as i32
+    }
+}

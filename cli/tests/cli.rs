@@ -1,0 +1,902 @@
+//! The `snapfence` tool against real Kafka brokers started by the protocol-tests fixture.
+//!
+//! Transactions are made by the Java client (`protocol-tests/java/TxnPeer.java`, steered line by line),
+//! except the hanging ones, which no correct client makes: those are written here with raw requests, a
+//! transactional batch produced under a producer id whose coordinator never heard of the partition.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{InitProducerIdRequest, ProduceRequest, TopicName, TransactionalId};
+use kafka_protocol::protocol::StrBytes;
+use serde_json::Value;
+use snapfence::net::{CallOptions, Client, ClientConfig, Target, Verdict};
+use snapfence::records::{BatchBuilder, Compression, NewRecord, ProducerStamp};
+use snapfence::ErrorCode;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
+
+const PEER_TIMEOUT: Duration = Duration::from_secs(180);
+
+// ---- running the tool ---------------------------------------------------------------------------
+
+struct Run {
+    code: i32,
+    out: String,
+    err: String,
+}
+
+impl Run {
+    /// The output as one JSON document.
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.out)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", self.out, self.err))
+    }
+
+    /// The output as JSON lines.
+    fn json_lines(&self) -> Vec<Value> {
+        self.out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
+    }
+
+    fn ok(self) -> Run {
+        assert_eq!(
+            self.code, 0,
+            "exit {}\nstdout:\n{}\nstderr:\n{}",
+            self.code, self.out, self.err
+        );
+        self
+    }
+}
+
+/// Runs the tool in-process with `input` as the answers to its prompts.
+async fn snapfence_with_input(kafka: &KafkaCluster, args: &[&str], input: &str) -> Run {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let mut input = input.as_bytes();
+    let mut io = snapfence_cli::Io {
+        out: &mut out,
+        err: &mut err,
+        input: &mut input,
+        progress: false,
+    };
+    let bootstrap = kafka.bootstrap();
+    let argv = ["snapfence", "--bootstrap", bootstrap.as_str()]
+        .into_iter()
+        .chain(args.iter().copied());
+    let code = snapfence_cli::run(argv, &mut io).await;
+    Run {
+        code,
+        out: String::from_utf8(out).expect("utf8 stdout"),
+        err: String::from_utf8(err).expect("utf8 stderr"),
+    }
+}
+
+async fn snapfence(kafka: &KafkaCluster, args: &[&str]) -> Run {
+    snapfence_with_input(kafka, args, "").await
+}
+
+// ---- the cluster --------------------------------------------------------------------------------
+
+async fn client(kafka: &KafkaCluster) -> Client {
+    Client::connect(ClientConfig::new(&kafka.bootstrap()))
+        .await
+        .expect("connect")
+}
+
+async fn new_topic(kafka: &KafkaCluster, prefix: &str, partitions: i32) -> String {
+    let topic = unique(prefix);
+    client(kafka)
+        .await
+        .create_topic(&topic, partitions, -1, &[])
+        .await
+        .expect("create topic");
+    topic
+}
+
+/// The TV1 path with the leaders' KIP-890 part 1 check switched off: the only configuration in which a
+/// transactional batch can land in a partition its coordinator was never told about.
+fn unverified_tv1() -> ClusterSpec {
+    ClusterSpec::kafka4_tv1().with_prop("transaction.partition.verification.enable", "false")
+}
+
+// ---- the Java peer ------------------------------------------------------------------------------
+
+struct JavaPeer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl JavaPeer {
+    async fn start(
+        kafka: &KafkaCluster,
+        transactional_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> Self {
+        let source =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../protocol-tests/java/TxnPeer.java");
+        let classpath = format!("{}/*", kafka.libs_dir().display());
+        let mut child = tokio::process::Command::new("java")
+            .args([
+                "-XX:TieredStopAtLevel=1",
+                "-XX:+UseSerialGC",
+                "-cp",
+                &classpath,
+            ])
+            .arg(&source)
+            .args([
+                &kafka.bootstrap(),
+                transactional_id,
+                topic,
+                &partition.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run java (is a JDK on PATH?)");
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut peer = JavaPeer {
+            child,
+            stdin,
+            lines,
+        };
+        peer.expect("READY").await;
+        peer
+    }
+
+    /// Waits for `want` on the peer's stdout (log lines in between are skipped).
+    async fn expect(&mut self, want: &str) {
+        let read = async {
+            while let Some(line) = self.lines.next_line().await.expect("read peer") {
+                if line.trim() == want {
+                    return;
+                }
+                assert!(!line.starts_with("ERROR"), "java peer: {line}");
+            }
+            panic!("java peer exited before {want}");
+        };
+        tokio::time::timeout(PEER_TIMEOUT, read)
+            .await
+            .unwrap_or_else(|_| panic!("java peer: no {want} within {PEER_TIMEOUT:?}"));
+    }
+
+    async fn send(&mut self, command: &str, want: &str) {
+        self.stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .expect("write peer");
+        self.stdin.flush().await.expect("flush peer");
+        self.expect(want).await;
+    }
+
+    async fn quit(mut self) {
+        self.send("quit", "BYE").await;
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+    }
+}
+
+// ---- raw requests for hanging transactions ------------------------------------------------------
+
+/// InitProducerId: with a transactional id at its coordinator, or an idempotent producer id from any
+/// broker. Returns (producer id, epoch).
+async fn init_producer_id(c: &Client, transactional_id: Option<&str>) -> (i64, i16) {
+    let target = match transactional_id {
+        Some(id) => Target::transaction(id),
+        None => Target::Any,
+    };
+    c.call(
+        target,
+        &CallOptions::default(),
+        |_| {
+            InitProducerIdRequest::default()
+                .with_transactional_id(
+                    transactional_id.map(|t| TransactionalId(StrBytes::from_string(t.into()))),
+                )
+                .with_transaction_timeout_ms(60_000)
+                .with_producer_id((-1).into())
+                .with_producer_epoch(-1)
+        },
+        |r, _| {
+            Verdict::from_code(
+                r.error_code,
+                (r.error_code, r.producer_id.0, r.producer_epoch),
+            )
+        },
+    )
+    .await
+    .map(|(code, id, epoch)| {
+        assert_eq!(code, 0, "InitProducerId: {:?}", ErrorCode::from_code(code));
+        (id, epoch)
+    })
+    .expect("InitProducerId")
+}
+
+/// Produces one transactional batch of `n` records stamped `timestamp` under (`producer_id`, `epoch`),
+/// naming `transactional_id` in the request (the broker insists on one for transactional records) but
+/// never sending AddPartitionsToTxn. Returns the partition's error code.
+///
+/// `produce_version` matters: Kafka 4.4 treats Produce v12+ as a KIP-890 part 2 client and adds the
+/// partition to the transaction itself (whatever `transaction.version` is finalized), so only v11 or
+/// below can leave the coordinator unaware of the partition.
+#[allow(clippy::too_many_arguments)]
+async fn produce_without_add_partitions(
+    c: &Client,
+    produce_version: i16,
+    topic: &str,
+    partition: i32,
+    transactional_id: &str,
+    producer_id: i64,
+    epoch: i16,
+    timestamp: i64,
+    n: usize,
+) -> ErrorCode {
+    let mut builder = BatchBuilder::new(Compression::None, 1 << 20);
+    for i in 0..n {
+        let key = format!("ghost-{i}");
+        let appended = builder
+            .try_append(&NewRecord {
+                timestamp,
+                key: Some(key.as_bytes()),
+                value: Some(b"never committed"),
+                headers: &[],
+            })
+            .expect("append");
+        assert!(appended);
+    }
+    let batch = builder
+        .seal(ProducerStamp {
+            producer_id,
+            producer_epoch: epoch,
+            base_sequence: 0,
+            transactional: true,
+        })
+        .expect("seal");
+    let options = CallOptions {
+        max_version: Some(produce_version),
+        ..CallOptions::default()
+    };
+    let (response, _) = c
+        .call(
+            Target::leader(topic, partition),
+            &options,
+            |_| {
+                ProduceRequest::default()
+                    .with_transactional_id(Some(TransactionalId(StrBytes::from_string(
+                        transactional_id.into(),
+                    ))))
+                    .with_acks(-1)
+                    .with_timeout_ms(10_000)
+                    .with_topic_data(vec![TopicProduceData::default()
+                        .with_name(TopicName(StrBytes::from_string(topic.into())))
+                        .with_partition_data(vec![PartitionProduceData::default()
+                            .with_index(partition)
+                            .with_records(Some(batch.bytes().clone()))])])
+            },
+            |r, v| Verdict::Done((r, v)),
+        )
+        .await
+        .expect("produce");
+    let code = response.responses[0].partition_responses[0].error_code;
+    ErrorCode::from_code(code)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn partition(inspect: &Value, p: i64) -> &Value {
+    inspect["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .find(|x| x["partition"] == p)
+        .unwrap_or_else(|| panic!("no partition {p} in {inspect}"))
+}
+
+/// `inspect --group` once no transaction is open in `topic`. The Java producer's commit returns when the
+/// coordinator has decided, but the coordinator writes the markers afterwards, so for a moment the
+/// partitions still show the transaction open.
+async fn settled(kafka: &KafkaCluster, topic: &str, group: &str) -> Value {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = snapfence(
+            kafka,
+            &["--format", "json", "inspect", topic, "--group", group],
+        )
+        .await
+        .ok()
+        .json();
+        let open = state["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| !p["open_transactions"].as_array().unwrap().is_empty());
+        if !open {
+            return state;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "markers not written within 30 s: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// ---- inspect and dump ---------------------------------------------------------------------------
+
+/// inspect and dump must show an open transaction as the LSO gap it causes, and after it ends, its marker
+/// with HW == LSO; at read_committed, dump must mark the aborted transaction's batch as skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_dump_follow_a_transaction_from_open_to_commit_and_abort() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let topic = new_topic(&kafka, "cli-txn", 1).await;
+    let group = unique("cli-group");
+    let txn_id = unique("cli-tx");
+    let mut peer = JavaPeer::start(&kafka, &txn_id, &topic, 0).await;
+    peer.send("begin 3", "OPEN").await;
+    peer.send(&format!("offsets {group} 42"), "OFFSETS").await;
+
+    // Open: offsets 0..2 written, nothing stable.
+    let open = snapfence(
+        &kafka,
+        &["--format", "json", "inspect", &topic, "--group", &group],
+    )
+    .await
+    .ok()
+    .json();
+    let p0 = partition(&open, 0);
+    assert_eq!(p0["high_watermark"], 3, "{open}");
+    assert_eq!(p0["last_stable_offset"], 0, "{open}");
+    assert_eq!(p0["hw_minus_lso"], 3, "{open}");
+    let txns = p0["open_transactions"].as_array().unwrap();
+    assert_eq!(txns.len(), 1, "{open}");
+    assert_eq!(txns[0]["start_offset"], 0);
+    assert_eq!(txns[0]["transactional_id"], txn_id.as_str(), "{open}");
+    assert_eq!(txns[0]["coordinator_state"], "Ongoing", "{open}");
+    // The offset commit rides in the transaction: not visible, but pending.
+    assert_eq!(p0["committed"]["offset"], -1, "{open}");
+    assert_eq!(p0["committed"]["pending_transaction"], true, "{open}");
+
+    let text = snapfence(&kafka, &["inspect", &topic]).await.ok().out;
+    assert!(text.contains(&txn_id) && text.contains("Ongoing"), "{text}");
+
+    let dump = snapfence(&kafka, &["--format", "json", "dump", &topic, "-p", "0"])
+        .await
+        .ok()
+        .json_lines();
+    // The Java producer may split the three records over several batches.
+    let (batches, summary) = dump.split_at(dump.len() - 1);
+    assert!(!batches.is_empty(), "{dump:?}");
+    assert!(
+        batches
+            .iter()
+            .all(|b| b["type"] == "batch" && b["transactional"] == true),
+        "{dump:?}"
+    );
+    let records: i64 = batches
+        .iter()
+        .map(|b| b["record_count"].as_i64().unwrap())
+        .sum();
+    assert_eq!(records, 3, "{dump:?}");
+    assert_eq!(batches[0]["records"][0]["key"]["data"], "k0");
+    let producer_id = batches[0]["producer_id"].as_i64().unwrap();
+    assert_eq!(
+        summary[0]["open_in_dump"][0]["producer_id"], producer_id,
+        "{dump:?}"
+    );
+    // read_committed stops at the LSO: nothing to show yet.
+    let rc = snapfence(
+        &kafka,
+        &[
+            "--format",
+            "json",
+            "dump",
+            &topic,
+            "-p",
+            "0",
+            "--isolation",
+            "read_committed",
+        ],
+    )
+    .await
+    .ok()
+    .json_lines();
+    assert_eq!(rc.len(), 1, "{rc:?}");
+    assert_eq!(rc[0]["batches"], 0);
+    assert_eq!(rc[0]["last_stable_offset"], 0);
+
+    // Commit, then a second transaction that aborts.
+    peer.send("commit", "COMMITTED").await;
+    let done = settled(&kafka, &topic, &group).await;
+    let p0 = partition(&done, 0);
+    assert_eq!(
+        p0["high_watermark"], 4,
+        "data 0..2 and the COMMIT at 3: {done}"
+    );
+    assert_eq!(p0["last_stable_offset"], p0["high_watermark"], "{done}");
+    assert_eq!(p0["open_transactions"].as_array().unwrap().len(), 0);
+    assert_eq!(p0["committed"]["offset"], 42, "{done}");
+    assert_eq!(p0["committed"]["pending_transaction"], false, "{done}");
+
+    peer.send("begin 2", "OPEN").await;
+    peer.send("abort", "ABORTED").await;
+    peer.quit().await;
+    settled(&kafka, &topic, &group).await;
+
+    let rc = snapfence(
+        &kafka,
+        &[
+            "--format",
+            "json",
+            "dump",
+            &topic,
+            "-p",
+            "0",
+            "--isolation",
+            "read_committed",
+        ],
+    )
+    .await
+    .ok()
+    .json_lines();
+    let shape: Vec<(String, String)> = rc
+        .iter()
+        .filter(|l| l["type"] != "summary")
+        .map(|l| {
+            let t = l["type"].as_str().unwrap().to_owned();
+            let what = if t == "marker" {
+                l["marker"].as_str().unwrap().to_owned()
+            } else {
+                l["read_committed"].as_str().unwrap().to_owned()
+            };
+            (t, what)
+        })
+        .collect();
+    let mut shape = shape;
+    // Several data batches of one transaction read as one step.
+    shape.dedup();
+    let expected = [
+        ("batch", "delivered"),
+        ("marker", "COMMIT"),
+        ("batch", "aborted"),
+        ("marker", "ABORT"),
+    ];
+    assert_eq!(
+        shape,
+        expected.map(|(a, b)| (a.to_owned(), b.to_owned())),
+        "{rc:?}"
+    );
+    let summary = rc.last().unwrap();
+    let aborted: Vec<&Value> = rc
+        .iter()
+        .filter(|l| l["read_committed"] == "aborted")
+        .collect();
+    assert_eq!(summary["aborted_batches"], aborted.len(), "{rc:?}");
+    let aborted_records: i64 = aborted
+        .iter()
+        .map(|b| b["record_count"].as_i64().unwrap())
+        .sum();
+    assert_eq!(aborted_records, 2, "{rc:?}");
+    assert_eq!(summary["high_watermark"], 7);
+    assert_eq!(summary["last_stable_offset"], 7);
+
+    let text = snapfence(
+        &kafka,
+        &["dump", &topic, "-p", "0", "--isolation", "read_committed"],
+    )
+    .await
+    .ok()
+    .out;
+    assert!(text.contains("COMMIT marker  offset 3"), "{text}");
+    assert!(text.contains("ABORT marker  offset 6"), "{text}");
+    assert!(text.contains("ABORTED, skipped"), "{text}");
+    assert!(text.contains("key \"k0\"  value \"v0\""), "{text}");
+
+    // --count and --offset bound the dump.
+    let two = snapfence(
+        &kafka,
+        &[
+            "--format", "json", "dump", &topic, "-p", "0", "-o", "3", "-n", "2",
+        ],
+    )
+    .await
+    .ok()
+    .json_lines();
+    assert_eq!(two.len(), 3, "{two:?}");
+    assert_eq!(two[0]["marker"], "COMMIT");
+    assert_eq!(two[1]["base_offset"], 4);
+    assert_eq!(two[2]["stopped_at"], "count");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_topics_partitions_and_offsets_fail_with_their_own_status() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let missing = unique("cli-missing");
+    let r = snapfence(&kafka, &["inspect", &missing]).await;
+    assert_eq!(r.code, snapfence_cli::error::EXIT_NOT_FOUND, "{}", r.err);
+    assert!(
+        r.err.contains("does not exist") && r.err.contains("next step"),
+        "{}",
+        r.err
+    );
+
+    let topic = new_topic(&kafka, "cli-bounds", 2).await;
+    let r = snapfence(&kafka, &["dump", &topic, "-p", "5"]).await;
+    assert_eq!(r.code, snapfence_cli::error::EXIT_NOT_FOUND, "{}", r.err);
+    assert!(r.err.contains("between 0 and 1"), "{}", r.err);
+    let r = snapfence(&kafka, &["dump", &topic, "-p", "0", "-o", "10"]).await;
+    assert_eq!(r.code, snapfence_cli::error::EXIT_NOT_FOUND, "{}", r.err);
+    assert!(r.err.contains("spans 0..0"), "{}", r.err);
+}
+
+// ---- find-hanging -------------------------------------------------------------------------------
+
+/// Two transactions no coordinator will ever end, in partitions 0 and 1 of `topic`, last written an hour
+/// ago: p0 under a transactional id its coordinator knows (state Empty, without p0), p1 under an
+/// idempotent producer id no coordinator has seen. Returns their producer ids.
+async fn make_two_hanging(kafka: &KafkaCluster, topic: &str) -> (i64, i64) {
+    let c = client(kafka).await;
+    let an_hour_ago = now_ms() - 3_600_000;
+    let lost_id = unique("cli-lost");
+    let (pid_a, epoch_a) = init_producer_id(&c, Some(&lost_id)).await;
+    let code =
+        produce_without_add_partitions(&c, 11, topic, 0, &lost_id, pid_a, epoch_a, an_hour_ago, 2)
+            .await;
+    assert_eq!(
+        code,
+        ErrorCode::None,
+        "the unverified broker takes the batch"
+    );
+    let (pid_b, epoch_b) = init_producer_id(&c, None).await;
+    let code =
+        produce_without_add_partitions(&c, 11, topic, 1, &lost_id, pid_b, epoch_b, an_hour_ago, 1)
+            .await;
+    assert_eq!(code, ErrorCode::None);
+    (pid_a, pid_b)
+}
+
+/// The hanging transactions found in `topic`, as sorted (partition, producer id, reason).
+fn hanging_in(found: &Value, topic: &str) -> Vec<(i64, i64, String)> {
+    let mut hung: Vec<(i64, i64, String)> = found["hanging"]
+        .as_array()
+        .expect("hanging")
+        .iter()
+        .filter(|h| h["topic"] == topic)
+        .map(|h| {
+            (
+                h["partition"].as_i64().unwrap(),
+                h["producer_id"].as_i64().unwrap(),
+                h["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    hung.sort();
+    hung
+}
+
+/// find-hanging must report exactly the transactions no coordinator will end (KIP-664), not a healthy
+/// long-running one, and --abort must bring the LSO of those partitions back to the high watermark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_hanging_reports_lost_transactions_but_not_a_live_one_and_abort_clears_them() {
+    let kafka = cluster(unverified_tv1()).await;
+    let topic = new_topic(&kafka, "cli-hang", 3).await;
+    let (pid_a, pid_b) = make_two_hanging(&kafka, &topic).await;
+    // p2: a healthy Java transaction, open and coordinated.
+    let live_id = unique("cli-live");
+    let mut peer = JavaPeer::start(&kafka, &live_id, &topic, 2).await;
+    peer.send("begin 2", "OPEN").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // With a 1 s limit all three are candidates; the coordinator check keeps the live one out.
+    let found = snapfence(
+        &kafka,
+        &[
+            "--format",
+            "json",
+            "find-hanging",
+            "--topic",
+            &topic,
+            "--max-transaction-timeout-ms",
+            "1000",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(found["open_transactions"], 3, "{found}");
+    assert_eq!(found["candidates"], 3, "{found}");
+    let expected = vec![
+        (0, pid_a, "partition-not-in-transaction".to_owned()),
+        (1, pid_b, "no-transactional-id".to_owned()),
+    ];
+    assert_eq!(hanging_in(&found, &topic), expected, "{found}");
+    // At the default 15 minute limit the live transaction is not even a candidate.
+    let default = snapfence(
+        &kafka,
+        &["--format", "json", "find-hanging", "--topic", &topic],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(default["candidates"], 2, "{default}");
+    // Scoped by broker (all topics that broker holds), the same two.
+    let broker = kafka.node_ids()[0].to_string();
+    let by_broker = snapfence(
+        &kafka,
+        &["--format", "json", "find-hanging", "--broker", &broker],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(hanging_in(&by_broker, &topic), expected, "{by_broker}");
+    let text = snapfence(&kafka, &["find-hanging", "--topic", &topic])
+        .await
+        .ok()
+        .out;
+    assert!(text.contains("2 hanging transaction(s)"), "{text}");
+
+    // Declining the prompt leaves the log alone.
+    let declined = snapfence_with_input(
+        &kafka,
+        &[
+            "find-hanging",
+            "--topic",
+            &topic,
+            "--partition",
+            "0",
+            "--abort",
+        ],
+        "n\n",
+    )
+    .await
+    .ok();
+    assert!(declined.err.contains("[y/N]"), "{}", declined.err);
+    assert!(declined.out.contains("not aborted"), "{}", declined.out);
+    let before = snapfence(&kafka, &["--format", "json", "inspect", &topic])
+        .await
+        .ok()
+        .json();
+    assert_eq!(partition(&before, 0)["hw_minus_lso"], 2, "{before}");
+
+    // Confirmed on stdin for p0, then --yes for the rest.
+    let aborted = snapfence_with_input(
+        &kafka,
+        &[
+            "find-hanging",
+            "--topic",
+            &topic,
+            "--partition",
+            "0",
+            "--abort",
+        ],
+        "y\n",
+    )
+    .await
+    .ok();
+    assert!(aborted.out.contains("aborted:"), "{}", aborted.out);
+    let rest = snapfence(
+        &kafka,
+        &[
+            "--format",
+            "json",
+            "find-hanging",
+            "--topic",
+            &topic,
+            "--abort",
+            "--yes",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(rest["hanging"][0]["abort"]["result"], "aborted", "{rest}");
+    let after = snapfence(&kafka, &["--format", "json", "inspect", &topic])
+        .await
+        .ok()
+        .json();
+    for p in [0, 1] {
+        let s = partition(&after, p);
+        assert_eq!(
+            s["last_stable_offset"], s["high_watermark"],
+            "p{p}: {after}"
+        );
+        assert_eq!(
+            s["open_transactions"].as_array().unwrap().len(),
+            0,
+            "{after}"
+        );
+    }
+    // The live transaction was not touched.
+    assert_eq!(partition(&after, 2)["hw_minus_lso"], 2, "{after}");
+    let dump = snapfence(&kafka, &["dump", &topic, "-p", "0"])
+        .await
+        .ok()
+        .out;
+    assert!(
+        dump.contains(&format!("ABORT marker  offset 2  producer {pid_a}")),
+        "{dump}"
+    );
+    let again = snapfence(
+        &kafka,
+        &["--format", "json", "find-hanging", "--topic", &topic],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(hanging_in(&again, &topic), vec![], "{again}");
+
+    peer.send("commit", "COMMITTED").await;
+    peer.quit().await;
+}
+
+/// The same search and repair on Kafka 3.9 (no KIP-890 part 2 at all), where hanging transactions were
+/// last possible with verification off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_hanging_and_abort_work_on_kafka_39() {
+    let kafka = cluster(
+        ClusterSpec::kafka39().with_prop("transaction.partition.verification.enable", "false"),
+    )
+    .await;
+    let topic = new_topic(&kafka, "cli-hang39", 2).await;
+    let (pid_a, pid_b) = make_two_hanging(&kafka, &topic).await;
+    let found = snapfence(
+        &kafka,
+        &["--format", "json", "find-hanging", "--topic", &topic],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(
+        hanging_in(&found, &topic),
+        vec![
+            (0, pid_a, "partition-not-in-transaction".to_owned()),
+            (1, pid_b, "no-transactional-id".to_owned()),
+        ],
+        "{found}"
+    );
+    snapfence(
+        &kafka,
+        &["find-hanging", "--topic", &topic, "--abort", "--yes"],
+    )
+    .await
+    .ok();
+    let after = snapfence(&kafka, &["--format", "json", "inspect", &topic])
+        .await
+        .ok()
+        .json();
+    for p in [0, 1] {
+        let s = partition(&after, p);
+        assert_eq!(s["hw_minus_lso"], 0, "p{p}: {after}");
+    }
+}
+
+/// What the default Kafka 4 broker (transaction.version 2, verification on) lets a raw client build: a
+/// transactional batch for a partition its coordinator was not told about is refused (Produce v11:
+/// KIP-890 part 1 verification) or adds the partition to the transaction (v12: part 2), so nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verifying_broker_does_not_let_a_transaction_hang() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let topic = new_topic(&kafka, "cli-verified", 2).await;
+    let c = client(&kafka).await;
+    let old = now_ms() - 3_600_000;
+
+    let id = unique("cli-verified-tx");
+    let (pid, epoch) = init_producer_id(&c, Some(&id)).await;
+    let v11 = produce_without_add_partitions(&c, 11, &topic, 0, &id, pid, epoch, old, 1).await;
+    assert_eq!(
+        v11,
+        ErrorCode::TransactionAbortable,
+        "verification refuses it"
+    );
+    let v12 = produce_without_add_partitions(&c, 12, &topic, 1, &id, pid, epoch, old, 1).await;
+    assert_eq!(v12, ErrorCode::None, "the leader adds the partition itself");
+
+    let state = snapfence(&kafka, &["--format", "json", "inspect", &topic])
+        .await
+        .ok()
+        .json();
+    assert_eq!(partition(&state, 0)["hw_minus_lso"], 0, "{state}");
+    let open = &partition(&state, 1)["open_transactions"][0];
+    assert_eq!(open["transactional_id"], id.as_str(), "{state}");
+    assert_eq!(open["coordinator_state"], "Ongoing", "{state}");
+    let found = snapfence(
+        &kafka,
+        &["--format", "json", "find-hanging", "--topic", &topic],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(
+        found["candidates"], 1,
+        "the old batch is a candidate: {found}"
+    );
+    assert_eq!(hanging_in(&found, &topic), vec![], "{found}");
+}
+
+/// Kafka 4.4 reads Produce v12 as a KIP-890 part 2 client even on a TV1 cluster with verification off:
+/// the leader adds the partition to the transaction, so a raw v12 batch never hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_v12_joins_the_transaction_even_on_an_unverified_tv1_broker() {
+    let kafka = cluster(unverified_tv1()).await;
+    let topic = new_topic(&kafka, "cli-v12", 1).await;
+    let c = client(&kafka).await;
+    let id = unique("cli-v12-tx");
+    let (pid, epoch) = init_producer_id(&c, Some(&id)).await;
+    let code =
+        produce_without_add_partitions(&c, 12, &topic, 0, &id, pid, epoch, now_ms() - 3_600_000, 1)
+            .await;
+    assert_eq!(code, ErrorCode::None);
+    let state = snapfence(&kafka, &["--format", "json", "inspect", &topic])
+        .await
+        .ok()
+        .json();
+    let open = &partition(&state, 0)["open_transactions"][0];
+    assert_eq!(open["transactional_id"], id.as_str(), "{state}");
+    assert_eq!(open["coordinator_state"], "Ongoing", "{state}");
+    let found = snapfence(
+        &kafka,
+        &["--format", "json", "find-hanging", "--topic", &topic],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(found["candidates"], 1, "{found}");
+    assert_eq!(hanging_in(&found, &topic), vec![], "{found}");
+}
+
+// ---- the binary ---------------------------------------------------------------------------------
+
+/// The built binary reads the bootstrap from the environment, prints no progress when stderr is piped,
+/// and exits non-zero with the cause on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_uses_the_environment_and_stays_quiet_when_piped() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let topic = new_topic(&kafka, "cli-bin", 2).await;
+    let bin = env!("CARGO_BIN_EXE_snapfence");
+    let out = tokio::process::Command::new(bin)
+        .args(["inspect", &topic])
+        .env("SNAPFENCE_BOOTSTRAP", kafka.bootstrap())
+        .output()
+        .await
+        .expect("run snapfence");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("PARTITION") && stdout.contains("no open transactions"),
+        "{stdout}"
+    );
+    assert!(
+        !stderr.contains('\r') && !stdout.contains('\r'),
+        "progress drawn into a pipe"
+    );
+
+    let out = tokio::process::Command::new(bin)
+        .args(["--bootstrap", "127.0.0.1:1", "dump", &topic, "-p", "0"])
+        .env_remove("SNAPFENCE_BOOTSTRAP")
+        .output()
+        .await
+        .expect("run snapfence");
+    assert_eq!(
+        out.status.code(),
+        Some(snapfence_cli::error::EXIT_UNREACHABLE)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot reach") && stderr.contains("next step"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,264 @@
+//! The #732 pair on a real broker: a stale owner's late flush after a handover. Unfenced, its snapshot lands
+//! after the new owner's and the next recovery folds onto stale state (the corruption is asserted); fenced,
+//! the same sequence is rejected and the recovered state equals a fold of all input from scratch.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
+use snapfence::consumer::{GroupConfig, GroupConsumerConfig, OffsetReset};
+use snapfence::net::{Client, ClientConfig};
+use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
+use snapfence::records::Record;
+use snapfence::snapshot::{BoxError, Flow, FlowConfig, Fold, PersistenceMode, SnapshotConfig};
+
+/// Per key: how many events, and a running hash of their values in order. Any lost, repeated or reordered
+/// event changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tally {
+    count: u64,
+    hash: u64,
+}
+
+struct Counter;
+
+fn step(t: Option<Tally>, value: &[u8]) -> Tally {
+    let t = t.unwrap_or(Tally { count: 0, hash: 17 });
+    let mut h = t.hash;
+    for b in value {
+        h = h
+            .wrapping_mul(1_099_511_628_211)
+            .wrapping_add(u64::from(*b));
+    }
+    Tally {
+        count: t.count + 1,
+        hash: h.rotate_left(5),
+    }
+}
+
+impl Fold for Counter {
+    type State = Tally;
+    fn fold(&self, _key: &Bytes, state: Option<Tally>, event: &Record) -> Tally {
+        step(state, event.value.as_deref().unwrap_or_default())
+    }
+    fn encode(&self, s: &Tally) -> Bytes {
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(&s.count.to_be_bytes());
+        v.extend_from_slice(&s.hash.to_be_bytes());
+        Bytes::from(v)
+    }
+    fn decode(&self, b: &[u8]) -> Result<Tally, BoxError> {
+        let b: [u8; 16] = b.try_into().map_err(|_| "a tally is 16 bytes")?;
+        let (c, h) = b.split_at(8);
+        Ok(Tally {
+            count: u64::from_be_bytes(c.try_into()?),
+            hash: u64::from_be_bytes(h.try_into()?),
+        })
+    }
+}
+
+struct World {
+    client: Client,
+    input: String,
+    snapshots: String,
+    group: String,
+    txn_prefix: String,
+    producer: Producer,
+    /// Every event written, per key, in order: the oracle.
+    written: HashMap<Bytes, Vec<Bytes>>,
+    seq: u64,
+}
+
+impl World {
+    async fn new(kafka: &KafkaCluster) -> World {
+        let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+            .await
+            .unwrap();
+        let input = unique("input");
+        let snapshots = unique("snapshots");
+        client.create_topic(&input, 1, -1, &[]).await.unwrap();
+        client
+            .create_topic(&snapshots, 1, -1, &[("cleanup.policy", "compact")])
+            .await
+            .unwrap();
+        let producer = Producer::new(client.clone(), ProducerConfig::default())
+            .await
+            .unwrap();
+        World {
+            client,
+            input,
+            snapshots,
+            group: unique("group"),
+            txn_prefix: unique("snap"),
+            producer,
+            written: HashMap::new(),
+            seq: 0,
+        }
+    }
+
+    async fn emit(&mut self, key: &str, n: usize) {
+        let mut deliveries = Vec::new();
+        for _ in 0..n {
+            self.seq += 1;
+            let value = Bytes::from(format!("{key}-event-{}", self.seq));
+            let key = Bytes::copy_from_slice(key.as_bytes());
+            self.written
+                .entry(key.clone())
+                .or_default()
+                .push(value.clone());
+            let record = ProducerRecord::new(self.input.as_str(), Some(value))
+                .key(key)
+                .partition(0);
+            deliveries.push(self.producer.send(record).await.unwrap());
+        }
+        for d in deliveries {
+            d.await.unwrap();
+        }
+    }
+
+    fn expected(&self) -> HashMap<Bytes, Tally> {
+        self.written
+            .iter()
+            .map(|(k, vs)| {
+                (
+                    k.clone(),
+                    vs.iter().fold(None, |t, v| Some(step(t, v))).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn config(&self, mode: PersistenceMode) -> FlowConfig {
+        let mut group = GroupConfig::new(&self.group);
+        group.session_timeout = Duration::from_secs(6);
+        group.heartbeat_interval = Duration::from_millis(500);
+        group.max_poll_interval = Duration::from_secs(3);
+        let mut consumer = GroupConsumerConfig::new(group);
+        consumer.reader.reset = OffsetReset::Earliest;
+        let mut snapshots = SnapshotConfig::new(&self.snapshots, &self.txn_prefix);
+        snapshots.recovery_stall_timeout = Some(Duration::from_secs(30));
+        let mut c = FlowConfig::new(consumer, &self.input, snapshots);
+        c.mode = mode;
+        c
+    }
+
+    async fn flow(&self, mode: PersistenceMode) -> Flow<Counter> {
+        Flow::start(self.client.clone(), self.config(mode), Counter)
+            .await
+            .unwrap()
+    }
+}
+
+/// Polls `flow` until it holds partition 0 and has folded `events` events in total on it.
+async fn poll_until(flow: &mut Flow<Counter>, events: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        flow.poll_once(Duration::from_millis(100)).await.unwrap();
+        if let Some(state) = flow.state(0).await {
+            if state.values().map(|t| t.count).sum::<u64>() >= events {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the flow never reached {events} events"
+        );
+    }
+}
+
+/// Runs the handover story and returns what a fresh owner recovers and folds afterwards, plus whether the
+/// stale owner's late flush was refused.
+async fn handover(
+    kafka: &KafkaCluster,
+    mode: PersistenceMode,
+) -> (HashMap<Bytes, Tally>, HashMap<Bytes, Tally>, bool) {
+    let mut w = World::new(kafka).await;
+    w.emit("a", 5).await;
+    w.emit("b", 5).await;
+
+    // A owns the partition, folds and persists everything so far, commits.
+    let mut a = w.flow(mode).await;
+    poll_until(&mut a, 10).await;
+    a.persist().await.unwrap();
+    a.commit().await.unwrap();
+
+    // More input; A folds it in memory, then stalls (a GC pause: no polls) before its next flush.
+    w.emit("a", 5).await;
+    poll_until(&mut a, 15).await;
+
+    // B joins while A is stalled; A's member is evicted after max.poll.interval, B takes over, recovers,
+    // folds the backlog and new input, persists and commits.
+    let mut b = w.flow(mode).await;
+    w.emit("a", 5).await;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        b.poll_once(Duration::from_millis(200)).await.unwrap();
+        if b.state(0).await.is_some_and(|s| {
+            s.get(&Bytes::from_static(b"a"))
+                .is_some_and(|t| t.count >= 15)
+        }) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B never took over and caught up");
+    }
+    b.persist().await.unwrap();
+    b.commit().await.unwrap();
+
+    // A wakes up and flushes before it polls again: its stale snapshot of "a" (10 events) goes out last.
+    let stale_refused = a.persist().await.is_err();
+    drop(a);
+    drop(b);
+
+    // A fresh owner recovers and folds what remains.
+    let mut c = w.flow(mode).await;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut quiet = 0;
+    while quiet < 10 {
+        let n = c.poll_once(Duration::from_millis(200)).await.unwrap();
+        quiet = if n == 0 && c.state(0).await.is_some() {
+            quiet + 1
+        } else {
+            0
+        };
+        assert!(Instant::now() < deadline, "C never settled");
+    }
+    let got = c.state(0).await.unwrap();
+    (got, w.expected(), stale_refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_732_unfenced_corrupts_fenced_prevents() {
+    for spec in [
+        ClusterSpec::kafka4(),
+        ClusterSpec::kafka4_tv1(),
+        ClusterSpec::kafka39(),
+    ] {
+        let kafka = cluster(spec).await;
+        let (got, want, refused) = handover(&kafka, PersistenceMode::NonTransactional).await;
+        assert!(
+            !refused,
+            "{}: the unfenced stale flush was expected to land",
+            kafka.version()
+        );
+        assert_ne!(
+            got,
+            want,
+            "{}: unfenced, the stale snapshot must corrupt the recovered state",
+            kafka.version()
+        );
+
+        let (got, want, refused) = handover(&kafka, PersistenceMode::Transactional).await;
+        assert!(
+            refused,
+            "{}: the fenced stale flush must be refused",
+            kafka.version()
+        );
+        assert_eq!(
+            got,
+            want,
+            "{}: fenced, recovery must equal a fold of all input",
+            kafka.version()
+        );
+    }
+}

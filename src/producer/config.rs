@@ -1,0 +1,104 @@
+//! Producer settings.
+
+use std::time::Duration;
+
+use super::accumulator::AccumulatorConfig;
+use super::sequence::MAX_IN_FLIGHT;
+use super::txn::Backoff;
+use crate::records::Compression;
+
+/// Settings shared by the idempotent and the transactional producer. Acks are always `all`: idempotence
+/// needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProducerConfig {
+    /// How long a batch waits for more records before it is sent. Default 5 ms.
+    pub linger: Duration,
+    /// A batch is sent once it holds about this many bytes. Default 256 KiB.
+    pub batch_size: usize,
+    /// Everything the producer holds (batched and in flight) stays under this many bytes; `send` waits
+    /// and `try_send` fails when it is full. Default 32 MiB.
+    pub buffer_memory: usize,
+    /// The largest request the producer builds; a larger record is refused. Default 1 MiB (the broker's
+    /// default `message.max.bytes` is a little above).
+    pub max_request_size: usize,
+    /// Batches in flight per partition, at most 5 (what the broker's duplicate detection covers).
+    pub max_in_flight: usize,
+    /// How long a record may take from `send` to its final answer, retries included. Default 120 s.
+    pub delivery_timeout: Duration,
+    /// How long the broker may wait for replicas before answering a Produce. Default 30 s.
+    pub request_timeout: Duration,
+    /// First retry delay; doubles per attempt up to `retry_backoff_max`. Default 100 ms.
+    pub retry_backoff: Duration,
+    /// Largest retry delay. Default 1 s.
+    pub retry_backoff_max: Duration,
+    /// How batches are compressed. Default none.
+    pub compression: Compression,
+    /// How long `send` waits for buffer space (and for the topic's metadata) before it gives up.
+    /// Default 60 s.
+    pub max_block: Duration,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        ProducerConfig {
+            linger: Duration::from_millis(5),
+            batch_size: 256 * 1024,
+            buffer_memory: 32 * 1024 * 1024,
+            max_request_size: 1024 * 1024,
+            max_in_flight: MAX_IN_FLIGHT,
+            delivery_timeout: Duration::from_secs(120),
+            request_timeout: Duration::from_secs(30),
+            retry_backoff: Duration::from_millis(100),
+            retry_backoff_max: Duration::from_secs(1),
+            compression: Compression::None,
+            max_block: Duration::from_secs(60),
+        }
+    }
+}
+
+impl ProducerConfig {
+    pub(crate) fn accumulator(&self) -> AccumulatorConfig {
+        AccumulatorConfig {
+            batch_size: self.batch_size.max(1),
+            linger: self.linger,
+            buffer_memory: self.buffer_memory,
+            max_request_size: self.max_request_size,
+        }
+    }
+
+    pub(crate) fn backoff(&self) -> Backoff {
+        Backoff {
+            base: self.retry_backoff,
+            max: self.retry_backoff_max.max(self.retry_backoff),
+        }
+    }
+}
+
+/// Settings of a transactional producer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TransactionalConfig {
+    /// The transactional id: stable across restarts of the same logical writer. Initialising with it
+    /// fences every earlier producer that used it and aborts what they left open.
+    pub transactional_id: String,
+    /// How long the coordinator lets a transaction stay open before aborting it. Default 60 s.
+    pub transaction_timeout: Duration,
+    /// How long `init`, `send_offsets`, `commit` and `abort` keep retrying before they give up.
+    /// Default 60 s.
+    pub operation_timeout: Duration,
+    /// Batching, memory and retry settings.
+    pub producer: ProducerConfig,
+}
+
+impl TransactionalConfig {
+    /// Defaults with the given transactional id.
+    pub fn new(transactional_id: impl Into<String>) -> Self {
+        TransactionalConfig {
+            transactional_id: transactional_id.into(),
+            transaction_timeout: Duration::from_secs(60),
+            operation_timeout: Duration::from_secs(60),
+            producer: ProducerConfig::default(),
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The transactional producer: the public face of the transaction state machine.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::Instrument;
+
+use super::driver::{deliver, send_txn, Delivery, Inner};
+use super::txn::{BrokerCaps, Coordinator, Step, TxnMachine, TxnVersion};
+use super::{
+    OffsetAndMetadata, ProducerError, ProducerIdEpoch, ProducerRecord, TopicPartition,
+    TransactionState, TransactionalConfig,
+};
+use crate::consumer::GroupMetadata;
+use crate::net::{Client, CoordinatorKind};
+
+/// A transactional producer: records and consumer offsets committed or aborted together.
+///
+/// ```no_run
+/// # use snapfence::producer::*;
+/// # use snapfence::consumer::GroupMetadata;
+/// # async fn demo(client: snapfence::net::Client, group: GroupMetadata) -> Result<(), ProducerError> {
+/// let mut producer =
+///     TransactionalProducer::init(client, TransactionalConfig::new("snapshots-7")).await?;
+/// producer.begin()?;
+/// let delivery = producer
+///     .send(ProducerRecord::new("snapshots", Some("state".into())).key("user-42"))
+///     .await?;
+/// producer
+///     .send_offsets([(TopicPartition::new("events", 7), 1200.into())], &group)
+///     .await?;
+/// match producer.commit().await {
+///     Ok(()) => {}
+///     Err(e) if e.is_abortable() => producer.abort().await?,
+///     Err(e) => return Err(e), // fatal: drop it; outcome unknown: commit again or reinit
+/// }
+/// # drop(delivery);
+/// # Ok(()) }
+/// ```
+///
+/// Transaction-control calls take `&mut self`, so nothing else can send while a commit or abort is
+/// under way; `send` takes `&self`.
+///
+/// Every transaction runs inside a `transaction` tracing span that records the transactional id, the
+/// producer id and epoch, the partitions written, the duration and the outcome.
+pub struct TransactionalProducer {
+    inner: Arc<Inner>,
+    config: TransactionalConfig,
+}
+
+impl std::fmt::Debug for TransactionalProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalProducer")
+            .field("transactional_id", &self.config.transactional_id)
+            .field("state", &self.state())
+            .field("ids", &self.producer_id_and_epoch())
+            .finish()
+    }
+}
+
+impl TransactionalProducer {
+    /// Initialises a producer for `config.transactional_id`: InitProducerId to the transaction
+    /// coordinator, retried while the coordinator is loading, moving or finishing an earlier
+    /// transaction. Initialising fences every earlier producer with the same id and aborts what it left
+    /// open.
+    ///
+    /// Cancel-safe: dropping the future leaves nothing behind but a coordinator that may have bumped the
+    /// epoch (harmless: the next init bumps it again).
+    pub async fn init(client: Client, config: TransactionalConfig) -> Result<Self, ProducerError> {
+        let caps = broker_caps(&client, &config.transactional_id).await;
+        let machine = TxnMachine::new(
+            config.transactional_id.clone(),
+            config.transaction_timeout,
+            config.producer.backoff(),
+            caps,
+        );
+        let inner = Inner::new(
+            client,
+            config.producer.clone(),
+            Some(config.transactional_id.clone()),
+            Some(machine),
+        );
+        inner.spawn();
+        let producer = TransactionalProducer { inner, config };
+        let step = producer.with_txn(|t| t.start_init(Instant::now(), producer.op_timeout()));
+        producer.run(step).await?;
+        // The coordinator is known for certain now; its versions decide TV1 or TV2.
+        producer.refresh_caps().await;
+        Ok(producer)
+    }
+
+    /// Re-initialises after a commit of unknown outcome (or to resume an interrupted init): completes or
+    /// aborts whatever the coordinator still holds for this id, and starts afresh. The earlier
+    /// transaction's outcome stays unknown to this producer; read the log to learn it.
+    ///
+    /// Cancel-safe: calling it again resumes.
+    pub async fn reinit(&mut self) -> Result<(), ProducerError> {
+        let step = self.with_txn(|t| t.start_init(Instant::now(), self.op_timeout()));
+        self.run(step).await?;
+        self.refresh_caps().await;
+        Ok(())
+    }
+
+    /// Opens a transaction. Sends nothing.
+    pub fn begin(&mut self) -> Result<(), ProducerError> {
+        let mut s = self.inner.lock();
+        s.txn
+            .as_mut()
+            .expect("a transactional producer has a machine")
+            .begin(Instant::now())
+    }
+
+    /// Adds a record to the open transaction, waiting for buffer space (and the topic's metadata) up to
+    /// `max_block`. Returns once the record is buffered; the [`Delivery`] resolves when the broker has
+    /// it. An acknowledged record is still invisible to read_committed readers until the commit.
+    ///
+    /// Cancel-safe: if the future is dropped before it returns, the record was not added.
+    pub async fn send(&self, record: ProducerRecord) -> Result<Delivery, ProducerError> {
+        self.inner.append(record).await
+    }
+
+    /// As [`send`](Self::send) but fails at once with [`ProducerError::BufferFull`] (retriable) when the
+    /// buffer is full, or [`ProducerError::UnknownPartition`] when the topic's metadata is not cached.
+    pub fn try_send(&self, record: ProducerRecord) -> Result<Delivery, ProducerError> {
+        self.inner.try_append(record).map_err(|(e, _)| e)
+    }
+
+    /// Commits `offsets` for `group` inside the transaction, fenced by the group's generation (KIP-447):
+    /// a stale generation, an unknown member or a fenced static instance fails with
+    /// [`ProducerError::CommitFenced`] and leaves the transaction abortable.
+    ///
+    /// Not cancel-safe in effect: if the future is dropped, whether the fence ran is unknown, so the
+    /// producer refuses to commit this transaction (abort it).
+    pub async fn send_offsets(
+        &mut self,
+        offsets: impl IntoIterator<Item = (TopicPartition, OffsetAndMetadata)>,
+        group: &GroupMetadata,
+    ) -> Result<(), ProducerError> {
+        let offsets: Vec<_> = offsets.into_iter().collect();
+        let timeout = self.op_timeout();
+        let step = self.with_txn(|t| t.start_send_offsets(group, offsets, Instant::now(), timeout));
+        self.run(step).await
+    }
+
+    /// Commits the transaction: waits for every record of it to be acknowledged, then EndTxn(commit).
+    /// Returns once the coordinator has logged the commit; the markers that make the records visible to
+    /// read_committed readers follow asynchronously.
+    ///
+    /// On an abortable error, call [`abort`](Self::abort). On an outcome-unknown error, never abort:
+    /// call `commit` again or [`reinit`](Self::reinit).
+    ///
+    /// Cancel-safe: dropping the future leaves the commit in progress; calling `commit` again resumes
+    /// it (and treats its outcome as in doubt).
+    pub async fn commit(&mut self) -> Result<(), ProducerError> {
+        if self.state() == TransactionState::InTransaction {
+            self.inner.flush().await;
+            self.inner.quiesce().await;
+        }
+        let step = self.with_txn(|t| t.start_commit(Instant::now(), self.op_timeout()));
+        self.run(step).await?;
+        self.refresh_caps().await;
+        Ok(())
+    }
+
+    /// Aborts the transaction: records not yet sent fail with [`ProducerError::TransactionAborted`],
+    /// the ones in flight are waited for, then EndTxn(abort) (under TV1 followed by an epoch bump after a
+    /// sequence or epoch error). Refused while a commit may still land.
+    ///
+    /// Cancel-safe: calling `abort` again resumes.
+    pub async fn abort(&mut self) -> Result<(), ProducerError> {
+        if matches!(
+            self.state(),
+            TransactionState::InTransaction | TransactionState::AbortableError
+        ) {
+            let replies = {
+                let mut s = self.inner.lock();
+                let fx = s.core.fail_unsent(&ProducerError::TransactionAborted);
+                self.inner.apply(&mut s, fx)
+            };
+            deliver(replies);
+            self.inner.quiesce().await;
+        }
+        let step = self.with_txn(|t| t.start_abort(Instant::now(), self.op_timeout()));
+        self.run(step).await?;
+        self.refresh_caps().await;
+        Ok(())
+    }
+
+    /// The state of the transaction machine.
+    pub fn state(&self) -> TransactionState {
+        self.inner
+            .lock()
+            .txn
+            .as_ref()
+            .map_or(TransactionState::FatalError, TxnMachine::state)
+    }
+
+    /// The producer id and epoch in use (under TV2 it changes after every transaction).
+    pub fn producer_id_and_epoch(&self) -> Option<ProducerIdEpoch> {
+        self.inner.lock().txn.as_ref().and_then(TxnMachine::ids)
+    }
+
+    /// The transaction protocol the open (or next) transaction uses: 1 or 2.
+    pub fn transaction_version(&self) -> u8 {
+        match self.inner.lock().txn.as_ref().map(TxnMachine::txn_version) {
+            Some(TxnVersion::V2) => 2,
+            _ => 1,
+        }
+    }
+
+    /// Stops the producer. Records not yet sent fail with [`ProducerError::Closed`]; an open
+    /// transaction is left to the coordinator's timeout (or the next producer's init).
+    ///
+    /// Cancel-safe.
+    pub async fn close(self) {
+        self.inner.close();
+    }
+
+    fn op_timeout(&self) -> std::time::Duration {
+        self.config.operation_timeout
+    }
+
+    fn with_txn<R>(&self, f: impl FnOnce(&mut TxnMachine) -> R) -> R {
+        let mut s = self.inner.lock();
+        f(s.txn
+            .as_mut()
+            .expect("a transactional producer has a machine"))
+    }
+
+    /// Drives an operation's steps to the end: sends, backs off, re-finds coordinators. New ids from
+    /// the machine (init, a bump, a TV2 EndTxn) reach the produce path before the next record.
+    async fn run(&self, mut step: Step) -> Result<(), ProducerError> {
+        let span = {
+            let s = self.inner.lock();
+            s.txn
+                .as_ref()
+                .and_then(TxnMachine::span)
+                .cloned()
+                .unwrap_or_else(tracing::Span::current)
+        };
+        async {
+            loop {
+                match step {
+                    Step::Send(req) => {
+                        let resp = send_txn(&self.inner.client, &req).await;
+                        let mut s = self.inner.lock();
+                        let t = s
+                            .txn
+                            .as_mut()
+                            .expect("a transactional producer has a machine");
+                        step = t.on_response(resp, Instant::now());
+                        if let Some(ids) = t.ids() {
+                            s.core.set_ids(ids);
+                        }
+                    }
+                    Step::Backoff {
+                        delay,
+                        refresh,
+                        request,
+                    } => {
+                        tokio::time::sleep(delay).await;
+                        if refresh {
+                            match request.coordinator() {
+                                Coordinator::Transaction(id) => self
+                                    .inner
+                                    .client
+                                    .invalidate_coordinator(CoordinatorKind::Transaction, &id),
+                                Coordinator::Group(g) => self
+                                    .inner
+                                    .client
+                                    .invalidate_coordinator(CoordinatorKind::Group, &g),
+                            }
+                        }
+                        step = Step::Send(request);
+                    }
+                    Step::Done => {
+                        self.inner.wake();
+                        return Ok(());
+                    }
+                    Step::Failed(e) => {
+                        self.inner.wake();
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Re-reads what the broker supports (a feature upgrade takes effect at the next `begin`).
+    async fn refresh_caps(&self) {
+        let caps = broker_caps(&self.inner.client, &self.config.transactional_id).await;
+        if let Some(t) = self.inner.lock().txn.as_mut() {
+            t.set_caps(caps);
+        }
+    }
+}
+
+impl Drop for TransactionalProducer {
+    fn drop(&mut self) {
+        self.inner.close();
+    }
+}
+
+/// What the transaction coordinator's broker supports. Before the coordinator can be reached, a view
+/// with no versions at all: the first request then surfaces the real error, and TV1 is assumed.
+async fn broker_caps(client: &Client, transactional_id: &str) -> BrokerCaps {
+    use crate::wire::ApiRequest;
+    use kafka_protocol::messages::{
+        EndTxnRequest, InitProducerIdRequest, ProduceRequest, TxnOffsetCommitRequest,
+    };
+    let transaction_version = client.features().transaction_version;
+    let versions = match client
+        .coordinator(CoordinatorKind::Transaction, transactional_id)
+        .await
+    {
+        Ok(node) => client.broker_versions(node).await.ok(),
+        Err(e) => {
+            tracing::debug!(error = %e, "transaction coordinator not found yet");
+            None
+        }
+    };
+    match versions {
+        Some(v) => BrokerCaps {
+            transaction_version,
+            produce: v.usable(ProduceRequest::KEY),
+            init_producer_id: v.usable(InitProducerIdRequest::KEY),
+            txn_offset_commit: v.usable(TxnOffsetCommitRequest::KEY),
+            end_txn: v.usable(EndTxnRequest::KEY),
+        },
+        None => BrokerCaps {
+            transaction_version,
+            ..BrokerCaps::default()
+        },
+    }
+}

@@ -1,0 +1,1305 @@
+//! Broker-free tests of the transaction state machine: the request sequences of TV1 and TV2, every
+//! transition the issue names, and the refusals.
+
+use super::*;
+use crate::producer::ErrorClass;
+
+const IDS: ProducerIdEpoch = ProducerIdEpoch { id: 1000, epoch: 4 };
+const OP: Duration = Duration::from_secs(10);
+
+fn caps(tv: i16) -> BrokerCaps {
+    BrokerCaps {
+        transaction_version: tv,
+        produce: Some(if tv >= 2 { 12 } else { 11 }),
+        init_producer_id: Some(5),
+        txn_offset_commit: Some(if tv >= 2 { 5 } else { 4 }),
+        end_txn: Some(if tv >= 2 { 5 } else { 4 }),
+    }
+}
+
+fn backoff() -> Backoff {
+    Backoff {
+        base: Duration::from_millis(100),
+        max: Duration::from_secs(1),
+    }
+}
+
+fn machine(tv: i16) -> TxnMachine {
+    TxnMachine::new("tx-1", Duration::from_secs(60), backoff(), caps(tv))
+}
+
+/// A machine that has completed init.
+fn ready(tv: i16, t0: Instant) -> TxnMachine {
+    let mut m = machine(tv);
+    let step = m.start_init(t0, OP);
+    assert!(matches!(
+        step,
+        Step::Send(TxnRequest::InitProducerId { current: None, .. })
+    ));
+    assert_eq!(
+        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
+        Step::Done
+    );
+    assert_eq!(m.state(), TransactionState::Ready);
+    m
+}
+
+fn tp(p: i32) -> TopicPartition {
+    TopicPartition::new("out", p)
+}
+
+fn group() -> GroupMetadata {
+    GroupMetadata::new("g", 5, "m-1", None).unwrap()
+}
+
+fn offsets() -> Vec<(TopicPartition, OffsetAndMetadata)> {
+    vec![(TopicPartition::new("in", 0), 42.into())]
+}
+
+fn sent(step: Step) -> TxnRequest {
+    match step {
+        Step::Send(r) => r,
+        other => panic!("expected a request, got {other:?}"),
+    }
+}
+
+fn failed(step: Step) -> ProducerError {
+    match step {
+        Step::Failed(e) => e,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+fn end_ok(next: Option<ProducerIdEpoch>) -> TxnResponse {
+    TxnResponse::EndTxn {
+        code: ErrorCode::None,
+        next,
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// version negotiation
+
+#[test]
+fn tv2_needs_the_feature_and_every_request_version() {
+    assert_eq!(caps(2).txn_version(), TxnVersion::V2);
+    assert_eq!(caps(1).txn_version(), TxnVersion::V1);
+    assert_eq!(caps(0).txn_version(), TxnVersion::V1);
+    // The feature alone is not enough: a broker lacking one of the versions stays on TV1.
+    for strip in 0..3 {
+        let mut c = caps(2);
+        match strip {
+            0 => c.produce = Some(11),
+            1 => c.txn_offset_commit = Some(4),
+            _ => c.end_txn = Some(4),
+        }
+        assert_eq!(c.txn_version(), TxnVersion::V1, "strip {strip}");
+    }
+    // And the versions alone are not enough without the finalised feature.
+    let mut c = caps(2);
+    c.transaction_version = 1;
+    assert_eq!(c.txn_version(), TxnVersion::V1);
+}
+
+/// Under TV1 the versions that mean "TV2" must never be used inside a transaction.
+#[test]
+fn version_caps_per_transaction_version() {
+    assert_eq!(version_cap(Api::Produce, TxnVersion::V1), 11);
+    assert_eq!(version_cap(Api::TxnOffsetCommit, TxnVersion::V1), 4);
+    assert_eq!(version_cap(Api::EndTxn, TxnVersion::V1), 4);
+    assert_eq!(version_cap(Api::AddPartitionsToTxn, TxnVersion::V1), 3);
+    assert_eq!(version_cap(Api::AddPartitionsToTxn, TxnVersion::V2), 3);
+    assert!(version_cap(Api::Produce, TxnVersion::V2) >= 12);
+    assert_eq!(version_cap(Api::TxnOffsetCommit, TxnVersion::V2), 5);
+    assert_eq!(version_cap(Api::EndTxn, TxnVersion::V2), 5);
+}
+
+// ------------------------------------------------------------------------------------------------
+// init
+
+#[test]
+fn init_retries_busy_coordinators_then_succeeds() {
+    let t0 = Instant::now();
+    let mut m = machine(2);
+    let req = sent(m.start_init(t0, OP));
+    assert_eq!(req.coordinator(), Coordinator::Transaction("tx-1".into()));
+    assert_eq!(
+        req,
+        TxnRequest::InitProducerId {
+            transactional_id: "tx-1".into(),
+            timeout_ms: 60_000,
+            current: None
+        }
+    );
+    assert_eq!(m.state(), TransactionState::Initializing);
+    let step = m.on_response(
+        TxnResponse::InitProducerId(Err(ErrorCode::CoordinatorLoadInProgress)),
+        t0,
+    );
+    assert_eq!(
+        step,
+        Step::Backoff {
+            delay: Duration::from_millis(100),
+            refresh: false,
+            request: req.clone()
+        }
+    );
+    let step = m.on_response(
+        TxnResponse::InitProducerId(Err(ErrorCode::NotCoordinator)),
+        t0,
+    );
+    assert_eq!(
+        step,
+        Step::Backoff {
+            delay: Duration::from_millis(200),
+            refresh: true,
+            request: req.clone()
+        }
+    );
+    let step = m.on_response(
+        TxnResponse::InitProducerId(Err(ErrorCode::ConcurrentTransactions)),
+        t0,
+    );
+    assert!(matches!(step, Step::Backoff { refresh: false, .. }));
+    assert_eq!(
+        m.on_response(TxnResponse::NoAnswer("eof".into()), t0),
+        Step::Backoff {
+            delay: Duration::from_millis(800),
+            refresh: false,
+            request: req
+        }
+    );
+    assert_eq!(
+        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
+        Step::Done
+    );
+    assert_eq!(m.state(), TransactionState::Ready);
+    assert_eq!(m.ids(), Some(IDS));
+}
+
+#[test]
+fn init_gives_up_at_its_deadline_and_can_be_called_again() {
+    let t0 = Instant::now();
+    let mut m = machine(2);
+    sent(m.start_init(t0, OP));
+    let err = failed(m.on_response(
+        TxnResponse::InitProducerId(Err(ErrorCode::CoordinatorNotAvailable)),
+        t0 + OP,
+    ));
+    assert!(err.is_retriable(), "{err}");
+    assert_eq!(m.state(), TransactionState::Uninitialized);
+    sent(m.start_init(t0 + OP, OP));
+}
+
+#[test]
+fn init_fenced_or_unauthorised_is_fatal() {
+    let t0 = Instant::now();
+    for code in [
+        ErrorCode::ProducerFenced,
+        ErrorCode::TransactionalIdAuthorizationFailed,
+        ErrorCode::ClusterAuthorizationFailed,
+        ErrorCode::InvalidTransactionTimeout,
+    ] {
+        let mut m = machine(2);
+        sent(m.start_init(t0, OP));
+        let err = failed(m.on_response(TxnResponse::InitProducerId(Err(code)), t0));
+        assert!(err.is_fatal(), "{code}: {err}");
+        assert_eq!(m.state(), TransactionState::FatalError);
+        let again = m.begin(t0).unwrap_err();
+        assert!(matches!(again, ProducerError::Defunct { .. }), "{again}");
+        assert!(again.is_fatal());
+    }
+}
+
+/// init is cancel-safe: a dropped init resumes by sending InitProducerId again.
+#[test]
+fn interrupted_init_resumes() {
+    let t0 = Instant::now();
+    let mut m = machine(1);
+    let first = sent(m.start_init(t0, OP));
+    // The future was dropped here; no answer was fed.
+    assert!(m.op_in_progress());
+    assert_eq!(sent(m.start_init(t0, OP)), first);
+    assert_eq!(
+        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
+        Step::Done
+    );
+}
+
+// ------------------------------------------------------------------------------------------------
+// refusals
+
+#[test]
+fn illegal_transitions_are_refused_without_changing_state() {
+    let t0 = Instant::now();
+    let mut m = machine(2);
+    assert!(matches!(
+        m.begin(t0),
+        Err(ProducerError::IllegalState { op: "begin", .. })
+    ));
+    assert_eq!(failed(m.start_commit(t0, OP)).class(), ErrorClass::Refused);
+    assert_eq!(failed(m.start_abort(t0, OP)).class(), ErrorClass::Refused);
+    assert_eq!(m.state(), TransactionState::Uninitialized);
+
+    let mut m = ready(2, t0);
+    assert!(m.on_append(&tp(0)).is_err(), "send outside a transaction");
+    assert_eq!(
+        failed(m.start_send_offsets(&group(), offsets(), t0, OP)).class(),
+        ErrorClass::Refused
+    );
+    assert_eq!(failed(m.start_commit(t0, OP)).class(), ErrorClass::Refused);
+    assert_eq!(failed(m.start_abort(t0, OP)).class(), ErrorClass::Refused);
+    assert_eq!(failed(m.start_init(t0, OP)).class(), ErrorClass::Refused);
+    m.begin(t0).unwrap();
+    assert!(m.begin(t0).is_err(), "begin twice");
+    assert_eq!(m.state(), TransactionState::InTransaction);
+}
+
+// ------------------------------------------------------------------------------------------------
+// TV1
+
+/// TV1: AddPartitionsToTxn before the first produce to a partition, AddOffsetsToTxn then
+/// TxnOffsetCommit (v4 at most), EndTxn (v4 at most); the ids survive the commit.
+#[test]
+fn tv1_request_sequence() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    m.on_append(&tp(1)).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    assert!(!m.can_produce(&tp(0)), "not enrolled yet");
+    let add = m.poll_add_partitions(t0).expect("enrolment request");
+    assert_eq!(
+        add,
+        TxnRequest::AddPartitions {
+            transactional_id: "tx-1".into(),
+            ids: IDS,
+            partitions: vec![tp(0), tp(1)]
+        }
+    );
+    assert_eq!(add.max_version(), 3);
+    assert!(
+        m.poll_add_partitions(t0).is_none(),
+        "one in flight at a time"
+    );
+    // A partition appearing while the first request is in flight waits for the next one.
+    m.on_append(&tp(2)).unwrap();
+    let out = m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None), (tp(1), ErrorCode::None)]),
+        t0,
+    );
+    assert!(out.error.is_none());
+    assert!(m.can_produce(&tp(0)) && m.can_produce(&tp(1)));
+    assert!(!m.can_produce(&tp(2)));
+    let add2 = m.poll_add_partitions(t0).unwrap();
+    assert!(
+        matches!(add2, TxnRequest::AddPartitions { ref partitions, .. } if partitions == &vec![tp(2)])
+    );
+    m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![(tp(2), ErrorCode::None)]),
+        t0,
+    );
+    assert!(!m.enrolment_pending());
+
+    let req = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+    assert_eq!(
+        req,
+        TxnRequest::AddOffsets {
+            transactional_id: "tx-1".into(),
+            ids: IDS,
+            group_id: "g".into()
+        }
+    );
+    let req = sent(m.on_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
+    assert!(matches!(
+        req,
+        TxnRequest::TxnOffsetCommit {
+            tv: TxnVersion::V1,
+            ..
+        }
+    ));
+    assert_eq!(req.max_version(), 4);
+    assert_eq!(req.coordinator(), Coordinator::Group("g".into()));
+    assert_eq!(
+        m.on_response(
+            TxnResponse::TxnOffsetCommit(vec![(TopicPartition::new("in", 0), ErrorCode::None)]),
+            t0
+        ),
+        Step::Done
+    );
+    // A second send_offsets for the same group needs no second AddOffsetsToTxn.
+    let again = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+    assert!(matches!(again, TxnRequest::TxnOffsetCommit { .. }));
+    m.on_response(TxnResponse::TxnOffsetCommit(vec![]), t0);
+
+    let end = sent(m.start_commit(t0, OP));
+    assert_eq!(
+        end,
+        TxnRequest::EndTxn {
+            transactional_id: "tx-1".into(),
+            ids: IDS,
+            commit: true,
+            tv: TxnVersion::V1
+        }
+    );
+    assert_eq!(end.max_version(), 4);
+    assert_eq!(m.state(), TransactionState::Committing);
+    // A TV1 EndTxn answer carries no ids (v4 and below); even if one did, TV1 keeps its epoch.
+    assert_eq!(
+        m.on_response(end_ok(Some(ProducerIdEpoch { id: 1, epoch: 1 })), t0),
+        Step::Done
+    );
+    assert_eq!(m.state(), TransactionState::Ready);
+    assert_eq!(m.ids(), Some(IDS));
+}
+
+#[test]
+fn tv1_add_partitions_retries_and_errors() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    m.on_append(&tp(1)).unwrap();
+    m.poll_add_partitions(t0).unwrap();
+    let out = m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![
+            (tp(0), ErrorCode::None),
+            (tp(1), ErrorCode::NotCoordinator),
+        ]),
+        t0,
+    );
+    assert!(out.refresh_coordinator && out.error.is_none());
+    assert!(m.can_produce(&tp(0)));
+    assert!(m.enrolment_pending());
+    // Backed off: not before the delay.
+    assert!(m.poll_add_partitions(t0).is_none());
+    let at = m.add_partitions_not_before().unwrap();
+    assert_eq!(at, t0 + Duration::from_millis(100));
+    let retry = m.poll_add_partitions(at).unwrap();
+    assert!(
+        matches!(retry, TxnRequest::AddPartitions { ref partitions, .. } if partitions == &vec![tp(1)])
+    );
+    // No answer at all: retried like a transient error.
+    let out = m.on_add_partitions(TxnResponse::NoAnswer("timeout".into()), at);
+    assert!(out.error.is_none());
+    assert!(m.enrolment_pending());
+    let later = m.add_partitions_not_before().unwrap();
+    m.poll_add_partitions(later).unwrap();
+    // One partition not authorised, the other not attempted: the transaction is abortable.
+    let out = m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![
+            (tp(1), ErrorCode::TopicAuthorizationFailed),
+            (tp(3), ErrorCode::OperationNotAttempted),
+        ]),
+        later,
+    );
+    assert!(out.error.as_ref().is_some_and(ProducerError::is_abortable));
+    assert_eq!(m.state(), TransactionState::AbortableError);
+    assert!(!m.can_produce(&tp(0)));
+    let refused = m.on_append(&tp(0)).unwrap_err();
+    assert!(matches!(refused, ProducerError::MustAbort { .. }));
+}
+
+/// A first enrolment that races the previous transaction's end retries after 20 ms, not a full
+/// backoff; once something is enrolled, CONCURRENT_TRANSACTIONS backs off as usual.
+#[test]
+fn tv1_first_enrolment_racing_the_previous_end_retries_quickly() {
+    let t0 = Instant::now();
+    let slow = Backoff {
+        base: Duration::from_millis(500),
+        max: Duration::from_secs(1),
+    };
+    let mut m = TxnMachine::new("tx-1", Duration::from_secs(60), slow, caps(1));
+    sent(m.start_init(t0, OP));
+    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    m.poll_add_partitions(t0).unwrap();
+    let busy = |p| TxnResponse::AddPartitions(vec![(tp(p), ErrorCode::ConcurrentTransactions)]);
+    m.on_add_partitions(busy(0), t0);
+    assert_eq!(m.add_partitions_not_before(), Some(t0 + CONCURRENT_RETRY));
+    let t1 = t0 + CONCURRENT_RETRY;
+    m.poll_add_partitions(t1).unwrap();
+    m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None)]),
+        t1,
+    );
+    m.on_append(&tp(1)).unwrap();
+    m.poll_add_partitions(t1).unwrap();
+    m.on_add_partitions(busy(1), t1);
+    assert_eq!(
+        m.add_partitions_not_before(),
+        Some(t1 + Duration::from_millis(500)),
+        "not the first enrolment any more"
+    );
+}
+
+#[test]
+fn tv1_add_partitions_fenced_is_fatal() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    m.poll_add_partitions(t0).unwrap();
+    let out = m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::InvalidProducerEpoch)]),
+        t0,
+    );
+    let err = out.error.unwrap();
+    assert!(matches!(err, ProducerError::Fenced { .. }), "{err}");
+    assert_eq!(m.state(), TransactionState::FatalError);
+}
+
+// ------------------------------------------------------------------------------------------------
+// TV2
+
+/// TV2: no AddPartitionsToTxn (Produce v12 enrols), TxnOffsetCommit v5 with no AddOffsetsToTxn, EndTxn
+/// v5 whose answer's id and epoch the producer adopts.
+#[test]
+fn tv2_request_sequence_and_epoch_adoption() {
+    let t0 = Instant::now();
+    let mut m = ready(2, t0);
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    assert!(
+        m.can_produce(&tp(0)),
+        "Produce v12 enrols the partition itself"
+    );
+    assert!(m.poll_add_partitions(t0).is_none());
+    m.on_produce_sent(&tp(0));
+    let req = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+    assert!(matches!(
+        req,
+        TxnRequest::TxnOffsetCommit {
+            tv: TxnVersion::V2,
+            ..
+        }
+    ));
+    assert_eq!(req.max_version(), 5);
+    assert_eq!(
+        m.on_response(TxnResponse::TxnOffsetCommit(vec![]), t0),
+        Step::Done
+    );
+    let end = sent(m.start_commit(t0, OP));
+    assert!(matches!(
+        end,
+        TxnRequest::EndTxn {
+            tv: TxnVersion::V2,
+            commit: true,
+            ids: IDS,
+            ..
+        }
+    ));
+    assert_eq!(end.max_version(), 5);
+    let next = ProducerIdEpoch {
+        id: IDS.id,
+        epoch: IDS.epoch + 1,
+    };
+    assert_eq!(m.on_response(end_ok(Some(next)), t0), Step::Done);
+    assert_eq!(m.ids(), Some(next), "the bumped epoch is adopted");
+    // The next transaction runs under it.
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    let end = sent(m.start_commit(t0, OP));
+    assert!(matches!(end, TxnRequest::EndTxn { ids, .. } if ids == next));
+    // Epoch exhausted: the coordinator hands out a new producer id at epoch 0.
+    let fresh = ProducerIdEpoch { id: 2000, epoch: 0 };
+    m.on_response(end_ok(Some(fresh)), t0);
+    assert_eq!(m.ids(), Some(fresh));
+}
+
+/// An offsets-only transaction reached the coordinator and must be ended.
+#[test]
+fn tv2_offsets_only_transaction_is_ended() {
+    let t0 = Instant::now();
+    let mut m = ready(2, t0);
+    m.begin(t0).unwrap();
+    sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+    m.on_response(TxnResponse::TxnOffsetCommit(vec![]), t0);
+    assert!(matches!(
+        sent(m.start_commit(t0, OP)),
+        TxnRequest::EndTxn { .. }
+    ));
+}
+
+/// With nothing sent, EndTxn is skipped: the coordinator never heard of the transaction.
+#[test]
+fn empty_transactions_skip_end_txn() {
+    let t0 = Instant::now();
+    for tv in [1, 2] {
+        let mut m = ready(tv, t0);
+        m.begin(t0).unwrap();
+        assert_eq!(m.start_commit(t0, OP), Step::Done, "tv{tv} commit");
+        assert_eq!(m.state(), TransactionState::Ready);
+        m.begin(t0).unwrap();
+        assert_eq!(m.start_abort(t0, OP), Step::Done, "tv{tv} abort");
+        assert_eq!(m.state(), TransactionState::Ready);
+        assert_eq!(m.ids(), Some(IDS));
+        // Empty offsets do not count as reaching the broker.
+        m.begin(t0).unwrap();
+        assert_eq!(m.start_send_offsets(&group(), vec![], t0, OP), Step::Done);
+        assert_eq!(m.start_commit(t0, OP), Step::Done);
+    }
+}
+
+/// Under TV1 an AddPartitionsToTxn that went out means the coordinator may know the transaction.
+#[test]
+fn tv1_enrolment_sent_means_end_txn_is_needed() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    m.poll_add_partitions(t0).unwrap();
+    m.on_add_partitions(TxnResponse::NoAnswer("lost".into()), t0);
+    // The partition could not be enrolled; abort still has to tell the coordinator.
+    assert!(matches!(
+        sent(m.start_abort(t0, OP)),
+        TxnRequest::EndTxn { commit: false, .. }
+    ));
+}
+
+#[test]
+fn commit_waits_for_enrolment() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    let err = failed(m.start_commit(t0, OP));
+    assert_eq!(err.class(), ErrorClass::Refused);
+    assert_eq!(m.state(), TransactionState::InTransaction);
+}
+
+// ------------------------------------------------------------------------------------------------
+// outcome unknown
+
+/// A commit that is never answered ends outcome-unknown; abort is refused; commit can be retried and
+/// init re-initialises.
+#[test]
+fn unanswered_commit_is_outcome_unknown_and_never_aborted() {
+    let t0 = Instant::now();
+    let mut m = ready(2, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    let end = sent(m.start_commit(t0, OP));
+    let step = m.on_response(TxnResponse::NoAnswer("request timed out".into()), t0);
+    assert_eq!(
+        step,
+        Step::Backoff {
+            delay: Duration::from_millis(100),
+            refresh: false,
+            request: end.clone()
+        }
+    );
+    // A later attempt is answered "try again" but the first one's fate is still unknown.
+    let err = failed(m.on_response(
+        TxnResponse::EndTxn {
+            code: ErrorCode::CoordinatorLoadInProgress,
+            next: None,
+        },
+        t0 + OP,
+    ));
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(!err.is_abortable());
+    assert_eq!(m.state(), TransactionState::CommitOutcomeUnknown);
+
+    let refused = failed(m.start_abort(t0 + OP, OP));
+    assert!(matches!(
+        refused,
+        ProducerError::IllegalState { op: "abort", .. }
+    ));
+    assert!(m.begin(t0 + OP).is_err());
+    assert!(m.on_append(&tp(0)).is_err());
+
+    // Retrying the commit resends the same EndTxn (same ids: the coordinator recognises the retry).
+    assert_eq!(sent(m.start_commit(t0 + OP, OP)), end);
+    assert_eq!(m.on_response(end_ok(None), t0 + OP), Step::Done);
+    assert_eq!(m.state(), TransactionState::Ready);
+}
+
+#[test]
+fn reinit_after_unknown_commit() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    sent(m.start_commit(t0, OP));
+    let err = failed(m.on_response(TxnResponse::NoAnswer("eof".into()), t0 + OP));
+    assert!(err.is_outcome_unknown());
+    let req = sent(m.start_init(t0 + OP, OP));
+    assert!(matches!(
+        req,
+        TxnRequest::InitProducerId { current: None, .. }
+    ));
+    let new = ProducerIdEpoch {
+        id: IDS.id,
+        epoch: IDS.epoch + 1,
+    };
+    m.on_response(TxnResponse::InitProducerId(Ok(new)), t0 + OP);
+    assert_eq!(m.state(), TransactionState::Ready);
+    assert_eq!(m.ids(), Some(new));
+}
+
+/// Every attempt answered "not now" means nothing was applied: abortable, not unknown.
+#[test]
+fn commit_refused_until_deadline_is_abortable() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    sent(m.start_commit(t0, OP));
+    let busy = TxnResponse::EndTxn {
+        code: ErrorCode::ConcurrentTransactions,
+        next: None,
+    };
+    assert!(matches!(
+        m.on_response(busy.clone(), t0),
+        Step::Backoff { .. }
+    ));
+    let err = failed(m.on_response(busy, t0 + OP));
+    assert!(err.is_abortable(), "{err}");
+    assert_eq!(m.state(), TransactionState::AbortableError);
+    assert!(matches!(
+        sent(m.start_abort(t0 + OP, OP)),
+        TxnRequest::EndTxn { commit: false, .. }
+    ));
+}
+
+/// commit is resumable after its future is dropped, and a resumed commit is in doubt: the dropped
+/// attempt may have reached the coordinator.
+#[test]
+fn interrupted_commit_resumes_in_doubt() {
+    let t0 = Instant::now();
+    let mut m = ready(2, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    let end = sent(m.start_commit(t0, OP));
+    // Dropped. Abort is refused: the commit may land.
+    assert!(failed(m.start_abort(t0, OP)).class() == ErrorClass::Refused);
+    assert_eq!(sent(m.start_commit(t0, OP)), end);
+    let err = failed(m.on_response(
+        TxnResponse::EndTxn {
+            code: ErrorCode::NotCoordinator,
+            next: None,
+        },
+        t0 + OP,
+    ));
+    assert!(err.is_outcome_unknown(), "{err}");
+}
+
+#[test]
+fn end_txn_fenced_is_fatal() {
+    let t0 = Instant::now();
+    for code in [ErrorCode::ProducerFenced, ErrorCode::InvalidProducerEpoch] {
+        let mut m = ready(1, t0);
+        m.begin(t0).unwrap();
+        m.on_produce_sent(&tp(0));
+        sent(m.start_commit(t0, OP));
+        let err = failed(m.on_response(TxnResponse::EndTxn { code, next: None }, t0));
+        assert!(matches!(err, ProducerError::Fenced { .. }), "{err}");
+        assert_eq!(m.state(), TransactionState::FatalError);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// KIP-447
+
+/// A stale generation, an unknown member or a fenced static instance rejects the offset commit: the
+/// caller gets a commit-fenced, abortable error and the transaction can only be aborted.
+#[test]
+fn fenced_offset_commit_is_abortable_and_blocks_commit() {
+    let t0 = Instant::now();
+    for tv in [1, 2] {
+        for code in [
+            ErrorCode::IllegalGeneration,
+            ErrorCode::UnknownMemberId,
+            ErrorCode::FencedInstanceId,
+        ] {
+            let mut m = ready(tv, t0);
+            m.begin(t0).unwrap();
+            m.on_produce_sent(&tp(0));
+            let mut req = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+            if matches!(req, TxnRequest::AddOffsets { .. }) {
+                req = sent(m.on_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
+            }
+            let TxnRequest::TxnOffsetCommit { group: g, .. } = &req else {
+                panic!("expected TxnOffsetCommit, got {req:?}");
+            };
+            assert_eq!(g.generation_id(), 5);
+            let err = failed(m.on_response(
+                TxnResponse::TxnOffsetCommit(vec![(TopicPartition::new("in", 0), code)]),
+                t0,
+            ));
+            assert!(
+                err.is_commit_fenced() && err.is_abortable(),
+                "{code}: {err}"
+            );
+            assert_eq!(m.state(), TransactionState::AbortableError);
+            let refused = failed(m.start_commit(t0, OP));
+            assert!(
+                refused.is_commit_fenced(),
+                "commit refused with the fence as cause"
+            );
+            let abort = sent(m.start_abort(t0, OP));
+            assert!(matches!(abort, TxnRequest::EndTxn { commit: false, .. }));
+            m.on_response(end_ok(None), t0);
+            assert_eq!(m.state(), TransactionState::Ready, "tv{tv} {code}");
+        }
+    }
+}
+
+#[test]
+fn offset_commit_retries_coordinator_moves() {
+    let t0 = Instant::now();
+    let mut m = ready(2, t0);
+    m.begin(t0).unwrap();
+    let req = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+    let step = m.on_response(
+        TxnResponse::TxnOffsetCommit(vec![(
+            TopicPartition::new("in", 0),
+            ErrorCode::NotCoordinator,
+        )]),
+        t0,
+    );
+    assert_eq!(
+        step,
+        Step::Backoff {
+            delay: Duration::from_millis(100),
+            refresh: true,
+            request: req
+        }
+    );
+    // The worst answer decides: a fence among retriable answers is a fence.
+    let err = failed(m.on_response(
+        TxnResponse::TxnOffsetCommit(vec![
+            (
+                TopicPartition::new("in", 0),
+                ErrorCode::CoordinatorLoadInProgress,
+            ),
+            (TopicPartition::new("in", 1), ErrorCode::IllegalGeneration),
+        ]),
+        t0,
+    ));
+    assert!(err.is_commit_fenced());
+}
+
+/// send_offsets dropped mid-way: the fence's outcome is unknown, so the transaction must not commit.
+#[test]
+fn commit_after_interrupted_send_offsets_is_refused() {
+    let t0 = Instant::now();
+    let mut m = ready(2, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+    // Dropped before the answer.
+    let err = failed(m.start_commit(t0, OP));
+    assert!(err.is_abortable(), "{err}");
+    assert_eq!(m.state(), TransactionState::AbortableError);
+    assert!(matches!(
+        sent(m.start_abort(t0, OP)),
+        TxnRequest::EndTxn { commit: false, .. }
+    ));
+}
+
+#[test]
+fn offset_commit_needs_kip447() {
+    let t0 = Instant::now();
+    let mut m = machine(1);
+    m.set_caps(BrokerCaps {
+        txn_offset_commit: Some(2),
+        ..caps(1)
+    });
+    sent(m.start_init(t0, OP));
+    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.begin(t0).unwrap();
+    let err = failed(m.start_send_offsets(&group(), offsets(), t0, OP));
+    assert!(matches!(err, ProducerError::Unsupported { .. }) && err.is_fatal());
+}
+
+// ------------------------------------------------------------------------------------------------
+// abortable produce errors and the epoch bump
+
+/// TV1: after a sequence or epoch error the abort is followed by InitProducerId with the current id and
+/// epoch (KIP-360), whose answer becomes the new epoch.
+#[test]
+fn tv1_abort_after_sequence_error_bumps_the_epoch() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    m.poll_add_partitions(t0).unwrap();
+    m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None)]),
+        t0,
+    );
+    m.on_produce_sent(&tp(0));
+    m.on_produce_error(
+        ProducerError::Broker {
+            api: "Produce",
+            code: ErrorCode::OutOfOrderSequenceNumber,
+            class: ErrorClass::Abortable,
+        },
+        true,
+    );
+    assert_eq!(m.state(), TransactionState::AbortableError);
+    assert!(matches!(
+        sent(m.start_abort(t0, OP)),
+        TxnRequest::EndTxn {
+            commit: false,
+            tv: TxnVersion::V1,
+            ..
+        }
+    ));
+    let bump = sent(m.on_response(end_ok(None), t0));
+    assert_eq!(
+        bump,
+        TxnRequest::InitProducerId {
+            transactional_id: "tx-1".into(),
+            timeout_ms: 60_000,
+            current: Some(IDS)
+        }
+    );
+    let bumped = ProducerIdEpoch {
+        id: IDS.id,
+        epoch: IDS.epoch + 1,
+    };
+    assert_eq!(
+        m.on_response(TxnResponse::InitProducerId(Ok(bumped)), t0),
+        Step::Done
+    );
+    assert_eq!(m.state(), TransactionState::Ready);
+    assert_eq!(m.ids(), Some(bumped));
+    // The bump is not repeated after the next, clean, abort.
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    sent(m.start_abort(t0, OP));
+    assert_eq!(m.on_response(end_ok(None), t0), Step::Done);
+}
+
+/// If another producer took the id meanwhile, the bump is answered as a fence.
+#[test]
+fn tv1_bump_fenced_is_fatal() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    m.on_produce_error(
+        ProducerError::Broker {
+            api: "Produce",
+            code: ErrorCode::InvalidProducerEpoch,
+            class: ErrorClass::Abortable,
+        },
+        true,
+    );
+    sent(m.start_abort(t0, OP));
+    sent(m.on_response(end_ok(None), t0));
+    let err = failed(m.on_response(
+        TxnResponse::InitProducerId(Err(ErrorCode::ProducerFenced)),
+        t0,
+    ));
+    assert!(err.is_fatal());
+}
+
+#[test]
+fn tv1_bump_without_kip360_is_fatal() {
+    let t0 = Instant::now();
+    let mut m = machine(1);
+    m.set_caps(BrokerCaps {
+        init_producer_id: Some(2),
+        ..caps(1)
+    });
+    sent(m.start_init(t0, OP));
+    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    m.on_produce_error(
+        ProducerError::Broker {
+            api: "Produce",
+            code: ErrorCode::UnknownProducerId,
+            class: ErrorClass::Abortable,
+        },
+        true,
+    );
+    sent(m.start_abort(t0, OP));
+    let err = failed(m.on_response(end_ok(None), t0));
+    assert!(matches!(err, ProducerError::Unsupported { .. }));
+    assert_eq!(m.state(), TransactionState::FatalError);
+}
+
+/// An interrupted bump is resumed by calling abort again.
+#[test]
+fn interrupted_bump_resumes_on_abort() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    m.on_produce_error(
+        ProducerError::Broker {
+            api: "Produce",
+            code: ErrorCode::OutOfOrderSequenceNumber,
+            class: ErrorClass::Abortable,
+        },
+        true,
+    );
+    sent(m.start_abort(t0, OP));
+    let bump = sent(m.on_response(end_ok(None), t0));
+    // Dropped here.
+    assert_eq!(m.state(), TransactionState::Initializing);
+    assert!(m.begin(t0).is_err());
+    assert_eq!(sent(m.start_abort(t0, OP)), bump);
+}
+
+/// TV2: EndTxn v5 bumps the epoch itself, so no InitProducerId follows the abort.
+#[test]
+fn tv2_abort_after_sequence_error_adopts_end_txn_epoch() {
+    let t0 = Instant::now();
+    let mut m = ready(2, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    m.on_produce_error(
+        ProducerError::Broker {
+            api: "Produce",
+            code: ErrorCode::OutOfOrderSequenceNumber,
+            class: ErrorClass::Abortable,
+        },
+        true,
+    );
+    sent(m.start_abort(t0, OP));
+    let next = ProducerIdEpoch {
+        id: IDS.id,
+        epoch: IDS.epoch + 1,
+    };
+    assert_eq!(m.on_response(end_ok(Some(next)), t0), Step::Done);
+    assert_eq!(m.ids(), Some(next));
+    assert_eq!(m.state(), TransactionState::Ready);
+}
+
+#[test]
+fn fatal_produce_error_poisons_the_producer() {
+    let t0 = Instant::now();
+    let mut m = ready(2, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_error(
+        ProducerError::Fenced {
+            transactional_id: "tx-1".into(),
+            code: ErrorCode::ProducerFenced,
+        },
+        false,
+    );
+    assert_eq!(m.state(), TransactionState::FatalError);
+    let err = failed(m.start_abort(t0, OP));
+    assert!(matches!(err, ProducerError::Defunct { .. }));
+    assert!(failed(m.start_commit(t0, OP)).is_fatal());
+}
+
+/// A mismatched answer is a driver bug: the machine refuses to guess and becomes fatal, never panics.
+#[test]
+fn mismatched_answer_is_fatal_not_a_panic() {
+    let t0 = Instant::now();
+    let mut m = machine(2);
+    sent(m.start_init(t0, OP));
+    let err = failed(m.on_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
+    assert!(err.is_fatal());
+    let mut m = ready(2, t0);
+    assert!(matches!(
+        m.on_response(end_ok(None), t0),
+        Step::Failed(ProducerError::IllegalState { .. })
+    ));
+}
+
+// ------------------------------------------------------------------------------------------------
+// random walks
+
+mod walk {
+    //! Random interleavings of calls, answers, dropped futures and passing time, checked against the
+    //! invariants the caller relies on.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone, Copy)]
+    enum Answer {
+        Ok,
+        Retry,
+        MovedCoordinator,
+        Lost,
+        Fenced,
+        CommitFenced,
+        Abortable,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Cmd {
+        Init,
+        Begin,
+        Append(i32),
+        PollAdd,
+        AnswerAdd(bool),
+        ProduceSent(i32),
+        ProduceError {
+            fatal: bool,
+            bump: bool,
+        },
+        SendOffsets,
+        Commit,
+        Abort,
+        Answer(Answer),
+        /// Time passes beyond every deadline.
+        Wait,
+    }
+
+    fn answer() -> impl Strategy<Value = Answer> {
+        prop_oneof![
+            4 => Just(Answer::Ok),
+            2 => Just(Answer::Retry),
+            1 => Just(Answer::MovedCoordinator),
+            3 => Just(Answer::Lost),
+            1 => Just(Answer::Fenced),
+            1 => Just(Answer::CommitFenced),
+            1 => Just(Answer::Abortable),
+        ]
+    }
+
+    fn cmd() -> impl Strategy<Value = Cmd> {
+        prop_oneof![
+            1 => Just(Cmd::Init),
+            2 => Just(Cmd::Begin),
+            2 => (0..3i32).prop_map(Cmd::Append),
+            1 => Just(Cmd::PollAdd),
+            1 => any::<bool>().prop_map(Cmd::AnswerAdd),
+            2 => (0..3i32).prop_map(Cmd::ProduceSent),
+            1 => (any::<bool>(), any::<bool>())
+                .prop_map(|(fatal, bump)| Cmd::ProduceError { fatal: fatal && bump, bump }),
+            1 => Just(Cmd::SendOffsets),
+            2 => Just(Cmd::Commit),
+            2 => Just(Cmd::Abort),
+            6 => answer().prop_map(Cmd::Answer),
+            2 => Just(Cmd::Wait),
+        ]
+    }
+
+    fn response(req: &TxnRequest, a: Answer) -> TxnResponse {
+        let code = match a {
+            Answer::Ok => ErrorCode::None,
+            Answer::Retry => ErrorCode::ConcurrentTransactions,
+            Answer::MovedCoordinator => ErrorCode::NotCoordinator,
+            Answer::Lost => return TxnResponse::NoAnswer("lost".into()),
+            Answer::Fenced => ErrorCode::ProducerFenced,
+            Answer::CommitFenced => ErrorCode::IllegalGeneration,
+            Answer::Abortable => ErrorCode::TransactionAbortable,
+        };
+        match req {
+            TxnRequest::InitProducerId { current, .. } => {
+                TxnResponse::InitProducerId(if code.is_ok() {
+                    Ok(current.map_or(IDS, |c| ProducerIdEpoch {
+                        id: c.id,
+                        epoch: c.epoch + 1,
+                    }))
+                } else {
+                    Err(code)
+                })
+            }
+            TxnRequest::AddPartitions { partitions, .. } => {
+                TxnResponse::AddPartitions(partitions.iter().map(|tp| (tp.clone(), code)).collect())
+            }
+            TxnRequest::AddOffsets { .. } => TxnResponse::AddOffsets(code),
+            TxnRequest::TxnOffsetCommit { offsets, .. } => TxnResponse::TxnOffsetCommit(
+                offsets.iter().map(|(tp, _)| (tp.clone(), code)).collect(),
+            ),
+            TxnRequest::EndTxn { ids, tv, .. } => TxnResponse::EndTxn {
+                code,
+                next: (*tv == TxnVersion::V2 && code.is_ok()).then_some(ProducerIdEpoch {
+                    id: ids.id,
+                    epoch: ids.epoch + 1,
+                }),
+            },
+        }
+    }
+
+    /// What the walk knows about the open transaction, independent of the machine.
+    #[derive(Default)]
+    struct Model {
+        /// Something of the transaction was put on the wire.
+        reached: bool,
+        /// A TxnOffsetCommit went out and its answer was never fed.
+        offsets_in_doubt: bool,
+        /// Partitions whose AddPartitionsToTxn was answered with success.
+        enrolled: BTreeSet<TopicPartition>,
+    }
+
+    fn check_error(m: &TxnMachine, e: &ProducerError) {
+        if e.is_fatal() {
+            assert_eq!(m.state(), TransactionState::FatalError, "{e}");
+        }
+        if e.is_outcome_unknown() {
+            assert_eq!(m.state(), TransactionState::CommitOutcomeUnknown, "{e}");
+        }
+        if e.is_abortable() {
+            assert!(
+                matches!(
+                    m.state(),
+                    TransactionState::AbortableError | TransactionState::FatalError
+                ),
+                "{e} in {:?}",
+                m.state()
+            );
+        }
+    }
+
+    fn run(tv: i16, cmds: Vec<Cmd>) {
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut m = machine(tv);
+        let mut outstanding: Option<TxnRequest> = None;
+        let mut add_outstanding: Option<TxnRequest> = None;
+        let mut model = Model::default();
+        for cmd in cmds {
+            let before = m.state();
+            let fatal_before = before == TransactionState::FatalError;
+            let dropped_offsets = matches!(outstanding, Some(TxnRequest::TxnOffsetCommit { .. }));
+            let mut step = None;
+            match cmd {
+                Cmd::Init => step = Some(m.start_init(now, OP)),
+                Cmd::Begin => {
+                    if m.begin(now).is_ok() {
+                        model = Model::default();
+                        add_outstanding = None;
+                    }
+                }
+                Cmd::Append(p) => {
+                    let _ = m.on_append(&tp(p));
+                }
+                Cmd::PollAdd => {
+                    if add_outstanding.is_none() {
+                        if let Some(r) = m.poll_add_partitions(now) {
+                            model.reached = true;
+                            add_outstanding = Some(r);
+                        }
+                    }
+                }
+                Cmd::AnswerAdd(ok) => {
+                    if let Some(req) = add_outstanding.take() {
+                        let resp = response(&req, if ok { Answer::Ok } else { Answer::Retry });
+                        if let (true, TxnRequest::AddPartitions { partitions, .. }) = (ok, &req) {
+                            model.enrolled.extend(partitions.iter().cloned());
+                        }
+                        if let Some(e) = m.on_add_partitions(resp, now).error {
+                            check_error(&m, &e);
+                        }
+                    }
+                }
+                Cmd::ProduceSent(p) => {
+                    if m.can_produce(&tp(p)) {
+                        if m.txn_version() == TxnVersion::V1 {
+                            assert!(
+                                model.enrolled.contains(&tp(p)),
+                                "TV1 produce before enrolment"
+                            );
+                        }
+                        model.reached = true;
+                        m.on_produce_sent(&tp(p));
+                    }
+                }
+                Cmd::ProduceError { fatal, bump } => {
+                    let err = if fatal {
+                        ProducerError::Fenced {
+                            transactional_id: "tx-1".into(),
+                            code: ErrorCode::ProducerFenced,
+                        }
+                    } else {
+                        ProducerError::Broker {
+                            api: "Produce",
+                            code: ErrorCode::OutOfOrderSequenceNumber,
+                            class: ErrorClass::Abortable,
+                        }
+                    };
+                    m.on_produce_error(err, bump);
+                }
+                Cmd::SendOffsets => step = Some(m.start_send_offsets(&group(), offsets(), now, OP)),
+                Cmd::Commit => step = Some(m.start_commit(now, OP)),
+                Cmd::Abort => step = Some(m.start_abort(now, OP)),
+                Cmd::Answer(a) => {
+                    if let Some(req) = outstanding.take() {
+                        let s = m.on_response(response(&req, a), now);
+                        // A later send_offsets that completed ran the fence for the offsets that count
+                        // (requests to one coordinator are processed in order).
+                        if matches!(req, TxnRequest::TxnOffsetCommit { .. })
+                            && matches!(s, Step::Done)
+                        {
+                            model.offsets_in_doubt = false;
+                        }
+                        step = Some(s);
+                    }
+                }
+                Cmd::Wait => now += OP * 2,
+            }
+            if let Some(step) = step {
+                if !matches!(cmd, Cmd::Answer(_)) && dropped_offsets {
+                    model.offsets_in_doubt = true;
+                }
+                match step {
+                    Step::Send(req) | Step::Backoff { request: req, .. } => {
+                        if let TxnRequest::EndTxn { commit, .. } = &req {
+                            if *commit {
+                                assert!(
+                                    !model.offsets_in_doubt,
+                                    "commit after an interrupted send_offsets"
+                                );
+                            } else {
+                                assert!(
+                                    !matches!(
+                                        before,
+                                        TransactionState::Committing
+                                            | TransactionState::CommitOutcomeUnknown
+                                    ),
+                                    "abort of a commit that may land"
+                                );
+                            }
+                        }
+                        if matches!(
+                            req,
+                            TxnRequest::TxnOffsetCommit { .. } | TxnRequest::AddOffsets { .. }
+                        ) {
+                            model.reached = true;
+                        }
+                        assert!(!fatal_before, "a request after a fatal error: {req:?}");
+                        outstanding = Some(req);
+                    }
+                    Step::Done => {
+                        if matches!(cmd, Cmd::Commit | Cmd::Abort)
+                            && before == TransactionState::InTransaction
+                        {
+                            assert!(
+                                !model.reached,
+                                "EndTxn skipped for a transaction on the wire"
+                            );
+                        }
+                    }
+                    Step::Failed(e) => {
+                        check_error(&m, &e);
+                        if fatal_before {
+                            assert!(e.is_fatal(), "{e}");
+                        }
+                    }
+                }
+            }
+            if fatal_before {
+                assert_eq!(m.state(), TransactionState::FatalError, "fatal is terminal");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn tv1_walks_keep_the_invariants(cmds in proptest::collection::vec(cmd(), 1..60)) {
+            run(1, cmds);
+        }
+
+        #[test]
+        fn tv2_walks_keep_the_invariants(cmds in proptest::collection::vec(cmd(), 1..60)) {
+            run(2, cmds);
+        }
+    }
+}

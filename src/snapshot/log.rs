@@ -1,0 +1,94 @@
+//! The recovery read's view of a snapshot partition, over the consumer's partition reader.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::recovery::{LogChunk, LogError, SnapshotLog};
+use crate::consumer::{
+    list_offsets, OffsetSpec, PartitionReader, ReaderConfig, StartAt, TopicPartition,
+};
+use crate::net::Client;
+use crate::records::IsolationLevel;
+
+/// A snapshot partition read at read_committed by a group-less [`PartitionReader`]: no committed offset
+/// can ever shorten the read, and no group membership can be lost while it runs.
+#[derive(Debug)]
+pub struct PartitionLog {
+    client: Client,
+    reader: PartitionReader,
+    partition: TopicPartition,
+}
+
+impl PartitionLog {
+    /// A read_committed reader of `topic`'s `partition`.
+    pub fn new(client: Client, topic: &str, partition: i32) -> Self {
+        let config = ReaderConfig {
+            isolation: IsolationLevel::ReadCommitted,
+            ..ReaderConfig::default()
+        };
+        let partition = TopicPartition::new(topic, partition);
+        let mut reader = PartitionReader::new(client.clone(), config);
+        reader.assign(partition.clone(), StartAt::Earliest);
+        PartitionLog {
+            client,
+            reader,
+            partition,
+        }
+    }
+
+    async fn offset(&self, spec: OffsetSpec, isolation: IsolationLevel) -> Result<i64, LogError> {
+        let offsets = list_offsets(
+            &self.client,
+            std::slice::from_ref(&self.partition),
+            spec,
+            isolation,
+        )
+        .await?;
+        offsets
+            .get(&self.partition)
+            .copied()
+            .ok_or_else(|| format!("no offset returned for {}", self.partition).into())
+    }
+}
+
+impl SnapshotLog for PartitionLog {
+    async fn high_watermark(&mut self) -> Result<i64, LogError> {
+        self.offset(OffsetSpec::Latest, IsolationLevel::ReadUncommitted)
+            .await
+    }
+
+    async fn last_stable_offset(&mut self) -> Result<i64, LogError> {
+        self.offset(OffsetSpec::Latest, IsolationLevel::ReadCommitted)
+            .await
+    }
+
+    async fn log_start(&mut self) -> Result<i64, LogError> {
+        self.offset(OffsetSpec::Earliest, IsolationLevel::ReadUncommitted)
+            .await
+    }
+
+    async fn fetch(&mut self, offset: i64, max_wait: Duration) -> Result<LogChunk, LogError> {
+        if self.reader.position(&self.partition) != Some(offset) {
+            self.reader.seek(&self.partition, StartAt::Offset(offset));
+        }
+        let fetched = self.reader.fetch_for(max_wait).await?;
+        let mut records = Vec::new();
+        for part in fetched {
+            // The recovered map outlives the fetch buffers. A key or value sliced from a buffer would keep
+            // the whole buffer alive as long as that key's snapshot is current, so after many overwrites
+            // the map would pin every buffer ever fetched. Copying bounds memory by the live state.
+            records.extend(part.records.into_iter().map(|r| {
+                (
+                    r.key.map(|k| Bytes::copy_from_slice(&k)),
+                    r.value.map(|v| Bytes::copy_from_slice(&v)),
+                )
+            }));
+        }
+        let next_offset = self.reader.position(&self.partition).unwrap_or(offset);
+        Ok(LogChunk {
+            records,
+            next_offset,
+        })
+    }
+}

@@ -1,0 +1,216 @@
+//! The snapshot store of one assigned input partition.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::error::SnapshotError;
+use super::group_commit::{GroupCommit, MetadataSource, TryWriteError};
+use super::runner::ProducerRunner;
+use crate::net::Client;
+use crate::producer::{ProducerConfig, TopicPartition, TransactionalConfig, TransactionalProducer};
+
+/// How snapshots of one flow are stored.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SnapshotConfig {
+    /// The compacted snapshot topic. It has as many partitions as the input topic: snapshot partition N
+    /// holds the state of input partition N.
+    pub snapshot_topic: String,
+    /// Prefix of the per-partition transactional ids, `<prefix>-<partition>`. Cluster-scoped like a group
+    /// id: one prefix per flow, or flows fence each other's producers.
+    pub transactional_id_prefix: String,
+    /// Writes drained into one transaction at most. Default 256; below 1 is a configuration error.
+    pub max_writes_per_transaction: usize,
+    /// Writes that may wait for a transaction before `write` waits for room. Default 65 536.
+    pub max_queued_writes: usize,
+    /// How long the recovery read may make no progress before it fails with a diagnosis.
+    /// Default 3 minutes; `None` waits forever.
+    pub recovery_stall_timeout: Option<Duration>,
+    /// The snapshot producer's transaction timeout. Default 1 minute.
+    pub transaction_timeout: Duration,
+    /// Producer batching and retry settings.
+    pub producer: ProducerConfig,
+}
+
+impl SnapshotConfig {
+    /// Defaults for `snapshot_topic` with transactional ids `<prefix>-<partition>`.
+    pub fn new(
+        snapshot_topic: impl Into<String>,
+        transactional_id_prefix: impl Into<String>,
+    ) -> Self {
+        SnapshotConfig {
+            snapshot_topic: snapshot_topic.into(),
+            transactional_id_prefix: transactional_id_prefix.into(),
+            max_writes_per_transaction: 256,
+            max_queued_writes: 65_536,
+            recovery_stall_timeout: Some(Duration::from_secs(180)),
+            transaction_timeout: Duration::from_secs(60),
+            producer: ProducerConfig::default(),
+        }
+    }
+
+    /// The transactional id of a snapshot partition's producer.
+    pub fn transactional_id(&self, partition: i32) -> String {
+        format!("{}-{}", self.transactional_id_prefix, partition)
+    }
+
+    fn validate(&self) -> Result<(), SnapshotError> {
+        if self.max_writes_per_transaction < 1 {
+            return Err(SnapshotError::Config(
+                "max_writes_per_transaction must be at least 1".into(),
+            ));
+        }
+        if self.snapshot_topic.is_empty() || self.transactional_id_prefix.is_empty() {
+            return Err(SnapshotError::Config(
+                "the snapshot topic and the transactional id prefix must not be empty".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the consumer's assignment supplies for one partition; never configured by hand.
+#[derive(Clone)]
+pub struct Assignment {
+    /// The input partition (its number is also the snapshot partition's).
+    pub input: TopicPartition,
+    /// The input offset the partition was assigned at (the committed offset, or the reset position):
+    /// every transaction commits at least this, so the first write is already fenced.
+    pub assigned_offset: i64,
+    /// The consumer's live group metadata, read once per transaction.
+    pub metadata: Arc<dyn MetadataSource>,
+}
+
+impl std::fmt::Debug for Assignment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Assignment")
+            .field("input", &self.input)
+            .field("assigned_offset", &self.assigned_offset)
+            .field("metadata", &self.metadata.current())
+            .finish()
+    }
+}
+
+/// The transactional, generation-fenced snapshot store of one assigned partition.
+pub struct SnapshotStore {
+    config: SnapshotConfig,
+    partition: i32,
+    commits: GroupCommit<ProducerRunner>,
+    acquired_in: Duration,
+}
+
+impl std::fmt::Debug for SnapshotStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotStore")
+            .field("snapshot_topic", &self.config.snapshot_topic)
+            .field("partition", &self.partition)
+            .field("committed_offset", &self.commits.committed_offset())
+            .finish()
+    }
+}
+
+impl SnapshotStore {
+    /// Takes ownership of a snapshot partition: initialises its transactional producer with the stable id
+    /// `<prefix>-<partition>`. That init fences the previous owner's producer and aborts any transaction it
+    /// left open, so the recovery read that follows does not wait for it.
+    ///
+    /// Cancel-safe: dropping the future leaves at most a bumped producer epoch behind.
+    pub async fn acquire(
+        client: Client,
+        config: SnapshotConfig,
+        assignment: Assignment,
+    ) -> Result<Self, SnapshotError> {
+        config.validate()?;
+        let partition = assignment.input.partition;
+        let began = tokio::time::Instant::now();
+        let mut txn = TransactionalConfig::new(config.transactional_id(partition));
+        txn.transaction_timeout = config.transaction_timeout;
+        txn.producer = config.producer.clone();
+        let producer = TransactionalProducer::init(client, txn)
+            .await
+            .map_err(|e| SnapshotError::Io {
+                partition,
+                source: Arc::new(e),
+            })?;
+        let acquired_in = began.elapsed();
+        tracing::info!(
+            partition,
+            transactional_id = %config.transactional_id(partition),
+            ?acquired_in,
+            "snapshot partition acquired: the previous owner's producer is fenced and its open transaction aborted"
+        );
+        let runner = ProducerRunner {
+            producer,
+            snapshot_topic: Arc::from(config.snapshot_topic.as_str()),
+            partition,
+            input: assignment.input.clone(),
+        };
+        let commits = GroupCommit::new(
+            partition,
+            runner,
+            assignment.metadata,
+            assignment.assigned_offset,
+            config.max_writes_per_transaction,
+            config.max_queued_writes,
+        )?;
+        Ok(SnapshotStore {
+            config,
+            partition,
+            commits,
+            acquired_in,
+        })
+    }
+
+    /// The snapshot (= input) partition.
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// How long the producer's initialisation (the takeover) took.
+    pub fn acquired_in(&self) -> Duration {
+        self.acquired_in
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SnapshotConfig {
+        &self.config
+    }
+
+    /// The input offset the last successful transaction committed (the assigned offset before any).
+    pub fn committed_offset(&self) -> i64 {
+        self.commits.committed_offset()
+    }
+
+    /// Writes a snapshot (`Some`) or deletes the key (`None`), and waits until the transaction carrying it
+    /// committed, fenced by the consumer's generation. See [`GroupCommit::write`] for batching and cancel
+    /// safety.
+    pub async fn write(&self, key: Bytes, value: Option<Bytes>) -> Result<(), SnapshotError> {
+        self.commits.write(key, value).await
+    }
+
+    /// Commits `offset` as the input partition's committable offset (riding with queued writes, or as an
+    /// offset-only transaction), and waits for the outcome. See [`GroupCommit::commit_offset`].
+    pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
+        self.commits.commit_offset(offset).await
+    }
+
+    /// Like [`write`](Self::write) but fails at once, handing the write back, when the queue is full.
+    /// The write is queued before this returns; the future is its outcome.
+    pub fn try_write(
+        &self,
+        key: Bytes,
+        value: Option<Bytes>,
+    ) -> Result<
+        impl std::future::Future<Output = Result<(), SnapshotError>> + Send + 'static,
+        TryWriteError,
+    > {
+        self.commits.try_write(key, value)
+    }
+
+    /// Stops accepting writes and waits for the transaction in flight. The producer is closed with it.
+    pub async fn close(self) {
+        self.commits.close().await;
+    }
+}
