@@ -127,6 +127,7 @@ pub(crate) async fn execute(
                 protocol_name: r.protocol_name.map(string),
                 leader: string(r.leader),
                 member_id: string(r.member_id),
+                skip_assignment: r.skip_assignment,
                 members: r
                     .members
                     .into_iter()

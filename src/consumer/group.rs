@@ -142,9 +142,10 @@ impl<L: RebalanceListener> GroupConsumer<L> {
         self.poll_path.handle()
     }
 
-    /// The partitions this member holds: assigned, and not revoked or lost.
+    /// The partitions this member holds, as the listener has been told: assigned (its assign handler
+    /// ran) and not yet revoked or lost (their handler has not returned). Changes only inside `poll`.
     pub fn assignment(&self) -> BTreeSet<TopicPartition> {
-        self.shared.lock().assignment()
+        self.poll_path.held().clone()
     }
 
     /// The listener.
@@ -233,8 +234,8 @@ impl<L: RebalanceListener> GroupConsumer<L> {
         self.poll_path.drive(&self.shared, &mut adapter).await
     }
 
-    /// Brings the reader in line with the assignment: drops what is no longer owned, starts new
-    /// partitions at their committed offset (or per the reset policy).
+    /// Brings the reader in line with what the application holds: drops what is no longer held,
+    /// starts newly held partitions at their committed offset (or per the reset policy).
     async fn sync_assignment(&mut self) -> Result<(), ConsumerError> {
         let owned = self.assignment();
         for tp in self.reader.assignment() {

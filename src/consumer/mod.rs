@@ -1,4 +1,26 @@
 //! The partition reader and the group consumer.
+//!
+//! - [`PartitionReader`]: reads assigned partitions at read_uncommitted or read_committed (through the
+//!   records layer's visibility engine), tracks positions, bounds memory with `max_bytes`, follows
+//!   leader changes with leader epochs, and resets out-of-range positions only by an explicit
+//!   [`OffsetReset`]. [`list_offsets`] gives earliest and end offsets (the end is the high watermark at
+//!   read_uncommitted and the last stable offset at read_committed).
+//! - [`GroupConsumer`]: a consumer group member under the classic protocol (eager `range` /
+//!   `roundrobin`, or `cooperative-sticky`; optional static membership) or the KIP-848 consumer
+//!   protocol. Rebalance handlers ([`RebalanceListener`]) are awaited before the group may move on;
+//!   the fencing token is a live [`GroupMetadataHandle`] published on the poll path.
+//! - [`commit_offsets`] / [`committed_offsets`]: OffsetCommit and OffsetFetch for the default,
+//!   non-transactional mode (auto-commit is off unless configured).
+//!
+//! The membership protocols are sans-IO state machines (`membership/`), driven by one background
+//! task per consumer; `docs/consumer.md` walks through the revocation interleavings.
+//!
+//! # References
+//! - KIP-98 / KIP-447 (transactions, read_committed, the fencing token in offset commits)
+//! - KIP-320 (leader epochs in Fetch and ListOffsets), KIP-74 (fetch size bounds)
+//! - KIP-62, KIP-345, KIP-394, KIP-429 (classic: rebalance timeout, static membership, member id
+//!   required, cooperative rebalancing)
+//! - KIP-848, KIP-1082 (the consumer protocol, client-generated member ids)
 
 mod assignor;
 mod config;

@@ -255,6 +255,8 @@ impl PartitionReader {
                     for p in &parts {
                         guard.done(&p.tp);
                         guard.fetcher.failed(now, &p.tp);
+                        // The leader may be gone: re-read who leads before the next attempt.
+                        self.client.invalidate_leader(&p.tp.topic, p.tp.partition);
                     }
                 }
             }
@@ -299,6 +301,7 @@ impl PartitionReader {
                     for p in &parts {
                         guard.done(&p.tp);
                         guard.fetcher.failed(now, &p.tp);
+                        self.client.invalidate_leader(&p.tp.topic, p.tp.partition);
                     }
                 }
             }

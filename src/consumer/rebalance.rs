@@ -76,6 +76,8 @@ impl Member {
     pub(crate) fn group_metadata(&self) -> Option<GroupMetadata> {
         both!(self, m => m.group_metadata())
     }
+    /// The machine's view; the application's is the poll path's held set.
+    #[cfg(test)]
     pub(crate) fn assignment(&self) -> BTreeSet<TopicPartition> {
         match self {
             Member::Classic(m) => m.assignment().clone(),
@@ -121,6 +123,10 @@ pub(crate) fn now() -> Instant {
 #[derive(Debug)]
 pub(crate) struct PollPath {
     group_id: String,
+    /// What the application holds: partitions whose assign handler ran and whose revoke or lost
+    /// handler has not. Lags the machine on purpose: nothing is fetched for a partition before the
+    /// application was told it has it, and until its revocation is handled it still has it.
+    held: BTreeSet<TopicPartition>,
     in_progress: Option<MemberEvent>,
     fatal: Option<super::membership::Fatal>,
     publisher: GroupMetadataPublisher,
@@ -132,6 +138,7 @@ impl PollPath {
         (
             PollPath {
                 group_id: group_id.to_string(),
+                held: BTreeSet::new(),
                 in_progress: None,
                 fatal: None,
                 publisher,
@@ -142,6 +149,11 @@ impl PollPath {
 
     pub(crate) fn handle(&self) -> GroupMetadataHandle {
         self.publisher.handle(&self.group_id)
+    }
+
+    /// The partitions the application holds (see the field).
+    pub(crate) fn held(&self) -> &BTreeSet<TopicPartition> {
+        &self.held
     }
 
     /// Marks the member alive, runs every pending rebalance event through `listener` in order,
@@ -179,14 +191,17 @@ impl PollPath {
             match event {
                 MemberEvent::Revoke(partitions) => {
                     listener.on_partitions_revoked(&partitions).await;
+                    self.release(&partitions);
                     self.acknowledge(shared);
                 }
                 MemberEvent::Lost { partitions, reason } => {
                     listener.on_partitions_lost(&partitions, reason).await;
+                    self.release(&partitions);
                     self.acknowledge(shared);
                 }
                 MemberEvent::Assign(partitions) => {
                     listener.on_partitions_assigned(&partitions).await;
+                    self.held.extend(partitions);
                     self.in_progress = None;
                 }
                 MemberEvent::Fatal(f) => {
@@ -199,9 +214,21 @@ impl PollPath {
         Ok(())
     }
 
-    /// Publishes the member's current group metadata (end of every poll).
+    /// Publishes the member's current group metadata at the end of a poll, unless rebalance events
+    /// are waiting: then the next poll publishes it just before handing them to the listener, so that
+    /// between polls the published generation and the held partitions always belong together (an
+    /// eager member never shows the new generation with the old, already revoked, assignment).
     pub(crate) fn publish(&self, shared: &Shared) {
-        self.publisher.publish(shared.lock().group_metadata());
+        let m = shared.lock();
+        if !m.has_events() {
+            self.publisher.publish(m.group_metadata());
+        }
+    }
+
+    fn release(&mut self, partitions: &[TopicPartition]) {
+        for p in partitions {
+            self.held.remove(p);
+        }
     }
 
     fn acknowledge(&mut self, shared: &Shared) {
@@ -283,6 +310,7 @@ mod tests {
         move |r| match r {
             Request::FindCoordinator => Some(Response::Coordinator { node: 1 }),
             Request::JoinGroup { .. } => Some(Response::JoinGroup {
+                skip_assignment: false,
                 error: ErrorCode::None,
                 generation_id: generation,
                 protocol_name: Some(protocol.into()),
@@ -461,6 +489,37 @@ mod tests {
         assert_eq!(sent[0], "JoinGroup");
     }
 
+    /// The held set follows the handlers, not the machine: a partition the machine already assigned
+    /// is not held until its assign handler ran, and a revoked one stays held until its revoke
+    /// handler returned.
+    #[tokio::test(start_paused = true)]
+    async fn held_follows_the_handlers() {
+        let shared = classic(vec![Assignor::Range]);
+        let (mut path, _h) = PollPath::new("g");
+        let mut l = Recorder {
+            shared: Some(shared.clone()),
+            ..Default::default()
+        };
+        answer(&shared, &mut coordinator(1, &[0, 1], "range"));
+        assert_eq!(shared.lock().assignment().len(), 2, "the machine knows");
+        assert!(path.held().is_empty(), "the application was not told yet");
+        path.drive(&shared, &mut l).await.unwrap();
+        assert_eq!(path.held().len(), 2);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        answer(&shared, &mut coordinator(2, &[0], "range"));
+        assert!(
+            shared.lock().assignment().is_empty(),
+            "eager: the machine gave everything back"
+        );
+        assert_eq!(
+            path.held().len(),
+            2,
+            "still held until the revoke handler ran"
+        );
+        path.drive(&shared, &mut l).await.unwrap();
+        assert!(path.held().is_empty());
+    }
+
     /// A fatal group error surfaces from every later poll.
     #[tokio::test(start_paused = true)]
     async fn fatal_is_sticky() {
@@ -469,6 +528,7 @@ mod tests {
         answer(&shared, &mut |r| match r {
             Request::FindCoordinator => Some(Response::Coordinator { node: 1 }),
             Request::JoinGroup { .. } => Some(Response::JoinGroup {
+                skip_assignment: false,
                 error: ErrorCode::GroupAuthorizationFailed,
                 generation_id: -1,
                 protocol_name: None,

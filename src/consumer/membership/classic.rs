@@ -66,6 +66,9 @@ struct Round {
     /// topic did not exist).
     topics: BTreeMap<String, Option<i32>>,
     leader: bool,
+    /// KIP-814: a rejoining static leader keeps the coordinator's assignment; it only re-reads the
+    /// partition counts it monitors.
+    skip_assignment: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -207,7 +210,9 @@ impl ClassicMember {
         .ok()
     }
 
-    /// The partitions the application holds (assigned and not revoked or lost).
+    /// The partitions assigned and not yet handed out for revocation or loss.
+    /// The machine's view; the application's is the poll path's held set.
+    #[cfg(test)]
     pub(crate) fn assignment(&self) -> &BTreeSet<TopicPartition> {
         &self.owned
     }
@@ -437,13 +442,14 @@ impl ClassicMember {
                     leader,
                     member_id,
                     members,
+                    skip_assignment,
                 },
             ) => self.on_join(
                 now,
                 error,
                 generation_id,
                 protocol_name,
-                leader,
+                (leader, skip_assignment),
                 member_id,
                 members,
             ),
@@ -797,7 +803,7 @@ impl ClassicMember {
         error: ErrorCode,
         generation_id: i32,
         protocol_name: Option<String>,
-        leader: String,
+        (leader, skip_assignment): (String, bool),
         member_id: String,
         members: Vec<JoinedMember>,
     ) {
@@ -840,6 +846,7 @@ impl ClassicMember {
             assignments: Vec::new(),
             topics: BTreeMap::new(),
             leader: is_leader,
+            skip_assignment,
         });
         self.phase = if is_leader {
             Phase::AwaitingMetadata(round)
@@ -890,7 +897,11 @@ impl ClassicMember {
             })
             .collect();
         let assignor = Assignor::from_name(&round.protocol).expect("checked at join");
-        let plan = assignor.assign(&subscriptions, &counts);
+        let plan = if round.skip_assignment {
+            BTreeMap::new()
+        } else {
+            assignor.assign(&subscriptions, &counts)
+        };
         round.assignments = plan
             .into_iter()
             .map(|(member, set)| {

@@ -187,6 +187,8 @@ impl ConsumerMember {
         .ok()
     }
 
+    /// The machine's view; the application's is the poll path's held set.
+    #[cfg(test)]
     pub(crate) fn assignment(&self) -> BTreeSet<TopicPartition> {
         self.owned.values().cloned().collect()
     }

@@ -216,6 +216,9 @@ pub(crate) enum Response {
         leader: String,
         member_id: String,
         members: Vec<JoinedMember>,
+        /// KIP-814: a static leader rejoined; it must not compute a new assignment (the coordinator
+        /// keeps the current one), only resume monitoring the group's topics.
+        skip_assignment: bool,
     },
     SyncGroup {
         error: ErrorCode,

@@ -74,6 +74,7 @@ impl Coordinator {
                         from,
                         t.id,
                         Response::JoinGroup {
+                            skip_assignment: false,
                             error: ErrorCode::MemberIdRequired,
                             generation_id: -1,
                             protocol_name: None,
@@ -230,6 +231,7 @@ impl Coordinator {
                     idx,
                     id,
                     Response::JoinGroup {
+                        skip_assignment: false,
                         error: ErrorCode::None,
                         generation_id: self.generation,
                         protocol_name: Some(self.protocol.clone()),

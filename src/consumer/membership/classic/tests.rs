@@ -94,6 +94,7 @@ impl H {
 
     fn join_response(error: ErrorCode, generation: i32, leader: &str, member: &str) -> Response {
         Response::JoinGroup {
+            skip_assignment: false,
             error,
             generation_id: generation,
             protocol_name: Some("cooperative-sticky".into()),
@@ -113,6 +114,7 @@ impl H {
         self.reply(
             &join,
             Response::JoinGroup {
+                skip_assignment: false,
                 error: ErrorCode::None,
                 generation_id: generation,
                 protocol_name: Some(protocol.clone()),
@@ -207,6 +209,7 @@ fn first_join_as_leader() {
     h.reply(
         &join2,
         Response::JoinGroup {
+            skip_assignment: false,
             error: ErrorCode::None,
             generation_id: 1,
             protocol_name: Some("range".into()),
@@ -705,6 +708,7 @@ fn leader_rebalances_when_partitions_are_added() {
     h.reply(
         &join,
         Response::JoinGroup {
+            skip_assignment: false,
             error: ErrorCode::None,
             generation_id: 1,
             protocol_name: Some("range".into()),
@@ -806,4 +810,69 @@ fn poll_timeout_covers_the_next_heartbeat() {
     h.now = wake;
     h.m.on_poll(h.now);
     h.expect("Heartbeat");
+}
+
+/// KIP-814: a static leader that rejoins is told to skip the assignment; it sends SyncGroup without
+/// assignments (the coordinator keeps the current ones) and still re-reads the partition counts it
+/// monitors.
+#[test]
+fn static_leader_rejoin_skips_the_assignment() {
+    let mut c = config(vec![Assignor::Range]);
+    c.group_instance_id = Some("instance-a".into());
+    let mut h = H::new(c);
+    h.find_coordinator();
+    let join = h.expect("JoinGroup");
+    let metadata = match &join.request {
+        Request::JoinGroup { protocols, .. } => protocols[0].1.clone(),
+        _ => unreachable!(),
+    };
+    h.reply(
+        &join,
+        Response::JoinGroup {
+            skip_assignment: true,
+            error: ErrorCode::None,
+            generation_id: 7,
+            protocol_name: Some("range".into()),
+            leader: "m-9".into(),
+            member_id: "m-9".into(),
+            members: vec![JoinedMember {
+                member_id: "m-9".into(),
+                group_instance_id: Some("instance-a".into()),
+                metadata,
+            }],
+        },
+    );
+    let md = h.expect("Metadata");
+    h.reply(
+        &md,
+        Response::Metadata {
+            topics: vec![TopicMetadata {
+                name: "t".into(),
+                id: None,
+                partitions: Some(2),
+            }],
+        },
+    );
+    let sync = h.expect("SyncGroup");
+    match &sync.request {
+        Request::SyncGroup {
+            assignments,
+            generation_id,
+            ..
+        } => {
+            assert!(assignments.is_empty(), "no new assignment computed");
+            assert_eq!(*generation_id, 7);
+        }
+        _ => unreachable!(),
+    }
+    h.reply(
+        &sync,
+        Response::SyncGroup {
+            error: ErrorCode::None,
+            protocol_name: Some("range".into()),
+            assignment: assignment_bytes(&tps("t", &[0, 1])),
+        },
+    );
+    assert_eq!(h.events(), vec![MemberEvent::Assign(tps("t", &[0, 1]))]);
+    assert_eq!(h.m.group_metadata().unwrap().generation_id(), 7);
 }
