@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use kafka_protocol::messages::MetadataResponse;
 
@@ -27,6 +28,34 @@ impl BrokerInfo {
     /// `host:port`.
     pub fn addr(&self) -> String {
         format!("{}:{}", self.host, self.port)
+    }
+}
+
+/// One partition of one topic: the address every layer above speaks in.
+///
+/// The topic name is an `Arc<str>` so the many copies a client keeps (assignments, positions, in-flight
+/// batches, handler arguments) share one allocation per topic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicPartition {
+    /// The topic name.
+    pub topic: Arc<str>,
+    /// The partition index.
+    pub partition: i32,
+}
+
+impl TopicPartition {
+    /// A partition of `topic`.
+    pub fn new(topic: impl Into<Arc<str>>, partition: i32) -> Self {
+        TopicPartition {
+            topic: topic.into(),
+            partition,
+        }
+    }
+}
+
+impl fmt::Display for TopicPartition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.topic, self.partition)
     }
 }
 

@@ -35,5 +35,6 @@ pub use config::ClientConfig;
 pub use error::{ConnectionFailure, NetError};
 pub use metadata::{
     BrokerInfo, ClusterMetadata, LeaderInfo, PartitionMetadata, TopicId, TopicMetadata,
+    TopicPartition,
 };
 pub use retry::{retry_action, Backoff, RetryAction, Verdict};

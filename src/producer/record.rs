@@ -1,34 +1,10 @@
 //! What a caller hands the producer and what it gets back.
 
-use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-/// A topic and partition.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TopicPartition {
-    /// The topic name.
-    pub topic: Arc<str>,
-    /// The partition index.
-    pub partition: i32,
-}
-
-impl TopicPartition {
-    /// A topic and partition.
-    pub fn new(topic: impl Into<Arc<str>>, partition: i32) -> Self {
-        TopicPartition {
-            topic: topic.into(),
-            partition,
-        }
-    }
-}
-
-impl fmt::Display for TopicPartition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.topic, self.partition)
-    }
-}
+pub use crate::net::TopicPartition;
 
 /// One record header. Kafka allows repeated keys and a null value.
 #[derive(Debug, Clone, PartialEq, Eq)]

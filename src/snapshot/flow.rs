@@ -251,7 +251,7 @@ impl<F: Fold> Shared<F> {
             (PersistenceMode::NonTransactional, Some(p)) => Writer::Plain(Arc::clone(p)),
             _ => {
                 let assignment = Assignment {
-                    input: crate::producer::TopicPartition::new(tp.topic.clone(), tp.partition),
+                    input: tp.clone(),
                     assigned_offset,
                     metadata: self.metadata_source(),
                 };
