@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
-use snapfence::consumer::{GroupConfig, GroupConsumerConfig, OffsetReset};
+use snapfence::consumer::{GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset};
 use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
 use snapfence::records::Record;
@@ -68,6 +68,7 @@ struct World {
     /// Every event written, per key, in order: the oracle.
     written: HashMap<Bytes, Vec<Bytes>>,
     seq: u64,
+    protocol: GroupProtocol,
 }
 
 impl World {
@@ -94,6 +95,7 @@ impl World {
             producer,
             written: HashMap::new(),
             seq: 0,
+            protocol: GroupConfig::new("-").protocol,
         }
     }
 
@@ -134,6 +136,7 @@ impl World {
         group.session_timeout = Duration::from_secs(6);
         group.heartbeat_interval = Duration::from_millis(500);
         group.max_poll_interval = Duration::from_secs(3);
+        group.protocol = self.protocol.clone();
         let mut consumer = GroupConsumerConfig::new(group);
         consumer.reader.reset = OffsetReset::Earliest;
         let mut snapshots = SnapshotConfig::new(&self.snapshots, &self.txn_prefix);
@@ -172,8 +175,10 @@ async fn poll_until(flow: &mut Flow<Counter>, events: u64) {
 async fn handover(
     kafka: &KafkaCluster,
     mode: PersistenceMode,
+    protocol: &GroupProtocol,
 ) -> (HashMap<Bytes, Tally>, HashMap<Bytes, Tally>, bool) {
     let mut w = World::new(kafka).await;
+    w.protocol = protocol.clone();
     w.emit("a", 5).await;
     w.emit("b", 5).await;
 
@@ -227,38 +232,48 @@ async fn handover(
     (got, w.expected(), stale_refused)
 }
 
+/// The pair under each protocol a broker offers: classic (cooperative-sticky, the default) everywhere, and
+/// the KIP-848 consumer protocol on 4.x (TV2 and TV1).
+async fn pair(kafka: &KafkaCluster, protocol: GroupProtocol) {
+    let v = format!("{} {:?}", kafka.version(), protocol);
+    let (got, want, refused) = handover(kafka, PersistenceMode::NonTransactional, &protocol).await;
+    assert!(
+        !refused,
+        "{v}: the unfenced stale flush was expected to land"
+    );
+    assert_ne!(
+        got, want,
+        "{v}: unfenced, the stale snapshot must corrupt the recovered state"
+    );
+
+    let (got, want, refused) = handover(kafka, PersistenceMode::Transactional, &protocol).await;
+    assert!(refused, "{v}: the fenced stale flush must be refused");
+    assert_eq!(
+        got, want,
+        "{v}: fenced, recovery must equal a fold of all input"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_732_unfenced_corrupts_fenced_prevents() {
+    let classic = GroupConfig::new("-").protocol;
     for spec in [
         ClusterSpec::kafka4(),
         ClusterSpec::kafka4_tv1(),
         ClusterSpec::kafka39(),
     ] {
         let kafka = cluster(spec).await;
-        let (got, want, refused) = handover(&kafka, PersistenceMode::NonTransactional).await;
-        assert!(
-            !refused,
-            "{}: the unfenced stale flush was expected to land",
-            kafka.version()
-        );
-        assert_ne!(
-            got,
-            want,
-            "{}: unfenced, the stale snapshot must corrupt the recovered state",
-            kafka.version()
-        );
+        pair(&kafka, classic.clone()).await;
+    }
+}
 
-        let (got, want, refused) = handover(&kafka, PersistenceMode::Transactional).await;
-        assert!(
-            refused,
-            "{}: the fenced stale flush must be refused",
-            kafka.version()
-        );
-        assert_eq!(
-            got,
-            want,
-            "{}: fenced, recovery must equal a fold of all input",
-            kafka.version()
-        );
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_732_under_the_consumer_protocol() {
+    let kip848 = GroupProtocol::Consumer {
+        server_assignor: None,
+    };
+    for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
+        let kafka = cluster(spec).await;
+        pair(&kafka, kip848.clone()).await;
     }
 }
