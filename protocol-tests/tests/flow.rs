@@ -69,18 +69,26 @@ struct World {
     written: HashMap<Bytes, Vec<Bytes>>,
     seq: u64,
     protocol: GroupProtocol,
+    partitions: i32,
 }
 
 impl World {
     async fn new(kafka: &KafkaCluster) -> World {
+        World::with_partitions(kafka, 1).await
+    }
+
+    async fn with_partitions(kafka: &KafkaCluster, partitions: i32) -> World {
         let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
             .await
             .unwrap();
         let input = unique("input");
         let snapshots = unique("snapshots");
-        client.create_topic(&input, 1, -1, &[]).await.unwrap();
         client
-            .create_topic(&snapshots, 1, -1, &[("cleanup.policy", "compact")])
+            .create_topic(&input, partitions, -1, &[])
+            .await
+            .unwrap();
+        client
+            .create_topic(&snapshots, partitions, -1, &[("cleanup.policy", "compact")])
             .await
             .unwrap();
         let producer = Producer::new(client.clone(), ProducerConfig::default())
@@ -96,6 +104,7 @@ impl World {
             written: HashMap::new(),
             seq: 0,
             protocol: GroupConfig::new("-").protocol,
+            partitions,
         }
     }
 
@@ -104,6 +113,8 @@ impl World {
         for _ in 0..n {
             self.seq += 1;
             let value = Bytes::from(format!("{key}-event-{}", self.seq));
+            // Keys spread over the partitions by their bytes: stable, and every partition gets some.
+            let partition = key.bytes().map(i32::from).sum::<i32>() % self.partitions;
             let key = Bytes::copy_from_slice(key.as_bytes());
             self.written
                 .entry(key.clone())
@@ -111,7 +122,7 @@ impl World {
                 .push(value.clone());
             let record = ProducerRecord::new(self.input.as_str(), Some(value))
                 .key(key)
-                .partition(0);
+                .partition(partition);
             deliveries.push(self.producer.send(record).await.unwrap());
         }
         for d in deliveries {
@@ -276,4 +287,122 @@ async fn issue_732_under_the_consumer_protocol() {
         let kafka = cluster(spec).await;
         pair(&kafka, kip848.clone()).await;
     }
+}
+
+/// One member of the end-to-end run, restarted like a supervisor would when it fails (a fenced stale owner
+/// stops; a new process takes its place).
+struct Member {
+    flow: Option<Flow<Counter>>,
+    paused_until: Option<Instant>,
+    restarts: u32,
+}
+
+impl Member {
+    async fn drive(&mut self, w: &World, tick: u32) {
+        if self.paused_until.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        self.paused_until = None;
+        let flow = match &mut self.flow {
+            Some(f) => f,
+            None => self
+                .flow
+                .insert(w.flow(PersistenceMode::Transactional).await),
+        };
+        let mut step = flow.poll_once(Duration::from_millis(50)).await.map(|_| ());
+        if step.is_ok() && tick % 3 == 0 {
+            step = flow.persist().await;
+        }
+        if step.is_ok() && tick % 6 == 0 {
+            step = flow.commit().await;
+        }
+        if let Err(e) = step {
+            eprintln!("member failed and is restarted: {e}");
+            self.flow = None;
+            self.restarts += 1;
+        }
+    }
+}
+
+/// End to end: three flow instances in one group over a four-partition input while events flow; a member
+/// joins and leaves (rebalances), one member stalls past max.poll.interval and resumes (a zombie, restarted
+/// when its next flush is refused). Afterwards a fresh member's state for every key equals a fold of all of
+/// that key's input events from scratch: nothing lost, nothing folded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end_state_survives_rebalances_and_a_zombie() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::with_partitions(&kafka, 4).await;
+    let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
+    let mut members: Vec<Member> = (0..2)
+        .map(|_| Member {
+            flow: None,
+            paused_until: None,
+            restarts: 0,
+        })
+        .collect();
+    for tick in 0..60u32 {
+        w.emit(keys[tick as usize % keys.len()], 2).await;
+        w.emit(keys[(tick as usize * 3 + 1) % keys.len()], 1).await;
+        if tick == 10 {
+            members.push(Member {
+                flow: None,
+                paused_until: None,
+                restarts: 0,
+            });
+        }
+        if tick == 20 {
+            members[0].paused_until = Some(Instant::now() + Duration::from_secs(6));
+        }
+        if tick == 40 {
+            // The third member goes away without leaving: its session expires and the group rebalances.
+            members.pop();
+        }
+        for m in members.iter_mut() {
+            m.drive(&w, tick).await;
+        }
+    }
+    for m in members.iter_mut() {
+        if let Some(f) = &m.flow {
+            let _ = f.persist().await;
+            let _ = f.commit().await;
+        }
+    }
+    let restarts: u32 = members.iter().map(|m| m.restarts).sum();
+    drop(members);
+
+    // A fresh member alone recovers every partition and folds what remains.
+    let mut c = w.flow(PersistenceMode::Transactional).await;
+    let ends = snapfence::consumer::list_offsets(
+        &w.client,
+        &(0..4)
+            .map(|p| snapfence::consumer::TopicPartition::new(w.input.as_str(), p))
+            .collect::<Vec<_>>(),
+        snapfence::consumer::OffsetSpec::Latest,
+        snapfence::records::IsolationLevel::ReadUncommitted,
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        c.poll_once(Duration::from_millis(200)).await.unwrap();
+        let mut caught_up = true;
+        for (tp, end) in &ends {
+            if c.position(tp.partition).await.is_none_or(|p| p < *end) {
+                caught_up = false;
+            }
+        }
+        if caught_up {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fresh member never caught up"
+        );
+    }
+    let mut got = HashMap::new();
+    for p in 0..4 {
+        got.extend(c.state(p).await.unwrap());
+    }
+    eprintln!("end to end: {} events, {} restarts", w.seq, restarts);
+    assert_eq!(got, w.expected());
 }
