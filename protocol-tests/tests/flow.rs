@@ -330,8 +330,25 @@ impl Member {
 /// that key's input events from scratch: nothing lost, nothing folded twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end_state_survives_rebalances_and_a_zombie() {
-    let kafka = cluster(ClusterSpec::kafka4()).await;
-    let mut w = World::with_partitions(&kafka, 4).await;
+    let classic = GroupConfig::new("-").protocol;
+    let kip848 = GroupProtocol::Consumer {
+        server_assignor: None,
+    };
+    for (spec, protocol) in [
+        (ClusterSpec::kafka4(), classic.clone()),
+        (ClusterSpec::kafka4(), kip848.clone()),
+        (ClusterSpec::kafka4_tv1(), classic.clone()),
+        (ClusterSpec::kafka4_tv1(), kip848),
+        (ClusterSpec::kafka39(), classic),
+    ] {
+        let kafka = cluster(spec).await;
+        end_to_end(&kafka, protocol).await;
+    }
+}
+
+async fn end_to_end(kafka: &KafkaCluster, protocol: GroupProtocol) {
+    let mut w = World::with_partitions(kafka, 4).await;
+    w.protocol = protocol.clone();
     let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
     let mut members: Vec<Member> = (0..2)
         .map(|_| Member {
@@ -403,6 +420,10 @@ async fn end_to_end_state_survives_rebalances_and_a_zombie() {
     for p in 0..4 {
         got.extend(c.state(p).await.unwrap());
     }
-    eprintln!("end to end: {} events, {} restarts", w.seq, restarts);
-    assert_eq!(got, w.expected());
+    eprintln!(
+        "end to end on {} {protocol:?}: {} events, {restarts} restarts",
+        kafka.version(),
+        w.seq
+    );
+    assert_eq!(got, w.expected(), "{} {protocol:?}", kafka.version());
 }
