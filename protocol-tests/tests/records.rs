@@ -19,6 +19,10 @@ use protocol_tests::probe::Probe;
 use protocol_tests::{cluster, unique, ClusterSpec};
 use snapfence::records::{self, AbortedTransaction, IsolationLevel, LogState, Visible};
 
+#[path = "../../src/records/tests/java_lines.rs"]
+mod java_lines;
+use java_lines::render;
+
 const CODECS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
 
 /// What one Fetch at offset 0 returned for the topic's only partition.
@@ -60,31 +64,6 @@ fn fetch(probe: &mut Probe, topic: &str, isolation: IsolationLevel) -> Fetched {
         high_watermark: p.high_watermark,
         last_stable_offset: p.last_stable_offset,
     }
-}
-
-/// Our delivered records in the Java peer's line format.
-fn render(v: &Visible) -> Vec<String> {
-    let text =
-        |b: Option<&[u8]>| b.map_or("null".into(), |b| String::from_utf8_lossy(b).into_owned());
-    v.iter()
-        .map(|r| {
-            let headers: Vec<String> = r
-                .headers()
-                .map(|(k, v)| format!("{}={}", String::from_utf8_lossy(k), text(v)))
-                .collect();
-            let headers = if headers.is_empty() {
-                "-".into()
-            } else {
-                headers.join(",")
-            };
-            format!(
-                "{}\t{}\t{}\t{headers}",
-                r.offset(),
-                text(r.key()),
-                text(r.value())
-            )
-        })
-        .collect()
 }
 
 /// The Java consumer's end offset and delivered records.

@@ -10,6 +10,10 @@ use bytes::Bytes;
 
 use super::*;
 
+#[path = "java_lines.rs"]
+mod java_lines;
+use java_lines::render;
+
 struct Fixture {
     codec: Compression,
     read_uncommitted: &'static [u8],
@@ -66,31 +70,6 @@ fn fixtures() -> [Fixture; 5] {
         fixture!(Compression::Lz4, "lz4"),
         fixture!(Compression::Zstd, "zstd"),
     ]
-}
-
-/// Our delivered records in the Java peer's line format: offset, key, value, headers.
-fn render(v: &Visible) -> Vec<String> {
-    let text =
-        |b: Option<&[u8]>| b.map_or("null".into(), |b| String::from_utf8_lossy(b).into_owned());
-    v.iter()
-        .map(|r| {
-            let headers: Vec<String> = r
-                .headers()
-                .map(|(k, v)| format!("{}={}", String::from_utf8_lossy(k), text(v)))
-                .collect();
-            let headers = if headers.is_empty() {
-                "-".to_owned()
-            } else {
-                headers.join(",")
-            };
-            format!(
-                "{}\t{}\t{}\t{headers}",
-                r.offset(),
-                text(r.key()),
-                text(r.value())
-            )
-        })
-        .collect()
 }
 
 /// `(end offset, delivered lines)` of a Java consumer dump.
