@@ -108,14 +108,9 @@ pub(crate) async fn run(
     format: Format,
     io: &mut Io<'_>,
 ) -> Result<(), CliError> {
-    let topic = cluster.topic(&args.topic).await?;
-    if !topic.partitions.contains_key(&args.partition) {
-        return Err(CliError::UnknownPartition {
-            topic: topic.name.clone(),
-            partition: args.partition,
-            count: topic.partitions.len(),
-        });
-    }
+    let topic = cluster
+        .topic_with_partition(&args.topic, args.partition)
+        .await?;
     if args.fetch_bytes <= 0 {
         return Err(CliError::Usage {
             message: "--fetch-bytes must be positive".into(),

@@ -322,13 +322,7 @@ async fn scope(cluster: &Cluster, args: &FindHangingArgs) -> Result<Vec<(String,
     let mut out = Vec::new();
     for t in &topics {
         if let Some(p) = args.partition {
-            if !t.partitions.contains_key(&p) {
-                return Err(CliError::UnknownPartition {
-                    topic: t.name.clone(),
-                    partition: p,
-                    count: t.partitions.len(),
-                });
-            }
+            crate::kafka::check_partition(t, p)?;
         }
         for (p, meta) in &t.partitions {
             let wanted = args.partition.is_none_or(|w| w == *p)

@@ -231,6 +231,17 @@ impl Cluster {
         }
     }
 
+    /// The topic's metadata, failing with the partition count when `partition` is not one of its partitions.
+    pub async fn topic_with_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<TopicMetadata, CliError> {
+        let t = self.topic(topic).await?;
+        check_partition(&t, partition)?;
+        Ok(t)
+    }
+
     /// Every topic in the cluster, internal ones included.
     pub async fn all_topics(&self) -> Result<Vec<TopicMetadata>, CliError> {
         let metadata = self
@@ -959,4 +970,16 @@ impl Cluster {
         let t = self.client.config().request_timeout.as_millis() / 2;
         t.min(i32::MAX as u128) as i32
     }
+}
+
+/// `Ok` when `partition` is one of `topic`'s partitions; otherwise the error that names how many it has.
+pub(crate) fn check_partition(topic: &TopicMetadata, partition: i32) -> Result<(), CliError> {
+    if topic.partitions.contains_key(&partition) {
+        return Ok(());
+    }
+    Err(CliError::UnknownPartition {
+        topic: topic.name.clone(),
+        partition,
+        count: topic.partitions.len(),
+    })
 }

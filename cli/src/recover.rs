@@ -106,14 +106,9 @@ pub(crate) async fn run(
     format: Format,
     io: &mut Io<'_>,
 ) -> Result<(), CliError> {
-    let topic = cluster.topic(&args.topic).await?;
-    if !topic.partitions.contains_key(&args.partition) {
-        return Err(CliError::UnknownPartition {
-            topic: topic.name.clone(),
-            partition: args.partition,
-            count: topic.partitions.len(),
-        });
-    }
+    let topic = cluster
+        .topic_with_partition(&args.topic, args.partition)
+        .await?;
     let config = RecoveryConfig {
         stall_timeout: (args.stall_timeout > 0).then(|| Duration::from_secs(args.stall_timeout)),
         ..RecoveryConfig::default()
