@@ -828,6 +828,12 @@ impl TxnMachine {
             } else {
                 self.backoff.delay(txn.add_attempts)
             };
+            tracing::debug!(
+                api = Api::AddPartitionsToTxn.name(),
+                delay_ms = delay.as_secs_f64() * 1e3,
+                concurrent_transactions = busy,
+                "enrolment answered \"not now\": retrying"
+            );
             txn.add_not_before = Some(now + delay);
             txn.add_attempts += 1;
         }
@@ -1148,11 +1154,7 @@ impl TxnMachine {
                     request: request.clone(),
                     origin,
                 });
-                Step::Backoff {
-                    delay: self.backoff.after(code, attempts),
-                    refresh: refresh == Refresh::Coordinator,
-                    request,
-                }
+                retry(code, self.backoff.after(code, attempts), refresh, request)
             }
             Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
             _ => Step::Failed(self.fail_fatal(ProducerError::Broker {
@@ -1244,15 +1246,12 @@ impl TxnMachine {
                     }));
                 }
                 self.op = Some(op_again(attempts + 1, stage));
-                Step::Backoff {
-                    delay: if busy {
-                        self.backoff.concurrent_delay(attempts)
-                    } else {
-                        self.backoff.delay(attempts)
-                    },
-                    refresh: refresh == Refresh::Coordinator,
-                    request: self.offsets_request(),
-                }
+                let delay = if busy {
+                    self.backoff.concurrent_delay(attempts)
+                } else {
+                    self.backoff.delay(attempts)
+                };
+                retry(decided_code, delay, refresh, self.offsets_request())
             }
             Action::CommitFenced => {
                 tracing::warn!(
@@ -1350,11 +1349,12 @@ impl TxnMachine {
                     in_doubt,
                     timeout,
                 });
-                Step::Backoff {
-                    delay: self.backoff.after(code, attempts),
-                    refresh: refresh == Refresh::Coordinator,
-                    request: self.end_request(commit),
-                }
+                retry(
+                    code,
+                    self.backoff.after(code, attempts),
+                    refresh,
+                    self.end_request(commit),
+                )
             }
             Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
             Action::Abortable => Step::Failed(self.fail_abortable(ProducerError::Broker {
@@ -1386,6 +1386,22 @@ impl TxnMachine {
         Step::Failed(ProducerError::Defunct {
             cause: Arc::new(cause),
         })
+    }
+}
+
+/// A retry of `request` after `delay`, told to the debug log with the answer that caused it: where a
+/// transaction's time goes is mostly in these waits.
+fn retry(code: ErrorCode, delay: Duration, refresh: Refresh, request: TxnRequest) -> Step {
+    tracing::debug!(
+        api = request.api().name(),
+        %code,
+        delay_ms = delay.as_secs_f64() * 1e3,
+        "transaction request answered \"not now\": retrying"
+    );
+    Step::Backoff {
+        delay,
+        refresh: refresh == Refresh::Coordinator,
+        request,
     }
 }
 
