@@ -442,13 +442,23 @@ use snapfence::consumer::GroupMetadata;
 /// Joins (or, with its member id, rejoins) `group` as a classic consumer; returns the metadata after
 /// the sync. Raw requests: the group consumer is built elsewhere, and only a real generation matters.
 async fn join(client: &Client, group: &str, member: &str) -> GroupMetadata {
+    join_for(client, group, member, 30_000).await
+}
+
+/// As [`join`], for a member that never heartbeats and must stay in the group for `session_timeout_ms`.
+async fn join_for(
+    client: &Client,
+    group: &str,
+    member: &str,
+    session_timeout_ms: i32,
+) -> GroupMetadata {
     let mut member_id = member.to_owned();
     for _ in 0..3 {
         let m = member_id.clone();
         let build = |_v: i16| {
             JoinGroupRequest::default()
                 .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
-                .with_session_timeout_ms(30_000)
+                .with_session_timeout_ms(session_timeout_ms)
                 .with_rebalance_timeout_ms(10_000)
                 .with_member_id(StrBytes::from_string(m.clone()))
                 .with_protocol_type(StrBytes::from_static_str("consumer"))
@@ -866,10 +876,12 @@ async fn idempotent_producer_back_pressure_and_delivery() {
 // ------------------------------------------------------------------------------------------------
 // measurement (run explicitly: cargo test -p protocol-tests --test producer -- --ignored --nocapture)
 
-/// Prints the cost of a small transaction (one record, commit, ack) and the time of one large one, per
-/// cluster, for us and for the Java client doing the same work against the same broker, and the ratios.
-/// Each side runs on a broker the other side has already warmed up (ours, Java's, ours again; the second
-/// run of ours is reported). Not a pass/fail test: numbers for docs/transactions.md.
+/// Prints, per cluster, for us and for the Java client doing the same work against the same broker:
+/// the cost of a small transaction (one record, commit, ack); the time of one large transaction; and
+/// seed experiment A(b) issued one at a time, [`SEQUENTIAL`] transactions of one keyed write plus the
+/// offset commit fenced by a real group generation (what the snapshot layer does per flush). Each side
+/// runs on a broker the other side has already warmed up (ours, Java's, ours again; the second run of
+/// ours is reported). Not a pass/fail test: numbers for docs/transactions.md.
 #[tokio::test]
 #[ignore = "a measurement, not a check"]
 async fn measure_transaction_cost() {
@@ -878,8 +890,8 @@ async fn measure_transaction_cost() {
     for (name, spec) in specs() {
         let kafka = cluster(spec).await;
         let client = client(&kafka).await;
-        let mut ours = (0.0, 0.0);
-        let mut java_result = (0.0, 0.0);
+        let mut ours = (0.0, 0.0, 0.0);
+        let mut java_result = (0.0, 0.0, 0.0);
         let mut tv = 0;
         for round in 0..2 {
             let topic = new_topic(&client, "measure").await;
@@ -903,40 +915,115 @@ async fn measure_transaction_cost() {
             }
             p.commit().await.unwrap();
             last.unwrap().await.unwrap();
-            ours = (small, t.elapsed().as_secs_f64() * 1e3);
+            let big = t.elapsed().as_secs_f64() * 1e3;
+            let sequential = sequential_group_commits(&client, &mut p).await;
+            ours = (small, big, sequential);
             if round == 1 {
                 break;
             }
-            let java_topic = new_topic(&client, "measure-java").await;
-            let out = java(
-                &kafka,
-                vec![
-                    "bench".into(),
-                    kafka.bootstrap(),
-                    java_topic,
-                    unique("jtx-measure"),
-                    SMALL.to_string(),
-                    BIG.to_string(),
-                ],
-            )
-            .await;
-            let field = |key: &str| -> f64 {
-                out.lines()
-                    .find_map(|l| l.strip_prefix(key))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or_else(|| panic!("no {key} in {out}"))
-            };
-            java_result = (field("SMALL_MEAN_MS"), field("BIG_MS"));
+            java_result = java_bench(&kafka, &client, SMALL, BIG).await;
         }
         eprintln!(
             "{name} (TV{tv}): one-record transaction {:.1} ms vs Java {:.1} ms (x{:.2}); \
-             {BIG} x 100 B in one transaction {:.0} ms vs Java {:.0} ms (x{:.2})",
+             {BIG} x 100 B in one transaction {:.0} ms vs Java {:.0} ms (x{:.2}); \
+             {SEQUENTIAL} sequential write + offset-commit transactions {:.1} ms/txn vs Java {:.1} \
+             ms/txn (x{:.2})",
             ours.0,
             java_result.0,
             ours.0 / java_result.0,
             ours.1,
             java_result.1,
             ours.1 / java_result.1,
+            ours.2,
+            java_result.2,
+            ours.2 / java_result.2,
         );
     }
+}
+
+/// Transactions in seed experiment A(b).
+const SEQUENTIAL: usize = 500;
+
+/// Long enough for a member that never heartbeats to outlive a whole measurement.
+const MEASURE_SESSION_MS: i32 = 600_000;
+
+/// Seed experiment A(b) issued one at a time: [`SEQUENTIAL`] transactions, each one keyed write and
+/// the commit of an input offset under a real classic group's generation, then commit and the ack.
+/// Returns the mean milliseconds per transaction (a warm-up transaction first, untimed).
+async fn sequential_group_commits(client: &Client, p: &mut TransactionalProducer) -> f64 {
+    let topic = new_topic(client, "measure-seq").await;
+    let group = join_for(client, &unique("g-measure"), "", MEASURE_SESSION_MS).await;
+    let input = TopicPartition::new(topic.as_str(), 0);
+    write_and_commit_offset(p, &topic, &input, &group, 0).await;
+    let t = Instant::now();
+    for i in 1..=SEQUENTIAL {
+        write_and_commit_offset(p, &topic, &input, &group, i).await;
+    }
+    t.elapsed().as_secs_f64() * 1e3 / SEQUENTIAL as f64
+}
+
+/// One A(b) transaction: a keyed write, the input offset `i + 1` fenced by `group`, commit, the ack.
+async fn write_and_commit_offset(
+    p: &mut TransactionalProducer,
+    topic: &str,
+    input: &TopicPartition,
+    group: &GroupMetadata,
+    i: usize,
+) {
+    let record = ProducerRecord::new(topic, Some(Bytes::from(format!("snapshot-{i}"))))
+        .key(Bytes::from(format!("key-{i}")))
+        .partition(0);
+    p.begin().unwrap();
+    let delivery = p.send(record).await.unwrap();
+    p.send_offsets([(input.clone(), (i as i64 + 1).into())], group)
+        .await
+        .expect("offsets");
+    p.commit().await.expect("commit");
+    delivery.await.expect("delivered");
+}
+
+/// The Java client's figures for the same three workloads: (one-record ms, big ms, A(b) ms/txn).
+async fn java_bench(
+    kafka: &KafkaCluster,
+    client: &Client,
+    small: usize,
+    big: usize,
+) -> (f64, f64, f64) {
+    let field = |out: &str, key: &str| -> f64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {out}"))
+    };
+    let topic = new_topic(client, "measure-java").await;
+    let out = java(
+        kafka,
+        vec![
+            "bench".into(),
+            kafka.bootstrap(),
+            topic,
+            unique("jtx-measure"),
+            small.to_string(),
+            big.to_string(),
+        ],
+    )
+    .await;
+    let (one, many) = (field(&out, "SMALL_MEAN_MS"), field(&out, "BIG_MS"));
+    let topic = new_topic(client, "measure-java-seq").await;
+    let group = join_for(client, &unique("g-measure-java"), "", MEASURE_SESSION_MS).await;
+    let out = java(
+        kafka,
+        vec![
+            "bench-offsets".into(),
+            kafka.bootstrap(),
+            topic,
+            unique("jtx-measure-seq"),
+            SEQUENTIAL.to_string(),
+            group.group_id().to_owned(),
+            group.generation_id().to_string(),
+            group.member_id().to_owned(),
+        ],
+    )
+    .await;
+    (one, many, field(&out, "MEAN_MS"))
 }

@@ -327,6 +327,30 @@ impl Backoff {
         let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
         self.base.saturating_mul(factor).min(self.max)
     }
+
+    /// The delay after CONCURRENT_TRANSACTIONS: the same doubling, but from [`CONCURRENT_RETRY`] (never
+    /// above the ordinary delay). The coordinator gives that answer while a state change of this very
+    /// transactional id is in progress: the previous transaction's markers being written (a first
+    /// enrolment sent right after a commit often races them), or the log append of an enrolment sent
+    /// alongside.
+    /// Both finish within milliseconds on a healthy cluster, so the ordinary delay (100 ms by default)
+    /// would be most of a small transaction's time. The doubling still backs off from a coordinator
+    /// whose markers are stuck.
+    pub(crate) fn concurrent_delay(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
+        CONCURRENT_RETRY
+            .saturating_mul(factor)
+            .min(self.delay(attempt))
+    }
+
+    /// The delay before resending a request answered `code`.
+    fn after(&self, code: ErrorCode, attempt: u32) -> Duration {
+        if code == ErrorCode::ConcurrentTransactions {
+            self.concurrent_delay(attempt)
+        } else {
+            self.delay(attempt)
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -385,8 +409,11 @@ struct Txn {
     span: Span,
 }
 
-/// The retry delay for a first enrolment answered CONCURRENT_TRANSACTIONS (the Java client uses the same).
-pub(crate) const CONCURRENT_RETRY: Duration = Duration::from_millis(20);
+/// The first retry delay after CONCURRENT_TRANSACTIONS (see [`Backoff::concurrent_delay`]). The Java
+/// client waits 20 ms after a first AddPartitionsToTxn answered so, but its full `retry.backoff.ms` after
+/// an AddOffsetsToTxn or TxnOffsetCommit answered so: the offset commit that opens a transaction costs it
+/// 100 ms whenever it races the previous transaction's markers (docs/transactions.md, "Latency").
+pub(crate) const CONCURRENT_RETRY: Duration = Duration::from_millis(2);
 
 /// What happened to an AddPartitionsToTxn answer.
 #[derive(Debug, Clone)]
@@ -742,10 +769,9 @@ impl TxnMachine {
         let mut refresh = false;
         let mut retry = BTreeSet::new();
         let mut worst: Option<(Action, ErrorCode)> = None;
-        // The first enrolment of a transaction often races the end of the previous one (its markers
-        // are still being written): CONCURRENT_TRANSACTIONS then clears within milliseconds, so a full
-        // backoff would add most of a transaction's latency.
-        let mut racing_previous = txn.partitions.is_empty();
+        // Every partition to retry was answered CONCURRENT_TRANSACTIONS: the coordinator is busy with
+        // this id for a moment (see `Backoff::concurrent_delay`).
+        let mut busy = true;
         for (tp, code) in results {
             match classify(Api::AddPartitionsToTxn, code) {
                 Action::Ok => {
@@ -753,7 +779,7 @@ impl TxnMachine {
                 }
                 Action::Retry(r) => {
                     refresh |= r == Refresh::Coordinator;
-                    racing_previous &= code == ErrorCode::ConcurrentTransactions;
+                    busy &= code == ErrorCode::ConcurrentTransactions;
                     retry.insert(tp);
                 }
                 action => {
@@ -770,8 +796,8 @@ impl TxnMachine {
         }
         // A partition the answer did not mention was not enrolled.
         for tp in adding {
-            if !txn.partitions.contains(&tp) {
-                retry.insert(tp);
+            if !txn.partitions.contains(&tp) && retry.insert(tp) {
+                busy = false;
             }
         }
         if let Some((action, code)) = worst {
@@ -797,11 +823,17 @@ impl TxnMachine {
             txn.add_not_before = None;
         } else {
             txn.pending.extend(retry);
-            let delay = if racing_previous && txn.partitions.is_empty() {
-                self.backoff.delay(txn.add_attempts).min(CONCURRENT_RETRY)
+            let delay = if busy {
+                self.backoff.concurrent_delay(txn.add_attempts)
             } else {
                 self.backoff.delay(txn.add_attempts)
             };
+            tracing::debug!(
+                api = Api::AddPartitionsToTxn.name(),
+                delay_ms = delay.as_secs_f64() * 1e3,
+                concurrent_transactions = busy,
+                "enrolment answered \"not now\": retrying"
+            );
             txn.add_not_before = Some(now + delay);
             txn.add_attempts += 1;
         }
@@ -1122,11 +1154,7 @@ impl TxnMachine {
                     request: request.clone(),
                     origin,
                 });
-                Step::Backoff {
-                    delay: self.backoff.delay(attempts),
-                    refresh: refresh == Refresh::Coordinator,
-                    request,
-                }
+                retry(code, self.backoff.after(code, attempts), refresh, request)
             }
             Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
             _ => Step::Failed(self.fail_fatal(ProducerError::Broker {
@@ -1168,6 +1196,8 @@ impl TxnMachine {
         // The most severe answer decides: a fence beats a commit fence beats abortable beats retry.
         let mut decided = Action::Ok;
         let mut decided_code = ErrorCode::None;
+        // A short retry only if every partition to retry was answered CONCURRENT_TRANSACTIONS.
+        let mut busy = true;
         let rank = |a: Action| match a {
             Action::Ok => 0,
             Action::Retry(Refresh::Nothing) => 1,
@@ -1180,6 +1210,9 @@ impl TxnMachine {
         };
         for code in codes {
             let a = classify(api, code);
+            if matches!(a, Action::Retry(_)) {
+                busy &= code == ErrorCode::ConcurrentTransactions;
+            }
             if rank(a) > rank(decided) {
                 decided = a;
                 decided_code = code;
@@ -1213,11 +1246,12 @@ impl TxnMachine {
                     }));
                 }
                 self.op = Some(op_again(attempts + 1, stage));
-                Step::Backoff {
-                    delay: self.backoff.delay(attempts),
-                    refresh: refresh == Refresh::Coordinator,
-                    request: self.offsets_request(),
-                }
+                let delay = if busy {
+                    self.backoff.concurrent_delay(attempts)
+                } else {
+                    self.backoff.delay(attempts)
+                };
+                retry(decided_code, delay, refresh, self.offsets_request())
             }
             Action::CommitFenced => {
                 tracing::warn!(
@@ -1315,11 +1349,12 @@ impl TxnMachine {
                     in_doubt,
                     timeout,
                 });
-                Step::Backoff {
-                    delay: self.backoff.delay(attempts),
-                    refresh: refresh == Refresh::Coordinator,
-                    request: self.end_request(commit),
-                }
+                retry(
+                    code,
+                    self.backoff.after(code, attempts),
+                    refresh,
+                    self.end_request(commit),
+                )
             }
             Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
             Action::Abortable => Step::Failed(self.fail_abortable(ProducerError::Broker {
@@ -1351,6 +1386,22 @@ impl TxnMachine {
         Step::Failed(ProducerError::Defunct {
             cause: Arc::new(cause),
         })
+    }
+}
+
+/// A retry of `request` after `delay`, told to the debug log with the answer that caused it: where a
+/// transaction's time goes is mostly in these waits.
+fn retry(code: ErrorCode, delay: Duration, refresh: Refresh, request: TxnRequest) -> Step {
+    tracing::debug!(
+        api = request.api().name(),
+        %code,
+        delay_ms = delay.as_secs_f64() * 1e3,
+        "transaction request answered \"not now\": retrying"
+    );
+    Step::Backoff {
+        delay,
+        refresh: refresh == Refresh::Coordinator,
+        request,
     }
 }
 

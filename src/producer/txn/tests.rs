@@ -401,10 +401,10 @@ fn tv1_add_partitions_retries_and_errors() {
     assert!(matches!(refused, ProducerError::MustAbort { .. }));
 }
 
-/// A first enrolment that races the previous transaction's end retries after 20 ms, not a full
-/// backoff; once something is enrolled, CONCURRENT_TRANSACTIONS backs off as usual.
+/// CONCURRENT_TRANSACTIONS on an enrolment is retried on the short doubling schedule, first
+/// enrolment or not; any other retriable answer in the same response gets the ordinary backoff.
 #[test]
-fn tv1_first_enrolment_racing_the_previous_end_retries_quickly() {
+fn tv1_enrolment_answered_concurrent_transactions_retries_quickly() {
     let t0 = Instant::now();
     let slow = Backoff {
         base: Duration::from_millis(500),
@@ -420,18 +420,169 @@ fn tv1_first_enrolment_racing_the_previous_end_retries_quickly() {
     m.on_add_partitions(busy(0), t0);
     assert_eq!(m.add_partitions_not_before(), Some(t0 + CONCURRENT_RETRY));
     let t1 = t0 + CONCURRENT_RETRY;
+    assert!(m
+        .poll_add_partitions(t1 - Duration::from_micros(1))
+        .is_none());
     m.poll_add_partitions(t1).unwrap();
-    m.on_add_partitions(
-        TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None)]),
-        t1,
-    );
-    m.on_append(&tp(1)).unwrap();
-    m.poll_add_partitions(t1).unwrap();
-    m.on_add_partitions(busy(1), t1);
+    m.on_add_partitions(busy(0), t1);
     assert_eq!(
         m.add_partitions_not_before(),
-        Some(t1 + Duration::from_millis(500)),
-        "not the first enrolment any more"
+        Some(t1 + 2 * CONCURRENT_RETRY),
+        "the short delay doubles"
+    );
+    let t2 = t1 + 2 * CONCURRENT_RETRY;
+    m.poll_add_partitions(t2).unwrap();
+    m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None)]),
+        t2,
+    );
+    // A later enrolment answered so (an AddOffsetsToTxn's log append in progress) is just as short.
+    m.on_append(&tp(1)).unwrap();
+    m.poll_add_partitions(t2).unwrap();
+    m.on_add_partitions(busy(1), t2);
+    assert_eq!(m.add_partitions_not_before(), Some(t2 + CONCURRENT_RETRY));
+    let t3 = t2 + CONCURRENT_RETRY;
+    m.on_append(&tp(2)).unwrap();
+    m.poll_add_partitions(t3).unwrap();
+    m.on_add_partitions(
+        TxnResponse::AddPartitions(vec![
+            (tp(1), ErrorCode::ConcurrentTransactions),
+            (tp(2), ErrorCode::CoordinatorLoadInProgress),
+        ]),
+        t3,
+    );
+    assert_eq!(
+        m.add_partitions_not_before(),
+        Some(t3 + Duration::from_secs(1)),
+        "a loading coordinator gets the ordinary backoff (attempt 1: 500 ms doubled)"
+    );
+}
+
+/// The short schedule starts at CONCURRENT_RETRY, doubles, and never exceeds the ordinary delay.
+#[test]
+fn concurrent_delay_doubles_from_the_short_base_under_the_ordinary_delay() {
+    let b = backoff();
+    let expected = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 1000];
+    for (attempt, ms) in expected.into_iter().enumerate() {
+        assert_eq!(
+            b.concurrent_delay(attempt as u32),
+            Duration::from_millis(ms),
+            "attempt {attempt}"
+        );
+    }
+    let tiny = Backoff {
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(3),
+    };
+    assert_eq!(tiny.concurrent_delay(0), Duration::from_millis(1));
+    assert_eq!(tiny.concurrent_delay(5), Duration::from_millis(3));
+}
+
+/// The offset commit that opens a transaction races the previous transaction's markers: under TV1 its
+/// AddOffsetsToTxn, under TV2 the TxnOffsetCommit itself is answered CONCURRENT_TRANSACTIONS. Neither
+/// may wait the ordinary 100 ms (the Java client does, and it is most of a small transaction's time).
+#[test]
+fn offsets_answered_concurrent_transactions_retry_quickly() {
+    let t0 = Instant::now();
+    let busy = |p: i32| {
+        (
+            TopicPartition::new("in", p),
+            ErrorCode::ConcurrentTransactions,
+        )
+    };
+    for tv in [1, 2] {
+        let mut m = ready(tv, t0);
+        m.begin(t0).unwrap();
+        let first = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+        let answer = if tv == 1 {
+            assert!(matches!(first, TxnRequest::AddOffsets { .. }), "TV{tv}");
+            TxnResponse::AddOffsets(ErrorCode::ConcurrentTransactions)
+        } else {
+            assert!(
+                matches!(first, TxnRequest::TxnOffsetCommit { .. }),
+                "TV{tv}"
+            );
+            TxnResponse::TxnOffsetCommit(vec![busy(0)])
+        };
+        for attempt in 0..3 {
+            assert_eq!(
+                m.on_response(answer.clone(), t0),
+                Step::Backoff {
+                    delay: CONCURRENT_RETRY * (1 << attempt),
+                    refresh: false,
+                    request: first.clone()
+                },
+                "TV{tv} attempt {attempt}"
+            );
+        }
+    }
+    // A TxnOffsetCommit with another retriable answer beside it waits the ordinary delay.
+    let mut m = ready(2, t0);
+    m.begin(t0).unwrap();
+    let req = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+    let mixed = TxnResponse::TxnOffsetCommit(vec![
+        busy(0),
+        (
+            TopicPartition::new("in", 1),
+            ErrorCode::CoordinatorLoadInProgress,
+        ),
+    ]);
+    assert_eq!(
+        m.on_response(mixed, t0),
+        Step::Backoff {
+            delay: Duration::from_millis(100),
+            refresh: false,
+            request: req
+        }
+    );
+}
+
+/// EndTxn and InitProducerId answered CONCURRENT_TRANSACTIONS (a state change of the id in progress)
+/// also retry on the short schedule; a loading coordinator still gets the ordinary one.
+#[test]
+fn end_and_init_answered_concurrent_transactions_retry_quickly() {
+    let t0 = Instant::now();
+    let mut m = ready(1, t0);
+    m.begin(t0).unwrap();
+    m.on_produce_sent(&tp(0));
+    let end = sent(m.start_commit(t0, OP));
+    let busy = TxnResponse::EndTxn {
+        code: ErrorCode::ConcurrentTransactions,
+        next: None,
+    };
+    assert_eq!(
+        m.on_response(busy, t0),
+        Step::Backoff {
+            delay: CONCURRENT_RETRY,
+            refresh: false,
+            request: end.clone()
+        }
+    );
+    let loading = TxnResponse::EndTxn {
+        code: ErrorCode::CoordinatorLoadInProgress,
+        next: None,
+    };
+    assert_eq!(
+        m.on_response(loading, t0),
+        Step::Backoff {
+            delay: Duration::from_millis(200),
+            refresh: false,
+            request: end
+        }
+    );
+
+    let mut m = machine(1);
+    let init = sent(m.start_init(t0, OP));
+    assert_eq!(
+        m.on_response(
+            TxnResponse::InitProducerId(Err(ErrorCode::ConcurrentTransactions)),
+            t0
+        ),
+        Step::Backoff {
+            delay: CONCURRENT_RETRY,
+            refresh: false,
+            request: init
+        }
     );
 }
 
