@@ -56,22 +56,25 @@ pub(crate) async fn run(
     let topic = cluster.topic(&args.topic).await?;
     let partitions: Vec<i32> = topic.partitions.keys().copied().collect();
     let mut progress = Progress::new(io.progress, format!("inspecting {}", topic.name));
-    // Two passes over the partitions (offsets, then producers): progress counts both.
+    // Two passes over the partitions (producers, then offsets): progress counts both.
     let total = 2 * partitions.len() as u64;
     let mut done = 0u64;
     let err = &mut *io.err;
-    let mut offsets = cluster
-        .offsets_many(&topic.name, &partitions, |n| {
-            done += n as u64;
-            progress.update(err, done, Some(total));
-        })
-        .await?;
+    // Read order makes one consistent picture out of separate requests. The log only grows and markers
+    // only close transactions, so reading the producers first, then the LSO, then the high watermark
+    // guarantees HW >= LSO, and a transaction reported closed has its marker below the offsets shown.
     let keys: Vec<Tp> = partitions
         .iter()
         .map(|p| (topic.name.clone(), *p))
         .collect();
     let mut producers = cluster
         .describe_producers_many(&keys, None, |n| {
+            done += n as u64;
+            progress.update(err, done, Some(total));
+        })
+        .await?;
+    let mut offsets = cluster
+        .offsets_many(&topic.name, &partitions, |n| {
             done += n as u64;
             progress.update(err, done, Some(total));
         })

@@ -268,7 +268,11 @@ impl Cluster {
     }
 
     /// Log start, high watermark and last stable offset of one partition (three ListOffsets).
+    /// The LSO is read before the high watermark: both only grow, so the pair always has HW >= LSO.
     pub async fn offsets(&self, topic: &str, partition: i32) -> Result<Offsets, CliError> {
+        let last_stable = self
+            .list_offset(topic, partition, -1, IsolationLevel::ReadCommitted)
+            .await?;
         Ok(Offsets {
             log_start: self
                 .list_offset(topic, partition, -2, IsolationLevel::ReadUncommitted)
@@ -276,9 +280,7 @@ impl Cluster {
             high_watermark: self
                 .list_offset(topic, partition, -1, IsolationLevel::ReadUncommitted)
                 .await?,
-            last_stable: self
-                .list_offset(topic, partition, -1, IsolationLevel::ReadCommitted)
-                .await?,
+            last_stable,
         })
     }
 
@@ -366,11 +368,12 @@ impl Cluster {
                 let log_start = self
                     .list_offsets_on(node, topic, &ps, -2, IsolationLevel::ReadUncommitted)
                     .await?;
-                let high = self
-                    .list_offsets_on(node, topic, &ps, -1, IsolationLevel::ReadUncommitted)
-                    .await?;
+                // LSO before HW: both only grow, so every pair has HW >= LSO.
                 let stable = self
                     .list_offsets_on(node, topic, &ps, -1, IsolationLevel::ReadCommitted)
+                    .await?;
+                let high = self
+                    .list_offsets_on(node, topic, &ps, -1, IsolationLevel::ReadUncommitted)
                     .await?;
                 let before = out.len();
                 for p in ps {
