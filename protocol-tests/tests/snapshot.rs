@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
 use snapfence::consumer::{
-    list_offsets, GroupConfig, GroupConsumer, GroupConsumerConfig, GroupMetadata, OffsetReset,
-    OffsetSpec, TopicPartition as ConsumerTp,
+    list_offsets, GroupConfig, GroupConsumer, GroupConsumerConfig, GroupMetadata, GroupProtocol,
+    OffsetReset, OffsetSpec, TopicPartition as ConsumerTp,
 };
 use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{
@@ -38,6 +38,11 @@ struct Setup {
 /// An input and a snapshot topic of one partition, and one live member of a fresh group subscribed to the
 /// input, polled until its first join has completed.
 async fn setup(kafka: &KafkaCluster) -> Setup {
+    setup_with(kafka, GroupConfig::new("-").protocol).await
+}
+
+/// [`setup`] with the member on `protocol`.
+async fn setup_with(kafka: &KafkaCluster, protocol: GroupProtocol) -> Setup {
     let client = client(kafka).await;
     let input = unique("input");
     let snapshots = unique("snapshots");
@@ -47,7 +52,9 @@ async fn setup(kafka: &KafkaCluster) -> Setup {
         .await
         .unwrap();
     let group = unique("group");
-    let mut consumer_config = GroupConsumerConfig::new(GroupConfig::new(&group));
+    let mut group_config = GroupConfig::new(&group);
+    group_config.protocol = protocol;
+    let mut consumer_config = GroupConsumerConfig::new(group_config);
     consumer_config.reader.reset = OffsetReset::Earliest;
     let mut member = GroupConsumer::subscribe(client.clone(), consumer_config, [input.clone()], ())
         .await
@@ -131,7 +138,25 @@ fn specs() -> [ClusterSpec; 3] {
 async fn stale_generation_is_fenced_and_nothing_lands() {
     for spec in specs() {
         let kafka = cluster(spec).await;
-        let s = setup(&kafka).await;
+        stale_token_is_fenced(&kafka, GroupConfig::new("-").protocol).await;
+    }
+}
+
+/// The same under the KIP-848 consumer protocol, where the token is the member epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_member_epoch_is_fenced_and_nothing_lands() {
+    for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
+        let kafka = cluster(spec).await;
+        let kip848 = GroupProtocol::Consumer {
+            server_assignor: None,
+        };
+        stale_token_is_fenced(&kafka, kip848).await;
+    }
+}
+
+async fn stale_token_is_fenced(kafka: &KafkaCluster, protocol: GroupProtocol) {
+    {
+        let s = setup_with(kafka, protocol).await;
         let live = s.member.group_metadata().current().unwrap();
         let stale =
             GroupMetadata::new(&s.group, live.generation_id() + 7, live.member_id(), None).unwrap();
