@@ -1,12 +1,16 @@
 //! `demo`: the handover story of snapfence's issue #732, told on screen against a real broker, once with the
 //! fence and once without it.
 //!
-//! Owner A folds an input partition and persists per-key snapshots; A stalls (it stops polling); the group
-//! evicts it and owner B takes over, recovers, folds and commits; A wakes up and flushes the state it still
-//! holds, now stale; a fresh owner C recovers and its state is compared with a fold of all input from
-//! scratch. Fenced, A's late write is refused and C is right. Unfenced, A's write lands after B's on the
-//! last-write-wins snapshot topic, and C folds onto stale state, for good: the committed offset is already
-//! past the events B folded.
+//! Owner A folds an input partition and persists per-key snapshots. A runs as a process of its own (see
+//! [`owner`]) and is paused with SIGSTOP: its heartbeats stop with everything else, so the group
+//! coordinator evicts it once its session timeout passes. Fenced, the story pauses A twice. First A
+//! resumes before anyone else took the partition and writes: the group coordinator refuses the offset
+//! commit in A's transaction (the generation fence, KIP-447). Then A rejoins, is paused again, owner B
+//! takes over, recovers, folds and commits, and A resumes and flushes the state it still holds, now stale:
+//! B's InitProducerId already bumped the partition's producer epoch, so that fence fires first. A fresh
+//! owner C recovers and its state is compared with a fold of all input from scratch. Unfenced, A is
+//! paused once the same way, its late write lands after B's on the last-write-wins snapshot topic, and C
+//! folds onto stale state, for good: the committed offset is already past the events B folded.
 //!
 //! The same story is the library-level test `protocol-tests/tests/flow.rs` (three broker versions, no
 //! narration). This one is written for a reader: every step says what it models and what the broker
@@ -17,12 +21,15 @@
 //! kills it at the end.
 //!
 //! # References
-//! - KIP-447 (generation-fenced TxnOffsetCommit), KIP-98 (transactions, read_committed);
+//! - KIP-447 (generation-fenced TxnOffsetCommit), KIP-98 (transactions, producer epochs, read_committed);
 //!   `docs/fencing.md`
+
+mod owner;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -31,15 +38,17 @@ use snapfence::consumer::{
     TopicPartition,
 };
 use snapfence::net::{Client, ClientConfig};
-use snapfence::producer::{Producer, ProducerConfig, ProducerError, ProducerRecord};
+use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
 use snapfence::records::{IsolationLevel, Record};
-use snapfence::snapshot::{
-    BoxError, FailureKind, Flow, FlowConfig, FlowError, Fold, PersistenceMode, SnapshotConfig,
-    SnapshotError,
-};
+use snapfence::snapshot::{BoxError, Flow, FlowConfig, Fold, PersistenceMode, SnapshotConfig};
 
 use crate::error::CliError;
+use crate::kafka::Cluster;
 use crate::{Format, Io};
+
+pub(crate) use owner::serve as serve_owner;
+pub use owner::OwnerArgs;
+use owner::{account, Fence, OwnerProcess, Refusal};
 
 /// The arguments of `demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -49,9 +58,14 @@ pub struct DemoArgs {
     pub keep_topics: bool,
 }
 
-/// The group's `max.poll.interval`: how long A's stall lasts before the group evicts it. Short, so the
-/// demo is quick; the session timeout stays at 6 s, the lowest a default broker accepts.
-const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3);
+/// The group's `max.poll.interval`: long, because the eviction shown is the session timeout's (a paused
+/// process sends no heartbeats), not a live member's that stopped polling.
+const MAX_POLL_INTERVAL: Duration = Duration::from_secs(60);
+/// The lowest session timeout the demo uses even where the broker allows less: a busy machine can delay
+/// a healthy member's heartbeats by a second, and a spurious eviction would tell another story.
+const SESSION_FLOOR: Duration = Duration::from_secs(2);
+/// Kafka's default `group.min.session.timeout.ms`, used when the broker does not say.
+const SESSION_DEFAULT_MIN: Duration = Duration::from_secs(6);
 /// The width prose is wrapped to.
 const WIDTH: usize = 100;
 /// How long any one step may take before the demo gives up on it.
@@ -145,6 +159,8 @@ pub(crate) async fn run(
                 .into(),
         });
     }
+    // Before any broker starts: owner A is this executable, started again.
+    let exe = owner::own_executable()?;
     let out = &mut *io.out;
     writeln!(
         out,
@@ -195,7 +211,7 @@ pub(crate) async fn run(
             (Some(kafka), bootstrap)
         }
     };
-    let told = tell(&bootstrap, args, local.is_none(), out).await;
+    let told = tell(&bootstrap, &exe, args, local.is_none(), out).await;
     if let Some(kafka) = local {
         // Dropping the cluster kills the JVM and deletes its data; both block.
         let _ = tokio::task::spawn_blocking(move || drop(kafka)).await;
@@ -208,6 +224,7 @@ pub(crate) async fn run(
 /// Both runs, and the cleanup of a user's cluster.
 async fn tell(
     bootstrap: &str,
+    exe: &std::path::Path,
     args: &DemoArgs,
     users_cluster: bool,
     out: &mut dyn Write,
@@ -218,6 +235,17 @@ async fn tell(
     })
     .await
     .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
+    let cluster = Cluster {
+        client: client.clone(),
+        bootstrap: bootstrap.to_owned(),
+    };
+    let session = session_timeout(&cluster, out).await?;
+    let setting = Setting {
+        client,
+        cluster,
+        exe: exe.to_owned(),
+        session,
+    };
     writeln!(
         out,
         "{}\n",
@@ -229,28 +257,34 @@ async fn tell(
              offset. The story runs twice: first with snapfence's fence (each snapshot write goes out in a \
              Kafka transaction together with an offset commit that the group coordinator checks against \
              the writer's group generation), then without it (plain idempotent writes, offsets committed \
-             by the consumer).",
+             by the consumer). Owner A runs as a separate snapfence process, so that pausing it freezes \
+             all of it, heartbeats included.",
             WIDTH
         )
         .join("\n")
     )?;
     let mut topics = Vec::new();
-    let fenced = Story::new(&client, PersistenceMode::Transactional, out, &mut topics)
+    let fenced = Story::new(&setting, PersistenceMode::Transactional, out, &mut topics)
         .await?
         .tell(1)
         .await;
     let unfenced = match &fenced {
         Ok(_) => Some(
-            Story::new(&client, PersistenceMode::NonTransactional, out, &mut topics)
-                .await?
-                .tell(2)
-                .await,
+            Story::new(
+                &setting,
+                PersistenceMode::NonTransactional,
+                out,
+                &mut topics,
+            )
+            .await?
+            .tell(2)
+            .await,
         ),
         Err(_) => None,
     };
     if users_cluster && !args.keep_topics {
         for t in &topics {
-            if let Err(e) = client.delete_topic(t).await {
+            if let Err(e) = setting.client.delete_topic(t).await {
                 writeln!(out, "(could not delete the demo topic {t}: {e})")?;
             }
         }
@@ -271,9 +305,75 @@ async fn tell(
     }
 }
 
+/// The session timeout the owners ask for: the broker's minimum, but not below [`SESSION_FLOOR`].
+async fn session_timeout(cluster: &Cluster, out: &mut dyn Write) -> Result<Duration, CliError> {
+    const NAME: &str = "group.min.session.timeout.ms";
+    let broker = cluster.brokers().await?.into_iter().next();
+    let min = match broker {
+        Some(b) => cluster.broker_config(b, NAME).await.ok().flatten(),
+        None => None,
+    }
+    .and_then(|v| v.parse::<u64>().ok())
+    .map(Duration::from_millis);
+    let session = min.unwrap_or(SESSION_DEFAULT_MIN).max(SESSION_FLOOR);
+    let source = match min {
+        Some(m) => format!("the broker's {NAME} is {} ms", m.as_millis()),
+        None => format!(
+            "the broker did not say its {NAME}; Kafka's default is {} ms",
+            SESSION_DEFAULT_MIN.as_millis()
+        ),
+    };
+    writeln!(
+        out,
+        "Group session timeout: {:.1} s ({source}; the demo uses no less than {} s, so a busy machine \
+         does not evict a healthy member)\n",
+        session.as_secs_f64(),
+        SESSION_FLOOR.as_secs()
+    )?;
+    Ok(session)
+}
+
+/// What every run shares: the connection, the executable owner A runs from, the session timeout.
+struct Setting {
+    client: Client,
+    cluster: Cluster,
+    exe: PathBuf,
+    session: Duration,
+}
+
+/// The names one run uses, apart from every other run on the cluster.
+#[derive(Debug, Clone)]
+struct Names {
+    input: String,
+    snapshots: String,
+    group: String,
+    txn_prefix: String,
+}
+
+/// The settings of every owner of one run; owner A's process builds the same from its arguments.
+fn flow_config(names: &Names, mode: PersistenceMode, session: Duration) -> FlowConfig {
+    let mut group = GroupConfig::new(&names.group);
+    group.session_timeout = session;
+    group.heartbeat_interval = session / 4;
+    group.max_poll_interval = MAX_POLL_INTERVAL;
+    let mut consumer = GroupConsumerConfig::new(group);
+    consumer.reader.reset = OffsetReset::Earliest;
+    let mut snapshots = SnapshotConfig::new(&names.snapshots, &names.txn_prefix);
+    snapshots.recovery_stall_timeout = Some(Duration::from_secs(30));
+    let mut config = FlowConfig::new(consumer, &names.input, snapshots);
+    config.mode = mode;
+    config
+}
+
 fn verdict(fenced: &Ending, unfenced: &Ending, out: &mut dyn Write) -> Result<(), CliError> {
-    let fenced_ok = fenced.late_write_refused() && fenced.correct();
-    let damaged = !unfenced.late_write_refused() && !unfenced.correct();
+    let evicted_refused = fenced
+        .evicted_write
+        .as_ref()
+        .and_then(LateWrite::refusal)
+        .filter(|r| r.fence == Fence::Generation);
+    let late_refused = fenced.late_write.refusal();
+    let fenced_ok = evicted_refused.is_some() && late_refused.is_some() && fenced.correct();
+    let damaged = unfenced.late_write.refusal().is_none() && !unfenced.correct();
     let damage = unfenced
         .rows
         .iter()
@@ -281,25 +381,38 @@ fn verdict(fenced: &Ending, unfenced: &Ending, out: &mut dyn Write) -> Result<()
         .map(|r| format!("{} {}", r.key, r.damage()))
         .collect::<Vec<_>>()
         .join("; ");
-    if fenced_ok && damaged {
+    if let (true, true, Some(first), Some(late)) =
+        (fenced_ok, damaged, evicted_refused, late_refused)
+    {
         writeln!(
             out,
-            "verdict: PASS: fenced, A's late write was refused and the recovered state equals a fold of all \
-             input; unfenced, A's late write landed and the recovered state is wrong ({damage})"
+            "verdict: PASS: fenced, A's write after its eviction was refused by {} and its late write after \
+             B's takeover by {}, and the recovered state equals a fold of all input; unfenced, A's late \
+             write landed and the recovered state is wrong ({damage})",
+            first.named(),
+            late.named()
         )?;
         return Ok(());
     }
     let mut detail = String::new();
-    if !fenced.late_write_refused() {
+    match fenced.evicted_write.as_ref().map(LateWrite::refusal) {
+        Some(Some(r)) if r.fence != Fence::Generation => detail.push_str(&format!(
+            "fenced, A's write after its eviction was refused by {}, not by the generation fence; ",
+            r.named()
+        )),
+        Some(None) => detail.push_str("fenced, A's write after its eviction was not refused; "),
+        _ => {}
+    }
+    if late_refused.is_none() {
         detail.push_str("fenced, A's late write was not refused; ");
     }
     if !fenced.correct() {
         detail.push_str("fenced, the recovered state differs from a fold of all input; ");
     }
-    if unfenced.late_write_refused() {
+    if unfenced.late_write.refusal().is_some() {
         detail.push_str("unfenced, A's late write failed, so the damage could not be shown; ");
     }
-    if !unfenced.late_write_refused() && unfenced.correct() {
+    if unfenced.late_write.refusal().is_none() && unfenced.correct() {
         detail.push_str("unfenced, the recovered state came out right: the damage did not show; ");
     }
     let detail = detail.trim_end_matches("; ").to_owned();
@@ -309,16 +422,37 @@ fn verdict(fenced: &Ending, unfenced: &Ending, out: &mut dyn Write) -> Result<()
 
 // ---- one run of the story ------------------------------------------------------------------------
 
-/// What happened to A's late write.
+/// What happened to a write of A's after its eviction.
 enum LateWrite {
-    Refused {
-        error: String,
-        why: &'static str,
-    },
+    Refused(Refusal),
     Landed {
         log_end_before: i64,
         log_end_after: i64,
     },
+}
+
+impl LateWrite {
+    fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            LateWrite::Refused(r) => Some(r),
+            LateWrite::Landed { .. } => None,
+        }
+    }
+}
+
+impl Refusal {
+    /// "the generation fence (UNKNOWN_MEMBER_ID)".
+    fn named(&self) -> String {
+        let fence = match self.fence {
+            Fence::Generation => "the generation fence",
+            Fence::ProducerEpoch => "the producer-epoch fence",
+            Fence::Other => "a failed transaction",
+        };
+        match &self.code {
+            Some(code) => format!("{fence} ({code})"),
+            None => fence.to_owned(),
+        }
+    }
 }
 
 /// One key: what the fresh owner ended with, and what a fold of all input gives.
@@ -347,29 +481,25 @@ impl Row {
 
 /// How one run ended.
 struct Ending {
+    /// Fenced runs only: A's write after its eviction, before anyone else took the partition.
+    evicted_write: Option<LateWrite>,
+    /// A's write after B's takeover.
     late_write: LateWrite,
     rows: Vec<Row>,
 }
 
 impl Ending {
-    fn late_write_refused(&self) -> bool {
-        matches!(self.late_write, LateWrite::Refused { .. })
-    }
-
     fn correct(&self) -> bool {
         self.rows.iter().all(|r| r.got == Some(r.want))
     }
 }
 
 struct Story<'a> {
-    client: Client,
+    setting: &'a Setting,
     mode: PersistenceMode,
     out: &'a mut dyn Write,
     began: Instant,
-    input: String,
-    snapshots: String,
-    group: String,
-    txn_prefix: String,
+    names: Names,
     producer: Producer,
     /// Every deposit written, in order: (account, number, amount). The oracle.
     written: Vec<(&'static str, u64, i64)>,
@@ -377,7 +507,7 @@ struct Story<'a> {
 
 impl<'a> Story<'a> {
     async fn new(
-        client: &Client,
+        setting: &'a Setting,
         mode: PersistenceMode,
         out: &'a mut dyn Write,
         topics: &mut Vec<String>,
@@ -387,26 +517,29 @@ impl<'a> Story<'a> {
             _ => "unfenced",
         };
         let stamp = stamp();
-        let producer = Producer::new(client.clone(), ProducerConfig::default())
+        let producer = Producer::new(setting.client.clone(), ProducerConfig::default())
             .await
             .map_err(|e| failed("start the input producer", e))?;
         let story = Story {
-            client: client.clone(),
+            setting,
             mode,
             out,
             began: Instant::now(),
-            input: format!("snapfence-demo-{tag}-input-{stamp}"),
-            snapshots: format!("snapfence-demo-{tag}-snapshots-{stamp}"),
-            group: format!("snapfence-demo-{tag}-{stamp}"),
-            txn_prefix: format!("snapfence-demo-{tag}-{stamp}"),
+            names: Names {
+                input: format!("snapfence-demo-{tag}-input-{stamp}"),
+                snapshots: format!("snapfence-demo-{tag}-snapshots-{stamp}"),
+                group: format!("snapfence-demo-{tag}-{stamp}"),
+                txn_prefix: format!("snapfence-demo-{tag}-{stamp}"),
+            },
             producer,
             written: Vec::new(),
         };
         for (topic, configs) in [
-            (&story.input, &[][..]),
-            (&story.snapshots, &[("cleanup.policy", "compact")][..]),
+            (&story.names.input, &[][..]),
+            (&story.names.snapshots, &[("cleanup.policy", "compact")][..]),
         ] {
             story
+                .setting
                 .client
                 .create_topic(topic, 1, -1, configs)
                 .await
@@ -414,6 +547,10 @@ impl<'a> Story<'a> {
             topics.push(topic.clone());
         }
         Ok(story)
+    }
+
+    fn fenced(&self) -> bool {
+        self.mode == PersistenceMode::Transactional
     }
 
     /// One line of the story, stamped with the time since the run began, shown at once.
@@ -437,26 +574,15 @@ impl<'a> Story<'a> {
         Ok(())
     }
 
-    fn config(&self) -> FlowConfig {
-        let mut group = GroupConfig::new(&self.group);
-        group.session_timeout = Duration::from_secs(6);
-        group.heartbeat_interval = Duration::from_millis(500);
-        group.max_poll_interval = MAX_POLL_INTERVAL;
-        let mut consumer = GroupConsumerConfig::new(group);
-        consumer.reader.reset = OffsetReset::Earliest;
-        let mut snapshots = SnapshotConfig::new(&self.snapshots, &self.txn_prefix);
-        snapshots.recovery_stall_timeout = Some(Duration::from_secs(30));
-        let mut config = FlowConfig::new(consumer, &self.input, snapshots);
-        config.mode = self.mode;
-        config
-    }
-
     async fn owner(&self, name: &str) -> Result<Flow<Ledger>, CliError> {
-        Flow::start(self.client.clone(), self.config(), Ledger)
-            .await
-            .map_err(|e| failed(&format!("start owner {name}"), e))
+        Flow::start(
+            self.setting.client.clone(),
+            flow_config(&self.names, self.mode, self.setting.session),
+            Ledger,
+        )
+        .await
+        .map_err(|e| failed(&format!("start owner {name}"), e))
     }
-
     /// Writes `n` deposits for `account` and waits until the broker has them all.
     async fn deposit(&mut self, account: &'static str, n: usize) -> Result<String, CliError> {
         let mut deliveries = Vec::with_capacity(n);
@@ -466,7 +592,7 @@ impl<'a> Story<'a> {
             let amount = 10 * number as i64;
             self.written.push((account, number, amount));
             let record = ProducerRecord::new(
-                self.input.as_str(),
+                self.names.input.as_str(),
                 Some(Bytes::from(format!("{number}:{amount}"))),
             )
             .key(Bytes::from_static(account.as_bytes()))
@@ -498,9 +624,9 @@ impl<'a> Story<'a> {
     }
 
     async fn snapshot_log_end(&self) -> Result<i64, CliError> {
-        let tp = TopicPartition::new(self.snapshots.as_str(), 0);
+        let tp = TopicPartition::new(self.names.snapshots.as_str(), 0);
         list_offsets(
-            &self.client,
+            &self.setting.client,
             std::slice::from_ref(&tp),
             OffsetSpec::Latest,
             IsolationLevel::ReadUncommitted,
@@ -515,28 +641,117 @@ impl<'a> Story<'a> {
     }
 
     async fn committed(&self) -> Result<Option<i64>, CliError> {
-        let tp = TopicPartition::new(self.input.as_str(), 0);
+        let tp = TopicPartition::new(self.names.input.as_str(), 0);
+        Ok(committed_offsets(
+            &self.setting.client,
+            &self.names.group,
+            std::slice::from_ref(&tp),
+        )
+        .await
+        .map_err(|e| failed("read the group's committed offset", e))?
+        .get(&tp)
+        .copied()
+        .flatten())
+    }
+
+    /// Stops A and keeps it stopped until the coordinator has dropped A's member and the session timeout
+    /// has passed since the stop. Returns when A was stopped.
+    async fn pause(&mut self, a: &OwnerProcess, member: &str) -> Result<Instant, CliError> {
+        let session = self.setting.session;
+        // The eviction is shown as the member leaving the coordinator's list, so it must be on it first.
+        let listed = Instant::now();
+        while !self
+            .setting
+            .cluster
+            .group_members(&self.names.group)
+            .await?
+            .iter()
+            .any(|m| m == member)
+        {
+            if listed.elapsed() > STEP_LIMIT {
+                return Err(CliError::DemoFailed {
+                    detail: format!(
+                        "the group coordinator does not list owner A's member {member}"
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        a.stop().await?;
+        let stopped = Instant::now();
+        let evicted_after = loop {
+            let members = self
+                .setting
+                .cluster
+                .group_members(&self.names.group)
+                .await?;
+            if !members.iter().any(|m| m == member) {
+                break stopped.elapsed();
+            }
+            if stopped.elapsed() > session + STEP_LIMIT {
+                return Err(CliError::DemoFailed {
+                    detail: format!(
+                        "owner A was stopped for {:.1} s and the group coordinator still lists its member",
+                        stopped.elapsed().as_secs_f64()
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // Clearly past the session timeout, whatever the granularity of the coordinator's timer.
+        if let Some(rest) = (session * 3 / 2).checked_sub(stopped.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
+        self.say(&format!(
+            "A is stopped with SIGSTOP (pid {}): the whole process freezes, its heartbeat thread too, as \
+             in a long GC pause or a stalled VM. {:.1} s after the stop the group coordinator no longer \
+             lists A's member: its session timeout ({:.1} s) passed without a heartbeat, so A was evicted.",
+            a.pid(),
+            evicted_after.as_secs_f64(),
+            session.as_secs_f64()
+        ))?;
+        Ok(stopped)
+    }
+
+    /// Resumes A, which flushes what it holds. `after` says what happened meanwhile.
+    async fn resume_and_flush(
+        &mut self,
+        a: &mut OwnerProcess,
+        stopped: Instant,
+        holds: Option<Account>,
+        after: &str,
+    ) -> Result<LateWrite, CliError> {
+        let log_end_before = self.snapshot_log_end().await?;
+        let stopped_for = stopped.elapsed();
+        a.resume().await?;
+        self.say(&format!(
+            "A has been stopped for {:.1} s, past its {:.1} s session timeout. {after} A resumes (SIGCONT), \
+             unaware of all this, and flushes what it holds: alice at {}.",
+            stopped_for.as_secs_f64(),
+            self.setting.session.as_secs_f64(),
+            short(holds)
+        ))?;
         Ok(
-            committed_offsets(&self.client, &self.group, std::slice::from_ref(&tp))
-                .await
-                .map_err(|e| failed("read the group's committed offset", e))?
-                .get(&tp)
-                .copied()
-                .flatten(),
+            match a.write("persist", "owner A's write after resuming").await? {
+                Some(r) => LateWrite::Refused(r),
+                None => LateWrite::Landed {
+                    log_end_before,
+                    log_end_after: self.snapshot_log_end().await?,
+                },
+            },
         )
     }
 
     async fn tell(mut self, number: usize) -> Result<Ending, CliError> {
-        let title = match self.mode {
-            PersistenceMode::Transactional => {
-                "fenced: snapshots written in transactions checked against the group generation"
-            }
-            _ => "unfenced: plain idempotent snapshot writes, offsets committed by the consumer",
+        let title = if self.fenced() {
+            "fenced: snapshots written in transactions checked against the group generation"
+        } else {
+            "unfenced: plain idempotent snapshot writes, offsets committed by the consumer"
         };
         writeln!(self.out, "== Run {number} of 2, {title} ==")?;
         self.say(&format!(
             "Topics: input {} and snapshots {} (compacted), one partition each.",
-            self.input, self.snapshots
+            self.names.input, self.names.snapshots
         ))?;
 
         // 1. A owns the partition, folds, persists, commits.
@@ -546,49 +761,92 @@ impl<'a> Story<'a> {
             "{} deposits written to the input: {alice} for alice, {bob} for bob.",
             self.written.len()
         ))?;
-        let mut a = self.owner("A").await?;
-        catch_up(&mut a, self.input_end(), "owner A joining and folding").await?;
-        a.persist()
-            .await
-            .map_err(|e| failed("owner A's first persist", e))?;
-        a.commit()
-            .await
-            .map_err(|e| failed("owner A's first commit", e))?;
+        let mut a = OwnerProcess::start(
+            &self.setting.exe,
+            &self.setting.cluster.bootstrap,
+            &self.names,
+            !self.fenced(),
+            self.setting.session,
+        )
+        .await?;
+        let held = a
+            .catch_up(self.input_end(), "owner A joining and folding")
+            .await?;
+        for (command, step) in [
+            ("persist", "owner A's first persist"),
+            ("commit", "owner A's first commit"),
+        ] {
+            if let Some(r) = a.write(command, step).await? {
+                return Err(failed(step, r.error));
+            }
+        }
         let committed = self.committed().await?;
         self.say(&format!(
-            "Owner A joins the group ({}) and owns partition 0. It folds all {} deposits, persists snapshots \
-             of alice and bob, and commits input offset {}.",
-            generation(&a),
+            "Owner A, a snapfence process of its own (pid {}), joins the group (generation {}) and owns \
+             partition 0. It folds all {} deposits, persists snapshots of alice and bob, and commits input \
+             offset {}.",
+            a.pid(),
+            held.generation,
             self.written.len(),
             show_offset(committed)
         ))?;
 
-        // 2. More input; A folds it in memory, then stalls.
+        // 2. More input; A folds it in memory.
         let more = self.deposit("alice", 5).await?;
-        catch_up(&mut a, self.input_end(), "owner A folding more").await?;
-        let stale = alice_of(&a).await;
-        let stalled_at = Instant::now();
+        let mut held = a.catch_up(self.input_end(), "owner A folding more").await?;
         self.say(&format!(
             "5 more deposits for alice ({more}). A folds them: in A's memory alice now has {}. Not persisted \
              yet.",
-            short(stale)
-        ))?;
-        self.say(&format!(
-            "A stalls: it stops calling poll. This models a long GC pause or a poll loop stuck behind slow \
-             work (here A and B are two group members in this one process, and A is simply not polled): \
-             A lives on and its connections stay open, but the group evicts its member once \
-             max.poll.interval ({} s here) passes without a poll.",
-            MAX_POLL_INTERVAL.as_secs()
+            short(account(&held, "alice"))
         ))?;
 
-        // 3. B takes over while A is stalled.
+        // 3. Fenced only: A is evicted and writes before anyone else has taken the partition.
+        let evicted_write = if self.fenced() {
+            let stopped = self.pause(&a, &held.member).await?;
+            let write = self
+                .resume_and_flush(
+                    &mut a,
+                    stopped,
+                    account(&held, "alice"),
+                    "No other member has joined, so no one has taken partition 0 or its producer.",
+                )
+                .await?;
+            match &write {
+                LateWrite::Refused(r) => self.say(&format!(
+                    "A's write is REFUSED by {}: {}\n{}",
+                    r.named(),
+                    r.error,
+                    why(r, false)
+                ))?,
+                LateWrite::Landed { .. } => self
+                    .say("A's write LANDED although A had been evicted: the fence did not hold.")?,
+            }
+            let committed = self.committed().await?;
+            held = a
+                .rejoin(self.input_end(), &held.member, "owner A rejoining")
+                .await?;
+            self.say(&format!(
+                "A does what a fenced member does: it rejoins the group as a new member (generation {}), \
+                 recovers the snapshots, replays the input from the committed offset {}, and holds alice \
+                 at {} again, not persisted.",
+                held.generation,
+                show_offset(committed),
+                short(account(&held, "alice"))
+            ))?;
+            Some(write)
+        } else {
+            None
+        };
+        let stale = account(&held, "alice");
+
+        // 4. A is paused; B takes over while A is stopped.
+        let stopped = self.pause(&a, &held.member).await?;
         let mut b = self.owner("B").await?;
         let newer = self.deposit("alice", 5).await?;
         self.say(&format!(
             "Owner B joins the group. 5 more deposits for alice arrive ({newer})."
         ))?;
         catch_up(&mut b, self.input_end(), "owner B taking over").await?;
-        let took_over_after = stalled_at.elapsed();
         b.persist()
             .await
             .map_err(|e| failed("owner B's persist", e))?;
@@ -598,38 +856,37 @@ impl<'a> Story<'a> {
         let committed = self.committed().await?;
         let b_alice = alice_of(&b).await;
         self.say(&format!(
-            "B owns partition 0 ({}), {:.1} s after A's last poll. It recovers the snapshots A persisted, \
-             replays the input from the committed offset, and holds alice at {}. B persists its snapshots \
-             and commits input offset {}.",
+            "B owns partition 0 ({}){}. It recovers the snapshots A persisted, replays the input from the \
+             committed offset, and holds alice at {}. B persists its snapshots and commits input offset {}.",
             generation(&b),
-            took_over_after.as_secs_f64(),
+            if self.fenced() {
+                ", and on taking it initialised the partition's transactional producer"
+            } else {
+                ""
+            },
             short(b_alice),
             show_offset(committed)
         ))?;
 
-        // 4. A wakes up and flushes its stale state.
-        self.say(&format!(
-            "A wakes up, unaware that it was replaced, and flushes what it holds: alice at {}, older than \
-             B's snapshot.",
-            short(stale)
-        ))?;
-        let log_end_before = self.snapshot_log_end().await?;
-        let late = a.persist().await;
-        // A's process ends here; its member is long gone from the group.
-        drop(a);
-        let late_write = match late {
-            Err(e) => LateWrite::Refused {
-                why: why_refused(&e),
-                error: e.to_string(),
-            },
-            Ok(()) => LateWrite::Landed {
-                log_end_before,
-                log_end_after: self.snapshot_log_end().await?,
-            },
-        };
+        // 5. A resumes and flushes its stale state.
+        let late_write = self
+            .resume_and_flush(
+                &mut a,
+                stopped,
+                stale,
+                "B has taken over, and B's snapshot of alice is newer than what A holds.",
+            )
+            .await?;
+        // A's process ends here, as a stale owner's does after its fence.
+        a.quit().await;
         match &late_write {
-            LateWrite::Refused { error, why } => {
-                self.say(&format!("A's late write is REFUSED: {error}\n{why}"))?;
+            LateWrite::Refused(r) => {
+                self.say(&format!(
+                    "A's late write is REFUSED by {}: {}\n{}",
+                    r.named(),
+                    r.error,
+                    why(r, true)
+                ))?;
             }
             LateWrite::Landed {
                 log_end_before,
@@ -643,7 +900,7 @@ impl<'a> Story<'a> {
             }
         }
 
-        // 5. A fresh owner recovers; compare with a fold of everything from scratch.
+        // 6. A fresh owner recovers; compare with a fold of everything from scratch.
         b.run(std::future::ready(()))
             .await
             .map_err(|e| failed("owner B leaving the group", e))?;
@@ -701,7 +958,11 @@ impl<'a> Story<'a> {
                 }
             );
         }
-        let ending = Ending { late_write, rows };
+        let ending = Ending {
+            evicted_write,
+            late_write,
+            rows,
+        };
         if ending.correct() {
             table.push_str("Correct: the recovered state equals a fold of all input.");
         } else {
@@ -765,27 +1026,21 @@ fn show_offset(o: Option<i64>) -> String {
     o.map_or("none".into(), |o| o.to_string())
 }
 
-/// Says which mechanism refused the stale write, from the error's class.
-fn why_refused(e: &FlowError) -> &'static str {
-    if e.is_fenced() {
-        return "The group coordinator checked the offset commit inside A's transaction against A's group \
-                generation, found it stale, and aborted the whole transaction, snapshot included: \
-                read_committed readers never see it.";
-    }
-    match e {
-        FlowError::Snapshot(SnapshotError::Transaction { failure, .. })
-            if failure.kind == FailureKind::Fatal
-                && matches!(
-                    failure.source.downcast_ref::<ProducerError>(),
-                    Some(ProducerError::Fenced { .. })
-                ) =>
-        {
-            "B's takeover initialised the partition's transactional id, which fenced A's producer with a \
-             newer producer epoch: A's transaction cannot commit, and read_committed readers never see it. \
-             (Had A written between its eviction and B's takeover, the group coordinator's generation check \
-             on the offset commit in the same transaction would have refused it: see docs/fencing.md.)"
+/// Why the fence that refused A's write fired, in plain words. `taken_over`: B had taken the partition.
+fn why(r: &Refusal, taken_over: bool) -> &'static str {
+    match (r.fence, taken_over) {
+        (Fence::Generation, false) => {
+            "The group coordinator checked the offset commit inside A's transaction against the group: A's              member had been evicted, so it refused, and the whole transaction was aborted, snapshot              included; read_committed readers never see it. No other owner had initialised the partition's              producer yet, so this generation check is the only one that could stop A here."
         }
-        _ => "The transaction carrying it did not commit, so read_committed readers never see it.",
+        (Fence::Generation, true) => {
+            "The group coordinator checked the offset commit inside A's transaction against the group,              found A's generation stale, and aborted the whole transaction, snapshot included:              read_committed readers never see it."
+        }
+        (Fence::ProducerEpoch, _) => {
+            "B's takeover initialised the partition's stable transactional id, which bumped              its producer epoch; A's transaction still carries the old epoch, so the broker refused it and              it never commits: read_committed readers never see it. This fence fires first because B              initialised before A resumed, and it is a correct defence; had A written before B's              initialisation, the generation check would have refused it, as in the act above."
+        }
+        (Fence::Other, _) => {
+            "The transaction carrying it did not commit, so read_committed readers never see it."
+        }
     }
 }
 

@@ -11,16 +11,18 @@
 //! - DescribeProducers (key 61), DescribeTransactions (key 65), ListTransactions (key 66): KIP-664
 //! - WriteTxnMarkers (key 27): the marker a coordinator sends a leader; KIP-664 lets an operator send an
 //!   ABORT for a hanging transaction
+//! - DescribeGroups (key 15; classic groups' members), DescribeConfigs (key 32; resource type 4 = broker)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
-    describe_producers_request, fetch_request, list_offsets_request, offset_fetch_request,
-    write_txn_markers_request, BrokerId, DescribeProducersRequest, DescribeTransactionsRequest,
-    FetchRequest, GroupId, ListOffsetsRequest, ListTransactionsRequest, OffsetFetchRequest,
-    ProducerId, TopicName, TransactionalId, WriteTxnMarkersRequest,
+    describe_configs_request, describe_producers_request, fetch_request, list_offsets_request,
+    offset_fetch_request, write_txn_markers_request, BrokerId, DescribeConfigsRequest,
+    DescribeGroupsRequest, DescribeProducersRequest, DescribeTransactionsRequest, FetchRequest,
+    GroupId, ListOffsetsRequest, ListTransactionsRequest, OffsetFetchRequest, ProducerId,
+    TopicName, TransactionalId, WriteTxnMarkersRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use snapfence::net::{
@@ -747,6 +749,65 @@ impl Cluster {
             result,
         )
         .await
+    }
+
+    /// The member ids of a classic group, as its coordinator lists them (DescribeGroups).
+    pub async fn group_members(&self, group: &str) -> Result<Vec<String>, CliError> {
+        let result = self
+            .client
+            .call(
+                Target::group(group),
+                &CallOptions::default(),
+                |_| {
+                    DescribeGroupsRequest::default()
+                        .with_groups(vec![GroupId(StrBytes::from_string(group.to_owned()))])
+                },
+                |r, _| {
+                    let Some(g) = r.groups.iter().find(|g| g.group_id.0.as_str() == group) else {
+                        return missing("the group");
+                    };
+                    verdict(g.error_code, g.error_message.as_ref(), || {
+                        g.members.iter().map(|m| m.member_id.to_string()).collect()
+                    })
+                },
+            )
+            .await;
+        self.finish(format!("describe group {group:?}"), result)
+            .await
+    }
+
+    /// One setting of one broker (DescribeConfigs), `None` when the broker does not report it.
+    pub async fn broker_config(&self, broker: i32, name: &str) -> Result<Option<String>, CliError> {
+        let result = self
+            .client
+            .call(
+                Target::Broker(broker),
+                &CallOptions::default(),
+                |_| {
+                    DescribeConfigsRequest::default().with_resources(vec![
+                        describe_configs_request::DescribeConfigsResource::default()
+                            .with_resource_type(4)
+                            .with_resource_name(StrBytes::from_string(broker.to_string()))
+                            .with_configuration_keys(Some(vec![StrBytes::from_string(
+                                name.to_owned(),
+                            )])),
+                    ])
+                },
+                |r, _| {
+                    let Some(res) = r.results.first() else {
+                        return missing("the broker");
+                    };
+                    verdict(res.error_code, res.error_message.as_ref(), || {
+                        res.configs
+                            .iter()
+                            .find(|c| c.name.as_str() == name)
+                            .and_then(|c| c.value.as_ref().map(|v| v.to_string()))
+                    })
+                },
+            )
+            .await;
+        self.finish(format!("read {name} of broker {broker}"), result)
+            .await
     }
 
     /// A group's committed offsets for `partitions` of `topic`, and which of them wait for a

@@ -93,6 +93,10 @@ pub enum Command {
     /// Show a stale owner's late snapshot write refused by the fence, and the damage without it. Starts
     /// a local Kafka broker unless --bootstrap (or SNAPFENCE_BOOTSTRAP) names one.
     Demo(DemoArgs),
+    /// Not for people: owner A of `demo`, a process of its own so the demo can pause it whole, steered by
+    /// the demo over stdin and stdout.
+    #[command(name = "__demo-owner", hide = true)]
+    DemoOwner(demo::OwnerArgs),
 }
 
 /// Where a run reads and writes.
@@ -156,8 +160,10 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
         .as_deref()
         .map(str::trim)
         .filter(|b| !b.is_empty());
-    if let Command::Demo(args) = &cli.command {
-        return demo::run(bootstrap, args, cli.format, io).await;
+    match &cli.command {
+        Command::Demo(args) => return demo::run(bootstrap, args, cli.format, io).await,
+        Command::DemoOwner(args) => return demo::serve_owner(bootstrap, args, io).await,
+        _ => {}
     }
     let bootstrap = bootstrap.ok_or_else(|| CliError::Usage {
         message: "no bootstrap address".into(),
@@ -171,6 +177,7 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
         Command::Recover(args) => recover::run(&cluster, args, cli.format, io).await,
         // Handled above without a connection; kept total rather than panicking.
         Command::Demo(args) => demo::run(Some(bootstrap), args, cli.format, io).await,
+        Command::DemoOwner(args) => demo::serve_owner(Some(bootstrap), args, io).await,
     }
 }
 

@@ -1117,26 +1117,96 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
 
 // ---- demo -----------------------------------------------------------------------------------------
 
-/// The demo is the README's main job: on a real broker its fenced run must refuse the stale owner's late
-/// write and recover a state equal to a fold of all input, and its unfenced run must let that write land
-/// and recover a damaged state. Exit 0 with a PASS verdict as the last line means both; the topics it
-/// made on a cluster it did not start are deleted.
+/// The demo is the README's main job: on a real broker, with owner A a process of its own that is stopped
+/// past its session timeout, its fenced run must refuse A's write after the eviction at the generation
+/// check and A's late write after B's takeover, and recover a state equal to a fold of all input; its
+/// unfenced run must let the late write land and recover a damaged state. Exit 0 with a PASS verdict as
+/// the last line means both; no owner process outlives the demo, and the topics it made on a cluster it
+/// did not start are deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_refuses_the_stale_write_fenced_and_shows_the_damage_unfenced() {
     let kafka = cluster(ClusterSpec::kafka4()).await;
     let began = std::time::Instant::now();
-    let run = snapfence(&kafka, &["demo"]).await.ok();
+    // The binary, not the library in-process: owner A is the binary started again.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .args(["--bootstrap", &kafka.bootstrap(), "demo"])
+        .output()
+        .await
+        .expect("run snapfence demo");
     let took = began.elapsed();
+    let run = Run {
+        code: output.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&output.stdout).into_owned(),
+        err: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+    .ok();
+    eprintln!("the demo took {took:?} on a running broker");
     let last = run.out.lines().last().unwrap_or_default();
     assert!(last.starts_with("verdict: PASS"), "{}", run.out);
-    assert!(run.out.contains("A's late write is REFUSED"), "{}", run.out);
-    assert!(run.out.contains("A's late write LANDED"), "{}", run.out);
+    // Prose is wrapped to the screen: read it as one run of words.
+    let text = run.out.split_whitespace().collect::<Vec<_>>().join(" ");
+    let seconds = |at: &str| -> f64 {
+        at.split(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no seconds at {at:?}"))
+    };
+    let session = seconds(
+        text.split("Group session timeout: ")
+            .nth(1)
+            .expect("the session timeout is stated"),
+    );
+    // Stopped twice in the fenced run, once in the unfenced one, each time past the session timeout.
+    let pauses: Vec<(f64, f64)> = text
+        .split("A has been stopped for ")
+        .skip(1)
+        .map(|at| {
+            let (stopped, rest) = at.split_once(" s, past its ").expect("pause sentence");
+            (seconds(stopped), seconds(rest))
+        })
+        .collect();
+    assert_eq!(pauses.len(), 3, "{}", run.out);
+    for (stopped, timeout) in pauses {
+        assert_eq!(timeout, session, "{}", run.out);
+        assert!(
+            stopped > timeout,
+            "stopped {stopped} s, session {timeout} s\n{}",
+            run.out
+        );
+    }
+    assert_eq!(
+        text.matches("the group coordinator no longer lists A's member")
+            .count(),
+        3,
+        "{}",
+        run.out
+    );
+    assert!(
+        text.contains("A's write is REFUSED by the generation fence (UNKNOWN_MEMBER_ID)")
+            || text.contains("A's write is REFUSED by the generation fence (ILLEGAL_GENERATION)"),
+        "{}",
+        run.out
+    );
+    assert!(
+        text.contains("A's late write is REFUSED by the producer-epoch fence ("),
+        "{}",
+        run.out
+    );
+    assert!(text.contains("A's late write LANDED"), "{}", run.out);
     assert!(
         run.out.contains("WRONG: lost 5 deposit(s): #16-#20"),
         "{}",
         run.out
     );
-    eprintln!("the demo took {took:?} on a running broker");
+    // Every owner A the story started is gone once the demo has exited.
+    for at in text.split("(pid ").skip(1) {
+        let pid = at.split(')').next().unwrap_or_default();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("__demo-owner"),
+            "owner A (pid {pid}) outlived the demo"
+        );
+    }
     assert!(!run.out.contains("could not delete"), "{}", run.out);
     // DeleteTopics returns once the controller has decided; the broker's metadata follows a moment later.
     let c = client(&kafka).await;
