@@ -1229,6 +1229,50 @@ async fn the_demo_refuses_the_stale_write_fenced_and_shows_the_damage_unfenced()
     }
 }
 
+/// Owner A must never outlive the demo: when the demo's process is killed outright while A is stopped
+/// (no destructor of the demo runs, and a stopped A cannot read the end of its input), A still ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_demo_takes_its_stopped_owner_with_it() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .args(["--bootstrap", &kafka.bootstrap(), "demo"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start snapfence demo");
+    let mut lines = BufReader::new(demo.stdout.take().expect("stdout")).lines();
+    let pid = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(line) = lines.next_line().await.expect("read the demo's output") {
+            if let Some(rest) = line.split("with SIGSTOP (pid ").nth(1) {
+                return rest.split(')').next().map(str::to_owned);
+            }
+        }
+        None
+    })
+    .await
+    .expect("the demo stops owner A within 120 s")
+    .expect("the demo names owner A's pid");
+    // (state) is the field after the parenthesised command name.
+    let state = |pid: &str| -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.chars().next()
+    };
+    assert_eq!(state(&pid), Some('T'), "owner A (pid {pid}) is stopped");
+    demo.start_kill().expect("kill the demo");
+    demo.wait().await.expect("reap the demo");
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    // Gone, or a zombie waiting for whoever adopted it to reap it.
+    while !matches!(state(&pid), None | Some('Z')) {
+        assert!(
+            std::time::Instant::now() < until,
+            "owner A (pid {pid}) outlived the killed demo in state {:?}",
+            state(&pid)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The README's first command: the binary with no bootstrap starts its own broker, passes, and leaves no
 /// broker behind (its port refuses connections once the binary has exited).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
