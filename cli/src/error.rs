@@ -220,9 +220,8 @@ impl CliError {
                 come from Maven Central on first use), or run the demo against a cluster of yours with \
                 --bootstrap host:port"
                 .into(),
-            CliError::DemoFailed { .. } => "read the story above for the step that went differently; on a \
-                cluster of yours, check group.min.session.timeout.ms allows 6 s sessions, and rerun to \
-                rule out a slow machine"
+            CliError::DemoFailed { .. } => "read the story above for the step that went differently; the \
+                session timeout it printed is short on purpose, so rerun to rule out a slow machine"
                 .into(),
             CliError::Io(_) => "check that the output can be written".into(),
         }

@@ -208,6 +208,15 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// The demo's owner subcommand is machinery, not something to offer a person.
+    #[test]
+    fn the_demo_owner_stays_out_of_help() {
+        use clap::CommandFactory;
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("demo"), "{help}");
+        assert!(!help.contains("__demo-owner"), "{help}");
+    }
+
     #[tokio::test]
     async fn a_missing_scope_or_bootstrap_is_a_usage_error() {
         let (code, _, err) = run_captured(&["snapfence", "inspect", "t"]).await;
