@@ -1128,11 +1128,15 @@ async fn the_demo_refuses_the_stale_write_fenced_and_shows_the_damage_unfenced()
     let kafka = cluster(ClusterSpec::kafka4()).await;
     let began = std::time::Instant::now();
     // The binary, not the library in-process: owner A is the binary started again.
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+    let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
         .args(["--bootstrap", &kafka.bootstrap(), "demo"])
-        .output()
-        .await
-        .expect("run snapfence demo");
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start snapfence demo");
+    // The demo's topic names carry its pid; other tests on this cluster may run demos of their own.
+    let own = format!("-{}-", demo.id().expect("pid"));
+    let output = demo.wait_with_output().await.expect("run snapfence demo");
     let took = began.elapsed();
     let run = Run {
         code: output.status.code().unwrap_or(-1),
@@ -1216,7 +1220,7 @@ async fn the_demo_refuses_the_stale_write_fenced_and_shows_the_damage_unfenced()
         let left: Vec<&String> = metadata
             .topics
             .keys()
-            .filter(|t| t.starts_with("snapfence-demo-"))
+            .filter(|t| t.starts_with("snapfence-demo-") && t.contains(&own))
             .collect();
         if left.is_empty() {
             break;
@@ -1259,8 +1263,18 @@ async fn a_killed_demo_takes_its_stopped_owner_with_it() {
         stat.rsplit_once(") ")?.1.chars().next()
     };
     assert_eq!(state(&pid), Some('T'), "owner A (pid {pid}) is stopped");
+    let own = format!("-{}-", demo.id().expect("pid"));
     demo.start_kill().expect("kill the demo");
     demo.wait().await.expect("reap the demo");
+    // The killed demo could not delete its topics.
+    let c = client(&kafka).await;
+    for t in c.metadata_all().await.expect("metadata").topics.keys() {
+        if t.starts_with("snapfence-demo-") && t.contains(&own) {
+            c.delete_topic(t)
+                .await
+                .expect("delete a killed demo's topic");
+        }
+    }
     let until = std::time::Instant::now() + Duration::from_secs(10);
     // Gone, or a zombie waiting for whoever adopted it to reap it.
     while !matches!(state(&pid), None | Some('Z')) {
