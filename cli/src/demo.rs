@@ -1113,6 +1113,66 @@ mod tests {
         assert!(Ledger.decode(b"short").is_err());
     }
 
+    /// The exit status rule: fenced, A's write after its eviction must be refused by the generation fence
+    /// and its late write refused too, with a correct state; unfenced, the late write must land and
+    /// damage the state. Anything less is a FAIL.
+    #[test]
+    fn the_verdict_needs_the_generation_fence_and_the_damage() {
+        let account = |deposits| Account {
+            deposits,
+            balance: 0,
+            last: deposits,
+        };
+        let refused = |fence| {
+            LateWrite::Refused(Refusal {
+                fence,
+                code: Some("CODE".into()),
+                error: String::new(),
+            })
+        };
+        let landed = || LateWrite::Landed {
+            log_end_before: 3,
+            log_end_after: 4,
+        };
+        let rows = |got| {
+            vec![Row {
+                key: "alice".into(),
+                got: Some(account(got)),
+                want: account(15),
+                after_got: (got + 1..=15).collect(),
+            }]
+        };
+        let unfenced = Ending {
+            evicted_write: None,
+            late_write: landed(),
+            rows: rows(10),
+        };
+        let fenced = |evicted, late| Ending {
+            evicted_write: Some(evicted),
+            late_write: late,
+            rows: rows(15),
+        };
+        let mut out = Vec::new();
+        let good = fenced(refused(Fence::Generation), refused(Fence::ProducerEpoch));
+        assert!(verdict(&good, &unfenced, &mut out).is_ok());
+        assert!(String::from_utf8_lossy(&out).starts_with("verdict: PASS"));
+        for bad in [
+            fenced(refused(Fence::ProducerEpoch), refused(Fence::ProducerEpoch)),
+            fenced(landed(), refused(Fence::ProducerEpoch)),
+            fenced(refused(Fence::Generation), landed()),
+        ] {
+            let mut out = Vec::new();
+            assert!(verdict(&bad, &unfenced, &mut out).is_err());
+            assert!(String::from_utf8_lossy(&out).starts_with("verdict: FAIL"));
+        }
+        let undamaged = Ending {
+            evicted_write: None,
+            late_write: landed(),
+            rows: rows(15),
+        };
+        assert!(verdict(&good, &undamaged, &mut Vec::new()).is_err());
+    }
+
     #[test]
     fn lost_deposits_are_named() {
         assert_eq!(numbers(&[16, 17, 18, 19, 20]), "#16-#20");

@@ -11,8 +11,8 @@
 //! | command | A does | A answers |
 //! |---|---|---|
 //! | `catch-up <end>` | polls until it holds partition 0 and has folded up to input offset `end` | generation, member id, the accounts it holds |
-//! | `persist` | writes every account changed since its last snapshot | `ok`, or the refusal: which fence, the broker's code |
 //! | `rejoin <end> <old member>` | as `catch-up`, and also until it is a member again under a new member id | the same |
+//! | `persist` | writes every account changed since its last snapshot | `ok`, or the refusal: which fence, the broker's code |
 //! | `commit` | commits the input offset its snapshots cover | the same |
 //! | `quit`, or end of input | exits at once, without leaving the group (a stale owner that stops) | nothing |
 //!
@@ -490,4 +490,33 @@ fn held_of(v: Value, step: &str) -> Result<Held, CliError> {
 /// The account of `key` in a held state.
 pub(crate) fn account(held: &Held, key: &str) -> Option<Account> {
     held.accounts.get(key).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ends of the pipe must agree on A's answers, or a refusal could be read as the wrong fence.
+    #[test]
+    fn answers_read_back_as_sent() {
+        for fence in [Fence::Generation, Fence::ProducerEpoch, Fence::Other] {
+            assert_eq!(Fence::parse(fence.as_str()), fence);
+        }
+        let held = held_of(
+            json!({ "ok": true, "generation": 3, "member": "m-1", "accounts": { "alice": [10, 800, 15] } }),
+            "step",
+        )
+        .unwrap();
+        assert_eq!((held.generation, held.member.as_str()), (3, "m-1"));
+        assert_eq!(
+            account(&held, "alice"),
+            Some(Account {
+                deposits: 10,
+                balance: 800,
+                last: 15
+            })
+        );
+        let e = held_of(json!({ "ok": false, "error": "boom" }), "step").unwrap_err();
+        assert!(e.to_string().contains("boom"), "{e}");
+    }
 }
