@@ -1156,7 +1156,7 @@ async fn the_demo_refuses_the_stale_write_fenced_and_shows_the_damage_unfenced()
             .unwrap_or_else(|| panic!("no seconds at {at:?}"))
     };
     let session = seconds(
-        text.split("Group session timeout: ")
+        text.split("Owner A's session timeout: ")
             .nth(1)
             .expect("the session timeout is stated"),
     );
