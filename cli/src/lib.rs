@@ -1,7 +1,8 @@
 //! The `snapfence` operator tool: a Kafka cluster's transactional state, seen over the wire.
 //!
 //! The binary is a thin `main` around [`run`], which takes the arguments and an [`Io`] (output, error
-//! output, confirmation input), so tests drive every subcommand in-process and read what it printed.
+//! output, confirmation input), so tests drive every subcommand in-process and read what it printed;
+//! all but `demo`, whose owner A is the `snapfence` binary started again (tests run the binary for it).
 //!
 //! | subcommand | what it shows |
 //! |---|---|

@@ -274,14 +274,14 @@ async fn held(flow: &Flow<Ledger>) -> Value {
 // ---- the parent's side -----------------------------------------------------------------------------
 
 /// The `snapfence` executable to start A from: this one. A test harness or any other program that
-/// drives the library in-process is not `snapfence`, and starting it with A's arguments would run
-/// something else, so that is refused.
+/// drives the library in-process is not `snapfence` (its name does not start so), and starting it with
+/// A's arguments would run something else, so that is refused.
 pub(crate) fn own_executable() -> Result<PathBuf, CliError> {
     let exe = std::env::current_exe().map_err(|e| failed("find the snapfence executable", e))?;
     let is_snapfence = exe
         .file_stem()
         .and_then(|s| s.to_str())
-        .is_some_and(|s| s == "snapfence");
+        .is_some_and(|s| s.starts_with("snapfence"));
     if !is_snapfence {
         return Err(CliError::DemoFailed {
             detail: format!(
