@@ -661,20 +661,23 @@ impl<'a> Story<'a> {
         .flatten())
     }
 
+    /// Whether the group coordinator lists `member` in the group.
+    async fn lists(&self, member: &str) -> Result<bool, CliError> {
+        let members = self
+            .setting
+            .cluster
+            .group_members(&self.names.group)
+            .await?;
+        Ok(members.iter().any(|m| m == member))
+    }
+
     /// Stops A and keeps it stopped until the coordinator has dropped A's member and the session timeout
     /// has passed since the stop. Returns when A was stopped.
     async fn pause(&mut self, a: &OwnerProcess, member: &str) -> Result<Instant, CliError> {
         let session = self.setting.session;
         // The eviction is shown as the member leaving the coordinator's list, so it must be on it first.
         let listed = Instant::now();
-        while !self
-            .setting
-            .cluster
-            .group_members(&self.names.group)
-            .await?
-            .iter()
-            .any(|m| m == member)
-        {
+        while !self.lists(member).await? {
             if listed.elapsed() > STEP_LIMIT {
                 return Err(CliError::DemoFailed {
                     detail: format!(
@@ -687,12 +690,7 @@ impl<'a> Story<'a> {
         a.stop().await?;
         let stopped = Instant::now();
         let evicted_after = loop {
-            let members = self
-                .setting
-                .cluster
-                .group_members(&self.names.group)
-                .await?;
-            if !members.iter().any(|m| m == member) {
+            if !self.lists(member).await? {
                 break stopped.elapsed();
             }
             if stopped.elapsed() > session + STEP_LIMIT {
