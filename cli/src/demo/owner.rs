@@ -295,6 +295,9 @@ pub(crate) fn own_executable() -> Result<PathBuf, CliError> {
 }
 
 /// Owner A, running as a child process. Dropping the handle kills the process.
+///
+/// Not cancel-safe: a request dropped before its answer leaves that answer in the pipe for the next
+/// request to misread. The demo awaits every request to the end (each is bounded by [`STEP_LIMIT`]).
 pub(crate) struct OwnerProcess {
     child: Child,
     stdin: ChildStdin,
