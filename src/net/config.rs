@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::retry::Backoff;
+use super::sasl::SaslConfig;
 
 /// How the client connects, times out and retries. Build with [`ClientConfig::new`] or
 /// `ClientConfig { bootstrap, ..Default::default() }`.
@@ -35,6 +36,10 @@ pub struct ClientConfig {
     pub socket_receive_buffer: Option<usize>,
     /// TCP keepalive idle time; `None` turns keepalive off.
     pub tcp_keepalive: Option<Duration>,
+    /// SASL credentials. When set, every connection (reconnects included) logs in right after the
+    /// ApiVersions handshake, before it carries any other request; a rejected login fails the request
+    /// at once with [`NetError::Authentication`](super::NetError::Authentication) and is never retried.
+    pub sasl: Option<SaslConfig>,
 }
 
 impl Default for ClientConfig {
@@ -55,6 +60,7 @@ impl Default for ClientConfig {
             socket_send_buffer: None,
             socket_receive_buffer: None,
             tcp_keepalive: Some(Duration::from_secs(60)),
+            sasl: None,
         }
     }
 }
@@ -70,6 +76,14 @@ impl ClientConfig {
                 .map(str::to_owned)
                 .collect(),
             ..ClientConfig::default()
+        }
+    }
+
+    /// These settings with SASL credentials.
+    pub fn with_sasl(self, sasl: SaslConfig) -> Self {
+        ClientConfig {
+            sasl: Some(sasl),
+            ..self
         }
     }
 
