@@ -480,3 +480,187 @@ async fn a_login_refused_on_reconnect_is_not_retried() {
     );
     assert!(took < Duration::from_secs(3), "took {took:?}: {err}");
 }
+
+// ---- TLS (feature `tls`) --------------------------------------------------------------------------
+
+#[cfg(feature = "tls")]
+mod tls {
+    use std::sync::OnceLock;
+
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+        IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    use snapfence::net::TlsConfig;
+
+    use super::*;
+
+    /// The client certificate's subject; as a principal `User:CN=snapfence-client`, a super user.
+    const CLIENT_CN: &str = "snapfence-client";
+
+    /// Certificates made for this test process: a CA, a broker certificate for 127.0.0.1 and a client
+    /// certificate signed by it, and an unrelated CA no broker certificate chains to.
+    struct Pki {
+        ca_pem: String,
+        server_chain_pem: String,
+        server_key_pem: String,
+        client_cert_pem: String,
+        client_key_pem: String,
+        stranger_ca_pem: String,
+    }
+
+    fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
+        let pem = params.self_signed(&key).unwrap().pem();
+        (pem, Issuer::new(params, key))
+    }
+
+    fn pki() -> &'static Pki {
+        static PKI: OnceLock<Pki> = OnceLock::new();
+        PKI.get_or_init(|| {
+            let (ca_pem, issuer) = ca("snapfence test CA");
+            let (stranger_ca_pem, _) = ca("someone else's CA");
+
+            let server_key = KeyPair::generate().unwrap();
+            let mut server =
+                CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+            server.distinguished_name = DistinguishedName::new();
+            server.distinguished_name.push(DnType::CommonName, "kafka");
+            server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            let server_cert = server.signed_by(&server_key, &issuer).unwrap();
+
+            let client_key = KeyPair::generate().unwrap();
+            let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+            client.distinguished_name = DistinguishedName::new();
+            client
+                .distinguished_name
+                .push(DnType::CommonName, CLIENT_CN);
+            client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            let client_cert = client.signed_by(&client_key, &issuer).unwrap();
+
+            Pki {
+                server_chain_pem: format!("{}{}", server_cert.pem(), ca_pem),
+                ca_pem,
+                server_key_pem: server_key.serialize_pem(),
+                client_cert_pem: client_cert.pem(),
+                client_key_pem: client_key.serialize_pem(),
+                stranger_ca_pem,
+            }
+        })
+    }
+
+    fn tls_spec() -> ClusterSpec {
+        let pki = pki();
+        let mut security = users();
+        security.super_users.push(format!("User:CN={CLIENT_CN}"));
+        security.tls = Some(protocol_tests::TlsSpec {
+            server_cert_chain_pem: pki.server_chain_pem.clone(),
+            server_key_pem: pki.server_key_pem.clone(),
+            client_ca_pem: pki.ca_pem.clone(),
+        });
+        ClusterSpec::kafka4().with_security(security)
+    }
+
+    fn server_auth() -> TlsConfig {
+        TlsConfig::new(pki().ca_pem.clone())
+    }
+
+    fn mutual() -> TlsConfig {
+        server_auth().with_client_cert(pki().client_cert_pem.clone(), pki().client_key_pem.clone())
+    }
+
+    async fn connect(config: ClientConfig) -> Result<Client, NetError> {
+        Client::connect(config).await
+    }
+
+    async fn topic(client: &Client) -> String {
+        let t = unique("sec-tls");
+        client.create_topic(&t, 1, -1, &[]).await.unwrap();
+        t
+    }
+
+    /// Server-authenticated TLS: the client checks the broker's certificate against the test CA and then
+    /// produces and fetches inside the TLS session.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_produces_and_fetches() {
+        let kafka = cluster(tls_spec()).await;
+        let bootstrap = kafka.listener_bootstrap(Listener::Ssl);
+        let client = connect(ClientConfig::new(&bootstrap).with_tls(server_auth()))
+            .await
+            .expect("TLS connect");
+        let t = topic(&client).await;
+        produce_and_fetch(&client, &t, "over tls").await;
+    }
+
+    /// A broker whose certificate does not chain to the configured CA is refused with a TLS error, once
+    /// and at once (no retries, no fallback to plaintext).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_untrusted_broker_certificate_is_refused() {
+        let kafka = cluster(tls_spec()).await;
+        let bootstrap = kafka.listener_bootstrap(Listener::Ssl);
+        let began = Instant::now();
+        let err = connect(
+            ClientConfig::new(&bootstrap).with_tls(TlsConfig::new(pki().stranger_ca_pem.clone())),
+        )
+        .await
+        .expect_err("a broker signed by another CA must be refused");
+        assert!(matches!(err, NetError::Tls { .. }), "{err}");
+        assert!(err.is_fatal_connect() && !err.is_retriable(), "{err}");
+        assert!(began.elapsed() < Duration::from_secs(5));
+        // Asking for another name than the certificate carries fails the same way.
+        let mut wrong_name = server_auth();
+        wrong_name.server_name = Some("not-the-broker.example".into());
+        let err = connect(ClientConfig::new(&bootstrap).with_tls(wrong_name))
+            .await
+            .expect_err("the certificate does not name not-the-broker.example");
+        assert!(matches!(err, NetError::Tls { .. }), "{err}");
+    }
+
+    /// Mutual TLS: with the client certificate the client works (as `User:CN=snapfence-client`); without
+    /// one the broker refuses the session.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mutual_tls_needs_the_client_certificate() {
+        let kafka = cluster(tls_spec()).await;
+        let bootstrap = kafka.listener_bootstrap(Listener::Mtls);
+        let client = connect(ClientConfig::new(&bootstrap).with_tls(mutual()))
+            .await
+            .expect("mTLS connect");
+        let t = topic(&client).await;
+        produce_and_fetch(&client, &t, "over mtls").await;
+
+        let mut config = ClientConfig::new(&bootstrap).with_tls(server_auth());
+        config.connect_timeout = Duration::from_secs(5);
+        let err = connect(config)
+            .await
+            .expect_err("the MTLS listener requires a client certificate");
+        // Under TLS 1.3 the broker checks the client certificate after the client's side of the
+        // handshake is done, so the refusal arrives as an alert on the first read.
+        let text = err.to_string().to_lowercase();
+        assert!(
+            text.contains("certificate") || text.contains("alert") || text.contains("closed"),
+            "{err}"
+        );
+    }
+
+    /// SASL_SSL: SCRAM inside TLS, and the login is still checked (a wrong password is refused).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sasl_ssl_logs_in_inside_tls() {
+        let kafka = cluster(tls_spec()).await;
+        let bootstrap = kafka.listener_bootstrap(Listener::SaslSsl);
+        let config =
+            sasl_config(&bootstrap, SaslMechanism::ScramSha512, ADMIN).with_tls(server_auth());
+        let client = connect(config).await.expect("SASL_SSL connect");
+        let t = topic(&client).await;
+        produce_and_fetch(&client, &t, "over sasl_ssl").await;
+
+        let bad = sasl_config(&bootstrap, SaslMechanism::ScramSha512, (ADMIN.0, "wrong"))
+            .with_tls(server_auth());
+        let err = connect(bad).await.expect_err("wrong password");
+        assert!(err.is_authentication(), "{err}");
+    }
+}

@@ -52,18 +52,41 @@ pub(crate) async fn open(
 ) -> Result<BrokerConn, NetError> {
     let deadline = Instant::now() + config.connect_timeout;
     let stream = connect_tcp(addr, config, deadline).await?;
-    let (read, write) = stream.into_split();
-    let conn = Connection::spawn(
-        read,
-        write,
-        ConnOptions {
-            addr: addr.to_owned(),
-            client_id: Arc::from(config.client_id.as_str()),
-            max_frame_size: config.max_frame_size,
-            max_in_flight: config.max_in_flight_per_connection,
-            sweep_interval: sweep_interval(config.request_timeout),
-        },
-    );
+    let opts = ConnOptions {
+        addr: addr.to_owned(),
+        client_id: Arc::from(config.client_id.as_str()),
+        max_frame_size: config.max_frame_size,
+        max_in_flight: config.max_in_flight_per_connection,
+        sweep_interval: sweep_interval(config.request_timeout),
+    };
+    #[cfg(feature = "tls")]
+    let conn = match &config.tls {
+        Some(tls) => {
+            let tls_stream = match timeout_at(deadline, tls.handshake(addr, stream)).await {
+                Ok(done) => done?,
+                Err(_) => {
+                    return Err(NetError::Connect {
+                        addr: addr.to_owned(),
+                        message: format!(
+                            "TLS handshake timed out after {:?}",
+                            config.connect_timeout
+                        ),
+                    })
+                }
+            };
+            let (read, write) = tokio::io::split(tls_stream);
+            Connection::spawn(read, write, opts)
+        }
+        None => {
+            let (read, write) = stream.into_split();
+            Connection::spawn(read, write, opts)
+        }
+    };
+    #[cfg(not(feature = "tls"))]
+    let conn = {
+        let (read, write) = stream.into_split();
+        Connection::spawn(read, write, opts)
+    };
     let remaining = deadline.saturating_duration_since(Instant::now());
     let (versions, features) =
         negotiate(&conn, remaining, &config.client_id, config.max_frame_size)

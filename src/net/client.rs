@@ -375,9 +375,9 @@ impl Client {
             for i in 0..nodes.len() {
                 match self.broker(nodes[(start + i) % nodes.len()]).await {
                     Ok(c) => return Ok(c),
-                    // Every broker checks the same credentials: trying the next one would only
-                    // repeat the refusal.
-                    Err(e) if e.is_authentication() => return Err(e),
+                    // Every broker checks the same credentials and certificates: trying the next
+                    // one would only repeat the refusal.
+                    Err(e) if e.is_fatal_connect() => return Err(e),
                     Err(e) => last = Some(e),
                 }
             }
@@ -400,7 +400,7 @@ impl Client {
         for addr in &self.inner.config.bootstrap {
             let opened = match broker::open(addr, -1, &self.inner.config).await {
                 Ok(c) => c,
-                Err(e) if e.is_authentication() => return Err(e),
+                Err(e) if e.is_fatal_connect() => return Err(e),
                 Err(e) => {
                     errors.push(e.to_string());
                     continue;

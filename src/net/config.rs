@@ -40,6 +40,10 @@ pub struct ClientConfig {
     /// ApiVersions handshake, before it carries any other request; a rejected login fails the request
     /// at once with [`NetError::Authentication`](super::NetError::Authentication) and is never retried.
     pub sasl: Option<SaslConfig>,
+    /// TLS for every connection (feature `tls`); `None` is plaintext. With [`ClientConfig::sasl`] too,
+    /// this is SASL_SSL.
+    #[cfg(feature = "tls")]
+    pub tls: Option<super::TlsConfig>,
 }
 
 impl Default for ClientConfig {
@@ -61,6 +65,8 @@ impl Default for ClientConfig {
             socket_receive_buffer: None,
             tcp_keepalive: Some(Duration::from_secs(60)),
             sasl: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -83,6 +89,15 @@ impl ClientConfig {
     pub fn with_sasl(self, sasl: SaslConfig) -> Self {
         ClientConfig {
             sasl: Some(sasl),
+            ..self
+        }
+    }
+
+    /// These settings with TLS (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub fn with_tls(self, tls: super::TlsConfig) -> Self {
+        ClientConfig {
+            tls: Some(tls),
             ..self
         }
     }

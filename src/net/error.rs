@@ -133,6 +133,15 @@ pub enum NetError {
         /// What the broker (or the SCRAM check) said.
         reason: AuthFailure,
     },
+    /// The TLS handshake failed for a reason retrying will not fix (the broker's certificate is not
+    /// trusted or does not name it, the broker refused our client certificate, no common protocol).
+    #[error("TLS handshake with {addr} failed: {message}")]
+    Tls {
+        /// The broker's address.
+        addr: String,
+        /// What rustls reported.
+        message: String,
+    },
     /// The configuration cannot work (e.g. no bootstrap address).
     #[error("invalid client configuration: {0}")]
     Config(String),
@@ -182,6 +191,16 @@ impl NetError {
         match self {
             NetError::Authentication { .. } => true,
             NetError::RetriesExhausted { last, .. } => last.is_authentication(),
+            _ => false,
+        }
+    }
+
+    /// Whether opening a connection failed in a way every broker would repeat (a refused login, a failed
+    /// TLS handshake): the pool stops trying other brokers and the routing loop does not retry.
+    pub fn is_fatal_connect(&self) -> bool {
+        match self {
+            NetError::Authentication { .. } | NetError::Tls { .. } => true,
+            NetError::RetriesExhausted { last, .. } => last.is_fatal_connect(),
             _ => false,
         }
     }
