@@ -62,7 +62,7 @@ rm -f "$cli_stripped"
 # SASL_SSL tests against one fixture broker (about 10 s once built).
 # ============================================================================================
 section "security: clippy with --features tls"
-cargo clippy -p snapfence -p protocol-tests --all-targets --features tls -- -D warnings
+cargo clippy -p snapfence -p protocol-tests -p snapfence-cli --all-targets --features tls -- -D warnings
 section "security: TLS broker tests"
 cargo test -p protocol-tests --features tls --test security -- tls::
 # ======================================== end security ======================================
