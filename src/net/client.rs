@@ -1105,6 +1105,18 @@ mod tests {
         }
     }
 
+    /// A connection past its SASL session lifetime (KIP-368) is not handed out again, so the next request
+    /// opens, and logs in on, a fresh one instead of being dropped by the broker.
+    #[tokio::test]
+    async fn a_connection_past_its_session_lifetime_is_not_used() {
+        let mut b = broker_with(&[(3, 0, 11)]);
+        assert!(b.usable());
+        b.retire_at = Some(tokio::time::Instant::now() + Duration::from_secs(60));
+        assert!(b.usable());
+        b.retire_at = Some(tokio::time::Instant::now() - Duration::from_millis(1));
+        assert!(!b.usable());
+    }
+
     #[tokio::test]
     async fn version_is_the_highest_both_sides_and_the_caller_accept() {
         let b = broker_with(&[(3, 0, 11), (26, 0, 4)]);
