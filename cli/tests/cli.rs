@@ -59,6 +59,12 @@ impl Run {
 
 /// Runs the tool in-process with `input` as the answers to its prompts.
 async fn snapfence_with_input(kafka: &KafkaCluster, args: &[&str], input: &str) -> Run {
+    snapfence_at(&kafka.bootstrap(), args, input).await
+}
+
+/// Runs the tool in-process against `bootstrap`, `args` after the global options, `input` as the answers
+/// to its prompts.
+async fn snapfence_at(bootstrap: &str, args: &[&str], input: &str) -> Run {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let mut input = input.as_bytes();
     let mut io = snapfence_cli::Io {
@@ -67,8 +73,7 @@ async fn snapfence_with_input(kafka: &KafkaCluster, args: &[&str], input: &str) 
         input: &mut input,
         progress: false,
     };
-    let bootstrap = kafka.bootstrap();
-    let argv = ["snapfence", "--bootstrap", bootstrap.as_str()]
+    let argv = ["snapfence", "--bootstrap", bootstrap]
         .into_iter()
         .chain(args.iter().copied());
     let code = snapfence_cli::run(argv, &mut io).await;
@@ -1198,27 +1203,6 @@ async fn the_demo_binary_starts_and_stops_its_own_broker() {
 
 // ---- SASL -----------------------------------------------------------------------------------------
 
-/// Runs the tool in-process against `bootstrap` with `args` after the global options.
-async fn snapfence_at(bootstrap: &str, args: &[&str]) -> Run {
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let mut input: &[u8] = b"";
-    let mut io = snapfence_cli::Io {
-        out: &mut out,
-        err: &mut err,
-        input: &mut input,
-        progress: false,
-    };
-    let argv = ["snapfence", "--bootstrap", bootstrap]
-        .into_iter()
-        .chain(args.iter().copied());
-    let code = snapfence_cli::run(argv, &mut io).await;
-    Run {
-        code,
-        out: String::from_utf8(out).expect("utf8 stdout"),
-        err: String::from_utf8(err).expect("utf8 stderr"),
-    }
-}
-
 /// On a SASL listener the tool logs in with the given mechanism (password from a file), a wrong password
 /// fails with exit status 7 and an error naming the mechanism and the broker's refusal, and a principal
 /// without ACLs gets the not-authorized status (5).
@@ -1262,7 +1246,7 @@ async fn sasl_options_log_in_and_failures_name_their_cause() {
         let sasl = sasl.clone();
         async move {
             let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-            snapfence_at(&sasl, &refs).await
+            snapfence_at(&sasl, &refs, "").await
         }
     };
     for mechanism in ["plain", "scram-sha-256", "scram-sha-512"] {
