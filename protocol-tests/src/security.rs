@@ -17,8 +17,10 @@
 //!   holds the PKCS#8 key and the certificate chain (no `ssl.key.password` for an unencrypted key), and
 //!   `ssl.truststore.type=PEM` with `ssl.truststore.location` naming the CA certificates.
 //! - A second SSL listener with its own name (`MTLS`, mapped to the SSL protocol) can require client
-//!   certificates (`listener.name.mtls.ssl.client.auth=required`) while `SSL` does not; the principal of a
-//!   client certificate is its whole subject DN (`User:CN=...`).
+//!   certificates (`listener.name.mtls.ssl.client.auth=required`) while `SSL` does not: a client without
+//!   a certificate is refused there and accepted on `SSL`.
+//! - Not proven here, from Kafka's documentation: the principal of a client certificate is its whole
+//!   subject DN (`User:CN=...`); the tests make that DN a super user but `User:ANONYMOUS` is one too.
 //!
 //! # References
 //! - KIP-554 (SCRAM credentials in KRaft, `--add-scram`), KIP-801 (StandardAuthorizer), KIP-651 (PEM
