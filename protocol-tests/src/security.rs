@@ -19,8 +19,8 @@
 //! - A second SSL listener with its own name (`MTLS`, mapped to the SSL protocol) can require client
 //!   certificates (`listener.name.mtls.ssl.client.auth=required`) while `SSL` does not: a client without
 //!   a certificate is refused there and accepted on `SSL`.
-//! - Not proven here, from Kafka's documentation: the principal of a client certificate is its whole
-//!   subject DN (`User:CN=...`); the tests make that DN a super user but `User:ANONYMOUS` is one too.
+//! - The principal of a client certificate on `MTLS` is its whole subject DN: `User:CN=snapfence-client`
+//!   reaches the topic granted to it by ACL and is refused (TOPIC_AUTHORIZATION_FAILED) another (4.4.0).
 //!
 //! # References
 //! - KIP-554 (SCRAM credentials in KRaft, `--add-scram`), KIP-801 (StandardAuthorizer), KIP-651 (PEM

@@ -495,7 +495,7 @@ mod tls {
 
     use super::*;
 
-    /// The client certificate's subject; as a principal `User:CN=snapfence-client`, a super user.
+    /// The client certificate's subject; as a principal `User:CN=snapfence-client`.
     const CLIENT_CN: &str = "snapfence-client";
 
     /// Certificates made for this test process: a CA, a broker certificate for 127.0.0.1 and a client
@@ -557,7 +557,8 @@ mod tls {
     fn tls_spec() -> ClusterSpec {
         let pki = pki();
         let mut security = users();
-        security.super_users.push(format!("User:CN={CLIENT_CN}"));
+        // The client certificate's principal is deliberately not a super user: the mTLS test grants it
+        // one topic and checks it gets exactly that, which tells its principal from User:ANONYMOUS.
         security.tls = Some(protocol_tests::TlsSpec {
             server_cert_chain_pem: pki.server_chain_pem.clone(),
             server_key_pem: pki.server_key_pem.clone(),
@@ -621,17 +622,37 @@ mod tls {
         assert!(matches!(err, NetError::Tls { .. }), "{err}");
     }
 
-    /// Mutual TLS: with the client certificate the client works (as `User:CN=snapfence-client`); without
-    /// one the broker refuses the session.
+    /// Mutual TLS: with the client certificate the client works, as the principal named by the
+    /// certificate's subject (it reaches the one topic granted to `User:CN=snapfence-client` and is refused
+    /// another, which `User:ANONYMOUS`, a super user, would not be); without a certificate the broker
+    /// refuses the session.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mutual_tls_needs_the_client_certificate() {
         let kafka = cluster(tls_spec()).await;
         let bootstrap = kafka.listener_bootstrap(Listener::Mtls);
+        let admin = connect(ClientConfig::new(&kafka.bootstrap()))
+            .await
+            .unwrap();
+        let (granted, other) = (topic(&admin).await, topic(&admin).await);
+        let principal = format!("User:CN={CLIENT_CN}");
+        create_acls(
+            &admin,
+            [READ, WRITE, DESCRIBE]
+                .into_iter()
+                .map(|op| allow(&principal, TOPIC, &granted, LITERAL, op))
+                .collect(),
+        )
+        .await;
         let client = connect(ClientConfig::new(&bootstrap).with_tls(mutual()))
             .await
             .expect("mTLS connect");
-        let t = topic(&client).await;
-        produce_and_fetch(&client, &t, "over mtls").await;
+        wait_until_visible(&client, &granted).await;
+        produce_and_fetch(&client, &granted, "over mtls").await;
+        let code = match client.metadata(&[&other]).await {
+            Ok(meta) => meta.topics.get(other.as_str()).map(|t| t.error),
+            Err(e) => e.error_code(),
+        };
+        assert_eq!(code, Some(ErrorCode::TopicAuthorizationFailed));
 
         let mut config = ClientConfig::new(&bootstrap).with_tls(server_auth());
         config.connect_timeout = Duration::from_secs(5);
