@@ -57,6 +57,17 @@ rm -f "$cli_stripped"
 # ======================================== end cli ===========================================
 
 # ============================================================================================
+# security (tls): TLS is an opt-in feature (rustls with ring builds C), so the default
+# `cargo test --workspace` skips it. Lint the feature build, then run the SSL, mutual-TLS and
+# SASL_SSL tests against one fixture broker (about 10 s once built).
+# ============================================================================================
+section "security: clippy with --features tls"
+cargo clippy -p snapfence -p protocol-tests -p snapfence-cli --all-targets --features tls -- -D warnings
+section "security: TLS broker tests"
+cargo test -p protocol-tests --features tls --test security -- tls::
+# ======================================== end security ======================================
+
+# ============================================================================================
 # benches: benchmarks never run inside CI's pass/fail; CI only checks that they build.
 # ============================================================================================
 section "benches: build"

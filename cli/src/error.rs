@@ -20,6 +20,8 @@ pub const EXIT_NOT_FOUND: i32 = 4;
 pub const EXIT_NOT_AUTHORIZED: i32 = 5;
 /// Exit status of a recovery read that stopped advancing past its stall deadline (`recover`).
 pub const EXIT_STALLED: i32 = 6;
+/// The SASL login was refused or the TLS handshake failed.
+pub const EXIT_AUTHENTICATION: i32 = 7;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,15 @@ pub enum CliError {
         bootstrap: String,
         /// What the connection attempts failed with.
         detail: String,
+    },
+    /// The cluster refused the SASL login, or the TLS handshake failed.
+    #[error("authentication failed at {bootstrap}: {source}")]
+    Authentication {
+        /// The bootstrap list that was tried.
+        bootstrap: String,
+        /// The net layer's error (names the mechanism and the broker's message).
+        #[source]
+        source: NetError,
     },
     /// The topic does not exist (or is hidden from this principal, which Kafka reports the same way).
     #[error("topic {topic:?} does not exist")]
@@ -168,6 +179,7 @@ impl CliError {
             | CliError::OffsetOutOfRange { .. } => EXIT_NOT_FOUND,
             CliError::NotAuthorized { .. } => EXIT_NOT_AUTHORIZED,
             CliError::RecoveryStalled { .. } => EXIT_STALLED,
+            CliError::Authentication { .. } => EXIT_AUTHENTICATION,
             _ => EXIT_FAILED,
         }
     }
@@ -179,6 +191,18 @@ impl CliError {
             CliError::Unreachable { .. } => "check that a broker listens at that address (set it with \
                 --bootstrap host:port or SNAPFENCE_BOOTSTRAP) and that the addresses it advertises \
                 (advertised.listeners) are reachable from this machine"
+                .into(),
+            CliError::Authentication {
+                source: NetError::Tls { .. },
+                ..
+            } => {
+                "check --tls-ca (the CA that signed the brokers' certificates), and for a listener \
+                 that requires client certificates --tls-cert and --tls-key"
+                    .into()
+            }
+            CliError::Authentication { .. } => "check --sasl-mechanism and --sasl-username, and the \
+                password in SNAPFENCE_SASL_PASSWORD or --sasl-password-file; the mechanism must be \
+                enabled on the listener (sasl.enabled.mechanisms) and the user must exist on the cluster"
                 .into(),
             CliError::UnknownTopic { .. } => "check the spelling; topic names are case-sensitive. If the \
                 topic exists, the principal may lack DESCRIBE on it (Kafka reports both the same way)"
@@ -230,6 +254,12 @@ impl CliError {
     /// Classifies a net-layer error met while doing `what`.
     pub(crate) fn from_net(what: impl Into<String>, bootstrap: &str, err: NetError) -> CliError {
         let what = what.into();
+        if err.is_fatal_connect() {
+            return CliError::Authentication {
+                bootstrap: bootstrap.to_owned(),
+                source: err,
+            };
+        }
         if err.is_transport() {
             return CliError::Unreachable {
                 bootstrap: bootstrap.to_owned(),

@@ -172,12 +172,18 @@ fn name(s: &str) -> TopicName {
 }
 
 impl Cluster {
-    /// Connects to the first reachable bootstrap address.
-    pub async fn connect(bootstrap: &str) -> Result<Cluster, CliError> {
-        let config = ClientConfig {
-            client_id: "snapfence-cli".into(),
-            ..ClientConfig::new(bootstrap)
-        };
+    /// Connects to the first reachable bootstrap address, logging in and using TLS as `security` says.
+    pub async fn connect(
+        bootstrap: &str,
+        security: &crate::security::SecurityArgs,
+    ) -> Result<Cluster, CliError> {
+        let config = security.apply(
+            ClientConfig {
+                client_id: "snapfence-cli".into(),
+                ..ClientConfig::new(bootstrap)
+            },
+            std::env::var(crate::security::PASSWORD_ENV).ok(),
+        )?;
         let client = Client::connect(config)
             .await
             .map_err(|e| CliError::from_net("connect", bootstrap, e))?;

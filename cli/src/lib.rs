@@ -13,7 +13,7 @@
 //! | `demo` | the stale-owner story, fenced and unfenced, on a broker it starts itself (or `--bootstrap`) |
 //!
 //! Exit status: 0 success, 1 failure, 2 bad command line, 3 cluster unreachable, 4 topic/partition/offset
-//! not found, 5 not authorized, 6 recovery stalled (see [`error`]). Errors name the cause and the next step on stderr.
+//! not found, 5 not authorized, 6 recovery stalled, 7 authentication or TLS failed (see [`error`]). Errors name the cause and the next step on stderr.
 //!
 //! # References
 //! - KIP-98 (transactions, LSO), KIP-447 (stable offsets), KIP-664 (hanging transactions)
@@ -29,6 +29,7 @@ mod inspect;
 mod kafka;
 mod progress;
 mod recover;
+pub mod security;
 mod show;
 
 use std::ffi::OsString;
@@ -75,6 +76,9 @@ pub struct Cli {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text, global = true)]
     pub format: Format,
+    /// SASL and TLS settings.
+    #[command(flatten)]
+    pub security: security::SecurityArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -170,7 +174,7 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
         message: "no bootstrap address".into(),
         hint: "pass --bootstrap host:port or set SNAPFENCE_BOOTSTRAP".into(),
     })?;
-    let cluster = kafka::Cluster::connect(bootstrap).await?;
+    let cluster = kafka::Cluster::connect(bootstrap, &cli.security).await?;
     match &cli.command {
         Command::Inspect(args) => inspect::run(&cluster, args, cli.format, io).await,
         Command::Dump(args) => dump::run(&cluster, args, cli.format, io).await,

@@ -59,6 +59,12 @@ impl Run {
 
 /// Runs the tool in-process with `input` as the answers to its prompts.
 async fn snapfence_with_input(kafka: &KafkaCluster, args: &[&str], input: &str) -> Run {
+    snapfence_at(&kafka.bootstrap(), args, input).await
+}
+
+/// Runs the tool in-process against `bootstrap`, `args` after the global options, `input` as the answers
+/// to its prompts.
+async fn snapfence_at(bootstrap: &str, args: &[&str], input: &str) -> Run {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let mut input = input.as_bytes();
     let mut io = snapfence_cli::Io {
@@ -67,8 +73,7 @@ async fn snapfence_with_input(kafka: &KafkaCluster, args: &[&str], input: &str) 
         input: &mut input,
         progress: false,
     };
-    let bootstrap = kafka.bootstrap();
-    let argv = ["snapfence", "--bootstrap", bootstrap.as_str()]
+    let argv = ["snapfence", "--bootstrap", bootstrap]
         .into_iter()
         .chain(args.iter().copied());
     let code = snapfence_cli::run(argv, &mut io).await;
@@ -1322,4 +1327,95 @@ async fn the_demo_binary_starts_and_stops_its_own_broker() {
         refused.is_err(),
         "the demo's broker at {address} still accepts connections"
     );
+}
+
+// ---- SASL -----------------------------------------------------------------------------------------
+
+/// On a SASL listener the tool logs in with the given mechanism (password from a file), a wrong password
+/// fails with exit status 7 and an error naming the mechanism and the broker's refusal, and a principal
+/// without ACLs gets the not-authorized status (5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_options_log_in_and_failures_name_their_cause() {
+    let security = protocol_tests::SecuritySpec {
+        users: vec![
+            ("admin".into(), "admin-secret".into()),
+            ("nobody".into(), "nobody-secret".into()),
+        ],
+        super_users: vec!["User:admin".into()],
+        tls: None,
+    };
+    let kafka = cluster(ClusterSpec::kafka4().with_security(security)).await;
+    let topic = new_topic(&kafka, "cli-sasl", 1).await;
+    let sasl = kafka.listener_bootstrap(protocol_tests::Listener::SaslPlaintext);
+    let dir = std::env::temp_dir().join(unique("snapfence-cli-sasl"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (good, bad, nobody) = (
+        file("good", "admin-secret\n"),
+        file("bad", "not-it\n"),
+        file("nobody", "nobody-secret"),
+    );
+    let login = |mechanism: &'static str, user: &'static str, pw: &str| {
+        vec![
+            "--sasl-mechanism".to_owned(),
+            mechanism.to_owned(),
+            "--sasl-username".to_owned(),
+            user.to_owned(),
+            "--sasl-password-file".to_owned(),
+            pw.to_owned(),
+        ]
+    };
+    let run = |mut args: Vec<String>, tail: &[&str]| {
+        args.extend(tail.iter().map(|s| s.to_string()));
+        let sasl = sasl.clone();
+        async move {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            snapfence_at(&sasl, &refs, "").await
+        }
+    };
+    for mechanism in ["plain", "scram-sha-256", "scram-sha-512"] {
+        let r = run(login(mechanism, "admin", &good), &["inspect", &topic]).await;
+        assert_eq!(r.code, 0, "{mechanism}: {}{}", r.out, r.err);
+        assert!(r.out.contains(&topic), "{mechanism}: {}", r.out);
+    }
+
+    let r = run(login("scram-sha-512", "admin", &bad), &["inspect", &topic]).await;
+    assert_eq!(
+        r.code,
+        snapfence_cli::error::EXIT_AUTHENTICATION,
+        "{}",
+        r.err
+    );
+    assert!(
+        r.err.contains("authentication failed") && r.err.contains("SCRAM-SHA-512"),
+        "{}",
+        r.err
+    );
+
+    let r = run(
+        login("scram-sha-256", "nobody", &nobody),
+        &["inspect", &topic],
+    )
+    .await;
+    assert_eq!(
+        r.code,
+        snapfence_cli::error::EXIT_NOT_AUTHORIZED,
+        "{}{}",
+        r.out,
+        r.err
+    );
+    assert!(r.err.contains("not authorized"), "{}", r.err);
+
+    // Without a login the SASL listener is not usable, and the tool does not hang.
+    let r = run(
+        vec!["--sasl-mechanism".into(), "plain".into()],
+        &["inspect", &topic],
+    )
+    .await;
+    assert_eq!(r.code, snapfence_cli::error::EXIT_USAGE, "{}", r.err);
+    let _ = std::fs::remove_dir_all(dir);
 }

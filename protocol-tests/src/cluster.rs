@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::probe::Probe;
+use crate::security::Listener;
 use crate::{jars, procs, ClusterSpec, FixtureError};
 
 /// The log line (logger `kafka.server.KafkaRaftServer`, level INFO) a KRaft node prints once every
@@ -44,6 +45,8 @@ pub(crate) struct Node {
     pub(crate) id: i32,
     pub(crate) broker_port: u16,
     controller_port: u16,
+    /// The secured client listeners of a [`SecuritySpec`](crate::SecuritySpec) cluster and their ports.
+    secured: Vec<(Listener, u16)>,
     dir: PathBuf,
     state: Mutex<NodeState>,
 }
@@ -123,12 +126,23 @@ impl LocalCluster {
             spec.nodes
         ));
         fs::create_dir_all(&dir).map_err(|e| FixtureError::io(&dir, e))?;
-        let ports = free_ports(spec.nodes * 2)?;
+        let secured = spec
+            .security
+            .as_ref()
+            .map(|s| s.listeners())
+            .unwrap_or_default();
+        let per_node = 2 + secured.len();
+        let ports = free_ports(spec.nodes * per_node)?;
         let nodes: Vec<Node> = (0..spec.nodes)
             .map(|i| Node {
                 id: i as i32 + 1,
-                broker_port: ports[2 * i],
-                controller_port: ports[2 * i + 1],
+                broker_port: ports[per_node * i],
+                controller_port: ports[per_node * i + 1],
+                secured: secured
+                    .iter()
+                    .enumerate()
+                    .map(|(j, l)| (*l, ports[per_node * i + 2 + j]))
+                    .collect(),
                 dir: dir.join(format!("node-{}", i + 1)),
                 state: Mutex::new(NodeState::default()),
             })
@@ -174,21 +188,34 @@ impl LocalCluster {
         set("node.id", &node.id.to_string());
         set("controller.quorum.voters", &self.voters());
         set("controller.listener.names", "CONTROLLER");
+        let (secured_endpoints, secured_props, secured_map) = match &self.spec.security {
+            Some(sec) => {
+                let (endpoints, props) = sec.properties(&node.secured, &node.dir);
+                (endpoints, props, sec.protocol_map())
+            }
+            None => Default::default(),
+        };
         set(
             "listeners",
             &format!(
-                "PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+                "PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}{secured_endpoints}",
                 node.broker_port, node.controller_port
             ),
         );
         set(
             "advertised.listeners",
-            &format!("PLAINTEXT://127.0.0.1:{}", node.broker_port),
+            &format!(
+                "PLAINTEXT://127.0.0.1:{}{secured_endpoints}",
+                node.broker_port
+            ),
         );
         set(
             "listener.security.protocol.map",
-            "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            &format!("PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT{secured_map}"),
         );
+        for (k, v) in &secured_props {
+            set(k, v);
+        }
         set("inter.broker.listener.name", "PLAINTEXT");
         set("log.dirs", &node.dir.join("data").display().to_string());
         set("num.partitions", "1");
@@ -318,6 +345,10 @@ impl LocalCluster {
             }
             if let Some(gv) = self.spec.group_version {
                 cmd.arg("--feature").arg(format!("group.version={gv}"));
+            }
+            if let Some(security) = &self.spec.security {
+                cmd.args(security.format_args());
+                security.write_files(&node.dir)?;
             }
             let out = node.dir.join("format.out");
             let file = fs::File::create(&out).map_err(|e| FixtureError::io(&out, e))?;
@@ -607,6 +638,20 @@ impl LocalCluster {
         self.kill(id);
         self.spawn_node(self.node(id))?;
         self.wait_ready(Instant::now() + READY_TIMEOUT)
+    }
+
+    /// Every node's address on a secured listener, if the cluster has it.
+    pub(crate) fn listener_bootstrap(&self, listener: Listener) -> Option<String> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                n.secured
+                    .iter()
+                    .find(|(l, _)| *l == listener)
+                    .map(|(_, port)| format!("127.0.0.1:{port}"))
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.join(","))
     }
 
     pub(crate) fn bootstrap(&self) -> String {

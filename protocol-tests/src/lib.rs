@@ -139,6 +139,9 @@ mod cluster;
 mod jars;
 pub mod probe;
 mod procs;
+mod security;
+
+pub use security::{Listener, SecuritySpec, TlsSpec};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -239,6 +242,9 @@ pub struct ClusterSpec {
     pub group_version: Option<i16>,
     /// Extra `server.properties` lines, overriding the fixture's defaults.
     pub broker_props: Vec<(String, String)>,
+    /// Secured client listeners, users and ACL enforcement (see [`SecuritySpec`]). None = the plain
+    /// fixture: one PLAINTEXT listener, no authorizer.
+    pub security: Option<SecuritySpec>,
 }
 
 impl ClusterSpec {
@@ -250,6 +256,7 @@ impl ClusterSpec {
             transaction_version: None,
             group_version: None,
             broker_props: Vec::new(),
+            security: None,
         }
     }
 
@@ -299,11 +306,22 @@ impl ClusterSpec {
         self
     }
 
+    /// This spec with secured listeners, users and ACL enforcement.
+    pub fn with_security(self, security: SecuritySpec) -> ClusterSpec {
+        ClusterSpec {
+            security: Some(security),
+            ..self
+        }
+    }
+
     fn validate(&self) -> Result<(), FixtureError> {
         if self.nodes == 0 {
             return Err(FixtureError::BadSpec(
                 "a cluster needs at least one node".into(),
             ));
+        }
+        if let Some(security) = &self.security {
+            security.validate()?;
         }
         Ok(())
     }
@@ -419,6 +437,17 @@ impl KafkaCluster {
             Inner::Local(c) => c.bootstrap(),
             Inner::External { bootstrap, .. } => bootstrap.clone(),
         }
+    }
+
+    /// Comma-separated `127.0.0.1:port` of every node's `listener`. Panics when the cluster was not
+    /// started with that listener (see [`SecuritySpec`]) or is external (only its bootstrap is known).
+    pub fn listener_bootstrap(&self, listener: Listener) -> String {
+        if listener == Listener::Plaintext {
+            return self.bootstrap();
+        }
+        self.local_only("listener_bootstrap")
+            .listener_bootstrap(listener)
+            .unwrap_or_else(|| panic!("this cluster has no {} listener", listener.name()))
     }
 
     /// The node ids (1..=nodes for a fixture cluster; from a Metadata request for an external one).

@@ -31,9 +31,20 @@ pub(crate) struct BrokerConn {
     pub node: i32,
     pub versions: Arc<BrokerApiVersions>,
     pub features: Features,
+    /// When the SASL session must be replaced (KIP-368): a little before the broker's announced session
+    /// lifetime runs out, so a request is never sent on a connection the broker is about to close.
+    pub retire_at: Option<Instant>,
 }
 
-/// Connects to `addr` and runs the handshake, all within the configured connect timeout.
+impl BrokerConn {
+    /// Whether requests may still be sent on this connection.
+    pub(crate) fn usable(&self) -> bool {
+        self.conn.is_usable() && self.retire_at.is_none_or(|at| Instant::now() < at)
+    }
+}
+
+/// Connects to `addr` and runs the handshake (ApiVersions, then the SASL login when configured), all
+/// within the configured connect timeout.
 pub(crate) async fn open(
     addr: &str,
     node: i32,
@@ -41,18 +52,41 @@ pub(crate) async fn open(
 ) -> Result<BrokerConn, NetError> {
     let deadline = Instant::now() + config.connect_timeout;
     let stream = connect_tcp(addr, config, deadline).await?;
-    let (read, write) = stream.into_split();
-    let conn = Connection::spawn(
-        read,
-        write,
-        ConnOptions {
-            addr: addr.to_owned(),
-            client_id: Arc::from(config.client_id.as_str()),
-            max_frame_size: config.max_frame_size,
-            max_in_flight: config.max_in_flight_per_connection,
-            sweep_interval: sweep_interval(config.request_timeout),
-        },
-    );
+    let opts = ConnOptions {
+        addr: addr.to_owned(),
+        client_id: Arc::from(config.client_id.as_str()),
+        max_frame_size: config.max_frame_size,
+        max_in_flight: config.max_in_flight_per_connection,
+        sweep_interval: sweep_interval(config.request_timeout),
+    };
+    #[cfg(feature = "tls")]
+    let conn = match &config.tls {
+        Some(tls) => {
+            let tls_stream = match timeout_at(deadline, tls.handshake(addr, stream)).await {
+                Ok(done) => done?,
+                Err(_) => {
+                    return Err(NetError::Connect {
+                        addr: addr.to_owned(),
+                        message: format!(
+                            "TLS handshake timed out after {:?}",
+                            config.connect_timeout
+                        ),
+                    })
+                }
+            };
+            let (read, write) = tokio::io::split(tls_stream);
+            Connection::spawn(read, write, opts)
+        }
+        None => {
+            let (read, write) = stream.into_split();
+            Connection::spawn(read, write, opts)
+        }
+    };
+    #[cfg(not(feature = "tls"))]
+    let conn = {
+        let (read, write) = stream.into_split();
+        Connection::spawn(read, write, opts)
+    };
     let remaining = deadline.saturating_duration_since(Instant::now());
     let (versions, features) =
         negotiate(&conn, remaining, &config.client_id, config.max_frame_size)
@@ -65,12 +99,29 @@ pub(crate) async fn open(
                 },
                 other => other,
             })?;
+    let mut retire_at = None;
+    if let Some(sasl) = &config.sasl {
+        let started = Instant::now();
+        let remaining = deadline.saturating_duration_since(started);
+        let lifetime = super::sasl::authenticate(&conn, &versions, sasl, remaining)
+            .await
+            .map_err(|e| match e {
+                NetError::Timeout { .. } | NetError::Connection { .. } => NetError::Connect {
+                    addr: addr.to_owned(),
+                    message: format!("SASL {} login did not complete: {e}", sasl.mechanism),
+                },
+                other => other,
+            })?;
+        // 85% of the lifetime, as the Java client does at the earliest: room for requests in flight.
+        retire_at = lifetime.map(|l| started + l.mul_f64(0.85));
+    }
     tracing::debug!(%addr, node, tv = features.transaction_version, gv = features.group_version, "connected");
     Ok(BrokerConn {
         conn,
         node,
         versions: Arc::new(versions),
         features,
+        retire_at,
     })
 }
 

@@ -341,7 +341,7 @@ impl Client {
         let slot = self.slot(node);
         let mut held = slot.lock().await;
         if let Some(existing) = held.as_ref() {
-            if existing.conn.is_usable() {
+            if existing.usable() {
                 return Ok(existing.clone());
             }
         }
@@ -363,7 +363,7 @@ impl Client {
         let slots: Vec<_> = lock(&self.inner.slots).values().cloned().collect();
         for slot in &slots {
             if let Ok(held) = slot.try_lock() {
-                if let Some(c) = held.as_ref().filter(|c| c.conn.is_usable()) {
+                if let Some(c) = held.as_ref().filter(|c| c.usable()) {
                     return Ok(c.clone());
                 }
             }
@@ -375,6 +375,9 @@ impl Client {
             for i in 0..nodes.len() {
                 match self.broker(nodes[(start + i) % nodes.len()]).await {
                     Ok(c) => return Ok(c),
+                    // Every broker checks the same credentials and certificates: trying the next
+                    // one would only repeat the refusal.
+                    Err(e) if e.is_fatal_connect() => return Err(e),
                     Err(e) => last = Some(e),
                 }
             }
@@ -389,7 +392,7 @@ impl Client {
     /// it, and files the connection under its node id when its address matches an advertised one.
     async fn bootstrap_connection(&self) -> Result<BrokerConn, NetError> {
         let mut held = self.inner.bootstrap.lock().await;
-        if let Some(c) = held.as_ref().filter(|c| c.conn.is_usable()) {
+        if let Some(c) = held.as_ref().filter(|c| c.usable()) {
             return Ok(c.clone());
         }
         *held = None;
@@ -397,6 +400,7 @@ impl Client {
         for addr in &self.inner.config.bootstrap {
             let opened = match broker::open(addr, -1, &self.inner.config).await {
                 Ok(c) => c,
+                Err(e) if e.is_fatal_connect() => return Err(e),
                 Err(e) => {
                     errors.push(e.to_string());
                     continue;
@@ -423,7 +427,7 @@ impl Client {
                 self.record_handshake(&filed);
                 let slot = self.slot(node);
                 if let Ok(mut s) = slot.try_lock() {
-                    if !s.as_ref().is_some_and(|c| c.conn.is_usable()) {
+                    if !s.as_ref().is_some_and(|c| c.usable()) {
                         *s = Some(filed.clone());
                     }
                 }
@@ -1097,7 +1101,20 @@ mod tests {
             node: 7,
             versions: Arc::new(BrokerApiVersions::from_response(&response)),
             features: Features::default(),
+            retire_at: None,
         }
+    }
+
+    /// A connection past its SASL session lifetime (KIP-368) is not handed out again, so the next request
+    /// opens, and logs in on, a fresh one instead of being dropped by the broker.
+    #[tokio::test]
+    async fn a_connection_past_its_session_lifetime_is_not_used() {
+        let mut b = broker_with(&[(3, 0, 11)]);
+        assert!(b.usable());
+        b.retire_at = Some(tokio::time::Instant::now() + Duration::from_secs(60));
+        assert!(b.usable());
+        b.retire_at = Some(tokio::time::Instant::now() - Duration::from_millis(1));
+        assert!(!b.usable());
     }
 
     #[tokio::test]

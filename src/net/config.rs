@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::retry::Backoff;
+use super::sasl::SaslConfig;
 
 /// How the client connects, times out and retries. Build with [`ClientConfig::new`] or
 /// `ClientConfig { bootstrap, ..Default::default() }`.
@@ -35,6 +36,14 @@ pub struct ClientConfig {
     pub socket_receive_buffer: Option<usize>,
     /// TCP keepalive idle time; `None` turns keepalive off.
     pub tcp_keepalive: Option<Duration>,
+    /// SASL credentials. When set, every connection (reconnects included) logs in right after the
+    /// ApiVersions handshake, before it carries any other request; a rejected login fails the request
+    /// at once with [`NetError::Authentication`](super::NetError::Authentication) and is never retried.
+    pub sasl: Option<SaslConfig>,
+    /// TLS for every connection (feature `tls`); `None` is plaintext. With [`ClientConfig::sasl`] too,
+    /// this is SASL_SSL.
+    #[cfg(feature = "tls")]
+    pub tls: Option<super::TlsConfig>,
 }
 
 impl Default for ClientConfig {
@@ -55,6 +64,9 @@ impl Default for ClientConfig {
             socket_send_buffer: None,
             socket_receive_buffer: None,
             tcp_keepalive: Some(Duration::from_secs(60)),
+            sasl: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -70,6 +82,23 @@ impl ClientConfig {
                 .map(str::to_owned)
                 .collect(),
             ..ClientConfig::default()
+        }
+    }
+
+    /// These settings with SASL credentials.
+    pub fn with_sasl(self, sasl: SaslConfig) -> Self {
+        ClientConfig {
+            sasl: Some(sasl),
+            ..self
+        }
+    }
+
+    /// These settings with TLS (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub fn with_tls(self, tls: super::TlsConfig) -> Self {
+        ClientConfig {
+            tls: Some(tls),
+            ..self
         }
     }
 

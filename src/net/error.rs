@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::sasl::{AuthFailure, SaslMechanism};
 use crate::wire::{ErrorCode, WireError};
 
 /// Why a connection stopped being usable. Every request waiting on it fails with the same reason.
@@ -120,6 +121,27 @@ pub enum NetError {
         #[source]
         last: Box<NetError>,
     },
+    /// The SASL login on a new connection failed. Fatal: the credentials, the mechanism or the broker's
+    /// listener setup must change, so the request is not retried (retrying would only repeat the refusal
+    /// against every broker in turn).
+    #[error("SASL {mechanism} authentication with {addr} failed: {reason}")]
+    Authentication {
+        /// The broker's address.
+        addr: String,
+        /// The mechanism that was tried.
+        mechanism: SaslMechanism,
+        /// What the broker (or the SCRAM check) said.
+        reason: AuthFailure,
+    },
+    /// The TLS handshake failed for a reason retrying will not fix (the broker's certificate is not
+    /// trusted or does not name it, the broker refused our client certificate, no common protocol).
+    #[error("TLS handshake with {addr} failed: {message}")]
+    Tls {
+        /// The broker's address.
+        addr: String,
+        /// What rustls reported.
+        message: String,
+    },
     /// The configuration cannot work (e.g. no bootstrap address).
     #[error("invalid client configuration: {0}")]
     Config(String),
@@ -160,6 +182,25 @@ impl NetError {
             | NetError::RetriesExhausted {
                 outcome_unknown, ..
             } => *outcome_unknown,
+            _ => false,
+        }
+    }
+
+    /// Whether this is a failed SASL login (looking through [`NetError::RetriesExhausted`]).
+    pub fn is_authentication(&self) -> bool {
+        match self {
+            NetError::Authentication { .. } => true,
+            NetError::RetriesExhausted { last, .. } => last.is_authentication(),
+            _ => false,
+        }
+    }
+
+    /// Whether opening a connection failed in a way every broker would repeat (a refused login, a failed
+    /// TLS handshake): the pool stops trying other brokers and the routing loop does not retry.
+    pub fn is_fatal_connect(&self) -> bool {
+        match self {
+            NetError::Authentication { .. } | NetError::Tls { .. } => true,
+            NetError::RetriesExhausted { last, .. } => last.is_fatal_connect(),
             _ => false,
         }
     }

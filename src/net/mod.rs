@@ -15,6 +15,8 @@
 //! - Kafka protocol guide: <https://kafka.apache.org/protocol.html>
 //! - KIP-35 / KIP-511 (ApiVersions), KIP-584 (features), KIP-320 (leader epochs), KIP-516 (topic ids),
 //!   KIP-699 (batched FindCoordinator), KIP-590 (admin request forwarding in KRaft), KIP-580 (back-off)
+//! - KIP-43/KIP-152 (SASL handshake and authenticate), KIP-84 (SCRAM), KIP-368 (SASL session lifetime);
+//!   TLS with rustls behind the `tls` feature
 
 mod broker;
 mod client;
@@ -23,6 +25,9 @@ mod conn;
 mod error;
 mod metadata;
 mod retry;
+mod sasl;
+#[cfg(feature = "tls")]
+mod tls;
 
 #[cfg(test)]
 mod conn_tests;
@@ -38,3 +43,6 @@ pub use metadata::{
     TopicPartition,
 };
 pub use retry::{retry_action, Backoff, RetryAction, Verdict};
+pub use sasl::{AuthFailure, SaslConfig, SaslMechanism};
+#[cfg(feature = "tls")]
+pub use tls::TlsConfig;

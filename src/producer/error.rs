@@ -101,6 +101,18 @@ pub enum ProducerError {
         class: ErrorClass,
     },
 
+    /// The broker's authorizer refused the producer access to a resource (missing ACL). Fatal: an
+    /// operator must grant the permission; retrying cannot help.
+    #[error("not authorized: {api} on {resource} was refused ({code}); grant the principal access to it")]
+    NotAuthorized {
+        /// The request that was refused.
+        api: &'static str,
+        /// The resource named by the refusal, e.g. `transactional id "flow-0"`.
+        resource: String,
+        /// The authorization error code.
+        code: ErrorCode,
+    },
+
     /// An earlier error put the transaction into the abortable state; everything but `abort()` is refused
     /// until the abort.
     #[error("the transaction must be aborted: {cause}")]
@@ -195,6 +207,7 @@ impl ProducerError {
         match self {
             ProducerError::Fenced { .. } | ProducerError::Unsupported { .. } => ErrorClass::Fatal,
             ProducerError::Defunct { .. } | ProducerError::Closed => ErrorClass::Fatal,
+            ProducerError::NotAuthorized { .. } => ErrorClass::Fatal,
             ProducerError::CommitFenced { .. } | ProducerError::MustAbort { .. } => {
                 ErrorClass::Abortable
             }

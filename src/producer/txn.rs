@@ -529,6 +529,23 @@ impl TxnMachine {
         }
     }
 
+    /// A fatal refusal of a transactional request. A missing transactional-id ACL names the id, so the
+    /// operator knows which permission to grant.
+    fn fatal_refusal(&self, api: Api, code: ErrorCode) -> ProducerError {
+        if code == ErrorCode::TransactionalIdAuthorizationFailed {
+            return ProducerError::NotAuthorized {
+                api: api.name(),
+                resource: format!("transactional id {:?}", self.transactional_id),
+                code,
+            };
+        }
+        ProducerError::Broker {
+            api: api.name(),
+            code,
+            class: super::ErrorClass::Fatal,
+        }
+    }
+
     fn finish_span(&mut self, outcome: &'static str) {
         if let Some(t) = &self.txn {
             t.span.record("outcome", outcome);
@@ -803,11 +820,7 @@ impl TxnMachine {
         if let Some((action, code)) = worst {
             let err = match action {
                 Action::Fenced => return self.add_failed(self.fenced(code), true),
-                Action::Fatal => ProducerError::Broker {
-                    api: Api::AddPartitionsToTxn.name(),
-                    code,
-                    class: super::ErrorClass::Fatal,
-                },
+                Action::Fatal => self.fatal_refusal(Api::AddPartitionsToTxn, code),
                 _ => ProducerError::Broker {
                     api: Api::AddPartitionsToTxn.name(),
                     code,
@@ -1157,11 +1170,7 @@ impl TxnMachine {
                 retry(code, self.backoff.after(code, attempts), refresh, request)
             }
             Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
-            _ => Step::Failed(self.fail_fatal(ProducerError::Broker {
-                api: Api::InitProducerId.name(),
-                code,
-                class: super::ErrorClass::Fatal,
-            })),
+            _ => Step::Failed(self.fail_fatal(self.fatal_refusal(Api::InitProducerId, code))),
         }
     }
 
@@ -1271,11 +1280,7 @@ impl TxnMachine {
                 code: decided_code,
                 class: super::ErrorClass::Abortable,
             })),
-            _ => Step::Failed(self.fail_fatal(ProducerError::Broker {
-                api: api.name(),
-                code: decided_code,
-                class: super::ErrorClass::Fatal,
-            })),
+            _ => Step::Failed(self.fail_fatal(self.fatal_refusal(api, decided_code))),
         }
     }
 

@@ -6,6 +6,8 @@
 //! - `tv=N` / `gv=N`: transaction.version / group.version at format time
 //! - `hold=SECS`: keep the cluster that long after printing (default 0); Ctrl-C stops it and its JVMs
 //! - `apis=1`: also print every API's version range
+//! - `user=NAME:PASSWORD` (repeatable): add a SASL_PLAINTEXT listener with this user (PLAIN and both
+//!   SCRAMs) and the StandardAuthorizer; `super=PRINCIPAL` adds a super user (e.g. `super=User:admin`)
 //! - any other `key=value`: a broker property
 
 use std::io::Write as _;
@@ -20,7 +22,7 @@ macro_rules! out {
 
 use kafka_protocol::messages::ApiKey;
 use protocol_tests::probe::Probe;
-use protocol_tests::{ClusterSpec, KafkaCluster};
+use protocol_tests::{ClusterSpec, KafkaCluster, Listener, SecuritySpec};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -35,6 +37,7 @@ fn main() {
         }
     };
     let (mut hold, mut apis) = (0, false);
+    let mut security: Option<SecuritySpec> = None;
     for arg in args {
         let Some((k, v)) = arg.split_once('=') else {
             eprintln!("arguments after the preset are key=value, got {arg:?}");
@@ -51,8 +54,23 @@ fn main() {
             "gv" => spec = spec.with_group_version(number(v) as i16),
             "hold" => hold = number(v) as u64,
             "apis" => apis = v == "1",
+            "user" => {
+                let Some((name, password)) = v.split_once(':') else {
+                    eprintln!("user= wants NAME:PASSWORD, got {v:?}");
+                    std::process::exit(2)
+                };
+                let s = security.get_or_insert_with(SecuritySpec::default);
+                s.users.push((name.to_owned(), password.to_owned()));
+            }
+            "super" => security
+                .get_or_insert_with(SecuritySpec::default)
+                .super_users
+                .push(v.to_owned()),
             _ => spec = spec.with_prop(k, v),
         }
+    }
+    if let Some(security) = security {
+        spec = spec.with_security(security);
     }
     let kafka = match KafkaCluster::start(&spec) {
         Ok(kafka) => kafka,
@@ -67,6 +85,12 @@ fn main() {
         kafka.started_in().unwrap_or_default().as_secs_f64()
     );
     out!("bootstrap {}", kafka.bootstrap());
+    if spec.security.is_some() && !kafka.is_external() {
+        out!(
+            "sasl_plaintext {}",
+            kafka.listener_bootstrap(Listener::SaslPlaintext)
+        );
+    }
     if !kafka.is_external() {
         for node in kafka.node_ids() {
             let pid = kafka.node_pid(node).unwrap_or(0);

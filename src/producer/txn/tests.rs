@@ -204,6 +204,13 @@ fn init_fenced_or_unauthorised_is_fatal() {
         sent(m.start_init(t0, OP));
         let err = failed(m.on_response(TxnResponse::InitProducerId(Err(code)), t0));
         assert!(err.is_fatal(), "{code}: {err}");
+        if code == ErrorCode::TransactionalIdAuthorizationFailed {
+            // The operator must learn which ACL is missing: the error names the transactional id.
+            assert!(
+                matches!(&err, ProducerError::NotAuthorized { resource, .. } if resource.contains("transactional id")),
+                "{err}"
+            );
+        }
         assert_eq!(m.state(), TransactionState::FatalError);
         let again = m.begin(t0).unwrap_err();
         assert!(matches!(again, ProducerError::Defunct { .. }), "{again}");

@@ -1,0 +1,214 @@
+//! The SASL and TLS command-line options, turned into the client's settings.
+//!
+//! The password never goes on the command line (where `ps` and shell history would show it): it comes from
+//! `SNAPFENCE_SASL_PASSWORD` or from the file named by `--sasl-password-file`.
+//!
+//! # References
+//! - KIP-84 (SCRAM), RFC 4616 (PLAIN); Kafka's `security.protocol` SASL_PLAINTEXT / SSL / SASL_SSL
+
+use std::path::{Path, PathBuf};
+
+use snapfence::net::{ClientConfig, SaslConfig, SaslMechanism};
+
+use crate::error::CliError;
+
+/// The environment variable the SASL password is read from.
+pub const PASSWORD_ENV: &str = "SNAPFENCE_SASL_PASSWORD";
+
+/// A SASL mechanism as spelled on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mechanism {
+    /// SASL/PLAIN.
+    Plain,
+    /// SASL/SCRAM-SHA-256.
+    #[value(name = "scram-sha-256")]
+    ScramSha256,
+    /// SASL/SCRAM-SHA-512.
+    #[value(name = "scram-sha-512")]
+    ScramSha512,
+}
+
+impl From<Mechanism> for SaslMechanism {
+    fn from(m: Mechanism) -> SaslMechanism {
+        match m {
+            Mechanism::Plain => SaslMechanism::Plain,
+            Mechanism::ScramSha256 => SaslMechanism::ScramSha256,
+            Mechanism::ScramSha512 => SaslMechanism::ScramSha512,
+        }
+    }
+}
+
+/// SASL and TLS options, shared by every subcommand that connects.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SecurityArgs {
+    /// Log in with SASL using this mechanism (needs --sasl-username and a password).
+    #[arg(long, value_enum, global = true, env = "SNAPFENCE_SASL_MECHANISM")]
+    pub sasl_mechanism: Option<Mechanism>,
+    /// The SASL user name.
+    #[arg(
+        long,
+        global = true,
+        env = "SNAPFENCE_SASL_USERNAME",
+        value_name = "USER"
+    )]
+    pub sasl_username: Option<String>,
+    /// Read the SASL password from this file (one line) instead of SNAPFENCE_SASL_PASSWORD.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub sasl_password_file: Option<PathBuf>,
+    /// Connect with TLS (implied by --tls-ca).
+    #[cfg(feature = "tls")]
+    #[arg(long, global = true)]
+    pub tls: bool,
+    /// PEM file of the CA certificates that sign the brokers' certificates.
+    #[cfg(feature = "tls")]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM file of this client's certificate chain, for brokers that require client certificates.
+    #[cfg(feature = "tls")]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file of this client's private key (with --tls-cert).
+    #[cfg(feature = "tls")]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+}
+
+fn usage(message: impl Into<String>, hint: impl Into<String>) -> CliError {
+    CliError::Usage {
+        message: message.into(),
+        hint: hint.into(),
+    }
+}
+
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, CliError> {
+    std::fs::read(path).map_err(|e| {
+        usage(
+            format!("cannot read the {what} file {}: {e}", path.display()),
+            format!("check the path given for the {what}"),
+        )
+    })
+}
+
+impl SecurityArgs {
+    /// `base` with the SASL and TLS settings these options ask for. `password_env` is the value of
+    /// [`PASSWORD_ENV`] (passed in so tests need not touch the process environment).
+    pub fn apply(
+        &self,
+        base: ClientConfig,
+        password_env: Option<String>,
+    ) -> Result<ClientConfig, CliError> {
+        let mut config = base;
+        match (self.sasl_mechanism, &self.sasl_username) {
+            (None, None) => {}
+            (None, Some(_)) => {
+                return Err(usage(
+                    "--sasl-username needs --sasl-mechanism",
+                    "add --sasl-mechanism plain, scram-sha-256 or scram-sha-512",
+                ))
+            }
+            (Some(_), None) => {
+                return Err(usage(
+                    "--sasl-mechanism needs --sasl-username",
+                    "add --sasl-username USER (or set SNAPFENCE_SASL_USERNAME)",
+                ))
+            }
+            (Some(mechanism), Some(user)) => {
+                let password = match (&self.sasl_password_file, password_env) {
+                    (Some(file), _) => {
+                        let text = read(file, "SASL password")?;
+                        String::from_utf8(text)
+                            .map_err(|_| {
+                                usage("the SASL password file is not UTF-8", "check the file")
+                            })?
+                            .trim_end_matches(['\r', '\n'])
+                            .to_owned()
+                    }
+                    (None, Some(p)) => p,
+                    (None, None) => {
+                        return Err(usage(
+                            "SASL needs a password",
+                            format!("set {PASSWORD_ENV} or pass --sasl-password-file FILE"),
+                        ))
+                    }
+                };
+                config.sasl = Some(SaslConfig::new(mechanism.into(), user.clone(), password));
+            }
+        }
+        #[cfg(feature = "tls")]
+        {
+            if self.tls_cert.is_some() != self.tls_key.is_some() {
+                return Err(usage(
+                    "--tls-cert and --tls-key go together",
+                    "pass both the client certificate and its key, or neither",
+                ));
+            }
+            let wanted = self.tls || self.tls_ca.is_some() || self.tls_cert.is_some();
+            if wanted {
+                let ca = self.tls_ca.as_deref().ok_or_else(|| {
+                    usage(
+                        "TLS needs the CA certificates that sign the brokers' certificates",
+                        "pass --tls-ca FILE (PEM)",
+                    )
+                })?;
+                let mut tls = snapfence::net::TlsConfig::new(read(ca, "TLS CA")?);
+                if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+                    tls =
+                        tls.with_client_cert(read(cert, "TLS certificate")?, read(key, "TLS key")?);
+                }
+                config.tls = Some(tls);
+            }
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(m: Option<Mechanism>, user: Option<&str>) -> SecurityArgs {
+        SecurityArgs {
+            sasl_mechanism: m,
+            sasl_username: user.map(str::to_owned),
+            ..SecurityArgs::default()
+        }
+    }
+
+    #[test]
+    fn sasl_needs_mechanism_user_and_password_together() {
+        let base = || ClientConfig::new("h:1");
+        assert!(args(None, None).apply(base(), None).unwrap().sasl.is_none());
+        for bad in [
+            args(Some(Mechanism::Plain), None),
+            args(None, Some("u")),
+            args(Some(Mechanism::Plain), Some("u")), // no password anywhere
+        ] {
+            let err = bad.apply(base(), None).unwrap_err();
+            assert_eq!(err.exit_code(), crate::error::EXIT_USAGE, "{err}");
+        }
+        let ok = args(Some(Mechanism::ScramSha512), Some("u"))
+            .apply(base(), Some("pw".into()))
+            .unwrap();
+        let sasl = ok.sasl.unwrap();
+        assert_eq!(sasl.mechanism, SaslMechanism::ScramSha512);
+        assert_eq!(
+            (sasl.username.as_str(), sasl.password.as_str()),
+            ("u", "pw")
+        );
+    }
+
+    #[test]
+    fn the_password_file_wins_and_loses_its_newline() {
+        let dir = std::env::temp_dir().join(format!("snapfence-cli-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let mut a = args(Some(Mechanism::Plain), Some("u"));
+        a.sasl_password_file = Some(file);
+        let config = a
+            .apply(ClientConfig::new("h:1"), Some("from-env".into()))
+            .unwrap();
+        assert_eq!(config.sasl.unwrap().password, "from-file");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

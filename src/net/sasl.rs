@@ -1,0 +1,775 @@
+//! SASL authentication of a new connection: PLAIN and SCRAM-SHA-256/512.
+//!
+//! Every connection the pool opens runs ApiVersions, then SaslHandshake v1 naming the mechanism, then one
+//! SaslAuthenticate round trip per SASL message, before any other request can be sent on it (the pool only
+//! hands out a connection once [`authenticate`] returned). A reconnect is a new connection, so it
+//! authenticates again. When the broker announces a session lifetime (KIP-368,
+//! `connections.max.reauth.ms`), the connection is retired shortly before it ends and the next request
+//! opens (and authenticates) a fresh one, instead of re-authenticating in place.
+//!
+//! The SCRAM exchange itself is [`ScramClient`], a sans-IO state machine: bytes from the server in, bytes
+//! to send out, so it is tested against the RFC's example exchange without a socket.
+//!
+//! A rejected login is fatal: [`NetError::Authentication`] is not retriable, so the routing loop gives up
+//! at once instead of hammering the broker with logins that will keep failing.
+//!
+//! Not done: SASLprep (RFC 4013) of user names and passwords. Kafka's own client does not apply it either,
+//! and the broker stores credentials as given, so applying it would break non-ASCII passwords that work
+//! with the Java client.
+//!
+//! # References
+//! - KIP-43 (SaslHandshake, key 17), KIP-152 (SaslAuthenticate, key 36; handshake v1), KIP-84 (SCRAM),
+//!   KIP-368 (session lifetime and re-authentication)
+//! - RFC 4616 (PLAIN), RFC 5802 (SCRAM), RFC 7677 (SCRAM-SHA-256)
+
+use std::fmt;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
+use kafka_protocol::protocol::StrBytes;
+use sha2::{Digest, Sha256, Sha512};
+
+use super::conn::Connection;
+use super::NetError;
+use crate::wire::{ApiRequest, BrokerApiVersions, ErrorCode};
+
+/// A SASL mechanism this client can log in with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SaslMechanism {
+    /// `PLAIN` (RFC 4616): user name and password in the clear, so only over TLS outside a test.
+    Plain,
+    /// `SCRAM-SHA-256` (RFC 7677).
+    ScramSha256,
+    /// `SCRAM-SHA-512`.
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    /// The mechanism's name as the broker knows it, e.g. `SCRAM-SHA-512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+
+    /// Parses a mechanism name, case-insensitively (`plain`, `scram-sha-256`, `SCRAM-SHA-512`).
+    pub fn parse(name: &str) -> Option<SaslMechanism> {
+        [
+            SaslMechanism::Plain,
+            SaslMechanism::ScramSha256,
+            SaslMechanism::ScramSha512,
+        ]
+        .into_iter()
+        .find(|m| m.name().eq_ignore_ascii_case(name.trim()))
+    }
+}
+
+impl fmt::Display for SaslMechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// SASL credentials for [`ClientConfig::sasl`](super::ClientConfig::sasl). `Debug` never shows the
+/// password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SaslConfig {
+    /// How to log in.
+    pub mechanism: SaslMechanism,
+    /// The user name (the principal becomes `User:<username>`).
+    pub username: String,
+    /// The password.
+    pub password: String,
+}
+
+impl SaslConfig {
+    /// Credentials for `mechanism`.
+    pub fn new(
+        mechanism: SaslMechanism,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> SaslConfig {
+        SaslConfig {
+            mechanism,
+            username: username.into(),
+            password: password.into(),
+        }
+    }
+}
+
+impl fmt::Debug for SaslConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SaslConfig")
+            .field("mechanism", &self.mechanism)
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Why a SASL login failed; carried by [`NetError::Authentication`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthFailure {
+    /// The broker refused the credentials (SASL_AUTHENTICATION_FAILED or another error code); `message`
+    /// is the broker's own explanation.
+    #[error("the broker rejected the login ({code}): {message}")]
+    Rejected {
+        /// The broker's error code.
+        code: ErrorCode,
+        /// The broker's error message (empty if it sent none).
+        message: String,
+    },
+    /// The listener does not have this mechanism enabled.
+    #[error("the broker does not offer this mechanism; it offers {enabled:?}")]
+    UnsupportedMechanism {
+        /// The mechanisms the broker listed.
+        enabled: Vec<String>,
+    },
+    /// The broker is too old for SaslHandshake v1 / SaslAuthenticate, or is not a SASL listener.
+    #[error("the broker does not speak SaslHandshake v1 and SaslAuthenticate on this listener")]
+    NotSupportedByBroker,
+    /// The server's SCRAM message did not parse or broke the protocol.
+    #[error("malformed SCRAM server message: {0}")]
+    Malformed(String),
+    /// The server's nonce does not extend ours: the answer belongs to another exchange (or an attacker).
+    #[error("the server nonce does not start with the client nonce")]
+    NonceMismatch,
+    /// The iteration count is outside the accepted range: too low makes the stored key cheap to brute
+    /// force, too high lets a rogue server make the client burn CPU.
+    #[error("iteration count {0} outside {MIN_ITERATIONS}..={MAX_ITERATIONS}")]
+    IterationCount(u64),
+    /// The server could not prove it knows the credentials: it may be an impostor.
+    #[error("the server signature does not verify")]
+    ServerSignature,
+    /// The server ended the SCRAM exchange with an error (`e=...`).
+    #[error("the server reported a SCRAM error: {0}")]
+    ServerError(String),
+}
+
+/// Kafka refuses SCRAM credentials below 4096 iterations (`ScramMechanism.minIterations`); so do we, so
+/// that a man in the middle cannot ask for a cheap-to-crack proof.
+pub(crate) const MIN_ITERATIONS: u64 = 4096;
+/// Kafka's own ceiling for SCRAM iterations; anything above is a server making us spin.
+pub(crate) const MAX_ITERATIONS: u64 = 16384;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScramHash {
+    Sha256,
+    Sha512,
+}
+
+impl ScramHash {
+    fn hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
+        match self {
+            ScramHash::Sha256 => mac::<Hmac<Sha256>>(key, data),
+            ScramHash::Sha512 => mac::<Hmac<Sha512>>(key, data),
+        }
+    }
+
+    fn verify_hmac(self, key: &[u8], data: &[u8], expected: &[u8]) -> bool {
+        // Constant-time comparison, so a forged signature cannot be found byte by byte.
+        match self {
+            ScramHash::Sha256 => verify::<Hmac<Sha256>>(key, data, expected),
+            ScramHash::Sha512 => verify::<Hmac<Sha512>>(key, data, expected),
+        }
+    }
+
+    fn hash(self, data: &[u8]) -> Vec<u8> {
+        match self {
+            ScramHash::Sha256 => Sha256::digest(data).to_vec(),
+            ScramHash::Sha512 => Sha512::digest(data).to_vec(),
+        }
+    }
+
+    /// `Hi()` of RFC 5802: PBKDF2 with HMAC of this hash, one output block.
+    fn salted_password(self, password: &[u8], salt: &[u8], iterations: u32) -> Vec<u8> {
+        match self {
+            ScramHash::Sha256 => {
+                pbkdf2::pbkdf2_hmac_array::<Sha256, 32>(password, salt, iterations).to_vec()
+            }
+            ScramHash::Sha512 => {
+                pbkdf2::pbkdf2_hmac_array::<Sha512, 64>(password, salt, iterations).to_vec()
+            }
+        }
+    }
+}
+
+fn mac<M: Mac + hmac::digest::KeyInit>(key: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut m =
+        <M as hmac::digest::KeyInit>::new_from_slice(key).expect("HMAC accepts keys of any length");
+    m.update(data);
+    m.finalize().into_bytes().to_vec()
+}
+
+fn verify<M: Mac + hmac::digest::KeyInit>(key: &[u8], data: &[u8], expected: &[u8]) -> bool {
+    let mut m =
+        <M as hmac::digest::KeyInit>::new_from_slice(key).expect("HMAC accepts keys of any length");
+    m.update(data);
+    m.verify_slice(expected).is_ok()
+}
+
+/// The client side of one SCRAM exchange (RFC 5802 without channel binding), sans-IO:
+/// [`client_first`](Self::client_first), then [`handle_server_first`](Self::handle_server_first) gives the
+/// client-final message, then [`handle_server_final`](Self::handle_server_final) checks the server's proof.
+pub(crate) struct ScramClient {
+    hash: ScramHash,
+    password: String,
+    client_nonce: String,
+    client_first_bare: String,
+    state: ScramState,
+}
+
+enum ScramState {
+    Initial,
+    /// Client-final sent; the server must answer with this signature.
+    AwaitFinal {
+        server_key: Vec<u8>,
+        auth_message: Vec<u8>,
+    },
+    Done,
+}
+
+/// `gs2-header` "n,,": no channel binding, no authorization identity; "biws" is its base64.
+const GS2_HEADER: &str = "n,,";
+
+impl ScramClient {
+    /// A new exchange with a fresh random nonce.
+    pub(crate) fn new(
+        hash: ScramHash,
+        username: &str,
+        password: &str,
+    ) -> Result<ScramClient, AuthFailure> {
+        let mut raw = [0u8; 24];
+        getrandom::fill(&mut raw).map_err(|e| {
+            AuthFailure::Malformed(format!("no randomness for the SCRAM nonce: {e}"))
+        })?;
+        // Base64 of random bytes is printable and never contains ',', as the nonce must.
+        Ok(Self::with_nonce(
+            hash,
+            username,
+            password,
+            &BASE64.encode(raw),
+        ))
+    }
+
+    /// An exchange with a given nonce, for the RFC test vectors.
+    pub(crate) fn with_nonce(
+        hash: ScramHash,
+        username: &str,
+        password: &str,
+        nonce: &str,
+    ) -> ScramClient {
+        // RFC 5802 5.1: ',' and '=' in a user name are escaped as =2C and =3D.
+        let name = username.replace('=', "=3D").replace(',', "=2C");
+        ScramClient {
+            hash,
+            password: password.to_owned(),
+            client_nonce: nonce.to_owned(),
+            client_first_bare: format!("n={name},r={nonce}"),
+            state: ScramState::Initial,
+        }
+    }
+
+    /// The client-first message.
+    pub(crate) fn client_first(&self) -> Vec<u8> {
+        format!("{GS2_HEADER}{}", self.client_first_bare).into_bytes()
+    }
+
+    /// Reads the server-first message and returns the client-final message with our proof.
+    pub(crate) fn handle_server_first(&mut self, message: &[u8]) -> Result<Vec<u8>, AuthFailure> {
+        if !matches!(self.state, ScramState::Initial) {
+            return Err(AuthFailure::Malformed(
+                "server-first message out of order".into(),
+            ));
+        }
+        let text = std::str::from_utf8(message)
+            .map_err(|_| AuthFailure::Malformed("server-first is not UTF-8".into()))?;
+        let attrs = parse_attributes(text)?;
+        if let Some(m) = attr(&attrs, 'm') {
+            return Err(AuthFailure::Malformed(format!(
+                "mandatory extension m={m} is not supported"
+            )));
+        }
+        let nonce = attr(&attrs, 'r')
+            .ok_or_else(|| AuthFailure::Malformed("server-first without r=".into()))?;
+        if !nonce.starts_with(&self.client_nonce) || nonce.len() == self.client_nonce.len() {
+            return Err(AuthFailure::NonceMismatch);
+        }
+        let salt = attr(&attrs, 's')
+            .ok_or_else(|| AuthFailure::Malformed("server-first without s=".into()))
+            .and_then(|s| {
+                BASE64
+                    .decode(s)
+                    .map_err(|e| AuthFailure::Malformed(format!("salt is not base64: {e}")))
+            })?;
+        let iterations: u64 = attr(&attrs, 'i')
+            .ok_or_else(|| AuthFailure::Malformed("server-first without i=".into()))?
+            .parse()
+            .map_err(|_| AuthFailure::Malformed("iteration count is not a number".into()))?;
+        if !(MIN_ITERATIONS..=MAX_ITERATIONS).contains(&iterations) {
+            return Err(AuthFailure::IterationCount(iterations));
+        }
+        let h = self.hash;
+        let salted = h.salted_password(self.password.as_bytes(), &salt, iterations as u32);
+        let client_key = h.hmac(&salted, b"Client Key");
+        let stored_key = h.hash(&client_key);
+        let without_proof = format!("c={},r={nonce}", BASE64.encode(GS2_HEADER));
+        let auth_message =
+            format!("{},{text},{without_proof}", self.client_first_bare).into_bytes();
+        let signature = h.hmac(&stored_key, &auth_message);
+        let proof: Vec<u8> = client_key
+            .iter()
+            .zip(&signature)
+            .map(|(k, s)| k ^ s)
+            .collect();
+        self.state = ScramState::AwaitFinal {
+            server_key: h.hmac(&salted, b"Server Key"),
+            auth_message,
+        };
+        Ok(format!("{without_proof},p={}", BASE64.encode(proof)).into_bytes())
+    }
+
+    /// Checks the server-final message: the server must prove it knows our credentials too.
+    pub(crate) fn handle_server_final(&mut self, message: &[u8]) -> Result<(), AuthFailure> {
+        let ScramState::AwaitFinal {
+            server_key,
+            auth_message,
+        } = std::mem::replace(&mut self.state, ScramState::Done)
+        else {
+            return Err(AuthFailure::Malformed(
+                "server-final message out of order".into(),
+            ));
+        };
+        let text = std::str::from_utf8(message)
+            .map_err(|_| AuthFailure::Malformed("server-final is not UTF-8".into()))?;
+        let attrs = parse_attributes(text)?;
+        if let Some(e) = attr(&attrs, 'e') {
+            return Err(AuthFailure::ServerError(e.to_owned()));
+        }
+        let claimed = attr(&attrs, 'v')
+            .ok_or_else(|| AuthFailure::Malformed("server-final without v=".into()))
+            .and_then(|v| {
+                BASE64.decode(v).map_err(|e| {
+                    AuthFailure::Malformed(format!("server signature is not base64: {e}"))
+                })
+            })?;
+        if self.hash.verify_hmac(&server_key, &auth_message, &claimed) {
+            Ok(())
+        } else {
+            Err(AuthFailure::ServerSignature)
+        }
+    }
+}
+
+/// `a=value` pairs separated by ','. Values may contain '=' (base64), so only the first one splits.
+fn parse_attributes(text: &str) -> Result<Vec<(char, &str)>, AuthFailure> {
+    text.split(',')
+        .map(|part| {
+            let mut chars = part.chars();
+            match (chars.next(), chars.next()) {
+                (Some(name), Some('=')) if name.is_ascii_alphabetic() => Ok((name, &part[2..])),
+                _ => Err(AuthFailure::Malformed(format!(
+                    "attribute {part:?} is not a=value"
+                ))),
+            }
+        })
+        .collect()
+}
+
+fn attr<'a>(attrs: &[(char, &'a str)], name: char) -> Option<&'a str> {
+    attrs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+}
+
+/// Logs in on a connection that has finished ApiVersions and carried nothing else. Returns how long the
+/// broker lets the session live (KIP-368), if it set a limit.
+///
+/// Cancel-safe: dropping it drops the half-authenticated connection with it (the caller owns it and has
+/// not handed it out).
+pub(crate) async fn authenticate(
+    conn: &Connection,
+    versions: &BrokerApiVersions,
+    sasl: &SaslConfig,
+    timeout: Duration,
+) -> Result<Option<Duration>, NetError> {
+    let fail = |reason: AuthFailure| NetError::Authentication {
+        addr: conn.addr().to_owned(),
+        mechanism: sasl.mechanism,
+        reason,
+    };
+    // Handshake v0 means the raw GSSAPI-era framing instead of SaslAuthenticate; only v1 is spoken here.
+    let (Some(handshake_version), Some(auth_version)) = (
+        versions.usable_at_least(SaslHandshakeRequest::KEY, 1),
+        versions.usable(SaslAuthenticateRequest::KEY),
+    ) else {
+        return Err(fail(AuthFailure::NotSupportedByBroker));
+    };
+    let handshake = SaslHandshakeRequest::default()
+        .with_mechanism(StrBytes::from_static_str(sasl.mechanism.name()));
+    let answer = conn.request(&handshake, handshake_version, timeout).await?;
+    match ErrorCode::from_code(answer.error_code) {
+        ErrorCode::None => {}
+        ErrorCode::UnsupportedSaslMechanism => {
+            return Err(fail(AuthFailure::UnsupportedMechanism {
+                enabled: answer.mechanisms.iter().map(|m| m.to_string()).collect(),
+            }))
+        }
+        code => {
+            return Err(fail(AuthFailure::Rejected {
+                code,
+                message: String::new(),
+            }))
+        }
+    }
+
+    let mut exchange = Exchange::new(sasl).map_err(fail)?;
+    let mut to_send = Some(exchange.first());
+    let mut lifetime_ms = 0i64;
+    while let Some(bytes) = to_send.take() {
+        let request = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(bytes));
+        let answer = conn.request(&request, auth_version, timeout).await?;
+        let code = ErrorCode::from_code(answer.error_code);
+        if code != ErrorCode::None {
+            return Err(fail(AuthFailure::Rejected {
+                code,
+                message: answer
+                    .error_message
+                    .map(|m| m.to_string())
+                    .unwrap_or_default(),
+            }));
+        }
+        lifetime_ms = answer.session_lifetime_ms;
+        to_send = exchange.step(&answer.auth_bytes).map_err(fail)?;
+    }
+    tracing::debug!(addr = conn.addr(), mechanism = %sasl.mechanism, lifetime_ms, "authenticated");
+    Ok((lifetime_ms > 0).then(|| Duration::from_millis(lifetime_ms as u64)))
+}
+
+/// One mechanism's message sequence, sans-IO: the first message, then each server message in gives the
+/// next client message out, or `None` when the client is satisfied.
+pub(crate) enum Exchange {
+    /// PLAIN has one message; the server's (empty) answer ends it.
+    Plain { message: Vec<u8>, sent: bool },
+    /// SCRAM: client-first, client-final, then the server's proof.
+    Scram { client: ScramClient, round: u8 },
+}
+
+impl Exchange {
+    pub(crate) fn new(sasl: &SaslConfig) -> Result<Exchange, AuthFailure> {
+        let hash = match sasl.mechanism {
+            SaslMechanism::Plain => {
+                // RFC 4616: [authzid] NUL authcid NUL passwd; no authzid (act as ourselves).
+                let mut message = Vec::with_capacity(sasl.username.len() + sasl.password.len() + 2);
+                message.push(0);
+                message.extend_from_slice(sasl.username.as_bytes());
+                message.push(0);
+                message.extend_from_slice(sasl.password.as_bytes());
+                return Ok(Exchange::Plain {
+                    message,
+                    sent: false,
+                });
+            }
+            SaslMechanism::ScramSha256 => ScramHash::Sha256,
+            SaslMechanism::ScramSha512 => ScramHash::Sha512,
+        };
+        Ok(Exchange::Scram {
+            client: ScramClient::new(hash, &sasl.username, &sasl.password)?,
+            round: 0,
+        })
+    }
+
+    pub(crate) fn first(&mut self) -> Vec<u8> {
+        match self {
+            Exchange::Plain { message, sent } => {
+                *sent = true;
+                std::mem::take(message)
+            }
+            Exchange::Scram { client, round } => {
+                *round = 1;
+                client.client_first()
+            }
+        }
+    }
+
+    pub(crate) fn step(&mut self, server: &[u8]) -> Result<Option<Vec<u8>>, AuthFailure> {
+        match self {
+            Exchange::Plain { sent: true, .. } => Ok(None),
+            Exchange::Plain { .. } => Err(AuthFailure::Malformed(
+                "server message before the client's".into(),
+            )),
+            Exchange::Scram { client, round } => match round {
+                1 => {
+                    *round = 2;
+                    client.handle_server_first(server).map(Some)
+                }
+                2 => {
+                    *round = 3;
+                    client.handle_server_final(server).map(|()| None)
+                }
+                _ => Err(AuthFailure::Malformed(
+                    "server message after the exchange ended".into(),
+                )),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // RFC 7677 section 3: the SCRAM-SHA-256 example exchange.
+    const NONCE: &str = "rOprNGfwEbeRWgbNEkqO";
+    const SERVER_FIRST: &str =
+        "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
+    const CLIENT_FINAL_256: &str = "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=";
+    const SERVER_FINAL_256: &str = "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=";
+    // The same exchange with SHA-512, computed independently with Python's hashlib/hmac (whose SHA-256
+    // run reproduces the RFC 7677 values above).
+    const CLIENT_FINAL_512: &str = "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=gMGXRcevScNtxZ6/8lQYpGtnsNAc3mGcmNomv+xnoOMw+3R2xNJdMNnzMlTN8PPC6wdp6dybEmDYXYTxwnYPJQ==";
+    const SERVER_FINAL_512: &str = "v=ZQnYEgWQMFmmsM8aQMF0nDDCy/AgCzkwk8CmMZYcMg0vSVlKDanekLtifDSeVGT4+5ZxXnJq199RVG2rR7N7Zw==";
+
+    fn rfc_client(hash: ScramHash) -> ScramClient {
+        ScramClient::with_nonce(hash, "user", "pencil", NONCE)
+    }
+
+    #[test]
+    fn scram_sha256_reproduces_rfc7677() {
+        let mut c = rfc_client(ScramHash::Sha256);
+        assert_eq!(c.client_first(), b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO");
+        let last = c.handle_server_first(SERVER_FIRST.as_bytes()).unwrap();
+        assert_eq!(std::str::from_utf8(&last).unwrap(), CLIENT_FINAL_256);
+        c.handle_server_final(SERVER_FINAL_256.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn scram_sha512_matches_an_independent_computation() {
+        let mut c = rfc_client(ScramHash::Sha512);
+        let last = c.handle_server_first(SERVER_FIRST.as_bytes()).unwrap();
+        assert_eq!(std::str::from_utf8(&last).unwrap(), CLIENT_FINAL_512);
+        c.handle_server_final(SERVER_FINAL_512.as_bytes()).unwrap();
+    }
+
+    /// A server that cannot prove knowledge of the password is refused, even one byte off.
+    #[test]
+    fn a_wrong_server_signature_is_refused() {
+        let mut c = rfc_client(ScramHash::Sha256);
+        c.handle_server_first(SERVER_FIRST.as_bytes()).unwrap();
+        let forged = SERVER_FINAL_256.replace("6rri", "6rrj");
+        assert_eq!(
+            c.handle_server_final(forged.as_bytes()),
+            Err(AuthFailure::ServerSignature)
+        );
+        // The SHA-512 signature for the same exchange is not accepted for SHA-256 either.
+        let mut c = rfc_client(ScramHash::Sha256);
+        c.handle_server_first(SERVER_FIRST.as_bytes()).unwrap();
+        assert_eq!(
+            c.handle_server_final(SERVER_FINAL_512.as_bytes()),
+            Err(AuthFailure::ServerSignature)
+        );
+    }
+
+    #[test]
+    fn the_server_nonce_must_extend_ours() {
+        let mut c = rfc_client(ScramHash::Sha256);
+        let other = SERVER_FIRST.replace("r=rOpr", "r=xOpr");
+        assert_eq!(
+            c.handle_server_first(other.as_bytes()),
+            Err(AuthFailure::NonceMismatch)
+        );
+        let mut c = rfc_client(ScramHash::Sha256);
+        let same = format!("r={NONCE},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096");
+        assert_eq!(
+            c.handle_server_first(same.as_bytes()),
+            Err(AuthFailure::NonceMismatch)
+        );
+    }
+
+    #[test]
+    fn iteration_counts_outside_the_bounds_are_refused() {
+        for (i, ok) in [
+            (4095, false),
+            (4096, true),
+            (16384, true),
+            (16385, false),
+            (0, false),
+        ] {
+            let mut c = rfc_client(ScramHash::Sha256);
+            let msg = SERVER_FIRST.replace("i=4096", &format!("i={i}"));
+            let got = c.handle_server_first(msg.as_bytes());
+            assert_eq!(got.is_ok(), ok, "i={i}: {got:?}");
+            if !ok {
+                assert_eq!(got, Err(AuthFailure::IterationCount(i)));
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_server_messages_are_typed_errors() {
+        for bad in [
+            "",
+            "r=rOprNGfwEbeRWgbNEkqOxyz,i=4096",
+            "r=rOprNGfwEbeRWgbNEkqOxyz,s=!!!,i=4096",
+            "r=rOprNGfwEbeRWgbNEkqOxyz,s=W22Z,i=many",
+            "m=ext,r=rOprNGfwEbeRWgbNEkqOxyz,s=W22Z,i=4096",
+            "garbage",
+        ] {
+            let mut c = rfc_client(ScramHash::Sha512);
+            assert!(
+                matches!(
+                    c.handle_server_first(bad.as_bytes()),
+                    Err(AuthFailure::Malformed(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        let mut c = rfc_client(ScramHash::Sha256);
+        c.handle_server_first(SERVER_FIRST.as_bytes()).unwrap();
+        assert_eq!(
+            c.handle_server_final(b"e=invalid-proof"),
+            Err(AuthFailure::ServerError("invalid-proof".into()))
+        );
+        // A final message before the first is an ordering error, not a panic.
+        let mut c = rfc_client(ScramHash::Sha256);
+        assert!(c.handle_server_final(SERVER_FINAL_256.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn user_names_are_escaped() {
+        let c = ScramClient::with_nonce(ScramHash::Sha256, "a,b=c", "p", "N");
+        assert_eq!(c.client_first(), b"n,,n=a=2Cb=3Dc,r=N");
+    }
+
+    #[test]
+    fn fresh_nonces_differ() {
+        let a = ScramClient::new(ScramHash::Sha256, "u", "p").unwrap();
+        let b = ScramClient::new(ScramHash::Sha256, "u", "p").unwrap();
+        assert_ne!(a.client_nonce, b.client_nonce);
+        assert!(a.client_nonce.len() >= 24 && !a.client_nonce.contains(','));
+    }
+
+    #[test]
+    fn plain_sends_one_message_and_accepts_the_empty_answer() {
+        let mut e =
+            Exchange::new(&SaslConfig::new(SaslMechanism::Plain, "alice", "s3cret")).unwrap();
+        assert_eq!(e.first(), b"\0alice\0s3cret");
+        assert_eq!(e.step(b""), Ok(None));
+    }
+
+    #[test]
+    fn scram_exchange_ends_after_the_server_proof() {
+        let sasl = SaslConfig::new(SaslMechanism::ScramSha256, "user", "pencil");
+        let mut e = Exchange::new(&sasl).unwrap();
+        let first = e.first();
+        assert!(first.starts_with(b"n,,n=user,r="));
+        // A server-first whose nonce is not ours fails the exchange.
+        assert_eq!(
+            e.step(SERVER_FIRST.as_bytes()),
+            Err(AuthFailure::NonceMismatch)
+        );
+    }
+
+    #[test]
+    fn mechanisms_parse_and_debug_hides_the_password() {
+        assert_eq!(
+            SaslMechanism::parse("scram-sha-512"),
+            Some(SaslMechanism::ScramSha512)
+        );
+        assert_eq!(SaslMechanism::parse("PLAIN"), Some(SaslMechanism::Plain));
+        assert_eq!(SaslMechanism::parse("GSSAPI"), None);
+        let shown = format!(
+            "{:?}",
+            SaslConfig::new(SaslMechanism::Plain, "u", "hunter2")
+        );
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    fn sasl_versions() -> BrokerApiVersions {
+        use kafka_protocol::messages::api_versions_response::ApiVersion;
+        use kafka_protocol::messages::ApiVersionsResponse;
+        let key = |k, max| {
+            ApiVersion::default()
+                .with_api_key(k)
+                .with_min_version(0)
+                .with_max_version(max)
+        };
+        BrokerApiVersions::from_response(
+            &ApiVersionsResponse::default().with_api_keys(vec![key(17, 1), key(36, 2)]),
+        )
+    }
+
+    /// A refused login surfaces as a fatal Authentication error naming the mechanism and carrying the
+    /// broker's own message, after exactly one handshake and one authenticate request.
+    #[tokio::test]
+    async fn a_rejected_login_is_a_fatal_error_with_the_brokers_message() {
+        use crate::net::testing::{options, pair};
+        use kafka_protocol::messages::{SaslAuthenticateResponse, SaslHandshakeResponse};
+        use kafka_protocol::protocol::Decodable;
+        let (conn, mut peer) = pair(4096, options());
+        let sasl = SaslConfig::new(SaslMechanism::Plain, "alice", "wrong");
+        let client = tokio::spawn(async move {
+            authenticate(&conn, &sasl_versions(), &sasl, Duration::from_secs(5)).await
+        });
+        let hs = peer.next_request().await.unwrap();
+        assert_eq!(hs.header.request_api_key, 17);
+        assert_eq!(hs.header.request_api_version, 1);
+        let mut body = hs.body;
+        let req = SaslHandshakeRequest::decode(&mut body, 1).unwrap();
+        assert_eq!(req.mechanism.as_str(), "PLAIN");
+        peer.respond(
+            hs.header.correlation_id,
+            &SaslHandshakeResponse::default(),
+            1,
+        )
+        .await;
+        let auth = peer.next_request().await.unwrap();
+        assert_eq!(auth.header.request_api_key, 36);
+        let v = auth.header.request_api_version;
+        let mut body = auth.body;
+        let req = SaslAuthenticateRequest::decode(&mut body, v).unwrap();
+        assert_eq!(&req.auth_bytes[..], b"\0alice\0wrong");
+        let refusal = SaslAuthenticateResponse::default()
+            .with_error_code(ErrorCode::SaslAuthenticationFailed.code())
+            .with_error_message(Some("Invalid username or password".into()));
+        peer.respond(auth.header.correlation_id, &refusal, v).await;
+        let err = client.await.unwrap().unwrap_err();
+        assert!(err.is_authentication() && !err.is_retriable(), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("PLAIN") && text.contains("Invalid username or password"),
+            "{text}"
+        );
+    }
+
+    /// The broker's list of enabled mechanisms is reported when ours is not among them.
+    #[tokio::test]
+    async fn an_unsupported_mechanism_names_what_the_broker_offers() {
+        use crate::net::testing::{options, pair};
+        use kafka_protocol::messages::SaslHandshakeResponse;
+        let (conn, mut peer) = pair(4096, options());
+        let sasl = SaslConfig::new(SaslMechanism::ScramSha256, "u", "p");
+        let client = tokio::spawn(async move {
+            authenticate(&conn, &sasl_versions(), &sasl, Duration::from_secs(5)).await
+        });
+        let hs = peer.next_request().await.unwrap();
+        let answer = SaslHandshakeResponse::default()
+            .with_error_code(ErrorCode::UnsupportedSaslMechanism.code())
+            .with_mechanisms(vec!["SCRAM-SHA-512".into()]);
+        peer.respond(hs.header.correlation_id, &answer, 1).await;
+        match client.await.unwrap() {
+            Err(NetError::Authentication {
+                reason: AuthFailure::UnsupportedMechanism { enabled },
+                mechanism: SaslMechanism::ScramSha256,
+                ..
+            }) => assert_eq!(enabled, vec!["SCRAM-SHA-512".to_owned()]),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
