@@ -61,4 +61,8 @@ rm -f "$cli_stripped"
 # ============================================================================================
 section "benches: build"
 cargo bench --workspace --no-run
+# The runner of scripts/bench.sh (in the workspace, pure Rust). Its peers in bench/peers (rust-rdkafka
+# builds C) are a separate workspace that only scripts/bench.sh builds, never CI.
+section "benches: build the benchmark runner"
+cargo build --locked -p snapfence-bench
 # ======================================== end benches =======================================
