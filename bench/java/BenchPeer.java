@@ -25,6 +25,7 @@ public class BenchPeer {
             case "txn-seq" -> txn(a, Integer.parseInt(a[8]), Integer.parseInt(a[9]), 1);
             case "txn-burst" -> txn(a, Integer.parseInt(a[8]), Integer.parseInt(a[9]), Integer.parseInt(a[10]));
             case "recover" -> {
+                for (int i = 1; i < Integer.parseInt(a[3]); i++) recover(a[1], a[2]);
                 long t = System.nanoTime();
                 Map<ByteBuffer, ByteBuffer> state = recover(a[1], a[2]);
                 result(t, state.size(), bytes(state), null);

@@ -41,9 +41,18 @@ pub async fn run(work: Work) -> Result<Outcome, Error> {
         } => plain(&bootstrap, &topic, n, size, linger_ms, true).await,
         Work::TxnSeq { txn, n, size } => group_commit(txn, n, size, 256, false).await,
         Work::TxnBurst { txn, n, size, cap } => group_commit(txn, n, size, cap, true).await,
-        Work::Recover { bootstrap, topic } => {
-            let began = Instant::now();
-            let client = connect(&bootstrap).await?;
+        Work::Recover {
+            bootstrap,
+            topic,
+            reads,
+        } => {
+            let mut began = Instant::now();
+            let mut client = connect(&bootstrap).await?;
+            for _ in 1..reads {
+                recover_partition(&client, &topic).await?;
+                began = Instant::now();
+                client = connect(&bootstrap).await?;
+            }
             let (records, bytes) = recover_partition(&client, &topic).await?;
             Ok(Outcome {
                 ms: ms(began.elapsed()),

@@ -8,7 +8,8 @@
 //!                                                      issued one at a time (A(b))
 //! txn-burst   BOOTSTRAP TOPIC TXN_ID INPUT GROUP GENERATION MEMBER N SIZE CAP   N writes issued at once,
 //!                                                      transactions of up to CAP writes (A(c), B caps)
-//! recover     BOOTSTRAP TOPIC                          earliest -> high watermark at read_committed, into a map
+//! recover     BOOTSTRAP TOPIC READS                    earliest -> high watermark at read_committed, into a map,
+//!                                                      READS times in one process; the last read is timed
 //! takeover    BOOTSTRAP TOPIC TXN_ID_PREFIX            init PREFIX-0 (fences and aborts the crashed owner),
 //!                                                      then recover
 //! crash-owner BOOTSTRAP TOPIC TXN_ID N SIZE            (ours only) open a transaction, write, wait to die
@@ -68,6 +69,7 @@ pub enum Work {
     Recover {
         bootstrap: String,
         topic: String,
+        reads: usize,
     },
     Takeover {
         bootstrap: String,
@@ -113,7 +115,7 @@ impl Work {
             "plain-seq" | "plain-burst" => 6,
             "txn-seq" => 10,
             "txn-burst" => 11,
-            "recover" => 3,
+            "recover" => 4,
             "takeover" => 4,
             "crash-owner" => 6,
             "fill" => 5,
@@ -151,6 +153,7 @@ impl Work {
             "recover" => Work::Recover {
                 bootstrap: s(1)?,
                 topic: s(2)?,
+                reads: num(3)?.max(1),
             },
             "takeover" => Work::Takeover {
                 bootstrap: s(1)?,
