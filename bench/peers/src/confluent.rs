@@ -63,8 +63,8 @@ fn producer(
     }
     Ok(KafkaProducer::new(
         ProducerConfig::new(&p)?,
-        ByteArraySerializer,
-        ByteArraySerializer,
+        ByteArraySerializer::default(),
+        ByteArraySerializer::default(),
     )?)
 }
 
@@ -159,8 +159,8 @@ async fn recover(bootstrap: &str, topic: &str) -> Result<HashMap<Vec<u8>, Vec<u8
         ]);
         Ok(KafkaConsumer::new(
             ConsumerConfig::new(&p)?,
-            ByteArrayDeserializer,
-            ByteArrayDeserializer,
+            ByteArrayDeserializer::default(),
+            ByteArrayDeserializer::default(),
         )?)
     };
     let target = {

@@ -135,8 +135,10 @@ fn recover(bootstrap: &str, topic: &str) -> Result<HashMap<Vec<u8>, Vec<u8>>, Er
         .create()?;
     let (_, target) = probe.fetch_watermarks(topic, 0, T)?;
     drop(probe);
+    // A group id only because librdkafka's consumer wants one; assign() never joins the group.
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
+        .set("group.id", "snapfence-bench-rdkafka-reader")
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
