@@ -7,25 +7,18 @@
 #   bash scripts/bench.sh [OUT]          (default OUT: $CARGO_TARGET_DIR/bench-results.md)
 #
 # Environment: BENCH_NODES (default "1,3"), BENCH_ROUNDS (default 2), DECODE_RUNS (default 15),
+# BENCH_PEERS_TARGET (the peers' cargo target dir, default $CARGO_TARGET_DIR/bench-peers),
 # SNAPFENCE_KAFKA_JVM_OPTS (broker JVM flags; default here "-XX:+UseG1GC", a full-speed JIT and collector,
 # instead of the test fixture's fast-start flags).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 out=$(realpath -m "${1:-$target/bench-results.md}")
-peers_target="$target/bench-peers"
+peers_target=$(realpath -m "${BENCH_PEERS_TARGET:-$target/bench-peers}")
 mkdir -p "$target" "$peers_target"
 notes=()
 
-echo "== peers: confluent-kafka (pure Rust)"
-if (cd bench/peers && CARGO_TARGET_DIR="$peers_target" cargo build --release --locked --features confluent \
-      >"$peers_target/confluent-build.log" 2>&1); then
-  notes+=("confluent-kafka $(grep -A1 'name = "confluent-kafka"' bench/peers/Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p'): built from crates.io (default features off: gzip, snappy, lz4; plaintext).")
-else
-  notes+=("confluent-kafka: did not build here (log: $peers_target/confluent-build.log).")
-fi
-
-echo "== peers: rust-rdkafka (librdkafka, C, cmake-build)"
+echo "== peers: confluent-kafka (pure Rust) and rust-rdkafka (librdkafka, C, cmake-build)"
 # librdkafka 2.12.1's cmake build includes curl/curl.h even with curl off (an #ifdef on a macro defined 0);
 # only the header is needed, nothing links curl.
 if [ ! -e /usr/include/curl/curl.h ] && [ ! -e /usr/include/x86_64-linux-gnu/curl/curl.h ] \
@@ -33,12 +26,23 @@ if [ ! -e /usr/include/curl/curl.h ] && [ ! -e /usr/include/x86_64-linux-gnu/cur
   apt-get install -y -qq libcurl4-openssl-dev >/dev/null 2>&1 \
     || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libcurl4-openssl-dev >/dev/null 2>&1; } || true
 fi
-if (cd bench/peers && CARGO_TARGET_DIR="$peers_target" cargo build --release --locked --features confluent,rdkafka \
-      >"$peers_target/rdkafka-build.log" 2>&1); then
-  notes+=("rust-rdkafka $(grep -A1 'name = "rdkafka"' bench/peers/Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p') with librdkafka $(grep -A1 'name = "rdkafka-sys"' bench/peers/Cargo.lock | sed -n 's/version = ".*+\(.*\)"/\1/p') (cmake-build, static; no zlib, zstd, SSL or SASL).")
+lock_version() { grep -A1 "name = \"$1\"" bench/peers/Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p'; }
+build_peers() {
+  (cd bench/peers && CARGO_TARGET_DIR="$peers_target" cargo build --release --locked --features "$1" \
+     >"$peers_target/build-${1//,/-}.log" 2>&1)
+}
+confluent_note="confluent-kafka $(lock_version confluent-kafka): built from crates.io (default features off: gzip, snappy, lz4; plaintext)."
+rdkafka_note="rust-rdkafka $(lock_version rdkafka) with librdkafka $(lock_version rdkafka-sys | sed 's/.*+//') (cmake-build, static; no zlib, zstd, SSL or SASL)."
+if build_peers confluent,rdkafka; then
+  notes+=("$confluent_note" "$rdkafka_note")
 else
   rm -f "$peers_target/release/rdkafka-peer"
-  notes+=("rust-rdkafka: did not build here (log: $peers_target/rdkafka-build.log).")
+  notes+=("rust-rdkafka: did not build here (log: $peers_target/build-confluent-rdkafka.log).")
+  if build_peers confluent; then
+    notes+=("$confluent_note")
+  else
+    notes+=("confluent-kafka: did not build here (log: $peers_target/build-confluent.log).")
+  fi
 fi
 
 echo "== runner"
