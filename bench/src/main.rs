@@ -263,6 +263,10 @@ async fn run_all(options: &Options) -> Result<Report, Error> {
             };
             let section = bench.round(nodes, round, &recovery_topics).await?;
             report.push(section);
+            // Written after every round, so a run cut short still leaves what it measured.
+            if let Some(path) = &options.out {
+                std::fs::write(path, report.markdown())?;
+            }
         }
     }
     Ok(report)
