@@ -25,7 +25,11 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const T: Duration = Duration::from_secs(60);
 
-fn producer(bootstrap: &str, linger_ms: &str, txn_id: Option<&str>) -> Result<FutureProducer, Error> {
+fn producer(
+    bootstrap: &str,
+    linger_ms: &str,
+    txn_id: Option<&str>,
+) -> Result<FutureProducer, Error> {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
         .set("acks", "all")
