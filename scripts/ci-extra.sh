@@ -72,4 +72,8 @@ cargo test -p protocol-tests --features tls --test security -- tls::
 # ============================================================================================
 section "benches: build"
 cargo bench --workspace --no-run
+# The runner of scripts/bench.sh (in the workspace, pure Rust). Its peers in bench/peers (rust-rdkafka
+# builds C) are a separate workspace that only scripts/bench.sh builds, never CI.
+section "benches: build the benchmark runner"
+cargo build --locked -p snapfence-bench
 # ======================================== end benches =======================================

@@ -12,18 +12,6 @@
 //   o = a transaction left open (its producer is never ended; the process halts with it open),
 //   n = plain non-transactional writes.
 // Open transactions each use their own transactional id; the others share one. Prints "DONE" and halts.
-//
-//   java -cp "<kafka libs>/*" TxnOracle.java bench <bootstrap> <topic> <txn-id> <small-count> <big-records>
-//
-// bench: the same work as the Rust measurement, timed inside the JVM: <small-count> transactions of one
-// 2-byte record each (send, commit, wait for the ack), then one transaction of <big-records> 100-byte records.
-// Prints "SMALL_MEAN_MS <x>" and "BIG_MS <y>".
-//
-//   java -cp "<kafka libs>/*" TxnOracle.java bench-offsets <bootstrap> <topic> <txn-id> <count> <group> <generation> <member-id>
-//
-// bench-offsets: seed experiment A(b), issued one at a time: <count> transactions, each one keyed record to
-// partition 0 of <topic> plus the commit of an offset for <group> (as the member <member-id> of <generation>,
-// joined by the caller), then commit and wait for the ack. Prints "TOTAL_MS <t>" and "MEAN_MS <x>".
 
 import java.time.Duration;
 import java.util.*;
@@ -37,9 +25,6 @@ public class TxnOracle {
         switch (args[0]) {
             case "consume" -> consume(args[1], args[2], args[3]);
             case "produce" -> produce(args[1], args[2], args[3], args[4]);
-            case "bench" -> bench(args[1], args[2], args[3], Integer.parseInt(args[4]), Integer.parseInt(args[5]));
-            case "bench-offsets" -> benchOffsets(args[1], args[2], args[3], Integer.parseInt(args[4]), args[5],
-                Integer.parseInt(args[6]), args[7]);
             default -> throw new IllegalArgumentException("unknown mode " + args[0]);
         }
     }
@@ -122,71 +107,5 @@ public class TxnOracle {
         System.out.flush();
         // Halt rather than close, so that nothing runs that could end the open transactions.
         Runtime.getRuntime().halt(0);
-    }
-
-    static void benchOffsets(String bootstrap, String topic, String txnId, int count, String group, int generation,
-                             String memberId) throws Exception {
-        Properties p = new Properties();
-        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        p.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
-        p.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
-        p.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, txnId);
-        p.put(ProducerConfig.LINGER_MS_CONFIG, "2");
-        ConsumerGroupMetadata meta = new ConsumerGroupMetadata(group, generation, memberId, Optional.empty());
-        TopicPartition input = new TopicPartition(topic, 0);
-        try (KafkaProducer<String, String> txn = new KafkaProducer<>(p)) {
-            txn.initTransactions();
-            // Warm-up: the coordinators are found and the connections open before the clock starts.
-            txn.beginTransaction();
-            txn.send(new ProducerRecord<>(topic, 0, "warm-up", "w"));
-            txn.sendOffsetsToTransaction(Map.of(input, new OffsetAndMetadata(0)), meta);
-            txn.commitTransaction();
-            long t = System.nanoTime();
-            for (int i = 0; i < count; i++) {
-                txn.beginTransaction();
-                var f = txn.send(new ProducerRecord<>(topic, 0, "key-" + i, "snapshot-" + i));
-                txn.sendOffsetsToTransaction(Map.of(input, new OffsetAndMetadata(i + 1)), meta);
-                txn.commitTransaction();
-                f.get();
-            }
-            double totalMs = (System.nanoTime() - t) / 1e6;
-            System.out.printf("TOTAL_MS %.3f%nMEAN_MS %.3f%n", totalMs, totalMs / count);
-            System.out.flush();
-        }
-    }
-
-    static void bench(String bootstrap, String topic, String txnId, int small, int big) throws Exception {
-        Properties p = new Properties();
-        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        p.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
-        p.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
-        p.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, txnId);
-        p.put(ProducerConfig.LINGER_MS_CONFIG, "2");
-        p.put(ProducerConfig.BATCH_SIZE_CONFIG, String.valueOf(256 * 1024));
-        try (KafkaProducer<String, String> txn = new KafkaProducer<>(p)) {
-            txn.initTransactions();
-            txn.beginTransaction();
-            txn.send(new ProducerRecord<>(topic, 0, null, "warm-up"));
-            txn.commitTransaction();
-            long total = 0;
-            for (int i = 0; i < small; i++) {
-                long t = System.nanoTime();
-                txn.beginTransaction();
-                var f = txn.send(new ProducerRecord<>(topic, 0, null, "v" + (i % 10)));
-                txn.commitTransaction();
-                f.get();
-                total += System.nanoTime() - t;
-            }
-            String value = "x".repeat(100);
-            long t = System.nanoTime();
-            txn.beginTransaction();
-            java.util.concurrent.Future<RecordMetadata> last = null;
-            for (int i = 0; i < big; i++) last = txn.send(new ProducerRecord<>(topic, 0, null, value));
-            txn.commitTransaction();
-            last.get();
-            long bigNs = System.nanoTime() - t;
-            System.out.printf("SMALL_MEAN_MS %.3f%nBIG_MS %.3f%n", total / 1e6 / small, bigNs / 1e6);
-            System.out.flush();
-        }
     }
 }

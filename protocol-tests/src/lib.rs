@@ -136,6 +136,7 @@
 #![deny(missing_docs)]
 
 mod cluster;
+mod group;
 mod jars;
 pub mod probe;
 mod procs;
@@ -151,6 +152,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use cluster::LocalCluster;
+pub use group::join_classic;
 
 /// The Kafka 4.x release used unless `SNAPFENCE_KAFKA_VERSION` names another: the newest 4.x that
 /// resolves from Maven Central when this was written.

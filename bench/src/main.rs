@@ -1,0 +1,596 @@
+//! `snapfence-bench`: snapfence against the clients a user would pick instead, on the same broker, in the
+//! same run. See docs/benchmarks.md; `scripts/bench.sh` builds the peers and runs this.
+//!
+//! ```text
+//! snapfence-bench run [--nodes 1,3] [--rounds 2] [--peers DIR] [--note TEXT]... [--out FILE]
+//! snapfence-bench peer WORKLOAD ARGS...     snapfence's side of one workload (a child of `run`)
+//! ```
+//!
+//! `run` starts each cluster with the protocol-tests fixture, and per round runs every workload once per
+//! client, each client in its own process with the same arguments (bench/src/workload.rs), rotating which
+//! client goes first. Times are taken inside each process, so JVM start-up and process spawn are not
+//! counted. It writes the markdown tables to `--out` (default stdout).
+//!
+//! # References
+//! - Seed 000 (experiments A and B), KIP-447 (fenced TxnOffsetCommit), KIP-98 (transactions)
+
+mod ours;
+mod report;
+mod workload;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use protocol_tests::{dedicated, join_classic, unique, ClusterSpec, KafkaCluster};
+use snapfence::net::{Client, ClientConfig};
+
+use report::{Cell, Report, Row, Section};
+use workload::{Outcome, Work};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Seed experiment A: 500 keys, small snapshots.
+const A_KEYS: usize = 500;
+const A_SIZE: usize = 100;
+/// Seed experiment B: 2000 keys, 10 KiB snapshots.
+const B_KEYS: usize = 2000;
+const B_SIZE: usize = 10 * 1024;
+const B_CAPS: [usize; 4] = [1, 16, 256, 2000];
+/// Recovery data sets: (keys, value bytes).
+const RECOVERY: [(usize, usize); 2] = [(2000, 10 * 1024), (200_000, 100)];
+/// Takeover: committed state, then the crashed owner's open transaction.
+const TAKEOVER_STATE: usize = 500;
+const TAKEOVER_OPEN: usize = 100;
+/// The group member every fenced offset commit names never heartbeats; this keeps it in the group.
+const SESSION_MS: i32 = 600_000;
+/// A child that takes longer is killed and its cell reads "failed".
+const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match args.first().map(String::as_str) {
+        Some("peer") => peer(&args[1..]),
+        Some("run") => run(&args[1..]),
+        _ => {
+            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N] [--peers DIR] [--note TEXT] [--out FILE]\n       snapfence-bench peer WORKLOAD ARGS...");
+            2
+        }
+    };
+    std::process::exit(code);
+}
+
+/// snapfence's side of one workload, in this process.
+fn peer(args: &[String]) -> i32 {
+    let work = match Work::parse(args) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(ours::run(work)) {
+        Ok(outcome) => {
+            println!("{outcome}");
+            0
+        }
+        Err(e) => {
+            eprintln!("ERROR {e}");
+            1
+        }
+    }
+}
+
+struct Options {
+    nodes: Vec<usize>,
+    rounds: usize,
+    peers: Option<PathBuf>,
+    notes: Vec<String>,
+    out: Option<PathBuf>,
+}
+
+fn options(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        nodes: vec![1, 3],
+        rounds: 2,
+        peers: None,
+        notes: Vec::new(),
+        out: None,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--nodes" => {
+                o.nodes = value()?
+                    .split(',')
+                    .map(|n| n.parse().map_err(|_| format!("bad --nodes {n}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--rounds" => o.rounds = value()?.parse().map_err(|_| "bad --rounds")?,
+            "--peers" => o.peers = Some(PathBuf::from(value()?)),
+            "--note" => o.notes.push(value()?),
+            "--out" => o.out = Some(PathBuf::from(value()?)),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(o)
+}
+
+fn run(args: &[String]) -> i32 {
+    let options = match options(args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run_all(&options)) {
+        Ok(report) => {
+            let text = report.markdown();
+            match &options.out {
+                Some(path) => {
+                    if let Err(e) = std::fs::write(path, &text) {
+                        eprintln!("cannot write {}: {e}", path.display());
+                        return 1;
+                    }
+                    eprintln!("wrote {}", path.display());
+                }
+                None => print!("{text}"),
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("benchmark failed: {e}");
+            1
+        }
+    }
+}
+
+/// A client under test: how to start its process for one workload.
+#[derive(Clone)]
+struct Contender {
+    name: &'static str,
+    program: PathBuf,
+    prefix: Vec<String>,
+}
+
+impl Contender {
+    fn command(&self, work: &[String]) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.prefix).args(work);
+        cmd
+    }
+}
+
+/// The clients that can run here; the missing ones are named in the report's notes.
+fn contenders(
+    options: &Options,
+    kafka: &KafkaCluster,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Contender>, Error> {
+    let mut list = vec![Contender {
+        name: report::OURS,
+        program: std::env::current_exe()?,
+        prefix: vec!["peer".into()],
+    }];
+    // The Java program is compiled once against the broker's own kafka-clients jar.
+    let java_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("java/BenchPeer.java");
+    let classes = std::env::temp_dir().join(unique("snapfence-bench-java"));
+    std::fs::create_dir_all(&classes)?;
+    let classpath = format!("{}/*", kafka.libs_dir().display());
+    let java_home = std::env::var_os("JAVA_HOME").map(PathBuf::from);
+    let tool = |name: &str| match &java_home {
+        Some(h) => h.join("bin").join(name),
+        None => PathBuf::from(name),
+    };
+    let javac = Command::new(tool("javac"))
+        .args(["-cp", &classpath, "-d"])
+        .arg(&classes)
+        .arg(&java_src)
+        .output();
+    match javac {
+        Ok(out) if out.status.success() => list.push(Contender {
+            name: report::JAVA,
+            program: tool("java"),
+            prefix: vec![
+                "-cp".into(),
+                format!("{classpath}:{}", classes.display()),
+                "BenchPeer".into(),
+            ],
+        }),
+        Ok(out) => notes.push(format!(
+            "Java: BenchPeer.java did not compile: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )),
+        Err(e) => notes.push(format!("Java: javac did not start: {e}")),
+    }
+    for (name, bin) in [
+        (report::CONFLUENT, "confluent-peer"),
+        (report::RDKAFKA, "rdkafka-peer"),
+    ] {
+        match options.peers.as_ref().map(|d| d.join(bin)) {
+            Some(path) if path.is_file() => list.push(Contender {
+                name,
+                program: path,
+                prefix: Vec::new(),
+            }),
+            Some(path) => notes.push(format!("{name}: not built ({} missing)", path.display())),
+            None => notes.push(format!(
+                "{name}: not run (no --peers; scripts/bench.sh builds it)"
+            )),
+        }
+    }
+    Ok(list)
+}
+
+async fn run_all(options: &Options) -> Result<Report, Error> {
+    let mut report = Report::new(options.notes.clone());
+    for &nodes in &options.nodes {
+        let spec = if nodes == 3 {
+            ClusterSpec::three_nodes()
+        } else {
+            ClusterSpec::kafka4()
+        };
+        eprintln!("== starting {nodes} node(s)");
+        let kafka = dedicated(spec).await;
+        let client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
+        let mut notes = Vec::new();
+        let contenders = contenders(options, &kafka, &mut notes)?;
+        for note in notes {
+            report.note(note);
+        }
+        let input = unique("bench-input");
+        client.create_topic(&input, 1, -1, &[]).await?;
+        let recovery_topics = fill_recovery_sets(&client).await?;
+        for round in 1..=options.rounds {
+            let bench = Bench {
+                kafka: &kafka,
+                client: &client,
+                input: &input,
+                contenders: &contenders,
+            };
+            let section = bench.round(nodes, round, &recovery_topics).await?;
+            report.push(section);
+            // Written after every round, so a run cut short still leaves what it measured.
+            if let Some(path) = &options.out {
+                std::fs::write(path, report.markdown())?;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The recovery data sets, written once per cluster, read by every client.
+async fn fill_recovery_sets(client: &Client) -> Result<Vec<(String, usize, usize)>, Error> {
+    let mut topics = Vec::new();
+    for (keys, size) in RECOVERY {
+        let topic = unique("bench-recovery");
+        client
+            .create_topic(&topic, 1, -1, &[("cleanup.policy", "compact")])
+            .await?;
+        eprintln!("   filling {topic}: {keys} x {size} B");
+        ours::fill(client, &topic, keys, size).await?;
+        topics.push((topic, keys, size));
+    }
+    Ok(topics)
+}
+
+struct Bench<'a> {
+    kafka: &'a KafkaCluster,
+    client: &'a Client,
+    input: &'a str,
+    contenders: &'a [Contender],
+}
+
+impl Bench<'_> {
+    async fn round(
+        &self,
+        nodes: usize,
+        round: usize,
+        recovery: &[(String, usize, usize)],
+    ) -> Result<Section, Error> {
+        let started = Instant::now();
+        let mut section = Section::new(
+            format!(
+                "Kafka {}, {nodes} node{}, round {round}",
+                self.kafka.version(),
+                if nodes == 1 { "" } else { "s" }
+            ),
+            self.contenders.iter().map(|c| c.name).collect(),
+        );
+        let mut turn = round;
+        let mut next_turn = || {
+            turn += 1;
+            turn
+        };
+        let bootstrap = self.kafka.bootstrap();
+        let s = |x: usize| x.to_string();
+
+        // Experiment A.
+        let row = self
+            .each(next_turn(), |_| async {
+                let topic = self.topic().await?;
+                Ok(vec![
+                    "plain-seq".into(),
+                    bootstrap.clone(),
+                    topic,
+                    s(A_KEYS),
+                    s(A_SIZE),
+                    "0".into(),
+                ])
+            })
+            .await?;
+        section.push(Row::time(
+            format!("A(a) plain idempotent producer, {A_KEYS} x {A_SIZE} B one at a time"),
+            row,
+            report::Target::None,
+        ));
+        let row = self
+            .each(next_turn(), |_| {
+                self.txn_args("txn-seq", A_KEYS, A_SIZE, None)
+            })
+            .await?;
+        section.push(Row::time(
+            format!("A(b) group-committed transactions, {A_KEYS} one at a time"),
+            row,
+            report::Target::Transactional,
+        ));
+        let row = self
+            .each(next_turn(), |_| {
+                self.txn_args("txn-burst", A_KEYS, A_SIZE, Some(256))
+            })
+            .await?;
+        section.push(Row::time(
+            format!("A(c) group-committed transactions, {A_KEYS} all at once (cap 256)"),
+            row,
+            report::Target::Transactional,
+        ));
+
+        // Experiment B.
+        let row = self
+            .each(next_turn(), |_| async {
+                let topic = self.topic().await?;
+                Ok(vec![
+                    "plain-burst".into(),
+                    bootstrap.clone(),
+                    topic,
+                    s(B_KEYS),
+                    s(B_SIZE),
+                    "5".into(),
+                ])
+            })
+            .await?;
+        section.push(Row::time(
+            format!("B plain idempotent producer, {B_KEYS} x 10 KiB all at once (baseline)"),
+            row,
+            report::Target::Baseline,
+        ));
+        for cap in B_CAPS {
+            let row = self
+                .each(next_turn(), |_| {
+                    self.txn_args("txn-burst", B_KEYS, B_SIZE, Some(cap))
+                })
+                .await?;
+            let target = if cap == 256 {
+                report::Target::NearBaseline
+            } else {
+                report::Target::Transactional
+            };
+            section.push(Row::time(format!("B group commit, cap {cap}"), row, target));
+        }
+
+        // Recovery.
+        for (topic, keys, size) in recovery {
+            let label = if *size >= 1024 {
+                format!("{keys} x {} KiB", size / 1024)
+            } else {
+                format!("{keys} x {size} B")
+            };
+            // A fresh process (what a restarted owner pays, JVM warm-up included), then a second read in
+            // the same process (a long-running one taking over a partition).
+            let mut cold = Vec::new();
+            for reads in ["1", "2"] {
+                let row = self
+                    .each(next_turn(), |_| async {
+                        Ok(vec![
+                            "recover".into(),
+                            bootstrap.clone(),
+                            topic.clone(),
+                            reads.into(),
+                        ])
+                    })
+                    .await?;
+                let when = if reads == "1" {
+                    "fresh process"
+                } else {
+                    "second read in the process"
+                };
+                section.push(Row::time(
+                    format!("recovery read, {label}, read_committed into a map, {when}"),
+                    row.clone(),
+                    report::Target::Recovery,
+                ));
+                if reads == "1" {
+                    cold = row;
+                }
+            }
+            section.push(Row::memory(
+                format!("recovery peak RSS, {label}, fresh process"),
+                cold,
+            ));
+        }
+
+        // Takeover.
+        let row = self
+            .each(next_turn(), |_| async {
+                let topic = self.topic().await?;
+                ours::fill(self.client, &topic, TAKEOVER_STATE, A_SIZE).await?;
+                let prefix = unique("bench-takeover");
+                self.crash_owner(&topic, &format!("{prefix}-0")).await?;
+                Ok(vec!["takeover".into(), bootstrap.clone(), topic, prefix])
+            })
+            .await?;
+        section.push(Row::time(
+            format!(
+                "takeover: acquire after a crash with {TAKEOVER_OPEN} writes open, then recover {TAKEOVER_STATE} keys"
+            ),
+            row,
+            report::Target::Takeover,
+        ));
+        section.set_elapsed(started.elapsed());
+        Ok(section)
+    }
+
+    /// A fresh compacted snapshot topic of one partition.
+    async fn topic(&self) -> Result<String, Error> {
+        let topic = unique("bench");
+        self.client
+            .create_topic(&topic, 1, -1, &[("cleanup.policy", "compact")])
+            .await?;
+        Ok(topic)
+    }
+
+    /// A transactional workload's arguments: a fresh topic, transactional id and group member.
+    async fn txn_args(
+        &self,
+        name: &str,
+        n: usize,
+        size: usize,
+        cap: Option<usize>,
+    ) -> Result<Vec<String>, Error> {
+        let topic = self.topic().await?;
+        let group = join_classic(self.client, &unique("bench-group"), "", SESSION_MS).await?;
+        let mut args = vec![
+            name.to_owned(),
+            self.kafka.bootstrap(),
+            topic,
+            unique("bench-txn"),
+            self.input.to_owned(),
+            group.group_id().to_owned(),
+            group.generation_id().to_string(),
+            group.member_id().to_owned(),
+            n.to_string(),
+            size.to_string(),
+        ];
+        args.extend(cap.map(|c| c.to_string()));
+        Ok(args)
+    }
+
+    /// Runs a workload once per client, in a rotating order; `setup` prepares each run's arguments.
+    async fn each<F, Fut>(&self, turn: usize, setup: F) -> Result<Vec<Cell>, Error>
+    where
+        F: Fn(&Contender) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<String>, Error>>,
+    {
+        let n = self.contenders.len();
+        let mut cells = vec![Cell::Missing; n];
+        for k in 0..n {
+            let i = (turn + k) % n;
+            let contender = &self.contenders[i];
+            let args = setup(contender).await?;
+            eprintln!("   {:<16} {}", contender.name, args.join(" "));
+            let cmd = contender.command(&args);
+            let cell = tokio::task::spawn_blocking(move || run_child(cmd)).await?;
+            match &cell {
+                Cell::Done(o) => eprintln!("   {:<16} {o}", ""),
+                Cell::Failed(why) => eprintln!("   {} failed: {why}", contender.name),
+                Cell::Missing => {}
+            }
+            cells[i] = cell;
+        }
+        Ok(cells)
+    }
+
+    /// Leaves a transaction of `txn_id` open on `topic` in a process that is then killed.
+    async fn crash_owner(&self, topic: &str, txn_id: &str) -> Result<(), Error> {
+        let exe = std::env::current_exe()?;
+        let args = [
+            "peer",
+            "crash-owner",
+            &self.kafka.bootstrap(),
+            topic,
+            txn_id,
+            &TAKEOVER_OPEN.to_string(),
+            &A_SIZE.to_string(),
+        ]
+        .map(String::from);
+        tokio::task::spawn_blocking(move || -> Result<(), Error> {
+            let mut child = Command::new(exe)
+                .args(args)
+                .stdout(Stdio::piped())
+                .spawn()?;
+            let stdout = child.stdout.take().ok_or("no stdout")?;
+            let open = BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .any(|l| l == "OPEN");
+            // SIGKILL: a crash, nothing runs that could end the transaction.
+            let _ = child.kill();
+            let _ = child.wait();
+            if open {
+                Ok(())
+            } else {
+                Err("the crashing owner never opened its transaction".into())
+            }
+        })
+        .await?
+    }
+}
+
+/// Runs one client process to completion (or kills it at [`CHILD_TIMEOUT`]) and reads its result.
+fn run_child(mut cmd: Command) -> Cell {
+    let mut child = match cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
+        Ok(c) => c,
+        Err(e) => return Cell::Failed(format!("did not start: {e}")),
+    };
+    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(o) = out.as_mut() {
+            let _ = std::io::Read::read_to_string(o, &mut s);
+        }
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(e) = err.as_mut() {
+            let _ = std::io::Read::read_to_string(e, &mut s);
+        }
+        s
+    });
+    let deadline = Instant::now() + CHILD_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let stdout = reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    match (status, Outcome::find(&stdout)) {
+        (Some(s), Some(o)) if s.success() => Cell::Done(o),
+        (None, _) => Cell::Failed(format!("timed out after {CHILD_TIMEOUT:?}")),
+        _ => {
+            let tail: Vec<&str> = stdout.lines().chain(stderr.lines()).collect();
+            let start = tail.len().saturating_sub(3);
+            Cell::Failed(tail[start..].join(" | "))
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! The markdown the runner writes: per cluster and round, one table of times, ratios (snapfence / peer,
+//! same run: below 1 means snapfence is faster), transaction counts and the targets.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::workload::Outcome;
+
+pub const OURS: &str = "snapfence";
+pub const JAVA: &str = "Java";
+pub const CONFLUENT: &str = "confluent-kafka";
+pub const RDKAFKA: &str = "rust-rdkafka";
+
+/// One client's result for one workload.
+#[derive(Debug, Clone)]
+pub enum Cell {
+    Done(Outcome),
+    Failed(String),
+    Missing,
+}
+
+impl Cell {
+    fn outcome(&self) -> Option<&Outcome> {
+        match self {
+            Cell::Done(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+/// What a row is held to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Target {
+    None,
+    /// Experiment B's plain baseline: the reference of [`Target::NearBaseline`].
+    Baseline,
+    /// At most 0.8x the Java client and no slower than confluent-kafka.
+    Transactional,
+    /// Experiment B, cap 256: at most 1.03x our own plain baseline (and [`Target::Transactional`]).
+    NearBaseline,
+    /// At most 0.7x the Java consumer.
+    Recovery,
+    /// Peak RSS at most the recovered bytes plus 32 MiB.
+    Memory,
+    /// Under one second.
+    Takeover,
+}
+
+#[derive(Debug, Clone)]
+pub struct Row {
+    label: String,
+    cells: Vec<Cell>,
+    target: Target,
+}
+
+impl Row {
+    pub fn time(label: String, cells: Vec<Cell>, target: Target) -> Row {
+        Row {
+            label,
+            cells,
+            target,
+        }
+    }
+
+    pub fn memory(label: String, cells: Vec<Cell>) -> Row {
+        Row {
+            label,
+            cells,
+            target: Target::Memory,
+        }
+    }
+
+    fn value(&self, i: usize) -> Option<f64> {
+        let o = self.cells.get(i)?.outcome()?;
+        match self.target {
+            Target::Memory => o.peak_rss_kib.map(|k| k as f64 / 1024.0),
+            _ => Some(o.ms),
+        }
+    }
+}
+
+/// One cluster, one round.
+#[derive(Debug, Clone)]
+pub struct Section {
+    title: String,
+    clients: Vec<&'static str>,
+    rows: Vec<Row>,
+    elapsed: Duration,
+}
+
+impl Section {
+    pub fn new(title: String, clients: Vec<&'static str>) -> Section {
+        Section {
+            title,
+            clients,
+            rows: Vec::new(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    pub fn push(&mut self, row: Row) {
+        self.rows.push(row);
+    }
+
+    pub fn set_elapsed(&mut self, d: Duration) {
+        self.elapsed = d;
+    }
+
+    fn index(&self, name: &str) -> Option<usize> {
+        self.clients.iter().position(|c| *c == name)
+    }
+
+    /// The verdict on a row's target, as table text.
+    fn verdict(&self, row: &Row) -> String {
+        let ours = self.index(OURS).and_then(|i| row.value(i));
+        let vs = |peer: &str| -> Option<f64> {
+            let p = self.index(peer).and_then(|i| row.value(i))?;
+            Some(ours? / p)
+        };
+        let mark = |ok: bool| if ok { "met" } else { "**missed**" };
+        match row.target {
+            Target::None | Target::Baseline => String::new(),
+            Target::Transactional | Target::NearBaseline => {
+                let mut parts = Vec::new();
+                if row.target == Target::NearBaseline {
+                    let base = self
+                        .rows
+                        .iter()
+                        .find(|r| r.target == Target::Baseline)
+                        .and_then(|r| self.index(OURS).and_then(|i| r.value(i)));
+                    if let (Some(o), Some(b)) = (ours, base) {
+                        let r = o / b;
+                        parts.push(format!(
+                            "{r:.2}x our baseline (<=1.03): {}",
+                            mark(r <= 1.03)
+                        ));
+                    }
+                }
+                if let Some(r) = vs(JAVA) {
+                    parts.push(format!("<=0.8x Java: {}", mark(r <= 0.8)));
+                }
+                if let Some(r) = vs(CONFLUENT) {
+                    parts.push(format!("<=1x confluent: {}", mark(r <= 1.0)));
+                }
+                parts.join("; ")
+            }
+            Target::Recovery => match vs(JAVA) {
+                Some(r) => format!("<=0.7x Java: {}", mark(r <= 0.7)),
+                None => String::new(),
+            },
+            Target::Memory => {
+                let o = self
+                    .index(OURS)
+                    .and_then(|i| row.cells[i].outcome())
+                    .cloned();
+                match (o, ours) {
+                    (Some(o), Some(peak)) => {
+                        let limit = o.bytes as f64 / (1024.0 * 1024.0) + 32.0;
+                        format!("<= data + 32 MiB = {limit:.1} MiB: {}", mark(peak <= limit))
+                    }
+                    _ => String::new(),
+                }
+            }
+            Target::Takeover => match ours {
+                Some(ms) => format!("< 1 s: {}", mark(ms < 1000.0)),
+                None => String::new(),
+            },
+        }
+    }
+
+    fn markdown(&self, out: &mut String, footnotes: &mut Vec<String>) {
+        let _ = writeln!(out, "### {}\n", self.title);
+        let peers: Vec<&str> = self
+            .clients
+            .iter()
+            .copied()
+            .filter(|c| *c != OURS)
+            .collect();
+        let mut header = String::from("| workload |");
+        let mut rule = String::from("|---|");
+        for c in &self.clients {
+            let _ = write!(header, " {c} |");
+            rule.push_str("---:|");
+        }
+        for p in &peers {
+            let _ = write!(header, " vs {p} |");
+            rule.push_str("---:|");
+        }
+        header.push_str(" transactions | target |");
+        rule.push_str("---|---|");
+        let _ = writeln!(out, "{header}\n{rule}");
+        for row in &self.rows {
+            let mut line = format!("| {} |", row.label);
+            for (i, cell) in row.cells.iter().enumerate() {
+                let text = match (cell, row.value(i)) {
+                    (Cell::Done(o), Some(v)) => match (row.target, o.acquire_ms) {
+                        (Target::Memory, _) => format!("{v:.1} MiB"),
+                        (_, Some(a)) => format!("{v:.1} ms (init {a:.1})"),
+                        _ => format!("{v:.1} ms"),
+                    },
+                    (Cell::Failed(why), _) => {
+                        footnotes.push(format!("{} / {}: {why}", self.title, row.label));
+                        format!("failed [{}]", footnotes.len())
+                    }
+                    _ => "-".into(),
+                };
+                let _ = write!(line, " {text} |");
+            }
+            let ours = self.index(OURS).and_then(|i| row.value(i));
+            for p in &peers {
+                let ratio = self
+                    .index(p)
+                    .and_then(|i| row.value(i))
+                    .zip(ours)
+                    .map(|(p, o)| format!("{:.2}x", o / p))
+                    .unwrap_or_else(|| "-".into());
+                let _ = write!(line, " {ratio} |");
+            }
+            let txns: Vec<String> = row
+                .cells
+                .iter()
+                .map(|c| {
+                    c.outcome()
+                        .and_then(|o| o.txns)
+                        .map_or("-".into(), |t| t.to_string())
+                })
+                .collect();
+            let txns = if txns.iter().all(|t| t == "-") {
+                String::new()
+            } else {
+                txns.join(" / ")
+            };
+            let _ = writeln!(line, " {txns} | {} |", self.verdict(row));
+            out.push_str(&line);
+        }
+        let _ = writeln!(
+            out,
+            "\nRound time {:.0} s. Transactions are listed in the column order ({}).\n",
+            self.elapsed.as_secs_f64(),
+            self.clients.join(" / ")
+        );
+    }
+}
+
+/// Everything one `run` measured.
+pub struct Report {
+    notes: Vec<String>,
+    sections: Vec<Section>,
+    load_before: String,
+}
+
+impl Report {
+    pub fn new(notes: Vec<String>) -> Report {
+        Report {
+            notes,
+            sections: Vec::new(),
+            load_before: load_average(),
+        }
+    }
+
+    pub fn note(&mut self, note: String) {
+        if !self.notes.contains(&note) {
+            self.notes.push(note);
+        }
+    }
+
+    pub fn push(&mut self, s: Section) {
+        self.sections.push(s);
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "Machine: {}.", machine());
+        let _ = writeln!(
+            out,
+            "Load average (1, 5, 15 min) before: {}; after: {}.\n",
+            self.load_before,
+            load_average()
+        );
+        for note in &self.notes {
+            let _ = writeln!(out, "- {note}");
+        }
+        if !self.notes.is_empty() {
+            out.push('\n');
+        }
+        let mut footnotes = Vec::new();
+        for s in &self.sections {
+            s.markdown(&mut out, &mut footnotes);
+        }
+        if !footnotes.is_empty() {
+            let _ = writeln!(out, "Failures:\n");
+            for (i, f) in footnotes.iter().enumerate() {
+                let _ = writeln!(out, "{}. {}", i + 1, f.replace('\n', " "));
+            }
+        }
+        out
+    }
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(String::new(), |k| {
+            format!(", {:.0} GiB", k as f64 / 1048576.0)
+        });
+    format!("{cpu}, {cores} CPUs{mem}, Linux {}", kernel.trim())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(ms: f64, txns: Option<u64>) -> Cell {
+        Cell::Done(Outcome {
+            ms,
+            txns,
+            ..Outcome::default()
+        })
+    }
+
+    #[test]
+    fn ratios_and_verdicts_use_the_same_run() {
+        let mut s = Section::new("t".into(), vec![OURS, JAVA, CONFLUENT]);
+        s.push(Row::time(
+            "base".into(),
+            vec![done(100.0, None), done(150.0, None), done(90.0, None)],
+            Target::Baseline,
+        ));
+        let cap = Row::time(
+            "cap".into(),
+            vec![
+                done(110.0, Some(8)),
+                done(200.0, Some(8)),
+                done(120.0, Some(8)),
+            ],
+            Target::NearBaseline,
+        );
+        s.push(cap.clone());
+        let verdict = s.verdict(&cap);
+        assert!(
+            verdict.contains("1.10x our baseline (<=1.03): **missed**"),
+            "{verdict}"
+        );
+        assert!(verdict.contains("<=0.8x Java: met"), "{verdict}");
+        assert!(verdict.contains("<=1x confluent: met"), "{verdict}");
+        let mut text = String::new();
+        s.markdown(&mut text, &mut Vec::new());
+        assert!(
+            text.contains("| cap | 110.0 ms | 200.0 ms | 120.0 ms | 0.55x | 0.92x | 8 / 8 / 8 |"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn failures_become_numbered_footnotes() {
+        let mut s = Section::new("t".into(), vec![OURS, JAVA]);
+        s.push(Row::time(
+            "x".into(),
+            vec![done(1.0, None), Cell::Failed("boom".into())],
+            Target::Transactional,
+        ));
+        let mut text = String::new();
+        let mut notes = Vec::new();
+        s.markdown(&mut text, &mut notes);
+        assert!(text.contains("failed [1]"), "{text}");
+        assert_eq!(notes, vec!["t / x: boom".to_string()]);
+    }
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The whole benchmark set in one command: builds the peers on demand (bench/peers, its own workspace, so the
+# C in rust-rdkafka never reaches the library), builds the runner, runs every workload for every client on
+# one broker and then on three nodes (two rounds each), then the CPU-only decode figures, and writes the
+# markdown that docs/benchmarks.md quotes.
+#
+#   bash scripts/bench.sh [OUT]          (default OUT: $CARGO_TARGET_DIR/bench-results.md)
+#
+# Environment: BENCH_NODES (default "1,3"), BENCH_ROUNDS (default 2), DECODE_RUNS (default 15),
+# BENCH_PEERS_TARGET (the peers' cargo target dir, default $CARGO_TARGET_DIR/bench-peers),
+# SNAPFENCE_KAFKA_JVM_OPTS (broker JVM flags; default here "-XX:+UseG1GC", a full-speed JIT and collector,
+# instead of the test fixture's fast-start flags).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+out=$(realpath -m "${1:-$target/bench-results.md}")
+peers_target=$(realpath -m "${BENCH_PEERS_TARGET:-$target/bench-peers}")
+mkdir -p "$target" "$peers_target"
+notes=()
+
+echo "== peers: confluent-kafka (pure Rust) and rust-rdkafka (librdkafka, C, cmake-build)"
+# librdkafka 2.12.1's cmake build includes curl/curl.h even with curl off (an #ifdef on a macro defined 0);
+# only the header is needed, nothing links curl.
+if [ ! -e /usr/include/curl/curl.h ] && [ ! -e /usr/include/x86_64-linux-gnu/curl/curl.h ] \
+   && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get install -y -qq libcurl4-openssl-dev >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libcurl4-openssl-dev >/dev/null 2>&1; } || true
+fi
+lock_version() { grep -A1 "name = \"$1\"" bench/peers/Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p'; }
+build_peers() {
+  (cd bench/peers && CARGO_TARGET_DIR="$peers_target" cargo build --release --locked --features "$1" \
+     >"$peers_target/build-${1//,/-}.log" 2>&1)
+}
+confluent_note="confluent-kafka $(lock_version confluent-kafka): built from crates.io (default features off: gzip, snappy, lz4; plaintext)."
+rdkafka_note="rust-rdkafka $(lock_version rdkafka) with librdkafka $(lock_version rdkafka-sys | sed 's/.*+//') (cmake-build, static; no zlib, zstd, SSL or SASL)."
+if build_peers confluent,rdkafka; then
+  notes+=("$confluent_note" "$rdkafka_note")
+else
+  rm -f "$peers_target/release/rdkafka-peer"
+  notes+=("rust-rdkafka: did not build here (log: $peers_target/build-confluent-rdkafka.log).")
+  if build_peers confluent; then
+    notes+=("$confluent_note")
+  else
+    notes+=("confluent-kafka: did not build here (log: $peers_target/build-confluent.log).")
+  fi
+fi
+
+echo "== runner"
+cargo build --release --locked -p snapfence-bench
+note_args=()
+for n in "${notes[@]}"; do note_args+=(--note "$n"); done
+broker_runs=$(mktemp)
+SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
+  "$target/release/snapfence-bench" run --nodes "${BENCH_NODES:-1,3}" --rounds "${BENCH_ROUNDS:-2}" \
+  --peers "$peers_target/release" "${note_args[@]}" --out "$broker_runs"
+
+echo "== decode (CPU only)"
+decode_runs=$(mktemp)
+cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
+
+{
+  echo "<!-- written by scripts/bench.sh on $(date -u '+%Y-%m-%d %H:%M UTC') -->"
+  echo
+  echo "Toolchain: $(rustc --version); $(java -version 2>&1 | head -1); broker JVM flags:" \
+       "\`${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC}\`."
+  echo
+  cat "$broker_runs"
+  echo
+  echo "### Decode (CPU only, \`cargo bench --bench decode -- ${DECODE_RUNS:-15}\`)"
+  echo
+  echo '```text'
+  cat "$decode_runs"
+  echo '```'
+} >"$out"
+rm -f "$broker_runs" "$decode_runs"
+echo "wrote $out"
