@@ -38,7 +38,7 @@ pub use visibility::{
 };
 
 /// Internals the fuzz targets drive directly; not part of the public API.
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing {
     use super::{Compression, DecodeError, EncodeError};
