@@ -27,6 +27,8 @@ mod retry;
 #[cfg(test)]
 mod conn_tests;
 #[cfg(test)]
+mod stub_tests;
+#[cfg(test)]
 mod testing;
 
 pub use crate::wire::{BrokerApiVersions, Features};
