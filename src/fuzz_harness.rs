@@ -6,7 +6,7 @@
 //! # References
 //! - Kafka protocol guide (frames, headers, record batches v2); KIP-98 (control records)
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
 use crate::consumer::fuzzing::{assignment_round_trips, subscription_round_trips};
 use crate::records::{
@@ -102,7 +102,14 @@ pub fn sealed_batch(data: &[u8]) {
         }
         _ => section,
     };
-    let bytes = seal(i16::from(attrs & 0x37), *count, *delta, section);
+    let bytes = Bytes::from(codecs::raw_batch(
+        SEALED_BASE_OFFSET,
+        SEALED_PRODUCER,
+        i16::from(attrs & 0x37),
+        i32::from(*delta),
+        i32::from(*count),
+        section,
+    ));
 
     let mut batches = vec![];
     for batch in decode_batches(bytes.clone()) {
@@ -142,28 +149,6 @@ pub fn sealed_batch(data: &[u8]) {
             }
         }
     }
-}
-
-/// A magic-2 batch at `SEALED_BASE_OFFSET` from `SEALED_PRODUCER` with a correct CRC-32C.
-fn seal(attributes: i16, count: u8, last_offset_delta: u8, section: &[u8]) -> Bytes {
-    let mut b = BytesMut::with_capacity(61 + section.len());
-    b.put_i64(SEALED_BASE_OFFSET);
-    b.put_i32((49 + section.len()) as i32);
-    b.put_i32(0); // partition leader epoch
-    b.put_i8(2);
-    b.put_u32(0); // CRC, filled in below
-    b.put_i16(attributes);
-    b.put_i32(i32::from(last_offset_delta));
-    b.put_i64(1_000);
-    b.put_i64(1_000);
-    b.put_i64(SEALED_PRODUCER);
-    b.put_i16(0);
-    b.put_i32(0);
-    b.put_i32(i32::from(count));
-    b.put_slice(section);
-    let crc = crc32c::crc32c(&b[21..]);
-    b[17..21].copy_from_slice(&crc.to_be_bytes());
-    b.freeze()
 }
 
 #[cfg(test)]

@@ -31,3 +31,6 @@ pub use wire::ErrorCode;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzz_harness;
+
+#[cfg(test)]
+mod bad_input_tests;
