@@ -16,7 +16,7 @@ out=${1:-/tmp/fuzz-campaign}
 shift || true
 plan=("$@")
 if [ ${#plan[@]} -eq 0 ]; then
-  plan=(responses:1440:512 consumer_protocol:780:512 sealed_batch:600:2048 frame_reader:420:512
+  plan=(responses:1440:512 consumer_protocol:840:512 sealed_batch:600:2048 frame_reader:420:512
         batch_decode:180:4096 fetch_response:180:4096)
 fi
 mkdir -p "$out/logs"
