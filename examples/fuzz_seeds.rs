@@ -8,6 +8,8 @@ use std::fs;
 use std::path::Path;
 
 use bytes::BytesMut;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Encodable, HeaderVersion};
 use snapfence::records::{
     control_batch, BatchBuilder, Compression, ControlMarker, NewRecord, ProducerStamp,
 };
@@ -104,5 +106,83 @@ fn main() {
         input.extend_from_slice(&log);
         fs::write(fetch_dir.join(format!("broker-{name}.bin")), &input).unwrap();
     }
+    sealed_batch_seeds(&root.join("sealed_batch"));
+    response_seeds(&root.join("responses"));
     println!("seeds written under {}", root.display());
+}
+
+/// sealed_batch: `[attributes, record count, last offset delta]` then a batch's records section, for the
+/// first (transactional, two-record) batch of each codec's log and for both control markers.
+fn sealed_batch_seeds(dir: &Path) {
+    fs::create_dir_all(dir).unwrap();
+    let write = |name: String, batch: &[u8]| {
+        let len = i32::from_be_bytes(batch[8..12].try_into().unwrap()) as usize;
+        let attrs = batch[22] & 0x37;
+        let (delta, count) = (batch[26], batch[60]);
+        let mut input = vec![attrs, count, delta];
+        input.extend_from_slice(&batch[61..12 + len]);
+        fs::write(dir.join(name), input).unwrap();
+    };
+    for (codec, name) in CODECS {
+        write(format!("log-{name}.bin"), &log(codec));
+    }
+    for (marker, name) in [
+        (
+            ControlMarker::Abort {
+                coordinator_epoch: 5,
+            },
+            "abort",
+        ),
+        (
+            ControlMarker::Commit {
+                coordinator_epoch: 5,
+            },
+            "commit",
+        ),
+    ] {
+        write(
+            format!("control-{name}.bin"),
+            &control_batch(0, 7, 0, marker, 2_000),
+        );
+    }
+}
+
+/// responses: `[api key, version - lowest client version]` then a response frame (header and a
+/// default body) at the lowest and the highest version the client sends, for every decoded response.
+fn response_seeds(dir: &Path) {
+    fn frame<R: Encodable + HeaderVersion + Default>(version: i16) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        ResponseHeader::default()
+            .with_correlation_id(1)
+            .encode(&mut buf, R::header_version(version))
+            .unwrap();
+        R::default().encode(&mut buf, version).unwrap();
+        buf.to_vec()
+    }
+    macro_rules! responses {
+        ($($key:literal => $resp:ident),* $(,)?) => {
+            [$( ($key, frame::<$resp> as fn(i16) -> Vec<u8>) ),*]
+        };
+    }
+    let all = responses!(
+        0 => ProduceResponse, 1 => FetchResponse, 2 => ListOffsetsResponse, 3 => MetadataResponse,
+        8 => OffsetCommitResponse, 9 => OffsetFetchResponse, 10 => FindCoordinatorResponse,
+        11 => JoinGroupResponse, 12 => HeartbeatResponse, 13 => LeaveGroupResponse,
+        14 => SyncGroupResponse, 17 => SaslHandshakeResponse, 18 => ApiVersionsResponse,
+        19 => CreateTopicsResponse, 20 => DeleteTopicsResponse, 22 => InitProducerIdResponse,
+        24 => AddPartitionsToTxnResponse, 25 => AddOffsetsToTxnResponse, 26 => EndTxnResponse,
+        27 => WriteTxnMarkersResponse, 28 => TxnOffsetCommitResponse,
+        36 => SaslAuthenticateResponse, 61 => DescribeProducersResponse,
+        65 => DescribeTransactionsResponse, 66 => ListTransactionsResponse,
+        68 => ConsumerGroupHeartbeatResponse,
+    );
+    fs::create_dir_all(dir).unwrap();
+    for (key, encode) in all {
+        let range = snapfence::wire::client_versions(key).unwrap();
+        for version in [range.min, range.max] {
+            let mut input = vec![key as u8, (version - range.min) as u8];
+            input.extend_from_slice(&encode(version));
+            fs::write(dir.join(format!("{key}-v{version}.bin")), input).unwrap();
+        }
+    }
 }

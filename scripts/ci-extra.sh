@@ -28,7 +28,7 @@ for target in $(cd fuzz && cargo +nightly fuzz list); do
   seeds=()
   [ -d "fuzz/seeds/$target" ] && seeds=("seeds/$target")
   (cd fuzz && cargo +nightly fuzz run "$target" "corpus/$target" "${seeds[@]}" -- \
-     -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1)
+     -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1)
 done
 # ======================================== end fuzz ==========================================
 

@@ -26,3 +26,11 @@ pub mod snapshot;
 pub mod wire;
 
 pub use wire::ErrorCode;
+
+/// The fuzz targets' bodies, for cargo-fuzz and for replaying reproducers; not part of the public API.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzz_harness;
+
+#[cfg(test)]
+mod bad_input_tests;

@@ -50,3 +50,26 @@ pub use membership::LostReason;
 pub use offsets::{commit_offsets, committed_offsets};
 pub use reader::{list_offsets, OffsetSpec, PartitionReader, PartitionRecords, ReaderConfig};
 pub use types::{TopicId, TopicPartition};
+
+/// Internals the cargo-fuzz targets drive directly; not part of the public API.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing {
+    use bytes::Bytes;
+
+    use super::protocol::{Assignment, Subscription, HIGHEST_VERSION};
+    use super::ConsumerError;
+
+    /// Decodes a JoinGroup subscription blob; a blob that decodes must survive a round trip through
+    /// the encoder at the highest version unchanged (`Ok(false)` otherwise).
+    pub fn subscription_round_trips(blob: Bytes) -> Result<bool, ConsumerError> {
+        let s = Subscription::decode(blob)?;
+        Ok(Subscription::decode(s.encode(HIGHEST_VERSION))? == s)
+    }
+
+    /// The same for a SyncGroup assignment blob.
+    pub fn assignment_round_trips(blob: Bytes) -> Result<bool, ConsumerError> {
+        let a = Assignment::decode(blob)?;
+        Ok(Assignment::decode(a.encode(HIGHEST_VERSION))? == a)
+    }
+}

@@ -5,11 +5,9 @@
 //! [`Target`] (any broker, one broker, a partition leader, a coordinator), retrying with a bounded
 //! [`Backoff`] when the target moved or the connection failed.
 //!
-//! A known gap below this layer: kafka-protocol 0.18 reserves `Vec` capacity from an array's wire count
-//! before checking that the bytes are there, so a malformed response body from a broker can request an
-//! allocation of many gigabytes (which aborts the process) instead of failing to decode. Frames are
-//! bounded by [`ClientConfig::max_frame_size`], but counts inside a frame are not; the fix belongs in
-//! kafka-protocol (bound the reservation by the bytes remaining).
+//! Frames are bounded by [`ClientConfig::max_frame_size`], and counts inside a frame by the frame: the
+//! kafka-protocol build this crate uses (vendored, `vendor/kafka-protocol/README.md`) rejects an array
+//! or byte-string length larger than the bytes left before allocating for it, which 0.18.0 did not.
 //!
 //! # References
 //! - Kafka protocol guide: <https://kafka.apache.org/protocol.html>
@@ -31,6 +29,8 @@ mod tls;
 
 #[cfg(test)]
 mod conn_tests;
+#[cfg(test)]
+mod stub_tests;
 #[cfg(test)]
 mod testing;
 

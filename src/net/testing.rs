@@ -1,5 +1,5 @@
 //! A scripted peer for broker-free tests of the connection machinery: it reads request frames off an
-//! in-memory pipe, decodes them with kafka-protocol's broker-side decoders, and writes whatever answer
+//! in-memory pipe (or a loopback TCP socket), decodes them with kafka-protocol's broker-side decoders, and writes whatever answer
 //! the test scripts. It stands in for a socket, never for broker behaviour.
 
 use std::sync::Arc;
@@ -8,7 +8,8 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{decode_request_header_from_buffer, Encodable, HeaderVersion};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use super::conn::{ConnOptions, Connection};
 
@@ -29,14 +30,7 @@ pub(crate) fn pair(buffer: usize, opts: ConnOptions) -> (Connection, Peer) {
     let (read, write) = tokio::io::split(ours);
     let conn = Connection::spawn(read, write, opts);
     let (read, write) = tokio::io::split(theirs);
-    (
-        conn,
-        Peer {
-            read,
-            write: Some(write),
-            buf: BytesMut::new(),
-        },
-    )
+    (conn, Peer::new(Box::new(read), Box::new(write)))
 }
 
 /// One request as the peer received it.
@@ -47,12 +41,29 @@ pub(crate) struct Received {
 }
 
 pub(crate) struct Peer {
-    read: ReadHalf<DuplexStream>,
-    write: Option<WriteHalf<DuplexStream>>,
+    read: Box<dyn AsyncRead + Send + Unpin>,
+    write: Option<Box<dyn AsyncWrite + Send + Unpin>>,
     buf: BytesMut,
 }
 
 impl Peer {
+    fn new(
+        read: Box<dyn AsyncRead + Send + Unpin>,
+        write: Box<dyn AsyncWrite + Send + Unpin>,
+    ) -> Peer {
+        Peer {
+            read,
+            write: Some(write),
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// The peer end of an accepted loopback connection.
+    pub(crate) fn over_tcp(stream: TcpStream) -> Peer {
+        let (read, write) = stream.into_split();
+        Peer::new(Box::new(read), Box::new(write))
+    }
+
     /// The next whole request frame, or `None` once the client closed its side. A frame that ends
     /// before its announced length is a test failure: the client must never do that.
     pub(crate) async fn next_frame(&mut self) -> Option<Bytes> {

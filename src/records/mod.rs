@@ -38,7 +38,7 @@ pub use visibility::{
 };
 
 /// Internals the fuzz targets drive directly; not part of the public API.
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing {
     use super::{Compression, DecodeError, EncodeError};
@@ -56,7 +56,37 @@ pub mod fuzzing {
     pub fn compress(codec: Compression, input: &[u8]) -> Result<Vec<u8>, EncodeError> {
         super::compression::compress(codec, input)
     }
+
+    /// Recomputes a batch's CRC-32C after its covered bytes (attributes onwards) were edited.
+    pub fn fix_crc(raw: &mut [u8]) {
+        let crc = crc32c::crc32c(&raw[21..]);
+        raw[17..21].copy_from_slice(&crc.to_be_bytes());
+    }
+
+    /// A magic-2 batch at `base_offset` from `producer_id` around a hand-made record `section`, with
+    /// a correct length and CRC and everything else zero, so tests and fuzzers can put any bytes
+    /// past the CRC check.
+    pub fn raw_batch(
+        base_offset: i64,
+        producer_id: i64,
+        attributes: i16,
+        last_offset_delta: i32,
+        count: i32,
+        section: &[u8],
+    ) -> Vec<u8> {
+        let mut raw = vec![0u8; 61];
+        raw[..8].copy_from_slice(&base_offset.to_be_bytes());
+        raw[8..12].copy_from_slice(&((49 + section.len()) as i32).to_be_bytes());
+        raw[16] = 2;
+        raw[21..23].copy_from_slice(&attributes.to_be_bytes());
+        raw[23..27].copy_from_slice(&last_offset_delta.to_be_bytes());
+        raw[43..51].copy_from_slice(&producer_id.to_be_bytes());
+        raw[57..61].copy_from_slice(&count.to_be_bytes());
+        raw.extend_from_slice(section);
+        fix_crc(&mut raw);
+        raw
+    }
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -10,6 +10,8 @@
 
 mod api;
 mod codec;
+#[cfg(any(test, feature = "fuzzing"))]
+mod decoded;
 mod error;
 mod error_code;
 mod frame;
@@ -25,9 +27,13 @@ pub(crate) use frame::FrameDecoder;
 pub(crate) use versions::{decode_api_versions, initial_api_versions_version};
 
 /// Internals the cargo-fuzz targets drive directly; not part of the public API.
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing {
     pub use super::codec::{decode_response_header, response_correlation_id};
+    pub use super::decoded::{
+        decode_response_frame, decoded_versions, response_header_version, split_fuzz_input,
+        DECODED_API_KEYS,
+    };
     pub use super::frame::FrameDecoder;
 }

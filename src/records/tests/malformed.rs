@@ -5,41 +5,33 @@ use bytes::Bytes;
 
 use super::*;
 
-/// Recomputes a batch's CRC after a test edited covered bytes.
-pub(crate) fn fix_crc(raw: &mut [u8]) {
-    let crc = crc32c::crc32c(&raw[21..]);
-    raw[17..21].copy_from_slice(&crc.to_be_bytes());
+pub(crate) use crate::records::fuzzing::fix_crc;
+
+/// A magic 2 batch at offset 0, no producer, around a hand-written record section.
+pub(crate) fn raw_batch(
+    attributes: i16,
+    last_offset_delta: i32,
+    count: i32,
+    section: &[u8],
+) -> Vec<u8> {
+    crate::records::fuzzing::raw_batch(0, -1, attributes, last_offset_delta, count, section)
 }
 
-/// A magic 2 batch around a hand-written record section, with a correct CRC and length.
-fn raw_batch(attributes: i16, last_offset_delta: i32, count: i32, section: &[u8]) -> Vec<u8> {
-    let mut raw = vec![0u8; 61];
-    raw[8..12].copy_from_slice(&((49 + section.len()) as i32).to_be_bytes());
-    raw[16] = 2;
-    raw[21..23].copy_from_slice(&attributes.to_be_bytes());
-    raw[23..27].copy_from_slice(&last_offset_delta.to_be_bytes());
-    raw[43..51].copy_from_slice(&(-1i64).to_be_bytes());
-    raw[57..61].copy_from_slice(&count.to_be_bytes());
-    raw.extend_from_slice(section);
-    fix_crc(&mut raw);
-    raw
-}
-
-fn zz(v: i64) -> u8 {
+pub(crate) fn zz(v: i64) -> u8 {
     let z = ((v << 1) ^ (v >> 63)) as u64;
     assert!(z < 0x80, "test helper writes one-byte varints only");
     z as u8
 }
 
 /// A record whose body is `body` (after the length prefix).
-fn record(body: &[u8]) -> Vec<u8> {
+pub(crate) fn record(body: &[u8]) -> Vec<u8> {
     let mut r = vec![zz(body.len() as i64)];
     r.extend_from_slice(body);
     r
 }
 
 /// Body: attributes 0, timestamp delta 0, offset delta `od`, then `rest`.
-fn body(od: i64, rest: &[u8]) -> Vec<u8> {
+pub(crate) fn body(od: i64, rest: &[u8]) -> Vec<u8> {
     let mut b = vec![0, 0, zz(od)];
     b.extend_from_slice(rest);
     b
@@ -60,7 +52,7 @@ fn all_records(raw: Vec<u8>) -> Result<Vec<Record>, DecodeError> {
 }
 
 /// A well-formed record: null key, value "v", no headers.
-fn good_record(od: i64) -> Vec<u8> {
+pub(crate) fn good_record(od: i64) -> Vec<u8> {
     record(&body(od, &[zz(-1), zz(1), b'v', 0]))
 }
 

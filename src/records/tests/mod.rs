@@ -5,7 +5,7 @@ mod broker;
 mod codec;
 mod decode;
 mod interop;
-mod malformed;
+pub(crate) mod malformed;
 mod model;
 mod visibility;
 

@@ -1,0 +1,205 @@
+//! The whole client path (connect, ApiVersions, metadata, a request) against a loopback TCP stub that
+//! answers one request wrongly on purpose: with a correlation id nobody sent, or by closing the socket
+//! halfway through the response. The stub is a fake peer for the connection state machine; it claims
+//! nothing about how a broker behaves (the protocol-tests crate does that against real brokers).
+//!
+//! # References
+//! - Kafka protocol guide, "Common Request and Response Structure" (correlation ids, size prefix)
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
+use kafka_protocol::messages::{
+    ApiVersionsResponse, BrokerId, MetadataRequest, MetadataResponse, ResponseHeader,
+};
+use kafka_protocol::protocol::{Encodable, HeaderVersion};
+use tokio::net::TcpListener;
+
+use super::testing::Peer;
+use super::{Client, ClientConfig, ConnectionFailure, NetError, Target};
+
+/// How the stub spoils the one Metadata request it was told to spoil.
+#[derive(Clone, Copy, Debug)]
+enum Spoil {
+    /// Answer with the request's correlation id plus 1000, then keep the socket open.
+    WrongCorrelationId,
+    /// Send the size prefix and half of the answer, then close the socket.
+    CloseMidResponse,
+}
+
+struct Stub {
+    addr: SocketAddr,
+    /// Connections accepted so far.
+    accepted: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves ApiVersions and Metadata (one broker, node 1, at the stub's own address) on every
+/// connection, and spoils the Metadata request numbered `spoil_at` (counted over all connections).
+async fn stub(spoil_at: usize, spoil: Spoil) -> Stub {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let metadata_seen = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let task = tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+            let seen = metadata_seen.clone();
+            connections.spawn(serve(Peer::over_tcp(socket), addr, seen, spoil_at, spoil));
+        }
+    });
+    Stub {
+        addr,
+        accepted,
+        task,
+    }
+}
+
+async fn serve(
+    mut peer: Peer,
+    addr: SocketAddr,
+    metadata_seen: Arc<AtomicUsize>,
+    spoil_at: usize,
+    spoil: Spoil,
+) {
+    while let Some(request) = peer.next_request().await {
+        let id = request.header.correlation_id;
+        let version = request.header.request_api_version;
+        match request.header.request_api_key {
+            18 => {
+                let keys = [(18, 0, 3), (3, 0, 12)].map(|(k, min, max)| {
+                    ApiVersion::default()
+                        .with_api_key(k)
+                        .with_min_version(min)
+                        .with_max_version(max)
+                });
+                let answer = ApiVersionsResponse::default().with_api_keys(keys.to_vec());
+                peer.respond(id, &answer, version.min(3)).await;
+            }
+            3 => {
+                let answer = MetadataResponse::default()
+                    .with_brokers(vec![MetadataResponseBroker::default()
+                        .with_node_id(BrokerId(1))
+                        .with_host("127.0.0.1".into())
+                        .with_port(i32::from(addr.port()))])
+                    .with_controller_id(BrokerId(1));
+                if metadata_seen.fetch_add(1, Ordering::SeqCst) != spoil_at {
+                    peer.respond(id, &answer, version).await;
+                    continue;
+                }
+                match spoil {
+                    Spoil::WrongCorrelationId => peer.respond(id + 1000, &answer, version).await,
+                    Spoil::CloseMidResponse => {
+                        let mut frame = BytesMut::new();
+                        ResponseHeader::default()
+                            .with_correlation_id(id)
+                            .encode(&mut frame, MetadataResponse::header_version(version))
+                            .unwrap();
+                        answer.encode(&mut frame, version).unwrap();
+                        let len = frame.len() as i32;
+                        let mut raw = len.to_be_bytes().to_vec();
+                        raw.extend_from_slice(&frame[..frame.len() / 2]);
+                        peer.send_raw(&raw).await;
+                        return;
+                    }
+                }
+            }
+            other => panic!("the stub serves ApiVersions and Metadata only, got api key {other}"),
+        }
+    }
+}
+
+fn config(addr: SocketAddr) -> ClientConfig {
+    ClientConfig {
+        bootstrap: vec![addr.to_string()],
+        // Far longer than the test waits: the failure must come from the bytes, not from a timeout.
+        request_timeout: Duration::from_secs(60),
+        retry_backoff: Duration::from_millis(10),
+        ..ClientConfig::default()
+    }
+}
+
+/// Runs one spoiled exchange and returns its connection error (`send_once` wraps it as the single
+/// exhausted attempt), after checking the client neither hung nor kept
+/// the spoiled connection: the next request succeeds over a new connection.
+async fn spoiled_then_recovered(spoil: Spoil) -> NetError {
+    // Metadata request 0 is the one `Client::connect` makes; request 1 is the test's.
+    let stub = stub(1, spoil).await;
+    let client = Client::connect(config(stub.addr)).await.unwrap();
+    let metadata = |_| MetadataRequest::default().with_topics(Some(vec![]));
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.send_once(Target::Any, metadata),
+    )
+    .await
+    .expect("a spoiled answer fails the request promptly; it does not wait for the timeout")
+    .unwrap_err();
+    let err = match err {
+        NetError::RetriesExhausted {
+            attempts: 1, last, ..
+        } => *last,
+        other => panic!("one attempt, then its error: {other:?}"),
+    };
+    let before = stub.accepted.load(Ordering::SeqCst);
+    let (answer, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.send_once(Target::Any, metadata),
+    )
+    .await
+    .expect("the next request is not stuck behind the dead connection")
+    .expect("the next request goes over a fresh connection and succeeds");
+    assert_eq!(answer.brokers.len(), 1);
+    assert!(
+        stub.accepted.load(Ordering::SeqCst) > before,
+        "the spoiled connection was reset and a new one opened"
+    );
+    err
+}
+
+/// A response carrying a correlation id the client never sent is a typed connection failure; the
+/// connection is dropped rather than trusted for the next answer.
+#[tokio::test]
+async fn tcp_peer_with_wrong_correlation_id_fails_typed_and_resets() {
+    let err = spoiled_then_recovered(Spoil::WrongCorrelationId).await;
+    assert!(
+        matches!(
+            &err,
+            NetError::Connection {
+                failure: ConnectionFailure::UnexpectedCorrelationId(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+/// A peer that closes halfway through a response fails the waiting request with a typed error.
+#[tokio::test]
+async fn tcp_peer_closing_mid_response_fails_typed_and_resets() {
+    let err = spoiled_then_recovered(Spoil::CloseMidResponse).await;
+    assert!(
+        matches!(
+            &err,
+            NetError::Connection {
+                failure: ConnectionFailure::ClosedMidFrame,
+                outcome_unknown: true,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
