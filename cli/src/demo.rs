@@ -38,6 +38,8 @@ use snapfence::consumer::{
     TopicPartition,
 };
 use snapfence::net::{Client, ClientConfig};
+
+use crate::security::SecurityArgs;
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
 use snapfence::records::{IsolationLevel, Record};
 use snapfence::snapshot::{BoxError, Flow, FlowConfig, Fold, PersistenceMode, SnapshotConfig};
@@ -150,6 +152,7 @@ impl Fold for Ledger {
 /// Runs `demo`: on the cluster at `bootstrap`, or on a broker it starts itself.
 pub(crate) async fn run(
     bootstrap: Option<&str>,
+    security: &SecurityArgs,
     args: &DemoArgs,
     format: Format,
     io: &mut Io<'_>,
@@ -159,6 +162,15 @@ pub(crate) async fn run(
             message: "the demo tells a story in text; it has no JSON output".into(),
             hint: "leave out --format json; the last line is the verdict and the exit status says the same"
                 .into(),
+        });
+    }
+    if bootstrap.is_none() && security.is_set() {
+        return Err(CliError::Usage {
+            message: "SASL and TLS options apply to a cluster named with --bootstrap".into(),
+            hint:
+                "the broker the demo starts itself takes plain connections; name your cluster with \
+                   --bootstrap, or leave the security options out"
+                    .into(),
         });
     }
     // Before any broker starts: owner A is this executable, started again.
@@ -213,7 +225,7 @@ pub(crate) async fn run(
             (Some(kafka), bootstrap)
         }
     };
-    let told = tell(&bootstrap, &exe, args, local.is_none(), out).await;
+    let told = tell(&bootstrap, security, &exe, args, local.is_none(), out).await;
     if let Some(kafka) = local {
         // Dropping the cluster kills the JVM and deletes its data; both block.
         let _ = tokio::task::spawn_blocking(move || drop(kafka)).await;
@@ -226,15 +238,16 @@ pub(crate) async fn run(
 /// Both runs, and the cleanup of a user's cluster.
 async fn tell(
     bootstrap: &str,
+    security: &SecurityArgs,
     exe: &std::path::Path,
     args: &DemoArgs,
     users_cluster: bool,
     out: &mut dyn Write,
 ) -> Result<(Ending, Ending), CliError> {
-    let client = Client::connect(ClientConfig {
+    let client = Client::connect(security.client_config(ClientConfig {
         client_id: "snapfence-demo".into(),
         ..ClientConfig::new(bootstrap)
-    })
+    })?)
     .await
     .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
     let cluster = Cluster {
@@ -247,6 +260,7 @@ async fn tell(
         cluster,
         exe: exe.to_owned(),
         session,
+        security: security.clone(),
     };
     writeln!(
         out,
@@ -342,6 +356,8 @@ struct Setting {
     cluster: Cluster,
     exe: PathBuf,
     session: Duration,
+    /// How owner A's process must connect: as the demo itself does.
+    security: SecurityArgs,
 }
 
 /// The names one run uses, apart from every other run on the cluster.
@@ -772,6 +788,7 @@ impl<'a> Story<'a> {
             &self.names,
             !self.fenced(),
             self.setting.session,
+            &self.setting.security,
         )
         .await?;
         let held = a

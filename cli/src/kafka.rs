@@ -177,13 +177,10 @@ impl Cluster {
         bootstrap: &str,
         security: &crate::security::SecurityArgs,
     ) -> Result<Cluster, CliError> {
-        let config = security.apply(
-            ClientConfig {
-                client_id: "snapfence-cli".into(),
-                ..ClientConfig::new(bootstrap)
-            },
-            std::env::var(crate::security::PASSWORD_ENV).ok(),
-        )?;
+        let config = security.client_config(ClientConfig {
+            client_id: "snapfence-cli".into(),
+            ..ClientConfig::new(bootstrap)
+        })?;
         let client = Client::connect(config)
             .await
             .map_err(|e| CliError::from_net("connect", bootstrap, e))?;

@@ -166,8 +166,12 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
         .map(str::trim)
         .filter(|b| !b.is_empty());
     match &cli.command {
-        Command::Demo(args) => return demo::run(bootstrap, args, cli.format, io).await,
-        Command::DemoOwner(args) => return demo::serve_owner(bootstrap, args, io).await,
+        Command::Demo(args) => {
+            return demo::run(bootstrap, &cli.security, args, cli.format, io).await
+        }
+        Command::DemoOwner(args) => {
+            return demo::serve_owner(bootstrap, &cli.security, args, io).await
+        }
         _ => {}
     }
     let bootstrap = bootstrap.ok_or_else(|| CliError::Usage {
@@ -181,8 +185,12 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
         Command::FindHanging(args) => hanging::run(&cluster, args, cli.format, io).await,
         Command::Recover(args) => recover::run(&cluster, args, cli.format, io).await,
         // Handled above without a connection; kept total rather than panicking.
-        Command::Demo(args) => demo::run(Some(bootstrap), args, cli.format, io).await,
-        Command::DemoOwner(args) => demo::serve_owner(Some(bootstrap), args, io).await,
+        Command::Demo(args) => {
+            demo::run(Some(bootstrap), &cli.security, args, cli.format, io).await
+        }
+        Command::DemoOwner(args) => {
+            demo::serve_owner(Some(bootstrap), &cli.security, args, io).await
+        }
     }
 }
 

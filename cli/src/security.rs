@@ -160,11 +160,91 @@ impl SecurityArgs {
         }
         Ok(config)
     }
+
+    /// [`SecurityArgs::apply`] with the password from [`PASSWORD_ENV`].
+    pub fn client_config(&self, base: ClientConfig) -> Result<ClientConfig, CliError> {
+        self.apply(base, std::env::var(PASSWORD_ENV).ok())
+    }
+
+    /// Whether any SASL or TLS option was given.
+    pub fn is_set(&self) -> bool {
+        #[cfg(feature = "tls")]
+        if self.tls || self.tls_ca.is_some() || self.tls_cert.is_some() || self.tls_key.is_some() {
+            return true;
+        }
+        self.sasl_mechanism.is_some()
+            || self.sasl_username.is_some()
+            || self.sasl_password_file.is_some()
+    }
+
+    /// These options as command-line arguments, for a child `snapfence` process that must connect the
+    /// same way (the demo's owner A). The password is not among them: the child inherits
+    /// [`PASSWORD_ENV`] or is given the same password file.
+    pub fn child_args(&self) -> Vec<std::ffi::OsString> {
+        use clap::ValueEnum;
+        let mut out: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(m) = self.sasl_mechanism.and_then(|m| m.to_possible_value()) {
+            out.extend(["--sasl-mechanism".into(), m.get_name().into()]);
+        }
+        if let Some(user) = &self.sasl_username {
+            out.extend(["--sasl-username".into(), user.into()]);
+        }
+        if let Some(file) = &self.sasl_password_file {
+            out.extend(["--sasl-password-file".into(), file.into()]);
+        }
+        #[cfg(feature = "tls")]
+        {
+            if self.tls {
+                out.push("--tls".into());
+            }
+            for (flag, path) in [
+                ("--tls-ca", &self.tls_ca),
+                ("--tls-cert", &self.tls_cert),
+                ("--tls-key", &self.tls_key),
+            ] {
+                if let Some(path) = path {
+                    out.extend([flag.into(), path.into()]);
+                }
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child process given `child_args` must connect exactly as its parent does.
+    #[test]
+    fn child_args_parse_back_to_the_same_options() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Probe {
+            #[command(flatten)]
+            security: SecurityArgs,
+        }
+        let given = Probe::try_parse_from([
+            "probe",
+            "--sasl-mechanism",
+            "scram-sha-256",
+            "--sasl-username",
+            "alice",
+            "--sasl-password-file",
+            "/run/pw",
+        ])
+        .unwrap()
+        .security;
+        let mut argv: Vec<std::ffi::OsString> = vec!["probe".into()];
+        argv.extend(given.child_args());
+        let back = Probe::try_parse_from(argv).unwrap().security;
+        assert!(back.is_set());
+        assert_eq!(back.sasl_mechanism, Some(Mechanism::ScramSha256));
+        assert_eq!(back.sasl_username.as_deref(), Some("alice"));
+        assert_eq!(back.sasl_password_file, given.sasl_password_file);
+        assert!(!SecurityArgs::default().is_set());
+        assert!(SecurityArgs::default().child_args().is_empty());
+    }
 
     fn args(m: Option<Mechanism>, user: Option<&str>) -> SecurityArgs {
         SecurityArgs {

@@ -1417,5 +1417,31 @@ async fn sasl_options_log_in_and_failures_name_their_cause() {
     )
     .await;
     assert_eq!(r.code, snapfence_cli::error::EXIT_USAGE, "{}", r.err);
+
+    // The demo on a secured cluster: the demo and its owner-A process (which is handed the same options)
+    // both log in, and the story still ends in a pass.
+    let mut args = vec!["--bootstrap".to_owned(), sasl.clone()];
+    args.extend(login("scram-sha-256", "admin", &good));
+    args.push("demo".to_owned());
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .args(&args)
+        .env_remove(snapfence_cli::security::PASSWORD_ENV)
+        .output()
+        .await
+        .expect("run snapfence demo over SASL");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        out.lines()
+            .last()
+            .unwrap_or_default()
+            .starts_with("verdict: PASS"),
+        "{out}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

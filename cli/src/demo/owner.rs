@@ -32,6 +32,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use snapfence::consumer::ConsumerError;
 use snapfence::net::{Client, ClientConfig};
+
+use crate::security::SecurityArgs;
 use snapfence::producer::ProducerError;
 use snapfence::snapshot::{Flow, FlowError, SnapshotError};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -160,6 +162,7 @@ fn outcome(r: Result<(), FlowError>) -> Value {
 /// the end of its input.
 pub(crate) async fn serve(
     bootstrap: Option<&str>,
+    security: &SecurityArgs,
     args: &OwnerArgs,
     io: &mut Io<'_>,
 ) -> Result<(), CliError> {
@@ -171,10 +174,10 @@ pub(crate) async fn serve(
         io,
         json!({ "ok": true, "hello": HELLO, "pid": std::process::id() }),
     )?;
-    let client = Client::connect(ClientConfig {
+    let client = Client::connect(security.client_config(ClientConfig {
         client_id: "snapfence-demo-owner-a".into(),
         ..ClientConfig::new(bootstrap)
-    })
+    })?)
     .await
     .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
     let names = Names {
@@ -313,10 +316,13 @@ impl OwnerProcess {
         names: &Names,
         unfenced: bool,
         session: Duration,
+        security: &SecurityArgs,
     ) -> Result<OwnerProcess, CliError> {
         let mut command = tokio::process::Command::new(exe);
         command
-            .args(["--bootstrap", bootstrap, "__demo-owner"])
+            .args(["--bootstrap", bootstrap])
+            .args(security.child_args())
+            .arg("__demo-owner")
             .args(["--input", &names.input, "--snapshots", &names.snapshots])
             .args(["--group", &names.group, "--txn-prefix", &names.txn_prefix])
             .args(["--session-timeout-ms", &session.as_millis().to_string()])
