@@ -137,8 +137,10 @@
 
 mod cluster;
 mod jars;
+pub mod member;
 pub mod probe;
 mod procs;
+pub mod tally;
 
 use std::collections::HashMap;
 use std::fmt;
