@@ -135,6 +135,7 @@
 //!   (transaction.version 2), KIP-511 (ApiVersions v3), KIP-1082 (client-made member ids, heartbeat v1)
 #![deny(missing_docs)]
 
+pub mod campaign;
 mod cluster;
 mod jars;
 pub mod member;

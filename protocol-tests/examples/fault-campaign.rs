@@ -1,0 +1,141 @@
+//! The long fault campaign, one command:
+//!
+//! `cargo run --release -p protocol-tests --example fault-campaign -- --rounds 200 [--seed N] [--tv 2|1|both]
+//! [--unfenced] [--round-seed X]`
+//!
+//! Starts a three-node cluster per transaction version (the first half of the rounds on TV2, the rest on
+//! TV1 with `--tv both`, the default), runs the rounds drawn from the seed (printed first, so a run can be
+//! repeated), prints one line per round and, at the end, the rounds, faults by kind, anomalies and the
+//! seeds to replay. `--round-seed X` replays one round. Exit status 1 when any anomaly was found.
+//! Members are this same executable run as `fault-campaign member ...` (examples have no sibling binaries).
+
+use std::io::Write as _;
+use std::sync::Arc;
+
+use protocol_tests::campaign::{
+    campaign_spec, run_round, summary, CampaignConfig, Finder, MemberCommand, RoundPlan,
+};
+use protocol_tests::member::member_main;
+use protocol_tests::KafkaCluster;
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("member") {
+        member_main(&argv[1..]);
+    }
+    let mut rounds = 200u64;
+    let mut seed = None;
+    let mut round_seed = None;
+    let mut tvs = vec![2i16, 1];
+    let mut transactional = true;
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        };
+        match a.as_str() {
+            "--rounds" => rounds = number(&value()),
+            "--seed" => seed = Some(number(&value())),
+            "--round-seed" => round_seed = Some(number(&value())),
+            "--tv" => {
+                tvs = match value().as_str() {
+                    "2" => vec![2],
+                    "1" => vec![1],
+                    "both" => vec![2, 1],
+                    v => usage(&format!("--tv {v}: want 2, 1 or both")),
+                }
+            }
+            "--unfenced" => transactional = false,
+            other => usage(&format!("unknown argument {other}")),
+        }
+    }
+    let seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    if round_seed.is_some() {
+        rounds = tvs.len() as u64;
+    }
+    println!(
+        "fault campaign: seed={seed} rounds={rounds} tv={tvs:?} {}",
+        if transactional { "fenced" } else { "unfenced" }
+    );
+    let finder: Finder = Arc::new(|bootstrap, topic| {
+        Box::pin(async move {
+            snapfence_cli::find_hanging(&bootstrap, &topic, 0)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    });
+    let program = std::env::current_exe().unwrap_or_else(|e| usage(&format!("own path: {e}")));
+    let mut cfg = CampaignConfig::new(
+        MemberCommand {
+            program,
+            leading: vec!["member".into()],
+        },
+        Some(finder),
+    );
+    cfg.transactional = transactional;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| usage(&format!("no runtime: {e}")));
+    let began = std::time::Instant::now();
+    let mut reports = Vec::new();
+    let per_tv = rounds.div_ceil(tvs.len() as u64);
+    let mut r = 0u64;
+    for tv in &tvs {
+        let kafka = match KafkaCluster::start(&campaign_spec(*tv)) {
+            Ok(k) => k,
+            Err(e) => usage(&format!("cluster for tv={tv}: {e}")),
+        };
+        println!("tv={tv}: three nodes at {}", kafka.bootstrap());
+        for _ in 0..per_tv.min(rounds - r) {
+            let plan = match round_seed {
+                Some(s) => RoundPlan::from_seed(s),
+                None => RoundPlan::draw(seed, r),
+            };
+            let report = runtime.block_on(run_round(&kafka, &cfg, &plan));
+            println!("round {r}: {report}");
+            for a in report.anomalies.iter().chain(&report.infra) {
+                println!("    {a}");
+            }
+            if !report.anomalies.is_empty() {
+                for n in &report.notes {
+                    println!("    note: {n}");
+                }
+            }
+            let _ = std::io::stdout().flush();
+            reports.push(report);
+            r += 1;
+        }
+    }
+    println!(
+        "\ncampaign seed={seed} done in {:.0}s\n{}",
+        began.elapsed().as_secs_f64(),
+        summary(&reports)
+    );
+    let anomalies = reports.iter().any(|r| !r.anomalies.is_empty());
+    std::process::exit(i32::from(anomalies));
+}
+
+fn number(text: &str) -> u64 {
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    parsed.unwrap_or_else(|e| usage(&format!("{text}: {e}")))
+}
+
+fn usage(problem: &str) -> ! {
+    eprintln!(
+        "fault-campaign: {problem}\nusage: fault-campaign [--rounds N] [--seed N] [--tv 2|1|both] \
+         [--unfenced] [--round-seed X]"
+    );
+    std::process::exit(2)
+}
