@@ -3,10 +3,10 @@
 //! `cargo run --release -p protocol-tests --example fault-campaign -- --rounds 200 [--seed N] [--tv 2|1|both]
 //! [--unfenced] [--round-seed X]`
 //!
-//! Starts a three-node cluster per transaction version (the first half of the rounds on TV2, the rest on
-//! TV1 with `--tv both`, the default), runs the rounds drawn from the seed (printed first, so a run can be
-//! repeated), prints one line per round and, at the end, the rounds, faults by kind, anomalies and the
-//! seeds to replay. `--round-seed X` replays one round. Exit status 1 when any anomaly was found.
+//! Starts a three-node cluster per transaction version (`--tv both`, the default, alternates rounds between
+//! a TV2 and a TV1 cluster), runs the rounds drawn from the seed (printed first, so a run can be repeated),
+//! prints one line per round, a running total every ten rounds and, at the end, the rounds, faults by kind,
+//! anomalies and the seeds to replay. `--round-seed X` replays one round. Exit status 1 when any anomaly was found.
 //! Members are this same executable run as `fault-campaign member ...` (examples have no sibling binaries).
 
 use std::io::Write as _;
@@ -86,34 +86,46 @@ fn main() {
         .build()
         .unwrap_or_else(|e| usage(&format!("no runtime: {e}")));
     let began = std::time::Instant::now();
-    let mut reports = Vec::new();
-    let per_tv = rounds.div_ceil(tvs.len() as u64);
-    let mut r = 0u64;
-    for tv in &tvs {
-        let kafka = match KafkaCluster::start(&campaign_spec(*tv)) {
-            Ok(k) => k,
+    // Every cluster up front and rounds alternating between them, so a run cut short still covers both
+    // transaction versions.
+    let clusters: Vec<(i16, KafkaCluster)> = tvs
+        .iter()
+        .map(|tv| match KafkaCluster::start(&campaign_spec(*tv)) {
+            Ok(k) => {
+                println!("tv={tv}: three nodes at {}", k.bootstrap());
+                (*tv, k)
+            }
             Err(e) => usage(&format!("cluster for tv={tv}: {e}")),
+        })
+        .collect();
+    let mut reports = Vec::new();
+    for r in 0..rounds {
+        let (_, kafka) = &clusters[(r % clusters.len() as u64) as usize];
+        let plan = match round_seed {
+            Some(s) => RoundPlan::from_seed(s),
+            None => RoundPlan::draw(seed, r),
         };
-        println!("tv={tv}: three nodes at {}", kafka.bootstrap());
-        for _ in 0..per_tv.min(rounds - r) {
-            let plan = match round_seed {
-                Some(s) => RoundPlan::from_seed(s),
-                None => RoundPlan::draw(seed, r),
-            };
-            let report = runtime.block_on(run_round(&kafka, &cfg, &plan));
-            println!("round {r}: {report}");
-            for a in report.anomalies.iter().chain(&report.infra) {
-                println!("    {a}");
-            }
-            if !report.anomalies.is_empty() {
-                for n in &report.notes {
-                    println!("    note: {n}");
-                }
-            }
-            let _ = std::io::stdout().flush();
-            reports.push(report);
-            r += 1;
+        let report = runtime.block_on(run_round(kafka, &cfg, &plan));
+        println!("round {r}: {report}");
+        for a in report.anomalies.iter().chain(&report.infra) {
+            println!("    {a}");
         }
+        if !report.anomalies.is_empty() {
+            for n in &report.notes {
+                println!("    note: {n}");
+            }
+        }
+        reports.push(report);
+        if (r + 1) % 10 == 0 && r + 1 < rounds {
+            // A running total, so a run stopped early still ends with one in its log.
+            println!(
+                "--- after {} rounds, {:.0}s ---\n{}",
+                r + 1,
+                began.elapsed().as_secs_f64(),
+                summary(&reports)
+            );
+        }
+        let _ = std::io::stdout().flush();
     }
     println!(
         "\ncampaign seed={seed} done in {:.0}s\n{}",

@@ -197,17 +197,18 @@ pub struct RoundPlan {
 }
 
 impl RoundPlan {
-    /// The plan of round `round` of the campaign seeded `campaign_seed`: one to three distinct faults.
+    /// The plan of round `round` of the campaign seeded `campaign_seed`.
     pub fn draw(campaign_seed: u64, round: u64) -> RoundPlan {
         let seed = Rng::new(campaign_seed ^ round.wrapping_mul(0xa24b_aed4_963e_e407)).next_u64();
         Self::from_seed(seed)
     }
 
-    /// The plan a round seed stands for.
+    /// The plan a round seed stands for: one or two faults (more per round made rounds long without
+    /// finding more; every kind still meets every other across a campaign).
     pub fn from_seed(seed: u64) -> RoundPlan {
         let mut rng = Rng::new(seed);
         let consumer_protocol = rng.below(2) == 1;
-        let n = 1 + rng.below(3);
+        let n = 1 + rng.below(2);
         let mut faults = Vec::new();
         while faults.len() < n {
             let k = FaultKind::ALL[rng.below(FaultKind::ALL.len())];
@@ -382,6 +383,7 @@ struct Round<'a> {
     spawned: usize,
     down: Option<i32>,
     foreign_keys: Vec<Bytes>,
+    began: Instant,
 }
 
 impl<'a> Round<'a> {
@@ -430,6 +432,7 @@ impl<'a> Round<'a> {
             spawned: 0,
             down: None,
             foreign_keys: Vec::new(),
+            began: Instant::now(),
         })
     }
 
@@ -510,8 +513,13 @@ impl<'a> Round<'a> {
         }
     }
 
+    /// A note stamped with the time since the round began, so a report shows where a round's time went.
+    fn stamp(&self, what: impl fmt::Display) -> String {
+        format!("[{:5.1}s] {what}", self.began.elapsed().as_secs_f64())
+    }
+
     async fn fault(&mut self, kind: FaultKind, report: &mut RoundReport) {
-        let mut notes = Vec::new();
+        let mut notes = vec![self.stamp(format_args!("fault {kind}"))];
         match kind {
             FaultKind::Zombie => {
                 let Some(i) = self.owner(&mut notes).await else {
@@ -684,6 +692,7 @@ impl<'a> Round<'a> {
             }
         }
         self.hold(Duration::from_secs(1), &mut notes).await;
+        notes.push(self.stamp("healed; input stops"));
         stop.store(true, Ordering::SeqCst);
         let written = match producer.await {
             Ok(Ok(w)) => w,
@@ -698,14 +707,22 @@ impl<'a> Round<'a> {
         };
         report.events = written.values().map(Vec::len).sum();
         self.drain(report, &mut notes).await;
-        report.notes.append(&mut notes);
-        for m in std::mem::take(&mut self.members) {
-            // The final flush's lines are in the log `close` returns.
+        notes.push(self.stamp("drained"));
+        // Stop them all at once (each flushes and commits), then collect what each said.
+        let mut members = std::mem::take(&mut self.members);
+        for m in members.iter_mut() {
+            m.request_stop();
+        }
+        for m in members {
             self.gone.push(m.close(Duration::from_secs(10)));
         }
+        notes.push(self.stamp("members stopped"));
         report.restarts = self.spawned - initial;
         self.find_hanging(report).await;
+        notes.push(self.stamp("finder done"));
         self.check(&written, report).await;
+        notes.push(self.stamp("checked"));
+        report.notes.append(&mut notes);
     }
 
     /// Waits until every input partition's committed offset reaches its end: every event folded and
@@ -923,7 +940,7 @@ mod tests {
         let a = RoundPlan::draw(7, 3);
         assert_eq!(a, RoundPlan::draw(7, 3));
         assert_eq!(a, RoundPlan::from_seed(a.seed));
-        assert!((1..=3).contains(&a.faults.len()));
+        assert!((1..=2).contains(&a.faults.len()));
         let kinds: HashSet<FaultKind> = (0..200)
             .flat_map(|r| RoundPlan::draw(1, r).faults)
             .collect();

@@ -486,13 +486,18 @@ impl MemberProcess {
         self.log()
     }
 
-    /// Closes its stdin (it flushes, commits and exits) and waits up to `grace` for that, then kills it.
-    /// Returns everything it said; `stopped` tells whether it stopped on its own.
-    pub fn close(mut self, grace: Duration) -> MemberLog {
+    /// Closes its stdin, so it flushes, commits and exits (thawing it first if frozen), without waiting.
+    pub fn request_stop(&mut self) {
         if self.paused {
             self.resume();
         }
         self.stdin = None;
+    }
+
+    /// [`request_stop`](Self::request_stop), then waits up to `grace` for the exit, then kills it.
+    /// Returns everything it said; `stopped` tells whether it stopped on its own.
+    pub fn close(mut self, grace: Duration) -> MemberLog {
+        self.request_stop();
         let until = Instant::now() + grace;
         while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
