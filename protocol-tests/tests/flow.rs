@@ -11,7 +11,10 @@ use protocol_tests::tally::{fold_all, Counter, Tally};
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
 use snapfence::consumer::{GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset};
 use snapfence::net::{Client, ClientConfig};
-use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
+use snapfence::producer::{
+    Producer, ProducerConfig, ProducerRecord, TopicPartition, TransactionalConfig,
+    TransactionalProducer,
+};
 use snapfence::snapshot::{Flow, FlowConfig, PersistenceMode, SnapshotConfig};
 
 struct World {
@@ -237,6 +240,88 @@ async fn issue_732_under_the_consumer_protocol() {
     for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
         let kafka = cluster(spec).await;
         pair(&kafka, kip848.clone()).await;
+    }
+}
+
+/// A crashed owner whose open transaction already carries its offset commit must not hold its partition
+/// up until that transaction times out: the next owner takes the partition over (fencing the crashed
+/// producer and aborting its transaction) before it reads the committed offset, so that stable read
+/// answers at once instead of UNSTABLE_OFFSET_COMMIT. Found by the fault campaign (kill-mid-txn rounds that
+/// stalled for the 1 min transaction timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_is_not_held_up_by_a_crashed_owners_pending_offset_commit() {
+    for spec in [
+        ClusterSpec::kafka4(),
+        ClusterSpec::kafka4_tv1(),
+        ClusterSpec::kafka39(),
+    ] {
+        let kafka = cluster(spec).await;
+        let mut w = World::new(&kafka).await;
+        w.emit("a", 5).await;
+        let mut a = w.flow(PersistenceMode::Transactional).await;
+        poll_until(&mut a, 5).await;
+        a.persist().await.unwrap();
+        a.commit().await.unwrap();
+
+        // A crashes inside its next transaction: a snapshot sent and the offset commit pending, never
+        // ended, with a timeout far beyond the test.
+        let metadata = a.group_metadata().current().expect("A has joined");
+        let id = w
+            .config(PersistenceMode::Transactional)
+            .snapshots
+            .transactional_id(0);
+        let mut txn = TransactionalConfig::new(id);
+        txn.transaction_timeout = Duration::from_secs(600);
+        let mut crashed = TransactionalProducer::init(w.client.clone(), txn)
+            .await
+            .unwrap();
+        crashed.begin().unwrap();
+        crashed
+            .send(
+                ProducerRecord::new(w.snapshots.as_str(), Some(Bytes::from_static(b"stale")))
+                    .key(Bytes::from_static(b"a"))
+                    .partition(0),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        crashed
+            .send_offsets(
+                [(TopicPartition::new(w.input.as_str(), 0), 5.into())],
+                &metadata,
+            )
+            .await
+            .unwrap();
+        drop(a);
+
+        let began = Instant::now();
+        let mut b = w.flow(PersistenceMode::Transactional).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while b.state(0).await.is_none() {
+            b.poll_once(Duration::from_millis(200))
+                .await
+                .unwrap_or_else(|e| panic!("{}: the takeover failed: {e}", kafka.version()));
+            assert!(Instant::now() < deadline, "B never took over");
+        }
+        let took = began.elapsed();
+        assert_eq!(
+            b.state(0).await.unwrap(),
+            w.expected(),
+            "{}",
+            kafka.version()
+        );
+        // A's session (6 s) must expire first; the crashed transaction's timeout is 600 s.
+        assert!(
+            took < Duration::from_secs(30),
+            "{}: takeover took {took:?}",
+            kafka.version()
+        );
+        eprintln!(
+            "{}: takeover past a pending offset commit in {took:?}",
+            kafka.version()
+        );
+        drop(crashed);
     }
 }
 
