@@ -1,19 +1,21 @@
 //! The long fault campaign, one command:
 //!
 //! `cargo run --release -p protocol-tests --example fault-campaign -- --rounds 200 [--seed N] [--tv 2|1|both]
-//! [--unfenced] [--round-seed X]`
+//! [--unfenced] [--round-seed X] [--faults KIND,KIND] [--verbose]`
 //!
 //! Starts a three-node cluster per transaction version (`--tv both`, the default, alternates rounds between
 //! a TV2 and a TV1 cluster), runs the rounds drawn from the seed (printed first, so a run can be repeated),
 //! prints one line per round, a running total every ten rounds and, at the end, the rounds, faults by kind,
-//! anomalies and the seeds to replay. `--round-seed X` replays one round. Exit status 1 when any anomaly was found.
+//! anomalies and the seeds to replay. `--round-seed X` replays one round (with the same `--faults`, if
+//! any); `--faults` draws only from those kinds; `--verbose` prints every round's notes. Exit status 1
+//! when any anomaly was found.
 //! Members are this same executable run as `fault-campaign member ...` (examples have no sibling binaries).
 
 use std::io::Write as _;
 use std::sync::Arc;
 
 use protocol_tests::campaign::{
-    campaign_spec, run_round, summary, CampaignConfig, Finder, MemberCommand, RoundPlan,
+    campaign_spec, run_round, summary, CampaignConfig, FaultKind, Finder, MemberCommand, RoundPlan,
 };
 use protocol_tests::member::member_main;
 use protocol_tests::KafkaCluster;
@@ -28,6 +30,8 @@ fn main() {
     let mut round_seed = None;
     let mut tvs = vec![2i16, 1];
     let mut transactional = true;
+    let mut verbose = false;
+    let mut kinds = Vec::new();
     let mut it = argv.iter();
     while let Some(a) = it.next() {
         let mut value = || {
@@ -48,6 +52,15 @@ fn main() {
                 }
             }
             "--unfenced" => transactional = false,
+            "--verbose" => verbose = true,
+            "--faults" => {
+                for name in value().split(',') {
+                    kinds.push(
+                        FaultKind::from_name(name)
+                            .unwrap_or_else(|| usage(&format!("no fault kind {name:?}"))),
+                    );
+                }
+            }
             other => usage(&format!("unknown argument {other}")),
         }
     }
@@ -102,15 +115,19 @@ fn main() {
     for r in 0..rounds {
         let (_, kafka) = &clusters[(r % clusters.len() as u64) as usize];
         let plan = match round_seed {
-            Some(s) => RoundPlan::from_seed(s),
-            None => RoundPlan::draw(seed, r),
+            Some(s) => RoundPlan::from_seed_among(s, &kinds),
+            None => RoundPlan::draw_among(seed, r, &kinds),
         };
         let report = runtime.block_on(run_round(kafka, &cfg, &plan));
         println!("round {r}: {report}");
         for a in report.anomalies.iter().chain(&report.infra) {
             println!("    {a}");
         }
-        if !report.anomalies.is_empty() {
+        // The notes say where the time went: shown for every finding and every slow round.
+        if verbose
+            || !report.anomalies.is_empty()
+            || report.elapsed > std::time::Duration::from_secs(40)
+        {
             for n in &report.notes {
                 println!("    note: {n}");
             }
@@ -147,7 +164,7 @@ fn number(text: &str) -> u64 {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "fault-campaign: {problem}\nusage: fault-campaign [--rounds N] [--seed N] [--tv 2|1|both] \
-         [--unfenced] [--round-seed X]"
+         [--unfenced] [--round-seed X] [--faults KIND,...] [--verbose]"
     );
     std::process::exit(2)
 }

@@ -74,6 +74,11 @@ impl FaultKind {
         FaultKind::Rebalance,
     ];
 
+    /// The kind named `name` (as [`name`](Self::name) spells it).
+    pub fn from_name(name: &str) -> Option<FaultKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// A short stable name.
     pub fn name(self) -> &'static str {
         match self {
@@ -199,19 +204,34 @@ pub struct RoundPlan {
 impl RoundPlan {
     /// The plan of round `round` of the campaign seeded `campaign_seed`.
     pub fn draw(campaign_seed: u64, round: u64) -> RoundPlan {
+        Self::draw_among(campaign_seed, round, &FaultKind::ALL)
+    }
+
+    /// [`draw`](Self::draw) with the faults taken only from `kinds` (all kinds when empty).
+    pub fn draw_among(campaign_seed: u64, round: u64, kinds: &[FaultKind]) -> RoundPlan {
         let seed = Rng::new(campaign_seed ^ round.wrapping_mul(0xa24b_aed4_963e_e407)).next_u64();
-        Self::from_seed(seed)
+        Self::from_seed_among(seed, kinds)
     }
 
     /// The plan a round seed stands for: one or two faults (more per round made rounds long without
     /// finding more; every kind still meets every other across a campaign).
     pub fn from_seed(seed: u64) -> RoundPlan {
+        Self::from_seed_among(seed, &FaultKind::ALL)
+    }
+
+    /// [`from_seed`](Self::from_seed) with the faults taken only from `kinds` (all kinds when empty).
+    pub fn from_seed_among(seed: u64, kinds: &[FaultKind]) -> RoundPlan {
+        let kinds = if kinds.is_empty() {
+            &FaultKind::ALL[..]
+        } else {
+            kinds
+        };
         let mut rng = Rng::new(seed);
         let consumer_protocol = rng.below(2) == 1;
-        let n = 1 + rng.below(2);
+        let n = (1 + rng.below(2)).min(kinds.len());
         let mut faults = Vec::new();
         while faults.len() < n {
-            let k = FaultKind::ALL[rng.below(FaultKind::ALL.len())];
+            let k = kinds[rng.below(kinds.len())];
             if !faults.contains(&k) {
                 faults.push(k);
             }
@@ -241,6 +261,9 @@ pub struct RoundReport {
     pub snapshots_reported: usize,
     /// Member processes started after the first ones (supervisor restarts and added members).
     pub restarts: usize,
+    /// Kill-mid-transaction faults after which a snapshot partition of the killed member had an open
+    /// transaction (the crash landed inside one).
+    pub open_txn_kills: usize,
     /// Invariant violations.
     pub anomalies: Vec<String>,
     /// Harness trouble (not a finding about the library).
@@ -308,8 +331,11 @@ pub fn summary(reports: &[RoundReport]) -> String {
             by_kind.get(&k).copied().unwrap_or(0)
         ));
     }
+    let kills = by_kind.get(&FaultKind::KillMidTxn).copied().unwrap_or(0);
+    let open: usize = reports.iter().map(|r| r.open_txn_kills).sum();
     out.push_str(&format!(
-        "anomalies: {anomalies}\ninfrastructure notes: {infra}\n"
+        "kill-mid-txn faults that left a transaction open: {open} of {kills}\n\
+         anomalies: {anomalies}\ninfrastructure notes: {infra}\n"
     ));
     for r in reports
         .iter()
@@ -354,6 +380,7 @@ pub async fn run_round(
         snapshots_read: 0,
         snapshots_reported: 0,
         restarts: 0,
+        open_txn_kills: 0,
         anomalies: Vec::new(),
         infra: Vec::new(),
         notes: Vec::new(),
@@ -547,16 +574,46 @@ impl<'a> Round<'a> {
                     return report.notes.append(&mut notes);
                 };
                 let pid = self.members[i].pid();
-                self.members[i].kill_in_next_flush();
-                let until = Instant::now() + Duration::from_secs(5);
-                while self.members[i].is_running() && Instant::now() < until {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                // Freeze it somewhere in a flush; if a snapshot partition it holds then has an open
+                // transaction (last stable offset below the high watermark) the crash lands inside one:
+                // kill it. Otherwise thaw it and try the next flush, a few times.
+                let mut inside = false;
+                for _ in 0..8 {
+                    let typical = self.members[i]
+                        .log()
+                        .last_flush
+                        .unwrap_or(Duration::from_millis(20));
+                    let delay = typical * (10 + self.rng.below(81) as u32) / 100;
+                    self.members[i].freeze_in_next_flush(delay);
+                    let until = Instant::now() + Duration::from_secs(3);
+                    while !self.members[i].frozen_in_flush() && Instant::now() < until {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    if !self.members[i].frozen_in_flush() {
+                        self.members[i].disarm_and_resume();
+                        continue;
+                    }
+                    let held = self.members[i].held();
+                    let open = self.open_transactions(&held).await;
+                    if !open.is_empty() {
+                        notes.push(format!(
+                            "froze member {pid} {:.1}ms into a flush with transactions open on {open:?}",
+                            delay.as_secs_f64() * 1000.0
+                        ));
+                        inside = true;
+                        break;
+                    }
+                    self.members[i].disarm_and_resume();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                if self.members[i].is_running() {
-                    self.members[i].kill();
-                    notes.push(format!("member {pid} never flushed; killed it anyway"));
+                self.members[i].kill();
+                if inside {
+                    report.open_txn_kills += 1;
+                    notes.push(format!("killed member {pid} inside its transaction"));
                 } else {
-                    notes.push(format!("killed member {pid} as its flush began"));
+                    notes.push(format!(
+                        "killed member {pid}; no flush was caught with its transaction open"
+                    ));
                 }
                 // The supervisor restarts it.
                 self.hold(Duration::from_millis(1500), &mut notes).await;
@@ -637,6 +694,26 @@ impl<'a> Round<'a> {
             }
         }
         report.notes.append(&mut notes);
+    }
+
+    /// The snapshot partitions among `partitions` whose last stable offset is below the high watermark.
+    async fn open_transactions(&self, partitions: &[i32]) -> Vec<i32> {
+        let tps: Vec<TopicPartition> = partitions
+            .iter()
+            .map(|p| TopicPartition::new(self.args.snapshots.as_str(), *p))
+            .collect();
+        let at = |level| list_offsets(&self.client, &tps, OffsetSpec::Latest, level);
+        match (
+            at(IsolationLevel::ReadCommitted).await,
+            at(IsolationLevel::ReadUncommitted).await,
+        ) {
+            (Ok(lso), Ok(hw)) => tps
+                .iter()
+                .filter(|tp| lso.get(*tp) < hw.get(*tp))
+                .map(|tp| tp.partition)
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     async fn open_foreign(&self, p: i32, key: Bytes) -> Result<TransactionalProducer, String> {
@@ -949,6 +1026,11 @@ mod tests {
             .map(|r| RoundPlan::draw(1, r).consumer_protocol)
             .collect();
         assert_eq!(protocols.len(), 2);
+        let only = RoundPlan::draw_among(1, 5, &[FaultKind::Zombie]);
+        assert_eq!(only.faults, vec![FaultKind::Zombie]);
+        for k in FaultKind::ALL {
+            assert_eq!(FaultKind::from_name(k.name()), Some(k));
+        }
     }
 
     #[test]
@@ -977,6 +1059,7 @@ mod tests {
             snapshots_read: 1,
             snapshots_reported: 1,
             restarts: 0,
+            open_txn_kills: 0,
             anomalies: vec![],
             infra: vec![],
             notes: vec![],

@@ -10,6 +10,7 @@
 //! | `ready` | joined (the flow started) |
 //! | `held P P ...` | the partitions it holds changed to these |
 //! | `persisting N` | a flush of N changed keys starts now (a transaction is about to begin) |
+//! | `persisted MICROS` | that flush succeeded after MICROS microseconds |
 //! | `committed KEY COUNT HASH` | that key's snapshot with this tally was committed by the flush |
 //! | `failed fenced=B ERROR` | persist, commit or poll failed; the process exits with status 2 |
 //! | `stopped` | its stdin closed; it flushed, committed and exits with status 0 |
@@ -24,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -249,9 +250,13 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
             if !changed.is_empty() {
                 say(format!("persisting {}", changed.len()));
             }
+            let flush_began = Instant::now();
             if let Err(e) = flow.persist().await {
                 say(failed(&e));
                 return 2;
+            }
+            if !changed.is_empty() {
+                say(format!("persisted {}", flush_began.elapsed().as_micros()));
             }
             for (k, t) in changed {
                 say(format!(
@@ -325,6 +330,8 @@ pub struct MemberLog {
     pub held: Vec<i32>,
     /// Flushes of at least one key started.
     pub flushes: u64,
+    /// How long its last successful flush of at least one key took.
+    pub last_flush: Option<Duration>,
     /// Every committed snapshot it reported, as (key, tally).
     pub committed: Vec<(Bytes, Tally)>,
     /// Its `failed` line, if any.
@@ -342,6 +349,12 @@ impl MemberLog {
             Some("ready") => self.ready = true,
             Some("held") => self.held = words.filter_map(|w| w.parse().ok()).collect(),
             Some("persisting") => self.flushes += 1,
+            Some("persisted") => {
+                self.last_flush = words
+                    .next()
+                    .and_then(|w| w.parse().ok())
+                    .map(Duration::from_micros);
+            }
             Some("committed") => {
                 let w: Vec<&str> = words.collect();
                 if let [k, c, h] = w[..] {
@@ -360,9 +373,12 @@ impl MemberLog {
 
 struct Shared {
     log: Mutex<MemberLog>,
-    /// Set by [`MemberProcess::kill_in_next_flush`]: the reader SIGKILLs the member the moment it says a
-    /// flush starts, so the crash lands inside the transaction.
-    kill_on_flush: AtomicBool,
+    /// Set by [`MemberProcess::freeze_in_next_flush`] (microseconds; `u64::MAX`: not armed): the reader
+    /// SIGSTOPs the member that long after it says a flush starts, so its transaction is frozen wherever
+    /// it was.
+    freeze_on_flush: AtomicU64,
+    /// The reader froze it in a flush.
+    frozen_in_flush: AtomicBool,
 }
 
 /// A running `flow-member` process. Dropping it kills it.
@@ -397,7 +413,8 @@ impl MemberProcess {
             .ok_or_else(|| std::io::Error::other("member stdout not piped"))?;
         let shared = Arc::new(Shared {
             log: Mutex::new(MemberLog::default()),
-            kill_on_flush: AtomicBool::new(false),
+            freeze_on_flush: AtomicU64::new(u64::MAX),
+            frozen_in_flush: AtomicBool::new(false),
         });
         let pid = child.id();
         let reader = {
@@ -407,10 +424,13 @@ impl MemberProcess {
                 .spawn(move || {
                     for line in BufReader::new(stdout).lines() {
                         let Ok(line) = line else { break };
-                        if line.starts_with("persisting")
-                            && shared.kill_on_flush.swap(false, Ordering::SeqCst)
-                        {
-                            procs::signal_group(pid, libc::SIGKILL);
+                        if line.starts_with("persisting") {
+                            let delay = shared.freeze_on_flush.swap(u64::MAX, Ordering::SeqCst);
+                            if delay != u64::MAX {
+                                std::thread::sleep(Duration::from_micros(delay));
+                                procs::signal_group(pid, libc::SIGSTOP);
+                                shared.frozen_in_flush.store(true, Ordering::SeqCst);
+                            }
                         }
                         lock(&shared.log).take_line(&line);
                     }
@@ -469,9 +489,28 @@ impl MemberProcess {
         let _ = self.child.wait();
     }
 
-    /// Arms a SIGKILL for the moment the member next says a flush of changed keys starts.
-    pub fn kill_in_next_flush(&self) {
-        self.shared.kill_on_flush.store(true, Ordering::SeqCst);
+    /// Arms a SIGSTOP for `delay` after the member next says a flush of changed keys starts (a flush's
+    /// transaction takes a few milliseconds on a local cluster: begin, produce, offsets, end), so a test
+    /// can look at the frozen transaction and then kill or thaw the member.
+    /// [`frozen_in_flush`](Self::frozen_in_flush) tells when it happened.
+    pub fn freeze_in_next_flush(&mut self, delay: Duration) {
+        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX - 1);
+        self.shared.frozen_in_flush.store(false, Ordering::SeqCst);
+        self.shared.freeze_on_flush.store(micros, Ordering::SeqCst);
+        self.paused = true;
+    }
+
+    /// True once the freeze armed by [`freeze_in_next_flush`](Self::freeze_in_next_flush) happened.
+    pub fn frozen_in_flush(&self) -> bool {
+        self.shared.frozen_in_flush.load(Ordering::SeqCst)
+    }
+
+    /// Disarms a freeze that has not happened yet, and thaws the member either way.
+    pub fn disarm_and_resume(&mut self) {
+        self.shared
+            .freeze_on_flush
+            .store(u64::MAX, Ordering::SeqCst);
+        self.resume();
     }
 
     /// Everything it said, once it has exited: waits for its stdout to be read to the end. Kills it first
@@ -546,6 +585,7 @@ mod tests {
             "ready",
             "held 0 3",
             "persisting 2",
+            "persisted 1500",
             "committed k1 4 99",
             "failed fenced=true stale",
             "stopped",
@@ -555,6 +595,7 @@ mod tests {
         assert!(log.ready && log.stopped);
         assert_eq!(log.held, vec![0, 3]);
         assert_eq!(log.flushes, 1);
+        assert_eq!(log.last_flush, Some(Duration::from_micros(1500)));
         assert_eq!(
             log.committed,
             vec![(Bytes::from_static(b"k1"), Tally { count: 4, hash: 99 })]
