@@ -593,6 +593,10 @@ impl<'a> Round<'a> {
                         self.members[i].disarm_and_resume();
                         continue;
                     }
+                    // The brokers keep running: give the followers a moment to replicate what the
+                    // frozen transaction produced, so the high watermark covers it and the last stable
+                    // offset shows it as open.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
                     let held = self.members[i].held();
                     let open = self.open_transactions(&held).await;
                     if !open.is_empty() {
