@@ -553,16 +553,64 @@ impl<'a> Round<'a> {
                     notes.push("zombie: no owner to freeze".into());
                     return report.notes.append(&mut notes);
                 };
+                // Freeze it early in a flush, as a GC pause in the middle of a write: thawed, its
+                // writes go out late, after the new owner's (unfenced they land; fenced the
+                // transaction must be refused and never read). A member that does not flush within
+                // 3 s is frozen wherever it is.
+                let typical = self.members[i]
+                    .log()
+                    .last_flush
+                    .unwrap_or(Duration::from_millis(20));
+                self.members[i]
+                    .freeze_in_next_flush(typical * (5 + self.rng.below(40) as u32) / 100);
+                let until = Instant::now() + Duration::from_secs(3);
+                while !self.members[i].frozen_in_flush() && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let in_flush = self.members[i].frozen_in_flush();
+                if !in_flush {
+                    self.members[i].disarm_and_resume();
+                    self.members[i].pause();
+                }
                 let held = self.members[i].held();
-                self.members[i].pause();
                 let frozen = self.cfg.session_timeout + Duration::from_secs(2);
                 notes.push(format!(
-                    "froze member {} holding {held:?} for {:.1}s",
+                    "froze member {} holding {held:?} {} for at least {:.1}s",
                     self.members[i].pid(),
+                    if in_flush {
+                        "inside a flush"
+                    } else {
+                        "between flushes"
+                    },
                     frozen.as_secs_f64()
                 ));
                 let pid = self.members[i].pid();
                 self.hold(frozen, &mut notes).await;
+                // Thaw it only once another member holds one of its partitions and has flushed twice since
+                // (a new owner's first flush may only re-state what it recovered): then the zombie's
+                // first flush is really later than the new owner's.
+                let until = Instant::now() + Duration::from_secs(20);
+                let mut seen: Option<(u32, u64)> = None;
+                loop {
+                    let taker = self
+                        .members
+                        .iter()
+                        .find(|m| m.pid() != pid && m.held().iter().any(|p| held.contains(p)))
+                        .map(|m| (m.pid(), m.log().flushes));
+                    match (seen, taker) {
+                        (Some((a, f)), Some((b, g))) if a == b && g >= f + 2 => {
+                            notes.push(format!("member {b} took over and flushed"));
+                            break;
+                        }
+                        (Some((a, _)), Some((b, _))) if a == b => {}
+                        (_, t) => seen = t,
+                    }
+                    if Instant::now() >= until {
+                        notes.push("no takeover with a flush seen before the thaw".into());
+                        break;
+                    }
+                    self.hold(Duration::from_millis(100), &mut notes).await;
+                }
                 if let Some(m) = self.members.iter_mut().find(|m| m.pid() == pid) {
                     m.resume();
                 }
