@@ -553,16 +553,13 @@ impl<'a> Round<'a> {
                     notes.push("zombie: no owner to freeze".into());
                     return report.notes.append(&mut notes);
                 };
-                // Freeze it early in a flush, as a GC pause in the middle of a write: thawed, its
-                // writes go out late, after the new owner's (unfenced they land; fenced the
-                // transaction must be refused and never read). A member that does not flush within
-                // 3 s is frozen wherever it is.
-                let typical = self.members[i]
-                    .log()
-                    .last_flush
-                    .unwrap_or(Duration::from_millis(20));
-                self.members[i]
-                    .freeze_in_next_flush(typical * (5 + self.rng.below(40) as u32) / 100);
+                // Freeze it as a flush starts, before its writes leave the producer (they linger a few
+                // milliseconds): a GC pause in the middle of a write. Thawed, its writes go out late,
+                // after the new owner's (unfenced they land; fenced the transaction must be refused
+                // and never read). A freeze later in the flush may find the writes already acknowledged,
+                // and then there is no late write to test. A member that does not flush within 3 s is
+                // frozen wherever it is.
+                self.members[i].freeze_in_next_flush(Duration::ZERO);
                 let until = Instant::now() + Duration::from_secs(3);
                 while !self.members[i].frozen_in_flush() && Instant::now() < until {
                     tokio::time::sleep(Duration::from_millis(2)).await;
