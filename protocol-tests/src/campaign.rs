@@ -46,9 +46,11 @@ use crate::{unique, ClusterSpec, KafkaCluster};
 /// A fault the campaign injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FaultKind {
-    /// SIGSTOP an owner past its session timeout while events flow, then SIGCONT it.
+    /// SIGSTOP an owner as a flush starts, past its session timeout and until another member took over
+    /// and flushed, then SIGCONT it (its flush goes on, late).
     Zombie,
-    /// SIGKILL an owner the moment it starts a flush (inside its transaction), then restart it.
+    /// SIGKILL an owner frozen inside a flush whose transaction is open on its snapshot partition, then
+    /// restart it.
     KillMidTxn,
     /// SIGKILL the leader node of an input or snapshot partition, then restart it.
     LeaderRestart,
