@@ -507,6 +507,41 @@ fn summary_json(
     })
 }
 
+/// The hanging transactions of `topic`, exactly as `find-hanging --topic TOPIC --format json` finds them,
+/// one JSON object per transaction: for programs that check a cluster after the fact (the fault campaign
+/// of protocol-tests runs it after every round), so they use this finder rather than one of their own.
+///
+/// Cancel-safe: it only reads.
+pub async fn find_hanging(
+    bootstrap: &str,
+    topic: &str,
+    max_transaction_timeout_ms: i64,
+) -> Result<Vec<String>, CliError> {
+    let cluster = Cluster::connect(bootstrap).await?;
+    let args = FindHangingArgs {
+        topic: Some(topic.to_owned()),
+        partition: None,
+        broker: None,
+        max_transaction_timeout_ms,
+        abort: false,
+        yes: false,
+    };
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let mut input = std::io::empty();
+    let mut io = Io {
+        out: &mut out,
+        err: &mut err,
+        input: &mut input,
+        progress: false,
+    };
+    run(&cluster, &args, Format::Json, &mut io).await?;
+    let doc: Value = serde_json::from_slice(&out).map_err(std::io::Error::other)?;
+    Ok(doc["hanging"]
+        .as_array()
+        .map(|a| a.iter().map(Value::to_string).collect())
+        .unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,7 +40,7 @@ use clap::{Parser, Subcommand};
 pub use demo::DemoArgs;
 pub use dump::{DumpArgs, Isolation};
 pub use error::CliError;
-pub use hanging::FindHangingArgs;
+pub use hanging::{find_hanging, FindHangingArgs};
 pub use inspect::InspectArgs;
 pub use recover::RecoverArgs;
 

@@ -135,14 +135,17 @@
 //!   (transaction.version 2), KIP-511 (ApiVersions v3), KIP-1082 (client-made member ids, heartbeat v1)
 #![deny(missing_docs)]
 
+pub mod campaign;
 mod cluster;
 mod group;
 mod jars;
+pub mod member;
 pub mod probe;
 mod procs;
 mod security;
 
 pub use security::{Listener, SecuritySpec, TlsSpec};
+pub mod tally;
 
 use std::collections::HashMap;
 use std::fmt;

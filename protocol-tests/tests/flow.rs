@@ -6,57 +6,16 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use protocol_tests::member::{MemberArgs, MemberProcess};
+use protocol_tests::tally::{fold_all, Counter, Tally};
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
 use snapfence::consumer::{GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset};
 use snapfence::net::{Client, ClientConfig};
-use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
-use snapfence::records::Record;
-use snapfence::snapshot::{BoxError, Flow, FlowConfig, Fold, PersistenceMode, SnapshotConfig};
-
-/// Per key: how many events, and a running hash of their values in order. Any lost, repeated or reordered
-/// event changes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Tally {
-    count: u64,
-    hash: u64,
-}
-
-struct Counter;
-
-fn step(t: Option<Tally>, value: &[u8]) -> Tally {
-    let t = t.unwrap_or(Tally { count: 0, hash: 17 });
-    let mut h = t.hash;
-    for b in value {
-        h = h
-            .wrapping_mul(1_099_511_628_211)
-            .wrapping_add(u64::from(*b));
-    }
-    Tally {
-        count: t.count + 1,
-        hash: h.rotate_left(5),
-    }
-}
-
-impl Fold for Counter {
-    type State = Tally;
-    fn fold(&self, _key: &Bytes, state: Option<Tally>, event: &Record) -> Tally {
-        step(state, event.value.as_deref().unwrap_or_default())
-    }
-    fn encode(&self, s: &Tally) -> Bytes {
-        let mut v = Vec::with_capacity(16);
-        v.extend_from_slice(&s.count.to_be_bytes());
-        v.extend_from_slice(&s.hash.to_be_bytes());
-        Bytes::from(v)
-    }
-    fn decode(&self, b: &[u8]) -> Result<Tally, BoxError> {
-        let b: [u8; 16] = b.try_into().map_err(|_| "a tally is 16 bytes")?;
-        let (c, h) = b.split_at(8);
-        Ok(Tally {
-            count: u64::from_be_bytes(c.try_into()?),
-            hash: u64::from_be_bytes(h.try_into()?),
-        })
-    }
-}
+use snapfence::producer::{
+    Producer, ProducerConfig, ProducerRecord, TopicPartition, TransactionalConfig,
+    TransactionalProducer,
+};
+use snapfence::snapshot::{Flow, FlowConfig, PersistenceMode, SnapshotConfig};
 
 struct World {
     client: Client,
@@ -133,12 +92,7 @@ impl World {
     fn expected(&self) -> HashMap<Bytes, Tally> {
         self.written
             .iter()
-            .map(|(k, vs)| {
-                (
-                    k.clone(),
-                    vs.iter().fold(None, |t, v| Some(step(t, v))).unwrap(),
-                )
-            })
+            .filter_map(|(k, vs)| Some((k.clone(), fold_all(vs)?)))
             .collect()
     }
 
@@ -289,45 +243,133 @@ async fn issue_732_under_the_consumer_protocol() {
     }
 }
 
-/// One member of the end-to-end run, restarted like a supervisor would when it fails (a fenced stale owner
-/// stops; a new process takes its place).
-struct Member {
-    flow: Option<Flow<Counter>>,
-    paused_until: Option<Instant>,
-    restarts: u32,
+/// A crashed owner whose open transaction already carries its offset commit must not hold its partition
+/// up until that transaction times out: the next owner takes the partition over (fencing the crashed
+/// producer and aborting its transaction) before it reads the committed offset, so that stable read
+/// answers at once instead of UNSTABLE_OFFSET_COMMIT. Found by the fault campaign (kill-mid-txn rounds that
+/// stalled for the 1 min transaction timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_is_not_held_up_by_a_crashed_owners_pending_offset_commit() {
+    for spec in [
+        ClusterSpec::kafka4(),
+        ClusterSpec::kafka4_tv1(),
+        ClusterSpec::kafka39(),
+    ] {
+        let kafka = cluster(spec).await;
+        let mut w = World::new(&kafka).await;
+        w.emit("a", 5).await;
+        let mut a = w.flow(PersistenceMode::Transactional).await;
+        poll_until(&mut a, 5).await;
+        a.persist().await.unwrap();
+        a.commit().await.unwrap();
+
+        // A crashes inside its next transaction: a snapshot sent and the offset commit pending, never
+        // ended, with a timeout far beyond the test.
+        let metadata = a.group_metadata().current().expect("A has joined");
+        let id = w
+            .config(PersistenceMode::Transactional)
+            .snapshots
+            .transactional_id(0);
+        let mut txn = TransactionalConfig::new(id);
+        txn.transaction_timeout = Duration::from_secs(600);
+        let mut crashed = TransactionalProducer::init(w.client.clone(), txn)
+            .await
+            .unwrap();
+        crashed.begin().unwrap();
+        crashed
+            .send(
+                ProducerRecord::new(w.snapshots.as_str(), Some(Bytes::from_static(b"stale")))
+                    .key(Bytes::from_static(b"a"))
+                    .partition(0),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        crashed
+            .send_offsets(
+                [(TopicPartition::new(w.input.as_str(), 0), 5.into())],
+                &metadata,
+            )
+            .await
+            .unwrap();
+        drop(a);
+
+        let began = Instant::now();
+        let mut b = w.flow(PersistenceMode::Transactional).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while b.state(0).await.is_none() {
+            b.poll_once(Duration::from_millis(200))
+                .await
+                .unwrap_or_else(|e| panic!("{}: the takeover failed: {e}", kafka.version()));
+            assert!(Instant::now() < deadline, "B never took over");
+        }
+        let took = began.elapsed();
+        assert_eq!(
+            b.state(0).await.unwrap(),
+            w.expected(),
+            "{}",
+            kafka.version()
+        );
+        // A's session (6 s) must expire first; the crashed transaction's timeout is 600 s.
+        assert!(
+            took < Duration::from_secs(30),
+            "{}: takeover took {took:?}",
+            kafka.version()
+        );
+        eprintln!(
+            "{}: takeover past a pending offset commit in {took:?}",
+            kafka.version()
+        );
+        drop(crashed);
+    }
 }
 
-impl Member {
-    async fn drive(&mut self, w: &World, tick: u32) {
-        if self.paused_until.is_some_and(|t| Instant::now() < t) {
-            return;
-        }
-        self.paused_until = None;
-        let flow = match &mut self.flow {
-            Some(f) => f,
-            None => self
-                .flow
-                .insert(w.flow(PersistenceMode::Transactional).await),
-        };
-        let mut step = flow.poll_once(Duration::from_millis(50)).await.map(|_| ());
-        if step.is_ok() && tick % 3 == 0 {
-            step = flow.persist().await;
-        }
-        if step.is_ok() && tick % 6 == 0 {
-            step = flow.commit().await;
-        }
-        if let Err(e) = step {
-            eprintln!("member failed and is restarted: {e}");
-            self.flow = None;
-            self.restarts += 1;
+/// The session timeout of every member (classic here; the consumer protocol's is the fixture broker's
+/// `group.consumer.session.timeout.ms`, also 6 s).
+const SESSION: Duration = Duration::from_secs(6);
+
+/// Members as separate processes, restarted like a supervisor would when one exits (a fenced stale owner
+/// stops; a new process takes its place).
+struct Members {
+    program: &'static std::path::Path,
+    args: MemberArgs,
+    procs: Vec<MemberProcess>,
+    restarts: u32,
+    fenced: u32,
+}
+
+impl Members {
+    fn spawn(&mut self) {
+        self.procs
+            .push(MemberProcess::spawn(self.program, &self.args).expect("start flow-member"));
+    }
+
+    /// Restarts every member that exited; a frozen one is left frozen.
+    fn supervise(&mut self) {
+        for m in self.procs.iter_mut() {
+            if !m.is_paused() && !m.is_running() {
+                let log = m.log();
+                if log
+                    .failure
+                    .as_deref()
+                    .is_some_and(|f| f.contains("fenced=true"))
+                {
+                    self.fenced += 1;
+                }
+                eprintln!("member {} exited ({:?}); restarting", m.pid(), log.failure);
+                *m = MemberProcess::spawn(self.program, &self.args).expect("restart flow-member");
+                self.restarts += 1;
+            }
         }
     }
 }
 
-/// End to end: three flow instances in one group over a four-partition input while events flow; a member
-/// joins and leaves (rebalances), one member stalls past max.poll.interval and resumes (a zombie, restarted
-/// when its next flush is refused). Afterwards a fresh member's state for every key equals a fold of all of
-/// that key's input events from scratch: nothing lost, nothing folded twice.
+/// End to end: flow members as processes in one group over a four-partition input while events flow; a
+/// third member joins and is later killed (rebalances); one owner is frozen with SIGSTOP clearly past its
+/// session timeout, so its heartbeats stop and the others take its partitions over, then thawed (a zombie
+/// that acts on stale state). Afterwards a fresh member's state for every key equals a fold of all of that
+/// key's input events from scratch: nothing lost, nothing folded twice, no stale snapshot kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end_state_survives_rebalances_and_a_zombie() {
     let classic = GroupConfig::new("-").protocol;
@@ -347,45 +389,80 @@ async fn end_to_end_state_survives_rebalances_and_a_zombie() {
 }
 
 async fn end_to_end(kafka: &KafkaCluster, protocol: GroupProtocol) {
+    let began = Instant::now();
     let mut w = World::with_partitions(kafka, 4).await;
     w.protocol = protocol.clone();
+    let mut args = MemberArgs::new(
+        &kafka.bootstrap(),
+        &w.group,
+        &w.input,
+        &w.snapshots,
+        &w.txn_prefix,
+    );
+    args.consumer_protocol = matches!(protocol, GroupProtocol::Consumer { .. });
+    args.session_timeout = SESSION;
+    let mut members = Members {
+        program: std::path::Path::new(env!("CARGO_BIN_EXE_flow-member")),
+        args,
+        procs: Vec::new(),
+        restarts: 0,
+        fenced: 0,
+    };
+    members.spawn();
+    members.spawn();
     let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
-    let mut members: Vec<Member> = (0..2)
-        .map(|_| Member {
-            flow: None,
-            paused_until: None,
-            restarts: 0,
-        })
-        .collect();
-    for tick in 0..60u32 {
-        w.emit(keys[tick as usize % keys.len()], 2).await;
-        w.emit(keys[(tick as usize * 3 + 1) % keys.len()], 1).await;
-        if tick == 10 {
-            members.push(Member {
-                flow: None,
-                paused_until: None,
-                restarts: 0,
-            });
+    let mut tick = 0usize;
+    let mut emit = async |w: &mut World, members: &mut Members| {
+        tick += 1;
+        w.emit(keys[tick % keys.len()], 2).await;
+        w.emit(keys[(tick * 3 + 1) % keys.len()], 1).await;
+        members.supervise();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // Events flow; a third member joins after a while (a rebalance).
+    for i in 0..30 {
+        if i == 10 {
+            members.spawn();
         }
-        if tick == 20 {
-            members[0].paused_until = Some(Instant::now() + Duration::from_secs(6));
-        }
-        if tick == 40 {
-            // The third member goes away without leaving: its session expires and the group rebalances.
-            members.pop();
-        }
-        for m in members.iter_mut() {
-            m.drive(&w, tick).await;
-        }
+        emit(&mut w, &mut members).await;
     }
-    for m in members.iter_mut() {
-        if let Some(f) = &m.flow {
-            let _ = f.persist().await;
-            let _ = f.commit().await;
-        }
+    // Freeze an owner once it holds something, clearly past its session timeout, while events flow.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while members.procs[0].held().is_empty() {
+        emit(&mut w, &mut members).await;
+        assert!(Instant::now() < deadline, "member 0 never got a partition");
     }
-    let restarts: u32 = members.iter().map(|m| m.restarts).sum();
-    drop(members);
+    let frozen_held = members.procs[0].held();
+    members.procs[0].pause();
+    let frozen_at = Instant::now();
+    let mut taken_over = false;
+    // Frozen for at least the session timeout plus 3 s, and until another member holds its partitions.
+    while frozen_at.elapsed() < SESSION + Duration::from_secs(3) || !taken_over {
+        emit(&mut w, &mut members).await;
+        taken_over |= members.procs[1..]
+            .iter()
+            .any(|m| m.held().iter().any(|p| frozen_held.contains(p)));
+        assert!(
+            frozen_at.elapsed() < Duration::from_secs(60),
+            "{}: nobody took over {frozen_held:?} from the frozen member",
+            kafka.version()
+        );
+    }
+    let frozen_for = frozen_at.elapsed();
+    // Thaw it: it acts on its stale state first (the fence must refuse its flush).
+    members.procs[0].resume();
+    for i in 0..30 {
+        if i == 10 {
+            // The third member dies without leaving: its session expires and the group rebalances.
+            let mut third = members.procs.pop().expect("three members");
+            third.kill();
+        }
+        emit(&mut w, &mut members).await;
+    }
+    for m in members.procs.drain(..) {
+        m.close(Duration::from_secs(10));
+    }
 
     // A fresh member alone recovers every partition and folds what remains.
     let mut c = w.flow(PersistenceMode::Transactional).await;
@@ -421,9 +498,14 @@ async fn end_to_end(kafka: &KafkaCluster, protocol: GroupProtocol) {
         got.extend(c.state(p).await.unwrap());
     }
     eprintln!(
-        "end to end on {} {protocol:?}: {} events, {restarts} restarts",
+        "end to end on {} {protocol:?}: {} events, froze {frozen_held:?} for {:.1}s, {} restarts \
+         ({} after a fence), {:.1}s",
         kafka.version(),
-        w.seq
+        w.seq,
+        frozen_for.as_secs_f64(),
+        members.restarts,
+        members.fenced,
+        began.elapsed().as_secs_f64()
     );
     assert_eq!(got, w.expected(), "{} {protocol:?}", kafka.version());
 }

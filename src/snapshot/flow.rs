@@ -24,7 +24,7 @@ use super::error::SnapshotError;
 use super::group_commit::MetadataSource;
 use super::log::PartitionLog;
 use super::recovery::{read_to_target, RecoveryConfig};
-use super::store::{Assignment, SnapshotConfig, SnapshotStore};
+use super::store::{SnapshotConfig, SnapshotStore};
 use crate::consumer::{
     commit_offsets, committed_offsets, list_offsets, ConsumerError, GroupConsumer,
     GroupConsumerConfig, GroupMetadataHandle, LostReason, OffsetReset, OffsetSpec,
@@ -218,7 +218,8 @@ impl<F: Fold> Shared<F> {
         }
     }
 
-    async fn acquire(&self, tp: &TopicPartition) -> Result<PartitionFlow<F::State>, FlowError> {
+    /// The offset `tp` is assigned at: the group's committed offset, else the reset position.
+    async fn assigned_offset(&self, tp: &TopicPartition) -> Result<i64, FlowError> {
         let committed = committed_offsets(
             &self.client,
             &self.config.consumer.group.group_id,
@@ -228,7 +229,7 @@ impl<F: Fold> Shared<F> {
         .get(tp)
         .copied()
         .flatten();
-        let assigned_offset = match committed {
+        Ok(match committed {
             Some(o) => o,
             None => {
                 let spec = match self.config.consumer.reader.reset {
@@ -246,23 +247,38 @@ impl<F: Fold> Shared<F> {
                 .copied()
                 .unwrap_or(0)
             }
-        };
-        let writer = match (self.config.mode, &self.plain) {
-            (PersistenceMode::NonTransactional, Some(p)) => Writer::Plain(Arc::clone(p)),
+        })
+    }
+
+    async fn acquire(&self, tp: &TopicPartition) -> Result<PartitionFlow<F::State>, FlowError> {
+        let (writer, assigned_offset) = match (self.config.mode, &self.plain) {
+            (PersistenceMode::NonTransactional, Some(p)) => (
+                Writer::Plain(Arc::clone(p)),
+                self.assigned_offset(tp).await?,
+            ),
             _ => {
-                let assignment = Assignment {
-                    input: tp.clone(),
-                    assigned_offset,
-                    metadata: self.metadata_source(),
+                // Take the partition over first, then read its committed offset: a crashed owner's open
+                // transaction may hold a pending offset commit, and the stable read waits for it until
+                // the takeover aborts it (see SnapshotStore::acquire_then).
+                let partition = tp.partition;
+                let offset = async {
+                    self.assigned_offset(tp)
+                        .await
+                        .map_err(|e| SnapshotError::Io {
+                            partition,
+                            source: Arc::new(e),
+                        })
                 };
-                Writer::Fenced(Arc::new(
-                    SnapshotStore::acquire(
-                        self.client.clone(),
-                        self.config.snapshots.clone(),
-                        assignment,
-                    )
-                    .await?,
-                ))
+                let store = SnapshotStore::acquire_then(
+                    self.client.clone(),
+                    self.config.snapshots.clone(),
+                    tp.clone(),
+                    self.metadata_source(),
+                    offset,
+                )
+                .await?;
+                let offset = store.committed_offset();
+                (Writer::Fenced(Arc::new(store)), offset)
             }
         };
         // Eager recovery: every key of the partition, before any event is folded.

@@ -122,8 +122,37 @@ impl SnapshotStore {
         config: SnapshotConfig,
         assignment: Assignment,
     ) -> Result<Self, SnapshotError> {
+        let offset = assignment.assigned_offset;
+        Self::acquire_then(
+            client,
+            config,
+            assignment.input,
+            assignment.metadata,
+            async move { Ok(offset) },
+        )
+        .await
+    }
+
+    /// [`acquire`](Self::acquire) for a caller that learns the assigned offset only after the takeover:
+    /// the producer is initialised first (fencing the previous owner and aborting its open transaction,
+    /// offsets it had pending in it included), and only then is `assigned_offset` awaited.
+    ///
+    /// The order matters when the assigned offset is the group's committed offset: a committed-offset
+    /// read that waits for stable offsets (OffsetFetch `require_stable`, KIP-447) answers
+    /// UNSTABLE_OFFSET_COMMIT for as long as a crashed owner's transaction holds a pending offset commit
+    /// for the partition. Read before the takeover, it would wait for that transaction's timeout; read
+    /// after, it answers at once.
+    ///
+    /// Cancel-safe: dropping the future leaves at most a bumped producer epoch behind.
+    pub async fn acquire_then(
+        client: Client,
+        config: SnapshotConfig,
+        input: TopicPartition,
+        metadata: Arc<dyn MetadataSource>,
+        assigned_offset: impl std::future::Future<Output = Result<i64, SnapshotError>>,
+    ) -> Result<Self, SnapshotError> {
         config.validate()?;
-        let partition = assignment.input.partition;
+        let partition = input.partition;
         let began = tokio::time::Instant::now();
         let mut txn = TransactionalConfig::new(config.transactional_id(partition));
         txn.transaction_timeout = config.transaction_timeout;
@@ -141,17 +170,24 @@ impl SnapshotStore {
             ?acquired_in,
             "snapshot partition acquired: the previous owner's producer is fenced and its open transaction aborted"
         );
+        let assigned_offset = match assigned_offset.await {
+            Ok(o) => o,
+            Err(e) => {
+                producer.close().await;
+                return Err(e);
+            }
+        };
         let runner = ProducerRunner {
             producer,
             snapshot_topic: Arc::from(config.snapshot_topic.as_str()),
             partition,
-            input: assignment.input.clone(),
+            input: input.clone(),
         };
         let commits = GroupCommit::new(
             partition,
             runner,
-            assignment.metadata,
-            assignment.assigned_offset,
+            metadata,
+            assigned_offset,
             config.max_writes_per_transaction,
             config.max_queued_writes,
         )?;

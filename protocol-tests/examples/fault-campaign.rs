@@ -1,0 +1,170 @@
+//! The long fault campaign, one command:
+//!
+//! `cargo run --release -p protocol-tests --example fault-campaign -- --rounds 200 [--seed N] [--tv 2|1|both]
+//! [--unfenced] [--round-seed X] [--faults KIND,KIND] [--verbose]`
+//!
+//! Starts a three-node cluster per transaction version (`--tv both`, the default, alternates rounds between
+//! a TV2 and a TV1 cluster), runs the rounds drawn from the seed (printed first, so a run can be repeated),
+//! prints one line per round, a running total every ten rounds and, at the end, the rounds, faults by kind,
+//! anomalies and the seeds to replay. `--round-seed X` replays one round (with the same `--faults`, if
+//! any); `--faults` draws only from those kinds; `--verbose` prints every round's notes. Exit status 1
+//! when any anomaly was found.
+//! Members are this same executable run as `fault-campaign member ...` (examples have no sibling binaries).
+
+use std::io::Write as _;
+use std::sync::Arc;
+
+use protocol_tests::campaign::{
+    campaign_spec, run_round, summary, CampaignConfig, FaultKind, Finder, MemberCommand, RoundPlan,
+};
+use protocol_tests::member::member_main;
+use protocol_tests::KafkaCluster;
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("member") {
+        member_main(&argv[1..]);
+    }
+    let mut rounds = 200u64;
+    let mut seed = None;
+    let mut round_seed = None;
+    let mut tvs = vec![2i16, 1];
+    let mut transactional = true;
+    let mut verbose = false;
+    let mut kinds = Vec::new();
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        };
+        match a.as_str() {
+            "--rounds" => rounds = number(&value()),
+            "--seed" => seed = Some(number(&value())),
+            "--round-seed" => round_seed = Some(number(&value())),
+            "--tv" => {
+                tvs = match value().as_str() {
+                    "2" => vec![2],
+                    "1" => vec![1],
+                    "both" => vec![2, 1],
+                    v => usage(&format!("--tv {v}: want 2, 1 or both")),
+                }
+            }
+            "--unfenced" => transactional = false,
+            "--verbose" => verbose = true,
+            "--faults" => {
+                for name in value().split(',') {
+                    kinds.push(
+                        FaultKind::from_name(name)
+                            .unwrap_or_else(|| usage(&format!("no fault kind {name:?}"))),
+                    );
+                }
+            }
+            other => usage(&format!("unknown argument {other}")),
+        }
+    }
+    let seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    if round_seed.is_some() {
+        rounds = tvs.len() as u64;
+    }
+    println!(
+        "fault campaign: seed={seed} rounds={rounds} tv={tvs:?} {}",
+        if transactional { "fenced" } else { "unfenced" }
+    );
+    let finder: Finder = Arc::new(|bootstrap, topic| {
+        Box::pin(async move {
+            snapfence_cli::find_hanging(&bootstrap, &topic, 0)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    });
+    let program = std::env::current_exe().unwrap_or_else(|e| usage(&format!("own path: {e}")));
+    let mut cfg = CampaignConfig::new(
+        MemberCommand {
+            program,
+            leading: vec!["member".into()],
+        },
+        Some(finder),
+    );
+    cfg.transactional = transactional;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| usage(&format!("no runtime: {e}")));
+    let began = std::time::Instant::now();
+    // Every cluster up front and rounds alternating between them, so a run cut short still covers both
+    // transaction versions.
+    let clusters: Vec<(i16, KafkaCluster)> = tvs
+        .iter()
+        .map(|tv| match KafkaCluster::start(&campaign_spec(*tv)) {
+            Ok(k) => {
+                println!("tv={tv}: three nodes at {}", k.bootstrap());
+                (*tv, k)
+            }
+            Err(e) => usage(&format!("cluster for tv={tv}: {e}")),
+        })
+        .collect();
+    let mut reports = Vec::new();
+    for r in 0..rounds {
+        let (_, kafka) = &clusters[(r % clusters.len() as u64) as usize];
+        let plan = match round_seed {
+            Some(s) => RoundPlan::from_seed_among(s, &kinds),
+            None => RoundPlan::draw_among(seed, r, &kinds),
+        };
+        let report = runtime.block_on(run_round(kafka, &cfg, &plan));
+        println!("round {r}: {report}");
+        for a in report.anomalies.iter().chain(&report.infra) {
+            println!("    {a}");
+        }
+        // The notes say where the time went: shown for every finding and every slow round.
+        if verbose
+            || !report.anomalies.is_empty()
+            || report.elapsed > std::time::Duration::from_secs(40)
+        {
+            for n in &report.notes {
+                println!("    note: {n}");
+            }
+        }
+        reports.push(report);
+        if (r + 1) % 10 == 0 && r + 1 < rounds {
+            // A running total, so a run stopped early still ends with one in its log.
+            println!(
+                "--- after {} rounds, {:.0}s ---\n{}",
+                r + 1,
+                began.elapsed().as_secs_f64(),
+                summary(&reports)
+            );
+        }
+        let _ = std::io::stdout().flush();
+    }
+    println!(
+        "\ncampaign seed={seed} done in {:.0}s\n{}",
+        began.elapsed().as_secs_f64(),
+        summary(&reports)
+    );
+    let anomalies = reports.iter().any(|r| !r.anomalies.is_empty());
+    std::process::exit(i32::from(anomalies));
+}
+
+fn number(text: &str) -> u64 {
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    parsed.unwrap_or_else(|e| usage(&format!("{text}: {e}")))
+}
+
+fn usage(problem: &str) -> ! {
+    eprintln!(
+        "fault-campaign: {problem}\nusage: fault-campaign [--rounds N] [--seed N] [--tv 2|1|both] \
+         [--unfenced] [--round-seed X] [--faults KIND,...] [--verbose]"
+    );
+    std::process::exit(2)
+}

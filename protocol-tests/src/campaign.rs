@@ -1,0 +1,1127 @@
+//! The fault campaign: flow members as processes on a three-node cluster, an input producer that records
+//! every event it wrote, faults drawn per round from a printed seed, and a checker that re-folds the input
+//! from scratch and compares it with what the snapshot topic holds.
+//!
+//! One round: fresh input and snapshot topics and a fresh group; members join; events flow while the
+//! round's faults run one after the other; the faults heal (nodes restarted, members thawed, at least two
+//! members running); the input stops; the members drain (every input partition's committed offset reaches
+//! its end) and stop; then
+//! - the hanging-transaction finder (supplied by the caller, see [`Finder`]) must report nothing on the
+//!   snapshot topic and `__consumer_offsets`;
+//! - every snapshot read at read_committed must be a fold of its key's first N events (nothing folded
+//!   twice, skipped or reordered), never a key of an aborted foreign transaction, and per key the counts
+//!   never go back (a stale owner's late write would);
+//! - every snapshot a member reported committed must be in the log (no committed snapshot lost);
+//! - each key's last snapshot must equal the fold of all its input events.
+//!
+//! Each violation is an anomaly. Trouble of the harness itself (a node that does not come back) is kept
+//! apart as an infrastructure note, so it is never mistaken for a finding or for a clean round.
+//!
+//! # References
+//! - KIP-98 (transactions), KIP-447 (fencing by generation), KIP-664 (hanging transactions), KIP-848
+//!   (consumer protocol), KIP-890 (transaction.version 2)
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use snapfence::consumer::{committed_offsets, list_offsets, OffsetSpec, TopicPartition};
+use snapfence::net::{Client, ClientConfig, CoordinatorKind};
+use snapfence::producer::{
+    Producer, ProducerConfig, ProducerRecord, TransactionalConfig, TransactionalProducer,
+};
+use snapfence::records::IsolationLevel;
+use snapfence::snapshot::{read_to_target, PartitionLog, RecoveryConfig};
+
+use crate::member::{MemberArgs, MemberLog, MemberProcess};
+use crate::tally::{fold_all, Tally};
+use crate::{unique, ClusterSpec, KafkaCluster};
+
+/// A fault the campaign injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// SIGSTOP an owner as a flush starts, past its session timeout and until another member took over
+    /// and flushed, then SIGCONT it (its flush goes on, late).
+    Zombie,
+    /// SIGKILL an owner frozen inside a flush whose transaction is open on its snapshot partition, then
+    /// restart it.
+    KillMidTxn,
+    /// SIGKILL the leader node of an input or snapshot partition, then restart it.
+    LeaderRestart,
+    /// SIGKILL the node coordinating a snapshot partition's transactional id, then restart it.
+    TxnCoordinatorKill,
+    /// SIGKILL the group coordinator's node, then restart it.
+    GroupCoordinatorKill,
+    /// Hold a foreign transaction open on a snapshot partition across a rebalance, then abort it.
+    ForeignTxn,
+    /// Add a member, then remove one (two rebalances).
+    Rebalance,
+}
+
+impl FaultKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [FaultKind; 7] = [
+        FaultKind::Zombie,
+        FaultKind::KillMidTxn,
+        FaultKind::LeaderRestart,
+        FaultKind::TxnCoordinatorKill,
+        FaultKind::GroupCoordinatorKill,
+        FaultKind::ForeignTxn,
+        FaultKind::Rebalance,
+    ];
+
+    /// The kind named `name` (as [`name`](Self::name) spells it).
+    pub fn from_name(name: &str) -> Option<FaultKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// A short stable name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Zombie => "zombie",
+            FaultKind::KillMidTxn => "kill-mid-txn",
+            FaultKind::LeaderRestart => "leader-restart",
+            FaultKind::TxnCoordinatorKill => "txn-coordinator-kill",
+            FaultKind::GroupCoordinatorKill => "group-coordinator-kill",
+            FaultKind::ForeignTxn => "foreign-txn",
+            FaultKind::Rebalance => "rebalance",
+        }
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The hanging-transaction finder: given a bootstrap and a topic, the hanging transactions it finds there
+/// (one line each), or why it could not search. The campaign does not carry its own: the caller passes the
+/// operator tool's KIP-664 finder, so the campaign checks the finder users run. The future need not be
+/// `Send` (the tool's writer-based output is not), so a round runs on the caller's task.
+pub type Finder = Arc<
+    dyn Fn(String, String) -> Pin<Box<dyn Future<Output = Result<Vec<String>, String>>>>
+        + Send
+        + Sync,
+>;
+
+/// How members are started: a program and the arguments before the member's own.
+#[derive(Debug, Clone)]
+pub struct MemberCommand {
+    /// The executable.
+    pub program: PathBuf,
+    /// Arguments before [`MemberArgs::to_args`] (e.g. a subcommand that selects member mode).
+    pub leading: Vec<String>,
+}
+
+/// What a campaign runs.
+#[derive(Clone)]
+pub struct CampaignConfig {
+    /// How to start a member.
+    pub member: MemberCommand,
+    /// Fenced (transactional) members, or the unfenced mode whose corruption the checker must catch.
+    pub transactional: bool,
+    /// Members at the start of a round.
+    pub members: usize,
+    /// Input (and snapshot) partitions.
+    pub partitions: i32,
+    /// Distinct keys.
+    pub keys: usize,
+    /// The session timeout (classic; the cluster's `group.consumer.session.timeout.ms` should match).
+    pub session_timeout: Duration,
+    /// The finder run after every round; `None` skips that check (and says so in the report).
+    pub finder: Option<Finder>,
+}
+
+impl CampaignConfig {
+    /// Three transactional members over four partitions and sixteen keys, a 3 s session.
+    pub fn new(member: MemberCommand, finder: Option<Finder>) -> CampaignConfig {
+        CampaignConfig {
+            member,
+            transactional: true,
+            members: 3,
+            partitions: 4,
+            keys: 16,
+            session_timeout: Duration::from_secs(3),
+            finder,
+        }
+    }
+}
+
+/// The cluster a campaign runs on: three nodes (replication 3, `min.insync.replicas` 2) at
+/// `transaction.version` `tv`, with the KIP-848 session timeout at the broker's minimum of 3 s so a
+/// frozen member is evicted quickly under both protocols.
+pub fn campaign_spec(tv: i16) -> ClusterSpec {
+    ClusterSpec::three_nodes()
+        .with_transaction_version(tv)
+        .with_prop("group.consumer.session.timeout.ms", "3000")
+}
+
+/// A small deterministic generator (SplitMix64), so a round replays from its seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next_u64() % n as u64) as usize
+        }
+    }
+}
+
+/// One round's draw: its seed, the group protocol and the faults in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundPlan {
+    /// Replays the round (with the same plan) exactly as far as the campaign decides.
+    pub seed: u64,
+    /// KIP-848 consumer protocol, else classic.
+    pub consumer_protocol: bool,
+    /// The faults, run one after another.
+    pub faults: Vec<FaultKind>,
+}
+
+impl RoundPlan {
+    /// The plan of round `round` of the campaign seeded `campaign_seed`.
+    pub fn draw(campaign_seed: u64, round: u64) -> RoundPlan {
+        Self::draw_among(campaign_seed, round, &FaultKind::ALL)
+    }
+
+    /// [`draw`](Self::draw) with the faults taken only from `kinds` (all kinds when empty).
+    pub fn draw_among(campaign_seed: u64, round: u64, kinds: &[FaultKind]) -> RoundPlan {
+        let seed = Rng::new(campaign_seed ^ round.wrapping_mul(0xa24b_aed4_963e_e407)).next_u64();
+        Self::from_seed_among(seed, kinds)
+    }
+
+    /// The plan a round seed stands for: one or two faults (more per round made rounds long without
+    /// finding more; every kind still meets every other across a campaign).
+    pub fn from_seed(seed: u64) -> RoundPlan {
+        Self::from_seed_among(seed, &FaultKind::ALL)
+    }
+
+    /// [`from_seed`](Self::from_seed) with the faults taken only from `kinds` (all kinds when empty).
+    pub fn from_seed_among(seed: u64, kinds: &[FaultKind]) -> RoundPlan {
+        let kinds = if kinds.is_empty() {
+            &FaultKind::ALL[..]
+        } else {
+            kinds
+        };
+        let mut rng = Rng::new(seed);
+        let consumer_protocol = rng.below(2) == 1;
+        let n = (1 + rng.below(2)).min(kinds.len());
+        let mut faults = Vec::new();
+        while faults.len() < n {
+            let k = kinds[rng.below(kinds.len())];
+            if !faults.contains(&k) {
+                faults.push(k);
+            }
+        }
+        RoundPlan {
+            seed,
+            consumer_protocol,
+            faults,
+        }
+    }
+}
+
+/// What a round found.
+#[derive(Debug, Clone)]
+pub struct RoundReport {
+    /// What was drawn.
+    pub plan: RoundPlan,
+    /// The cluster's `transaction.version`.
+    pub transaction_version: i16,
+    /// Fenced or not.
+    pub transactional: bool,
+    /// Input events written.
+    pub events: usize,
+    /// Snapshots read back at read_committed.
+    pub snapshots_read: usize,
+    /// Committed snapshots the members reported.
+    pub snapshots_reported: usize,
+    /// Member processes started after the first ones (supervisor restarts and added members).
+    pub restarts: usize,
+    /// Kill-mid-transaction faults after which a snapshot partition of the killed member had an open
+    /// transaction (the crash landed inside one).
+    pub open_txn_kills: usize,
+    /// Invariant violations.
+    pub anomalies: Vec<String>,
+    /// Harness trouble (not a finding about the library).
+    pub infra: Vec<String>,
+    /// What happened, fault by fault.
+    pub notes: Vec<String>,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for RoundReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let faults: Vec<&str> = self.plan.faults.iter().map(|k| k.name()).collect();
+        write!(
+            f,
+            "seed={:#018x} tv={} {} {} faults=[{}] events={} snapshots={} reported={} restarts={} \
+             anomalies={} infra={} {:.1}s",
+            self.plan.seed,
+            self.transaction_version,
+            if self.plan.consumer_protocol {
+                "consumer"
+            } else {
+                "classic"
+            },
+            if self.transactional {
+                "fenced"
+            } else {
+                "unfenced"
+            },
+            faults.join(","),
+            self.events,
+            self.snapshots_read,
+            self.snapshots_reported,
+            self.restarts,
+            self.anomalies.len(),
+            self.infra.len(),
+            self.elapsed.as_secs_f64()
+        )
+    }
+}
+
+/// A campaign's totals: rounds, faults by kind, anomalies and the seeds that found them.
+pub fn summary(reports: &[RoundReport]) -> String {
+    let mut by_kind: BTreeMap<FaultKind, usize> = BTreeMap::new();
+    for r in reports {
+        for k in &r.plan.faults {
+            *by_kind.entry(*k).or_default() += 1;
+        }
+    }
+    let anomalies: usize = reports.iter().map(|r| r.anomalies.len()).sum();
+    let infra: usize = reports.iter().map(|r| r.infra.len()).sum();
+    let events: usize = reports.iter().map(|r| r.events).sum();
+    let mut out = format!(
+        "rounds: {} ({} classic, {} consumer protocol; tv2 {}, tv1 {})\nevents: {events}\nfaults by kind:\n",
+        reports.len(),
+        reports.iter().filter(|r| !r.plan.consumer_protocol).count(),
+        reports.iter().filter(|r| r.plan.consumer_protocol).count(),
+        reports.iter().filter(|r| r.transaction_version == 2).count(),
+        reports.iter().filter(|r| r.transaction_version == 1).count(),
+    );
+    for k in FaultKind::ALL {
+        out.push_str(&format!(
+            "  {:<24} {}\n",
+            k.name(),
+            by_kind.get(&k).copied().unwrap_or(0)
+        ));
+    }
+    let kills = by_kind.get(&FaultKind::KillMidTxn).copied().unwrap_or(0);
+    let open: usize = reports.iter().map(|r| r.open_txn_kills).sum();
+    out.push_str(&format!(
+        "kill-mid-txn faults that left a transaction open: {open} of {kills}\n\
+         anomalies: {anomalies}\ninfrastructure notes: {infra}\n"
+    ));
+    for r in reports
+        .iter()
+        .filter(|r| !r.anomalies.is_empty() || !r.infra.is_empty())
+    {
+        out.push_str(&format!(
+            "  replay: --round-seed {:#018x} (tv={}{})\n",
+            r.plan.seed,
+            r.transaction_version,
+            if r.transactional { "" } else { ", unfenced" }
+        ));
+        for a in r.anomalies.iter().take(5) {
+            out.push_str(&format!("    anomaly: {a}\n"));
+        }
+        for a in r.infra.iter().take(3) {
+            out.push_str(&format!("    infra: {a}\n"));
+        }
+    }
+    out
+}
+
+/// Runs one round of `plan` on `kafka` (a cluster from [`campaign_spec`]). Never panics on what it
+/// observes: every problem ends up in the report.
+///
+/// Cancel safety: not cancel-safe; a dropped round leaves its topics behind (its members are killed when
+/// their handles drop).
+pub async fn run_round(
+    kafka: &KafkaCluster,
+    cfg: &CampaignConfig,
+    plan: &RoundPlan,
+) -> RoundReport {
+    let began = Instant::now();
+    let tv = kafka
+        .spec()
+        .and_then(|s| s.transaction_version)
+        .unwrap_or(2);
+    let mut report = RoundReport {
+        plan: plan.clone(),
+        transaction_version: tv,
+        transactional: cfg.transactional,
+        events: 0,
+        snapshots_read: 0,
+        snapshots_reported: 0,
+        restarts: 0,
+        open_txn_kills: 0,
+        anomalies: Vec::new(),
+        infra: Vec::new(),
+        notes: Vec::new(),
+        elapsed: Duration::ZERO,
+    };
+    match Round::new(kafka, cfg, plan).await {
+        Ok(mut round) => {
+            round.run(&mut report).await;
+            round.cleanup().await;
+        }
+        Err(e) => report.infra.push(format!("round setup: {e}")),
+    }
+    report.elapsed = began.elapsed();
+    report
+}
+
+struct Round<'a> {
+    kafka: &'a KafkaCluster,
+    cfg: &'a CampaignConfig,
+    plan: &'a RoundPlan,
+    rng: Rng,
+    client: Client,
+    args: MemberArgs,
+    members: Vec<MemberProcess>,
+    /// Logs of member processes that are gone.
+    gone: Vec<MemberLog>,
+    spawned: usize,
+    down: Option<i32>,
+    foreign_keys: Vec<Bytes>,
+    began: Instant,
+}
+
+impl<'a> Round<'a> {
+    async fn new(
+        kafka: &'a KafkaCluster,
+        cfg: &'a CampaignConfig,
+        plan: &'a RoundPlan,
+    ) -> Result<Round<'a>, String> {
+        let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let input = unique("fc-input");
+        let snapshots = unique("fc-snap");
+        client
+            .create_topic(&input, cfg.partitions, -1, &[])
+            .await
+            .map_err(|e| format!("create {input}: {e}"))?;
+        client
+            .create_topic(
+                &snapshots,
+                cfg.partitions,
+                -1,
+                &[("cleanup.policy", "compact")],
+            )
+            .await
+            .map_err(|e| format!("create {snapshots}: {e}"))?;
+        let mut args = MemberArgs::new(
+            &kafka.bootstrap(),
+            &unique("fc-group"),
+            &input,
+            &snapshots,
+            &unique("fc-txn"),
+        );
+        args.consumer_protocol = plan.consumer_protocol;
+        args.transactional = cfg.transactional;
+        args.session_timeout = cfg.session_timeout;
+        Ok(Round {
+            kafka,
+            cfg,
+            plan,
+            rng: Rng::new(plan.seed ^ 0x5eed),
+            client,
+            args,
+            members: Vec::new(),
+            gone: Vec::new(),
+            spawned: 0,
+            down: None,
+            foreign_keys: Vec::new(),
+            began: Instant::now(),
+        })
+    }
+
+    fn spawn_member(&mut self) -> Result<(), String> {
+        let mut full = self.cfg.member.leading.clone();
+        full.extend(self.args.to_args());
+        let m = MemberProcess::spawn_command(&self.cfg.member.program, &full)
+            .map_err(|e| format!("start member: {e}"))?;
+        self.members.push(m);
+        self.spawned += 1;
+        Ok(())
+    }
+
+    /// Replaces every member that exited (a fenced zombie stops; a crashed one is restarted), as a
+    /// supervisor would. Frozen members are left frozen.
+    fn supervise(&mut self, notes: &mut Vec<String>) {
+        let mut i = 0;
+        while i < self.members.len() {
+            let m = &mut self.members[i];
+            if !m.is_paused() && !m.is_running() {
+                let log = m.final_log();
+                if let Some(f) = &log.failure {
+                    notes.push(format!("member {} exited: {f}", m.pid()));
+                }
+                self.gone.push(log);
+                self.members.swap_remove(i);
+                if let Err(e) = self.spawn_member() {
+                    notes.push(e);
+                }
+                continue;
+            }
+            i += 1;
+        }
+    }
+
+    /// Waits `d`, supervising every 100 ms.
+    async fn hold(&mut self, d: Duration, notes: &mut Vec<String>) {
+        let until = Instant::now() + d;
+        while Instant::now() < until {
+            self.supervise(notes);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A running member that holds a partition (waits up to 10 s for one).
+    async fn owner(&mut self, notes: &mut Vec<String>) -> Option<usize> {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let owners: Vec<usize> = (0..self.members.len())
+                .filter(|&i| !self.members[i].is_paused() && !self.members[i].held().is_empty())
+                .collect();
+            if !owners.is_empty() {
+                return Some(owners[self.rng.below(owners.len())]);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            self.hold(Duration::from_millis(200), notes).await;
+        }
+    }
+
+    async fn kill_node(&mut self, node: i32, why: &str, report: &mut RoundReport) {
+        if self.down.is_some() {
+            // One node down at a time: with min.insync.replicas 2 a second one would stop all writes.
+            self.heal_node(report).await;
+        }
+        self.kafka.kill(node);
+        self.down = Some(node);
+        report.notes.push(format!("killed node {node} ({why})"));
+    }
+
+    async fn heal_node(&mut self, report: &mut RoundReport) {
+        if let Some(node) = self.down.take() {
+            match restart_node(self.kafka, node).await {
+                Ok(()) => report.notes.push(format!("restarted node {node}")),
+                Err(e) => report.infra.push(format!("node {node} restart: {e}")),
+            }
+        }
+    }
+
+    /// A note stamped with the time since the round began, so a report shows where a round's time went.
+    fn stamp(&self, what: impl fmt::Display) -> String {
+        format!("[{:5.1}s] {what}", self.began.elapsed().as_secs_f64())
+    }
+
+    async fn fault(&mut self, kind: FaultKind, report: &mut RoundReport) {
+        let mut notes = vec![self.stamp(format_args!("fault {kind}"))];
+        match kind {
+            FaultKind::Zombie => {
+                let Some(i) = self.owner(&mut notes).await else {
+                    notes.push("zombie: no owner to freeze".into());
+                    return report.notes.append(&mut notes);
+                };
+                // Freeze it as a flush starts, before its writes leave the producer (they linger a few
+                // milliseconds): a GC pause in the middle of a write. Thawed, its writes go out late,
+                // after the new owner's (unfenced they land; fenced the transaction must be refused
+                // and never read). A freeze later in the flush may find the writes already acknowledged,
+                // and then there is no late write to test. A member that does not flush within 3 s is
+                // frozen wherever it is.
+                self.members[i].freeze_in_next_flush(Duration::ZERO);
+                let until = Instant::now() + Duration::from_secs(3);
+                while !self.members[i].frozen_in_flush() && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let in_flush = self.members[i].frozen_in_flush();
+                if !in_flush {
+                    self.members[i].disarm_and_resume();
+                    self.members[i].pause();
+                }
+                let held = self.members[i].held();
+                let frozen = self.cfg.session_timeout + Duration::from_secs(2);
+                notes.push(format!(
+                    "froze member {} holding {held:?} {} for at least {:.1}s",
+                    self.members[i].pid(),
+                    if in_flush {
+                        "inside a flush"
+                    } else {
+                        "between flushes"
+                    },
+                    frozen.as_secs_f64()
+                ));
+                let pid = self.members[i].pid();
+                self.hold(frozen, &mut notes).await;
+                // Thaw it only once another member holds one of its partitions and has flushed twice since
+                // (a new owner's first flush may only re-state what it recovered): then the zombie's
+                // first flush is really later than the new owner's.
+                let until = Instant::now() + Duration::from_secs(20);
+                let mut seen: Option<(u32, u64)> = None;
+                loop {
+                    let taker = self
+                        .members
+                        .iter()
+                        .find(|m| m.pid() != pid && m.held().iter().any(|p| held.contains(p)))
+                        .map(|m| (m.pid(), m.log().flushes));
+                    match (seen, taker) {
+                        (Some((a, f)), Some((b, g))) if a == b && g >= f + 2 => {
+                            notes.push(format!("member {b} took over and flushed"));
+                            break;
+                        }
+                        (Some((a, _)), Some((b, _))) if a == b => {}
+                        (_, t) => seen = t,
+                    }
+                    if Instant::now() >= until {
+                        notes.push("no takeover with a flush seen before the thaw".into());
+                        break;
+                    }
+                    self.hold(Duration::from_millis(100), &mut notes).await;
+                }
+                if let Some(m) = self.members.iter_mut().find(|m| m.pid() == pid) {
+                    m.resume();
+                }
+                self.hold(Duration::from_millis(500), &mut notes).await;
+            }
+            FaultKind::KillMidTxn => {
+                let Some(i) = self.owner(&mut notes).await else {
+                    notes.push("kill-mid-txn: no owner".into());
+                    return report.notes.append(&mut notes);
+                };
+                let pid = self.members[i].pid();
+                // Freeze it somewhere in a flush; if a snapshot partition it holds then has an open
+                // transaction (last stable offset below the high watermark) the crash lands inside one:
+                // kill it. Otherwise thaw it and try the next flush, a few times.
+                let mut inside = false;
+                for _ in 0..8 {
+                    let typical = self.members[i]
+                        .log()
+                        .last_flush
+                        .unwrap_or(Duration::from_millis(20));
+                    let delay = typical * (10 + self.rng.below(81) as u32) / 100;
+                    self.members[i].freeze_in_next_flush(delay);
+                    let until = Instant::now() + Duration::from_secs(3);
+                    while !self.members[i].frozen_in_flush() && Instant::now() < until {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    if !self.members[i].frozen_in_flush() {
+                        self.members[i].disarm_and_resume();
+                        continue;
+                    }
+                    // The brokers keep running: give the followers a moment to replicate what the
+                    // frozen transaction produced, so the high watermark covers it and the last stable
+                    // offset shows it as open.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let held = self.members[i].held();
+                    let open = self.open_transactions(&held).await;
+                    if !open.is_empty() {
+                        notes.push(format!(
+                            "froze member {pid} {:.1}ms into a flush with transactions open on {open:?}",
+                            delay.as_secs_f64() * 1000.0
+                        ));
+                        inside = true;
+                        break;
+                    }
+                    self.members[i].disarm_and_resume();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                self.members[i].kill();
+                if inside {
+                    report.open_txn_kills += 1;
+                    notes.push(format!("killed member {pid} inside its transaction"));
+                } else {
+                    notes.push(format!(
+                        "killed member {pid}; no flush was caught with its transaction open"
+                    ));
+                }
+                // The supervisor restarts it.
+                self.hold(Duration::from_millis(1500), &mut notes).await;
+            }
+            FaultKind::LeaderRestart => {
+                let topic = if self.rng.below(2) == 0 {
+                    self.args.input.clone()
+                } else {
+                    self.args.snapshots.clone()
+                };
+                let p = self.rng.below(self.cfg.partitions as usize) as i32;
+                self.client.invalidate_leader(&topic, p);
+                match self.client.leader(&topic, p).await {
+                    Ok(l) => {
+                        self.kill_node(l.node, &format!("leader of {topic}/{p}"), report)
+                            .await;
+                        self.hold(Duration::from_secs(2), &mut notes).await;
+                        self.heal_node(report).await;
+                    }
+                    Err(e) => notes.push(format!("leader of {topic}/{p}: {e}")),
+                }
+            }
+            FaultKind::TxnCoordinatorKill | FaultKind::GroupCoordinatorKill => {
+                let (ck, key) = if kind == FaultKind::TxnCoordinatorKill {
+                    let p = self.rng.below(self.cfg.partitions as usize);
+                    (
+                        CoordinatorKind::Transaction,
+                        format!("{}-{p}", self.args.txn_prefix),
+                    )
+                } else {
+                    (CoordinatorKind::Group, self.args.group.clone())
+                };
+                self.client.invalidate_coordinator(ck, &key);
+                match self.client.coordinator(ck, &key).await {
+                    Ok(node) => {
+                        self.kill_node(node, &format!("coordinator of {key}"), report)
+                            .await;
+                        self.hold(Duration::from_secs(2), &mut notes).await;
+                        self.heal_node(report).await;
+                    }
+                    Err(e) => notes.push(format!("coordinator of {key}: {e}")),
+                }
+            }
+            FaultKind::ForeignTxn => {
+                let p = self.rng.below(self.cfg.partitions as usize) as i32;
+                let key = Bytes::from(format!("foreign-{}", self.rng.below(1000)));
+                match self.open_foreign(p, key.clone()).await {
+                    Ok(mut txn) => {
+                        self.foreign_keys.push(key);
+                        notes.push(format!(
+                            "foreign transaction open on snapshot partition {p}"
+                        ));
+                        // A rebalance while it is open: whoever gets the partition recovers past it.
+                        if let Err(e) = self.spawn_member() {
+                            notes.push(e);
+                        }
+                        self.hold(Duration::from_secs(4), &mut notes).await;
+                        if let Err(e) = txn.abort().await {
+                            report
+                                .infra
+                                .push(format!("aborting the foreign transaction: {e}"));
+                        }
+                        txn.close().await;
+                    }
+                    Err(e) => report.infra.push(format!("foreign transaction: {e}")),
+                }
+            }
+            FaultKind::Rebalance => {
+                if let Err(e) = self.spawn_member() {
+                    notes.push(e);
+                }
+                self.hold(Duration::from_secs(2), &mut notes).await;
+                let i = self.rng.below(self.members.len());
+                let m = self.members.swap_remove(i);
+                notes.push(format!("removed member {}", m.pid()));
+                self.gone.push(m.close(Duration::from_secs(10)));
+                self.hold(Duration::from_secs(1), &mut notes).await;
+            }
+        }
+        report.notes.append(&mut notes);
+    }
+
+    /// The snapshot partitions among `partitions` whose last stable offset is below the high watermark.
+    async fn open_transactions(&self, partitions: &[i32]) -> Vec<i32> {
+        let tps: Vec<TopicPartition> = partitions
+            .iter()
+            .map(|p| TopicPartition::new(self.args.snapshots.as_str(), *p))
+            .collect();
+        let at = |level| list_offsets(&self.client, &tps, OffsetSpec::Latest, level);
+        match (
+            at(IsolationLevel::ReadCommitted).await,
+            at(IsolationLevel::ReadUncommitted).await,
+        ) {
+            (Ok(lso), Ok(hw)) => tps
+                .iter()
+                .filter(|tp| lso.get(*tp) < hw.get(*tp))
+                .map(|tp| tp.partition)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    async fn open_foreign(&self, p: i32, key: Bytes) -> Result<TransactionalProducer, String> {
+        let mut txn = TransactionalProducer::init(
+            self.client.clone(),
+            TransactionalConfig::new(unique("fc-foreign")),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        txn.begin().map_err(|e| e.to_string())?;
+        let record = ProducerRecord::new(
+            self.args.snapshots.as_str(),
+            Some(Bytes::from_static(b"not a snapshot")),
+        )
+        .key(key)
+        .partition(p);
+        let delivery = txn.send(record).await.map_err(|e| e.to_string())?;
+        delivery.await.map_err(|e| e.to_string())?;
+        Ok(txn)
+    }
+
+    async fn run(&mut self, report: &mut RoundReport) {
+        for _ in 0..self.cfg.members {
+            if let Err(e) = self.spawn_member() {
+                return report.infra.push(e);
+            }
+        }
+        let initial = self.spawned;
+        let stop = Arc::new(AtomicBool::new(false));
+        let producer = tokio::spawn(produce(
+            self.client.clone(),
+            self.args.input.clone(),
+            self.cfg.partitions,
+            self.cfg.keys,
+            self.plan.seed,
+            Arc::clone(&stop),
+        ));
+        let mut notes = Vec::new();
+        // Let the group form and events flow before the first fault.
+        self.hold(Duration::from_secs(2), &mut notes).await;
+        for kind in self.plan.faults.clone() {
+            self.fault(kind, report).await;
+        }
+        // Heal: every node up, nobody frozen, at least two members.
+        self.heal_node(report).await;
+        for m in self.members.iter_mut().filter(|m| m.is_paused()) {
+            m.resume();
+        }
+        while self.members.len() < 2 {
+            if let Err(e) = self.spawn_member() {
+                report.infra.push(e);
+                break;
+            }
+        }
+        self.hold(Duration::from_secs(1), &mut notes).await;
+        notes.push(self.stamp("healed; input stops"));
+        stop.store(true, Ordering::SeqCst);
+        let written = match producer.await {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => {
+                report.anomalies.push(format!("input producer: {e}"));
+                return;
+            }
+            Err(e) => {
+                report.infra.push(format!("input producer task: {e}"));
+                return;
+            }
+        };
+        report.events = written.values().map(Vec::len).sum();
+        self.drain(report, &mut notes).await;
+        notes.push(self.stamp("drained"));
+        // Stop them all at once (each flushes and commits), then collect what each said.
+        let mut members = std::mem::take(&mut self.members);
+        for m in members.iter_mut() {
+            m.request_stop();
+        }
+        for m in members {
+            self.gone.push(m.close(Duration::from_secs(10)));
+        }
+        notes.push(self.stamp("members stopped"));
+        report.restarts = self.spawned - initial;
+        self.find_hanging(report).await;
+        notes.push(self.stamp("finder done"));
+        self.check(&written, report).await;
+        notes.push(self.stamp("checked"));
+        report.notes.append(&mut notes);
+    }
+
+    /// Waits until every input partition's committed offset reaches its end: every event folded and
+    /// persisted. A round that never drains is an anomaly (the flows stopped making progress).
+    async fn drain(&mut self, report: &mut RoundReport, notes: &mut Vec<String>) {
+        let tps: Vec<TopicPartition> = (0..self.cfg.partitions)
+            .map(|p| TopicPartition::new(self.args.input.as_str(), p))
+            .collect();
+        let ends = match list_offsets(
+            &self.client,
+            &tps,
+            OffsetSpec::Latest,
+            IsolationLevel::ReadUncommitted,
+        )
+        .await
+        {
+            Ok(e) => e,
+            Err(e) => return report.infra.push(format!("input ends: {e}")),
+        };
+        let until = Instant::now() + Duration::from_secs(90);
+        let mut last = BTreeMap::new();
+        while Instant::now() < until {
+            match committed_offsets(&self.client, &self.args.group, &tps).await {
+                Ok(c) => {
+                    let behind: Vec<_> = tps
+                        .iter()
+                        .filter(|tp| c.get(*tp).copied().flatten() < ends.get(*tp).copied())
+                        .collect();
+                    if behind.is_empty() {
+                        return;
+                    }
+                    last = c;
+                }
+                Err(e) => notes.push(format!("committed offsets: {e}")),
+            }
+            self.hold(Duration::from_millis(300), notes).await;
+        }
+        report.anomalies.push(format!(
+            "the flows never drained: committed {last:?}, input ends {ends:?}"
+        ));
+    }
+
+    async fn find_hanging(&self, report: &mut RoundReport) {
+        let Some(finder) = &self.cfg.finder else {
+            report
+                .notes
+                .push("no hanging-transaction finder configured".into());
+            return;
+        };
+        for topic in [self.args.snapshots.as_str(), "__consumer_offsets"] {
+            match finder(self.kafka.bootstrap(), topic.to_owned()).await {
+                Ok(found) => report.anomalies.extend(
+                    found
+                        .into_iter()
+                        .map(|h| format!("hanging in {topic}: {h}")),
+                ),
+                Err(e) => report.infra.push(format!("finder on {topic}: {e}")),
+            }
+        }
+    }
+
+    /// The re-fold checker (see the module docs).
+    async fn check(&self, written: &HashMap<Bytes, Vec<Bytes>>, report: &mut RoundReport) {
+        let mut read: HashMap<Bytes, Vec<Tally>> = HashMap::new();
+        for p in 0..self.cfg.partitions {
+            let mut log = PartitionLog::new(self.client.clone(), &self.args.snapshots, p);
+            let config = RecoveryConfig {
+                stall_timeout: Some(Duration::from_secs(60)),
+                ..RecoveryConfig::default()
+            };
+            let mut records = Vec::new();
+            if let Err(e) = read_to_target(&mut log, p, &config, |k, v| records.push((k, v))).await
+            {
+                report
+                    .anomalies
+                    .push(format!("reading snapshot partition {p}: {e}"));
+                continue;
+            }
+            for (key, value) in records {
+                report.snapshots_read += 1;
+                if self.foreign_keys.contains(&key) {
+                    report.anomalies.push(format!(
+                        "partition {p}: the aborted foreign write of {key:?} was read"
+                    ));
+                    continue;
+                }
+                let Some(t) = value.as_deref().and_then(tally_of_snapshot) else {
+                    report.anomalies.push(format!(
+                        "partition {p}: key {key:?} has a value that is not a snapshot: {value:?}"
+                    ));
+                    continue;
+                };
+                read.entry(key).or_default().push(t);
+            }
+        }
+        for (key, tallies) in &read {
+            let events = written.get(key).map(Vec::as_slice).unwrap_or_default();
+            let mut prev = 0;
+            for t in tallies {
+                let n = usize::try_from(t.count).unwrap_or(usize::MAX);
+                if n > events.len() || fold_all(&events[..n]) != Some(*t) {
+                    report.anomalies.push(format!(
+                        "{key:?}: snapshot {t:?} is not the fold of its first {n} of {} events",
+                        events.len()
+                    ));
+                }
+                if t.count < prev {
+                    report.anomalies.push(format!(
+                        "{key:?}: snapshots went back from {prev} to {} events (a stale write landed)",
+                        t.count
+                    ));
+                }
+                prev = t.count;
+            }
+        }
+        for (key, events) in written {
+            let want = fold_all(events);
+            let got = read.get(key).and_then(|t| t.last()).copied();
+            if got != want {
+                report.anomalies.push(format!(
+                    "{key:?}: recovered {got:?}, but the fold of all {} events is {want:?}",
+                    events.len()
+                ));
+            }
+        }
+        let mut reported: HashSet<(Bytes, Tally)> = HashSet::new();
+        for log in &self.gone {
+            reported.extend(log.committed.iter().cloned());
+        }
+        report.snapshots_reported = reported.len();
+        for (key, t) in &reported {
+            if !read.get(key).is_some_and(|ts| ts.contains(t)) {
+                report.anomalies.push(format!(
+                    "{key:?}: committed snapshot {t:?} reported by a member is not in the log (lost)"
+                ));
+            }
+        }
+    }
+
+    async fn cleanup(&mut self) {
+        for m in self.members.drain(..) {
+            drop(m);
+        }
+        if let Some(node) = self.down.take() {
+            let _ = restart_node(self.kafka, node).await;
+        }
+        for t in [&self.args.input, &self.args.snapshots] {
+            let _ = self.client.delete_topic(t).await;
+        }
+    }
+}
+
+/// The tally inside a snapshot value: the flow's envelope (version byte, last folded offset) followed by
+/// the [`crate::tally::Counter`] encoding, which is the last 16 bytes.
+fn tally_of_snapshot(value: &[u8]) -> Option<Tally> {
+    use snapfence::snapshot::Fold as _;
+    let body = value.len().checked_sub(16).map(|at| &value[at..])?;
+    (value.len() == 9 + 16)
+        .then(|| crate::tally::Counter.decode(body).ok())
+        .flatten()
+}
+
+async fn restart_node(kafka: &KafkaCluster, node: i32) -> Result<(), String> {
+    // The fixture's restart blocks until the cluster is ready again; block_in_place lets the runtime's
+    // other tasks (the input producer) run meanwhile. Needs a multi-threaded runtime.
+    tokio::task::block_in_place(|| kafka.restart_blocking(node)).map_err(|e| e.to_string())
+}
+
+/// The input producer: bursts of events to random keys (a key always goes to partition `key % partitions`)
+/// until `stop`; returns every event it wrote per key, in the order written. Any delivery failure is
+/// returned as an error, because the oracle would not know whether the event exists.
+async fn produce(
+    client: Client,
+    input: String,
+    partitions: i32,
+    keys: usize,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> Result<HashMap<Bytes, Vec<Bytes>>, String> {
+    let producer = Producer::new(client, ProducerConfig::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut rng = Rng::new(seed ^ 0x1ae0);
+    let mut written: HashMap<Bytes, Vec<Bytes>> = HashMap::new();
+    let mut seq = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let mut burst = Vec::new();
+        for _ in 0..5 {
+            seq += 1;
+            let k = rng.below(keys.max(1));
+            let key = Bytes::from(format!("k{k:02}"));
+            let value = Bytes::from(format!("{seed:x}-{seq}"));
+            let record = ProducerRecord::new(input.as_str(), Some(value.clone()))
+                .key(key.clone())
+                .partition(k as i32 % partitions.max(1));
+            let d = producer.send(record).await.map_err(|e| e.to_string())?;
+            burst.push((key, value, d));
+        }
+        for (key, value, d) in burst {
+            d.await.map_err(|e| format!("event {value:?}: {e}"))?;
+            written.entry(key).or_default().push(value);
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    producer.close().await;
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_replay_from_their_seed_and_vary() {
+        let a = RoundPlan::draw(7, 3);
+        assert_eq!(a, RoundPlan::draw(7, 3));
+        assert_eq!(a, RoundPlan::from_seed(a.seed));
+        assert!((1..=2).contains(&a.faults.len()));
+        let kinds: HashSet<FaultKind> = (0..200)
+            .flat_map(|r| RoundPlan::draw(1, r).faults)
+            .collect();
+        assert_eq!(kinds.len(), FaultKind::ALL.len(), "every kind gets drawn");
+        let protocols: HashSet<bool> = (0..50)
+            .map(|r| RoundPlan::draw(1, r).consumer_protocol)
+            .collect();
+        assert_eq!(protocols.len(), 2);
+        let only = RoundPlan::draw_among(1, 5, &[FaultKind::Zombie]);
+        assert_eq!(only.faults, vec![FaultKind::Zombie]);
+        for k in FaultKind::ALL {
+            assert_eq!(FaultKind::from_name(k.name()), Some(k));
+        }
+    }
+
+    #[test]
+    fn a_snapshot_value_yields_its_tally_and_garbage_does_not() {
+        use snapfence::snapshot::Fold as _;
+        let t = Tally { count: 3, hash: 9 };
+        let mut v = vec![1u8, 0, 0, 0, 0, 0, 0, 0, 5];
+        v.extend_from_slice(&crate::tally::Counter.encode(&t));
+        assert_eq!(tally_of_snapshot(&v), Some(t));
+        assert_eq!(tally_of_snapshot(b"not a snapshot"), None);
+        assert_eq!(tally_of_snapshot(&v[1..]), None);
+    }
+
+    #[test]
+    fn the_summary_counts_faults_and_names_replay_seeds() {
+        let plan = RoundPlan {
+            seed: 0xabc,
+            consumer_protocol: false,
+            faults: vec![FaultKind::Zombie, FaultKind::ForeignTxn],
+        };
+        let mut r = RoundReport {
+            plan,
+            transaction_version: 2,
+            transactional: true,
+            events: 10,
+            snapshots_read: 1,
+            snapshots_reported: 1,
+            restarts: 0,
+            open_txn_kills: 0,
+            anomalies: vec![],
+            infra: vec![],
+            notes: vec![],
+            elapsed: Duration::from_secs(1),
+        };
+        let clean = summary(std::slice::from_ref(&r));
+        assert!(clean.contains("anomalies: 0"), "{clean}");
+        assert!(!clean.contains("replay"), "{clean}");
+        r.anomalies.push("k: went back".into());
+        let bad = summary(&[r]);
+        assert!(bad.contains("zombie                   1"), "{bad}");
+        assert!(bad.contains("--round-seed 0x0000000000000abc"), "{bad}");
+    }
+}

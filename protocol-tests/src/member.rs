@@ -1,0 +1,605 @@
+//! A flow-runtime member as a separate process, so a test can freeze it (SIGSTOP: its heartbeats stop with
+//! it, as in a long GC pause or a stalled VM), crash it (SIGKILL) and restart it, which no in-process stall
+//! can do.
+//!
+//! The member is the `flow-member` binary of this crate: it runs a [`snapfence::snapshot::Flow`] of
+//! [`Counter`] over the input topic and reports on stdout, one line per event:
+//!
+//! | line | meaning |
+//! |---|---|
+//! | `ready` | joined (the flow started) |
+//! | `held P P ...` | the partitions it holds changed to these |
+//! | `persisting N` | a flush of N changed keys starts now (a transaction is about to begin) |
+//! | `persisted MICROS` | that flush succeeded after MICROS microseconds |
+//! | `committed KEY COUNT HASH` | that key's snapshot with this tally was committed by the flush |
+//! | `failed fenced=B ERROR` | persist, commit or poll failed; the process exits with status 2 |
+//! | `stopped` | its stdin closed; it flushed, committed and exits with status 0 |
+//!
+//! It exits when its stdin closes (so it never outlives the test that started it; the parent-death
+//! signal of [`crate::procs`] covers a crashed parent too).
+//!
+//! # References
+//! - signal(7) (SIGSTOP cannot be caught: the whole process, heartbeat task included, freezes)
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use snapfence::consumer::{GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset};
+use snapfence::net::{Client, ClientConfig};
+use snapfence::snapshot::{Flow, FlowConfig, PersistenceMode, SnapshotConfig};
+
+use crate::procs;
+use crate::tally::{Counter, Tally};
+
+/// What a member runs: its group, topics, protocol, persistence mode and timings.
+#[derive(Debug, Clone)]
+pub struct MemberArgs {
+    /// Bootstrap servers.
+    pub bootstrap: String,
+    /// The consumer group.
+    pub group: String,
+    /// The input topic.
+    pub input: String,
+    /// The snapshot topic (same partition count as the input).
+    pub snapshots: String,
+    /// The transactional id prefix of the snapshot store.
+    pub txn_prefix: String,
+    /// `true`: the KIP-848 consumer protocol; `false`: classic (cooperative-sticky).
+    pub consumer_protocol: bool,
+    /// Fenced (transactional) or not.
+    pub transactional: bool,
+    /// Classic session timeout (the consumer protocol's comes from the broker).
+    pub session_timeout: Duration,
+    /// How often dirty keys are flushed.
+    pub persist_every: Duration,
+    /// How often the committable offset is committed.
+    pub commit_every: Duration,
+    /// The recovery stall deadline (transactional mode).
+    pub recovery_stall_timeout: Duration,
+}
+
+impl MemberArgs {
+    /// Defaults for everything but the names: classic, transactional, 6 s session, flush every 300 ms,
+    /// commit every second, a 30 s recovery deadline.
+    pub fn new(bootstrap: &str, group: &str, input: &str, snapshots: &str, prefix: &str) -> Self {
+        MemberArgs {
+            bootstrap: bootstrap.into(),
+            group: group.into(),
+            input: input.into(),
+            snapshots: snapshots.into(),
+            txn_prefix: prefix.into(),
+            consumer_protocol: false,
+            transactional: true,
+            session_timeout: Duration::from_secs(6),
+            persist_every: Duration::from_millis(300),
+            commit_every: Duration::from_secs(1),
+            recovery_stall_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// The command line `flow-member` parses back with [`MemberArgs::parse`].
+    pub fn to_args(&self) -> Vec<String> {
+        let ms = |d: Duration| d.as_millis().to_string();
+        [
+            ("--bootstrap", self.bootstrap.clone()),
+            ("--group", self.group.clone()),
+            ("--input", self.input.clone()),
+            ("--snapshots", self.snapshots.clone()),
+            ("--txn-prefix", self.txn_prefix.clone()),
+            (
+                "--protocol",
+                if self.consumer_protocol {
+                    "consumer"
+                } else {
+                    "classic"
+                }
+                .into(),
+            ),
+            (
+                "--mode",
+                if self.transactional {
+                    "transactional"
+                } else {
+                    "plain"
+                }
+                .into(),
+            ),
+            ("--session-timeout-ms", ms(self.session_timeout)),
+            ("--persist-every-ms", ms(self.persist_every)),
+            ("--commit-every-ms", ms(self.commit_every)),
+            ("--recovery-stall-ms", ms(self.recovery_stall_timeout)),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_owned(), v])
+        .collect()
+    }
+
+    /// Parses what [`MemberArgs::to_args`] wrote (the program name already removed).
+    pub fn parse(args: &[String]) -> Result<MemberArgs, String> {
+        let mut map = HashMap::new();
+        let mut it = args.iter();
+        while let Some(k) = it.next() {
+            let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
+            map.insert(k.trim_start_matches("--").to_owned(), v.clone());
+        }
+        let text = |k: &str| {
+            map.get(k)
+                .cloned()
+                .ok_or_else(|| format!("--{k} is required"))
+        };
+        let ms = |k: &str| -> Result<Duration, String> {
+            text(k)?
+                .parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|e| format!("--{k}: {e}"))
+        };
+        let mut a = MemberArgs::new(
+            &text("bootstrap")?,
+            &text("group")?,
+            &text("input")?,
+            &text("snapshots")?,
+            &text("txn-prefix")?,
+        );
+        a.consumer_protocol = match text("protocol")?.as_str() {
+            "consumer" => true,
+            "classic" => false,
+            p => return Err(format!("--protocol {p}: want classic or consumer")),
+        };
+        a.transactional = match text("mode")?.as_str() {
+            "transactional" => true,
+            "plain" => false,
+            m => return Err(format!("--mode {m}: want transactional or plain")),
+        };
+        a.session_timeout = ms("session-timeout-ms")?;
+        a.persist_every = ms("persist-every-ms")?;
+        a.commit_every = ms("commit-every-ms")?;
+        a.recovery_stall_timeout = ms("recovery-stall-ms")?;
+        Ok(a)
+    }
+
+    /// The flow's configuration.
+    pub fn flow_config(&self) -> FlowConfig {
+        let mut group = GroupConfig::new(&self.group);
+        group.session_timeout = self.session_timeout;
+        group.heartbeat_interval = (self.session_timeout / 4).max(Duration::from_millis(200));
+        // Well above the session timeout, so a frozen member is evicted by its session, not by its own
+        // poll timer (which a frozen process cannot run anyway).
+        group.max_poll_interval = self.session_timeout * 5;
+        if self.consumer_protocol {
+            group.protocol = GroupProtocol::Consumer {
+                server_assignor: None,
+            };
+        }
+        let mut consumer = GroupConsumerConfig::new(group);
+        consumer.reader.reset = OffsetReset::Earliest;
+        let mut snapshots = SnapshotConfig::new(&self.snapshots, &self.txn_prefix);
+        snapshots.recovery_stall_timeout = Some(self.recovery_stall_timeout);
+        let mut c = FlowConfig::new(consumer, &self.input, snapshots);
+        c.mode = if self.transactional {
+            PersistenceMode::Transactional
+        } else {
+            PersistenceMode::NonTransactional
+        };
+        c.persist_every = self.persist_every;
+        c.commit_offsets_interval = self.commit_every;
+        c
+    }
+}
+
+/// The body of the `flow-member` binary; returns its exit status. Runs until stdin closes or the flow
+/// fails.
+pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+            stop.store(true, Ordering::SeqCst);
+            // The final flush gets a few seconds; a member stuck on a dead cluster must still go away.
+            std::thread::sleep(Duration::from_secs(10));
+            std::process::exit(0);
+        });
+    }
+    let mut say = |line: String| {
+        // A closed stdout means the parent is gone; stdin closes too, so exiting is already under way.
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    };
+    let failed =
+        |e: &snapfence::snapshot::FlowError| format!("failed fenced={} {e}", e.is_fenced());
+    let client = match Client::connect(ClientConfig::new(&args.bootstrap)).await {
+        Ok(c) => c,
+        Err(e) => {
+            say(format!("failed fenced=false connect: {e}"));
+            return 2;
+        }
+    };
+    let mut flow = match Flow::start(client, args.flow_config(), Counter).await {
+        Ok(f) => f,
+        Err(e) => {
+            say(failed(&e));
+            return 2;
+        }
+    };
+    say("ready".into());
+    let mut held: Vec<i32> = Vec::new();
+    let mut reported: HashMap<Bytes, Tally> = HashMap::new();
+    let mut last_persist = Instant::now();
+    let mut last_commit = Instant::now();
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        // Flush before polling: a member thawed after a freeze acts on its stale state first, as a real
+        // zombie whose flush timer fired during the pause does.
+        if stopping || last_persist.elapsed() >= args.persist_every {
+            last_persist = Instant::now();
+            let mut now: BTreeMap<Bytes, Tally> = BTreeMap::new();
+            for p in flow.partitions().await {
+                now.extend(flow.state(p).await.unwrap_or_default());
+            }
+            let changed: Vec<(Bytes, Tally)> = now
+                .into_iter()
+                .filter(|(k, t)| reported.get(k) != Some(t))
+                .collect();
+            if !changed.is_empty() {
+                say(format!("persisting {}", changed.len()));
+            }
+            let flush_began = Instant::now();
+            if let Err(e) = flow.persist().await {
+                say(failed(&e));
+                return 2;
+            }
+            if !changed.is_empty() {
+                say(format!("persisted {}", flush_began.elapsed().as_micros()));
+            }
+            for (k, t) in changed {
+                say(format!(
+                    "committed {} {} {}",
+                    String::from_utf8_lossy(&k),
+                    t.count,
+                    t.hash
+                ));
+                reported.insert(k, t);
+            }
+        }
+        if stopping || last_commit.elapsed() >= args.commit_every {
+            last_commit = Instant::now();
+            if let Err(e) = flow.commit().await {
+                say(failed(&e));
+                return 2;
+            }
+        }
+        if stopping {
+            say("stopped".into());
+            return 0;
+        }
+        if let Err(e) = flow.poll_once(Duration::from_millis(100)).await {
+            say(failed(&e));
+            return 2;
+        }
+        let now_held = flow.partitions().await;
+        if now_held != held {
+            held = now_held;
+            say(format!(
+                "held {}",
+                held.iter()
+                    .map(i32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
+        }
+    }
+}
+
+/// The whole `flow-member` program: parses `args` (without the program name), runs the member on its own
+/// runtime, and exits with its status (64 for bad arguments).
+pub fn member_main(args: &[String]) -> ! {
+    let args = match MemberArgs::parse(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("flow-member: {e}");
+            std::process::exit(64);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("flow-member: no runtime: {e}");
+            std::process::exit(70);
+        }
+    };
+    let code = runtime.block_on(run_member(args, &mut std::io::stdout()));
+    std::process::exit(code)
+}
+
+/// What a member process has said so far.
+#[derive(Debug, Clone, Default)]
+pub struct MemberLog {
+    /// Said `ready`.
+    pub ready: bool,
+    /// The partitions it last said it holds.
+    pub held: Vec<i32>,
+    /// Flushes of at least one key started.
+    pub flushes: u64,
+    /// How long its last successful flush of at least one key took.
+    pub last_flush: Option<Duration>,
+    /// Every committed snapshot it reported, as (key, tally).
+    pub committed: Vec<(Bytes, Tally)>,
+    /// Its `failed` line, if any.
+    pub failure: Option<String>,
+    /// Said `stopped`.
+    pub stopped: bool,
+    /// Its stdout closed (it exited or was killed).
+    pub ended: bool,
+}
+
+impl MemberLog {
+    fn take_line(&mut self, line: &str) {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("ready") => self.ready = true,
+            Some("held") => self.held = words.filter_map(|w| w.parse().ok()).collect(),
+            Some("persisting") => self.flushes += 1,
+            Some("persisted") => {
+                self.last_flush = words
+                    .next()
+                    .and_then(|w| w.parse().ok())
+                    .map(Duration::from_micros);
+            }
+            Some("committed") => {
+                let w: Vec<&str> = words.collect();
+                if let [k, c, h] = w[..] {
+                    if let (Ok(count), Ok(hash)) = (c.parse(), h.parse()) {
+                        self.committed
+                            .push((Bytes::copy_from_slice(k.as_bytes()), Tally { count, hash }));
+                    }
+                }
+            }
+            Some("failed") => self.failure = Some(line.to_owned()),
+            Some("stopped") => self.stopped = true,
+            _ => {}
+        }
+    }
+}
+
+struct Shared {
+    log: Mutex<MemberLog>,
+    /// Set by [`MemberProcess::freeze_in_next_flush`] (microseconds; `u64::MAX`: not armed): the reader
+    /// SIGSTOPs the member that long after it says a flush starts, so its transaction is frozen wherever
+    /// it was.
+    freeze_on_flush: AtomicU64,
+    /// The reader froze it in a flush.
+    frozen_in_flush: AtomicBool,
+}
+
+/// A running `flow-member` process. Dropping it kills it.
+pub struct MemberProcess {
+    child: Child,
+    reader: Option<std::thread::JoinHandle<()>>,
+    stdin: Option<ChildStdin>,
+    shared: Arc<Shared>,
+    paused: bool,
+}
+
+impl MemberProcess {
+    /// Starts `program` (the `flow-member` binary; from a test of this crate,
+    /// `env!("CARGO_BIN_EXE_flow-member")`) with `args`, in its own process group, killed if this process
+    /// dies.
+    pub fn spawn(program: &Path, args: &MemberArgs) -> std::io::Result<MemberProcess> {
+        Self::spawn_command(program, &args.to_args())
+    }
+
+    /// Starts `program` with exactly `argv` (for a program that takes a subcommand before the member's
+    /// arguments, as the campaign binary does).
+    pub fn spawn_command(program: &Path, argv: &[String]) -> std::io::Result<MemberProcess> {
+        let mut cmd = Command::new(program);
+        cmd.args(argv)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = procs::spawn(cmd)?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("member stdout not piped"))?;
+        let shared = Arc::new(Shared {
+            log: Mutex::new(MemberLog::default()),
+            freeze_on_flush: AtomicU64::new(u64::MAX),
+            frozen_in_flush: AtomicBool::new(false),
+        });
+        let pid = child.id();
+        let reader = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name(format!("member-{pid}"))
+                .spawn(move || {
+                    for line in BufReader::new(stdout).lines() {
+                        let Ok(line) = line else { break };
+                        if line.starts_with("persisting") {
+                            let delay = shared.freeze_on_flush.swap(u64::MAX, Ordering::SeqCst);
+                            if delay != u64::MAX {
+                                std::thread::sleep(Duration::from_micros(delay));
+                                procs::signal_group(pid, libc::SIGSTOP);
+                                shared.frozen_in_flush.store(true, Ordering::SeqCst);
+                            }
+                        }
+                        lock(&shared.log).take_line(&line);
+                    }
+                    lock(&shared.log).ended = true;
+                })?
+        };
+        Ok(MemberProcess {
+            reader: Some(reader),
+            stdin: child.stdin.take(),
+            child,
+            shared,
+            paused: false,
+        })
+    }
+
+    /// The process id (also its process group).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What it has said so far.
+    pub fn log(&self) -> MemberLog {
+        lock(&self.shared.log).clone()
+    }
+
+    /// The partitions it last said it holds (empty while frozen or dead is not implied: it is what it said).
+    pub fn held(&self) -> Vec<i32> {
+        lock(&self.shared.log).held.clone()
+    }
+
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Whether it is frozen by [`MemberProcess::pause`].
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// SIGSTOP: the whole process freezes, heartbeats included.
+    pub fn pause(&mut self) {
+        procs::signal_group(self.pid(), libc::SIGSTOP);
+        self.paused = true;
+    }
+
+    /// SIGCONT.
+    pub fn resume(&mut self) {
+        procs::signal_group(self.pid(), libc::SIGCONT);
+        self.paused = false;
+    }
+
+    /// SIGKILL now, and reap.
+    pub fn kill(&mut self) {
+        procs::signal_group(self.pid(), libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// Arms a SIGSTOP for `delay` after the member next says a flush of changed keys starts (a flush's
+    /// transaction takes a few milliseconds on a local cluster: begin, produce, offsets, end), so a test
+    /// can look at the frozen transaction and then kill or thaw the member.
+    /// [`frozen_in_flush`](Self::frozen_in_flush) tells when it happened.
+    pub fn freeze_in_next_flush(&mut self, delay: Duration) {
+        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX - 1);
+        self.shared.frozen_in_flush.store(false, Ordering::SeqCst);
+        self.shared.freeze_on_flush.store(micros, Ordering::SeqCst);
+        self.paused = true;
+    }
+
+    /// True once the freeze armed by [`freeze_in_next_flush`](Self::freeze_in_next_flush) happened.
+    pub fn frozen_in_flush(&self) -> bool {
+        self.shared.frozen_in_flush.load(Ordering::SeqCst)
+    }
+
+    /// Disarms a freeze that has not happened yet, and thaws the member either way.
+    pub fn disarm_and_resume(&mut self) {
+        self.shared
+            .freeze_on_flush
+            .store(u64::MAX, Ordering::SeqCst);
+        self.resume();
+    }
+
+    /// Everything it said, once it has exited: waits for its stdout to be read to the end. Kills it first
+    /// if it still runs.
+    pub fn final_log(&mut self) -> MemberLog {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill();
+        }
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.log()
+    }
+
+    /// Closes its stdin, so it flushes, commits and exits (thawing it first if frozen), without waiting.
+    pub fn request_stop(&mut self) {
+        if self.paused {
+            self.resume();
+        }
+        self.stdin = None;
+    }
+
+    /// [`request_stop`](Self::request_stop), then waits up to `grace` for the exit, then kills it.
+    /// Returns everything it said; `stopped` tells whether it stopped on its own.
+    pub fn close(mut self, grace: Duration) -> MemberLog {
+        self.request_stop();
+        let until = Instant::now() + grace;
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.final_log()
+    }
+}
+
+impl Drop for MemberProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_round_trip_and_bad_ones_are_named() {
+        let mut a = MemberArgs::new("127.0.0.1:1", "g", "in", "snap", "p");
+        a.consumer_protocol = true;
+        a.transactional = false;
+        a.session_timeout = Duration::from_millis(3500);
+        let b = MemberArgs::parse(&a.to_args()).unwrap();
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        let mut bad = a.to_args();
+        bad.truncate(bad.len() - 1);
+        assert!(MemberArgs::parse(&bad)
+            .unwrap_err()
+            .contains("needs a value"));
+        let missing = MemberArgs::parse(&[]).unwrap_err();
+        assert!(missing.contains("--bootstrap"), "{missing}");
+    }
+
+    #[test]
+    fn the_log_reads_every_line_kind() {
+        let mut log = MemberLog::default();
+        for l in [
+            "ready",
+            "held 0 3",
+            "persisting 2",
+            "persisted 1500",
+            "committed k1 4 99",
+            "failed fenced=true stale",
+            "stopped",
+        ] {
+            log.take_line(l);
+        }
+        assert!(log.ready && log.stopped);
+        assert_eq!(log.held, vec![0, 3]);
+        assert_eq!(log.flushes, 1);
+        assert_eq!(log.last_flush, Some(Duration::from_micros(1500)));
+        assert_eq!(
+            log.committed,
+            vec![(Bytes::from_static(b"k1"), Tally { count: 4, hash: 99 })]
+        );
+        assert!(log.failure.unwrap().contains("fenced=true"));
+    }
+}
