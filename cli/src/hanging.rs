@@ -517,7 +517,7 @@ pub async fn find_hanging(
     topic: &str,
     max_transaction_timeout_ms: i64,
 ) -> Result<Vec<String>, CliError> {
-    let cluster = Cluster::connect(bootstrap).await?;
+    let cluster = Cluster::connect(bootstrap, &crate::security::SecurityArgs::default()).await?;
     let args = FindHangingArgs {
         topic: Some(topic.to_owned()),
         partition: None,
