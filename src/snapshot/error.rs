@@ -167,4 +167,56 @@ impl SnapshotError {
     pub fn is_fenced(&self) -> bool {
         matches!(self, SnapshotError::Transaction { failure, .. } if failure.kind == FailureKind::Fenced)
     }
+
+    /// `true` when the transaction failed because the partition's producer was fenced by a newer epoch
+    /// on its transactional id (`PRODUCER_FENCED` / `INVALID_PRODUCER_EPOCH`): a newer owner's acquire
+    /// came first, or the coordinator timed the transaction out. Either way the store is closed and this
+    /// owner must stop writing; a later owner re-acquires. [`SnapshotError::is_fenced`] is the other fence.
+    pub fn is_producer_fenced(&self) -> bool {
+        matches!(
+            self,
+            SnapshotError::Transaction { failure, .. }
+                if matches!(
+                    failure.source.downcast_ref::<crate::producer::ProducerError>(),
+                    Some(crate::producer::ProducerError::Fenced { .. })
+                )
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::producer::ProducerError;
+    use crate::wire::ErrorCode;
+
+    fn failed(kind: FailureKind, cause: ProducerError) -> SnapshotError {
+        SnapshotError::Transaction {
+            partition: 0,
+            failure: TxnFailure::new(kind, cause),
+        }
+    }
+
+    /// A zombie refused by a newer owner's producer epoch is recognisable as such, and stays distinct from
+    /// the group coordinator's fence.
+    #[test]
+    fn the_two_fences_are_told_apart() {
+        let epoch = failed(
+            FailureKind::Fatal,
+            ProducerError::Fenced {
+                transactional_id: "t-0".into(),
+                code: ErrorCode::InvalidProducerEpoch,
+            },
+        );
+        assert!(epoch.is_producer_fenced() && !epoch.is_fenced());
+        let generation = failed(
+            FailureKind::Fenced,
+            ProducerError::CommitFenced {
+                group_id: "g".into(),
+                code: ErrorCode::IllegalGeneration,
+            },
+        );
+        assert!(generation.is_fenced() && !generation.is_producer_fenced());
+        assert!(!failed(FailureKind::Fatal, ProducerError::Closed).is_producer_fenced());
+    }
 }

@@ -131,6 +131,12 @@ impl FlowError {
             _ => false,
         }
     }
+
+    /// `true` when the partition's producer was fenced by a newer epoch on its transactional id (see
+    /// [`SnapshotError::is_producer_fenced`]): this owner must stop writing the partition.
+    pub fn is_producer_fenced(&self) -> bool {
+        matches!(self, FlowError::Snapshot(e) if e.is_producer_fenced())
+    }
 }
 
 const ENVELOPE_V1: u8 = 1;

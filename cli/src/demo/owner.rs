@@ -118,6 +118,9 @@ impl Fence {
         if e.is_fenced() {
             return (Fence::Generation, None);
         }
+        if e.is_producer_fenced() {
+            return (Fence::ProducerEpoch, None);
+        }
         (Fence::Other, None)
     }
 }
