@@ -896,42 +896,33 @@ impl Cluster {
                     }
                 },
                 |r, version| {
+                    // v8+ nests topics under groups; older versions answer for one group. The two
+                    // answers are different types with the same partition fields.
+                    macro_rules! rows_of {
+                        ($topics:expr) => {
+                            $topics
+                                .iter()
+                                .filter(|t| t.name.0.as_str() == topic)
+                                .flat_map(|t| t.partitions.iter())
+                                .map(|p| {
+                                    let row = (
+                                        p.committed_offset,
+                                        p.metadata.as_ref().map(|m| m.to_string()),
+                                        ErrorCode::from_code(p.error_code),
+                                    );
+                                    (p.partition_index, row)
+                                })
+                                .collect()
+                        };
+                    }
                     let (code, rows): (i16, Vec<(i32, Row)>) = if version >= 8 {
                         let Some(g) = r.groups.iter().find(|g| g.group_id.0.as_str() == group)
                         else {
                             return missing("the group");
                         };
-                        let rows = g
-                            .topics
-                            .iter()
-                            .filter(|t| t.name.0.as_str() == topic)
-                            .flat_map(|t| t.partitions.iter())
-                            .map(|p| {
-                                let row = (
-                                    p.committed_offset,
-                                    p.metadata.as_ref().map(|m| m.to_string()),
-                                    ErrorCode::from_code(p.error_code),
-                                );
-                                (p.partition_index, row)
-                            })
-                            .collect();
-                        (g.error_code, rows)
+                        (g.error_code, rows_of!(g.topics))
                     } else {
-                        let rows = r
-                            .topics
-                            .iter()
-                            .filter(|t| t.name.0.as_str() == topic)
-                            .flat_map(|t| t.partitions.iter())
-                            .map(|p| {
-                                let row = (
-                                    p.committed_offset,
-                                    p.metadata.as_ref().map(|m| m.to_string()),
-                                    ErrorCode::from_code(p.error_code),
-                                );
-                                (p.partition_index, row)
-                            })
-                            .collect();
-                        (r.error_code, rows)
+                        (r.error_code, rows_of!(r.topics))
                     };
                     // UNSTABLE_OFFSET_COMMIT is retriable, but here it is the answer, not a reason to
                     // wait: the point is to see it.
