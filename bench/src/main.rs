@@ -316,20 +316,11 @@ impl Bench<'_> {
             turn
         };
         let bootstrap = self.kafka.bootstrap();
-        let s = |x: usize| x.to_string();
 
         // Experiment A.
         let row = self
-            .each(next_turn(), |_| async {
-                let topic = self.topic().await?;
-                Ok(vec![
-                    "plain-seq".into(),
-                    bootstrap.clone(),
-                    topic,
-                    s(A_KEYS),
-                    s(A_SIZE),
-                    "0".into(),
-                ])
+            .each(next_turn(), |_| {
+                self.plain_args("plain-seq", A_KEYS, A_SIZE, 0)
             })
             .await?;
         section.push(Row::time(
@@ -360,16 +351,8 @@ impl Bench<'_> {
 
         // Experiment B.
         let row = self
-            .each(next_turn(), |_| async {
-                let topic = self.topic().await?;
-                Ok(vec![
-                    "plain-burst".into(),
-                    bootstrap.clone(),
-                    topic,
-                    s(B_KEYS),
-                    s(B_SIZE),
-                    "5".into(),
-                ])
+            .each(next_turn(), |_| {
+                self.plain_args("plain-burst", B_KEYS, B_SIZE, 5)
             })
             .await?;
         section.push(Row::time(
@@ -454,6 +437,25 @@ impl Bench<'_> {
     }
 
     /// A fresh compacted snapshot topic of one partition.
+    /// A plain idempotent-producer workload's arguments: `n` writes of `size` bytes, `linger_ms`.
+    async fn plain_args(
+        &self,
+        name: &str,
+        n: usize,
+        size: usize,
+        linger_ms: u64,
+    ) -> Result<Vec<String>, Error> {
+        let topic = self.topic().await?;
+        Ok(vec![
+            name.to_owned(),
+            self.kafka.bootstrap(),
+            topic,
+            n.to_string(),
+            size.to_string(),
+            linger_ms.to_string(),
+        ])
+    }
+
     async fn topic(&self) -> Result<String, Error> {
         let topic = unique("bench");
         self.client
