@@ -3,8 +3,17 @@
 //!
 //! ```text
 //! snapfence-bench run [--nodes 1,3] [--rounds 2] [--peers DIR] [--note TEXT]... [--out FILE]
+//!                     [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS]
+//!                     [--broker KEY=VALUE]...
 //! snapfence-bench peer WORKLOAD ARGS...     snapfence's side of one workload (a child of `run`)
 //! ```
+//!
+//! `--workloads` picks rows by key (`a-a,a-b,a-c,b-base,b-1,b-16,b-256,b-2000,recovery,takeover`; default
+//! all), `--clients` picks clients (`snapfence,java,confluent,rdkafka`), for profiling one case by hand.
+//! `--repeat N` (default 5) runs the short rows (A(c), B's baseline, caps 256 and 2000: ~0.1 s each for
+//! us) N times per client, interleaved, and reports the median with the range: one 100 ms sample on a
+//! shared 2-core machine moves by 2x between runs. `--broker` sets a broker property (e.g. to show what a
+//! broker-side wait costs).
 //!
 //! `run` starts each cluster with the protocol-tests fixture, and per round runs every workload once per
 //! client, each client in its own process with the same arguments (bench/src/workload.rs), rotating which
@@ -45,8 +54,13 @@ const TAKEOVER_STATE: usize = 500;
 const TAKEOVER_OPEN: usize = 100;
 /// The group member every fenced offset commit names never heartbeats; this keeps it in the group.
 const SESSION_MS: i32 = 600_000;
-/// A child that takes longer is killed and its cell reads "failed".
+/// A child that takes longer is killed and its cell reads "failed" (`--child-timeout`; three nodes get
+/// three times as long: every produce there waits for a second replica).
 const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
+/// The workload keys `--workloads` takes.
+const WORKLOADS: [&str; 10] = [
+    "a-a", "a-b", "a-c", "b-base", "b-1", "b-16", "b-256", "b-2000", "recovery", "takeover",
+];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -54,7 +68,7 @@ fn main() {
         Some("peer") => peer(&args[1..]),
         Some("run") => run(&args[1..]),
         _ => {
-            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N] [--peers DIR] [--note TEXT] [--out FILE]\n       snapfence-bench peer WORKLOAD ARGS...");
+            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]...\n       snapfence-bench peer WORKLOAD ARGS...");
             2
         }
     };
@@ -93,6 +107,23 @@ struct Options {
     peers: Option<PathBuf>,
     notes: Vec<String>,
     out: Option<PathBuf>,
+    workloads: Option<Vec<String>>,
+    clients: Option<Vec<String>>,
+    repeat: usize,
+    child_timeout: Duration,
+    broker: Vec<(String, String)>,
+}
+
+impl Options {
+    fn wants(&self, workload: &str) -> bool {
+        self.workloads
+            .as_ref()
+            .is_none_or(|w| w.iter().any(|k| k == workload))
+    }
+}
+
+fn list(value: String) -> Vec<String> {
+    value.split(',').map(|s| s.trim().to_owned()).collect()
 }
 
 fn options(args: &[String]) -> Result<Options, String> {
@@ -102,6 +133,11 @@ fn options(args: &[String]) -> Result<Options, String> {
         peers: None,
         notes: Vec::new(),
         out: None,
+        workloads: None,
+        clients: None,
+        repeat: 5,
+        child_timeout: CHILD_TIMEOUT,
+        broker: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -117,6 +153,37 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--peers" => o.peers = Some(PathBuf::from(value()?)),
             "--note" => o.notes.push(value()?),
             "--out" => o.out = Some(PathBuf::from(value()?)),
+            "--workloads" => {
+                let w = list(value()?);
+                if let Some(bad) = w.iter().find(|k| !WORKLOADS.contains(&k.as_str())) {
+                    return Err(format!(
+                        "unknown workload {bad}: want some of {WORKLOADS:?}"
+                    ));
+                }
+                o.workloads = Some(w);
+            }
+            "--clients" => o.clients = Some(list(value()?)),
+            "--repeat" => {
+                o.repeat = value()?
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or("bad --repeat (want 1 or more)")?
+            }
+            "--child-timeout" => {
+                o.child_timeout = Duration::from_secs(
+                    value()?
+                        .parse()
+                        .map_err(|_| "bad --child-timeout (seconds)")?,
+                )
+            }
+            "--broker" => {
+                let v = value()?;
+                let (k, v) = v
+                    .split_once('=')
+                    .ok_or(format!("--broker wants KEY=VALUE, got {v}"))?;
+                o.broker.push((k.to_owned(), v.to_owned()));
+            }
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -232,17 +299,27 @@ fn contenders(
             )),
         }
     }
+    if let Some(keep) = &options.clients {
+        list.retain(|c| {
+            let name = c.name.to_ascii_lowercase();
+            keep.iter().any(|k| name.contains(&k.to_ascii_lowercase()))
+        });
+    }
     Ok(list)
 }
 
 async fn run_all(options: &Options) -> Result<Report, Error> {
     let mut report = Report::new(options.notes.clone());
     for &nodes in &options.nodes {
-        let spec = if nodes == 3 {
+        let mut spec = if nodes == 3 {
             ClusterSpec::three_nodes()
         } else {
             ClusterSpec::kafka4()
         };
+        for (k, v) in &options.broker {
+            spec = spec.with_prop(k, v);
+            report.note(format!("Broker property set for this run: `{k}={v}`."));
+        }
         eprintln!("== starting {nodes} node(s)");
         let kafka = dedicated(spec).await;
         let client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
@@ -253,13 +330,19 @@ async fn run_all(options: &Options) -> Result<Report, Error> {
         }
         let input = unique("bench-input");
         client.create_topic(&input, 1, -1, &[]).await?;
-        let recovery_topics = fill_recovery_sets(&client).await?;
+        let recovery_topics = if options.wants("recovery") {
+            fill_recovery_sets(&client).await?
+        } else {
+            Vec::new()
+        };
         for round in 1..=options.rounds {
             let bench = Bench {
                 kafka: &kafka,
                 client: &client,
                 input: &input,
                 contenders: &contenders,
+                options,
+                child_timeout: options.child_timeout * if nodes == 3 { 3 } else { 1 },
             };
             let section = bench.round(nodes, round, &recovery_topics).await?;
             report.push(section);
@@ -292,6 +375,8 @@ struct Bench<'a> {
     client: &'a Client,
     input: &'a str,
     contenders: &'a [Contender],
+    options: &'a Options,
+    child_timeout: Duration,
 }
 
 impl Bench<'_> {
@@ -317,52 +402,77 @@ impl Bench<'_> {
         };
         let bootstrap = self.kafka.bootstrap();
 
+        let wants = |w: &str| self.options.wants(w);
+        let short = self.options.repeat;
+        let median = if short > 1 {
+            format!(" (median of {short})")
+        } else {
+            String::new()
+        };
+
         // Experiment A.
-        let row = self
-            .each(next_turn(), |_| {
-                self.plain_args("plain-seq", A_KEYS, A_SIZE, 0)
-            })
-            .await?;
-        section.push(Row::time(
-            format!("A(a) plain idempotent producer, {A_KEYS} x {A_SIZE} B one at a time"),
-            row,
-            report::Target::None,
-        ));
-        let row = self
-            .each(next_turn(), |_| {
-                self.txn_args("txn-seq", A_KEYS, A_SIZE, None)
-            })
-            .await?;
-        section.push(Row::time(
-            format!("A(b) group-committed transactions, {A_KEYS} one at a time"),
-            row,
-            report::Target::Transactional,
-        ));
-        let row = self
-            .each(next_turn(), |_| {
-                self.txn_args("txn-burst", A_KEYS, A_SIZE, Some(256))
-            })
-            .await?;
-        section.push(Row::time(
-            format!("A(c) group-committed transactions, {A_KEYS} all at once (cap 256)"),
-            row,
-            report::Target::Transactional,
-        ));
+        if wants("a-a") {
+            let row = self
+                .each(next_turn(), 1, |_| {
+                    self.plain_args("plain-seq", A_KEYS, A_SIZE, 0)
+                })
+                .await?;
+            section.push(Row::time(
+                format!("A(a) plain idempotent producer, {A_KEYS} x {A_SIZE} B one at a time"),
+                row,
+                report::Target::None,
+            ));
+        }
+        if wants("a-b") {
+            let row = self
+                .each(next_turn(), 1, |_| {
+                    self.txn_args("txn-seq", A_KEYS, A_SIZE, None)
+                })
+                .await?;
+            section.push(Row::time(
+                format!("A(b) group-committed transactions, {A_KEYS} one at a time"),
+                row,
+                report::Target::Transactional,
+            ));
+        }
+        if wants("a-c") {
+            let row = self
+                .each(next_turn(), short, |_| {
+                    self.txn_args("txn-burst", A_KEYS, A_SIZE, Some(256))
+                })
+                .await?;
+            section.push(Row::time(
+                format!(
+                    "A(c) group-committed transactions, {A_KEYS} all at once (cap 256){median}"
+                ),
+                row,
+                report::Target::Transactional,
+            ));
+        }
 
         // Experiment B.
-        let row = self
-            .each(next_turn(), |_| {
-                self.plain_args("plain-burst", B_KEYS, B_SIZE, 5)
-            })
-            .await?;
-        section.push(Row::time(
-            format!("B plain idempotent producer, {B_KEYS} x 10 KiB all at once (baseline)"),
-            row,
-            report::Target::Baseline,
-        ));
-        for cap in B_CAPS {
+        if wants("b-base") {
             let row = self
-                .each(next_turn(), |_| {
+                .each(next_turn(), short, |_| {
+                    self.plain_args("plain-burst", B_KEYS, B_SIZE, 5)
+                })
+                .await?;
+            section.push(Row::time(
+                format!(
+                    "B plain idempotent producer, {B_KEYS} x 10 KiB all at once (baseline){median}"
+                ),
+                row,
+                report::Target::Baseline,
+            ));
+        }
+        for cap in B_CAPS {
+            if !wants(&format!("b-{cap}")) {
+                continue;
+            }
+            // Caps 1 and 16 run for seconds to minutes: one sample is enough there.
+            let reps = if cap >= 256 { short } else { 1 };
+            let row = self
+                .each(next_turn(), reps, |_| {
                     self.txn_args("txn-burst", B_KEYS, B_SIZE, Some(cap))
                 })
                 .await?;
@@ -371,7 +481,12 @@ impl Bench<'_> {
             } else {
                 report::Target::Transactional
             };
-            section.push(Row::time(format!("B group commit, cap {cap}"), row, target));
+            let label = if reps > 1 {
+                format!("B group commit, cap {cap}{median}")
+            } else {
+                format!("B group commit, cap {cap}")
+            };
+            section.push(Row::time(label, row, target));
         }
 
         // Recovery.
@@ -386,7 +501,7 @@ impl Bench<'_> {
             let mut cold = Vec::new();
             for reads in ["1", "2"] {
                 let row = self
-                    .each(next_turn(), |_| async {
+                    .each(next_turn(), 1, |_| async {
                         Ok(vec![
                             "recover".into(),
                             bootstrap.clone(),
@@ -416,22 +531,24 @@ impl Bench<'_> {
         }
 
         // Takeover.
-        let row = self
-            .each(next_turn(), |_| async {
-                let topic = self.topic().await?;
-                ours::fill(self.client, &topic, TAKEOVER_STATE, A_SIZE).await?;
-                let prefix = unique("bench-takeover");
-                self.crash_owner(&topic, &format!("{prefix}-0")).await?;
-                Ok(vec!["takeover".into(), bootstrap.clone(), topic, prefix])
-            })
-            .await?;
-        section.push(Row::time(
-            format!(
-                "takeover: acquire after a crash with {TAKEOVER_OPEN} writes open, then recover {TAKEOVER_STATE} keys"
-            ),
-            row,
-            report::Target::Takeover,
-        ));
+        if wants("takeover") {
+            let row = self
+                .each(next_turn(), 1, |_| async {
+                    let topic = self.topic().await?;
+                    ours::fill(self.client, &topic, TAKEOVER_STATE, A_SIZE).await?;
+                    let prefix = unique("bench-takeover");
+                    self.crash_owner(&topic, &format!("{prefix}-0")).await?;
+                    Ok(vec!["takeover".into(), bootstrap.clone(), topic, prefix])
+                })
+                .await?;
+            section.push(Row::time(
+                format!(
+                    "takeover: acquire after a crash with {TAKEOVER_OPEN} writes open, then recover {TAKEOVER_STATE} keys"
+                ),
+                row,
+                report::Target::Takeover,
+            ));
+        }
         section.set_elapsed(started.elapsed());
         Ok(section)
     }
@@ -490,29 +607,38 @@ impl Bench<'_> {
         Ok(args)
     }
 
-    /// Runs a workload once per client, in a rotating order; `setup` prepares each run's arguments.
-    async fn each<F, Fut>(&self, turn: usize, setup: F) -> Result<Vec<Cell>, Error>
+    /// Runs a workload `reps` times per client, the clients in a rotating order within each repetition (so
+    /// a slow spell of the machine is shared out rather than landing on one client); `setup` prepares each
+    /// run's arguments. A client's cell is its median run, with the range of all its runs.
+    async fn each<F, Fut>(&self, turn: usize, reps: usize, setup: F) -> Result<Vec<Cell>, Error>
     where
         F: Fn(&Contender) -> Fut,
         Fut: std::future::Future<Output = Result<Vec<String>, Error>>,
     {
         let n = self.contenders.len();
-        let mut cells = vec![Cell::Missing; n];
-        for k in 0..n {
-            let i = (turn + k) % n;
-            let contender = &self.contenders[i];
-            let args = setup(contender).await?;
-            eprintln!("   {:<16} {}", contender.name, args.join(" "));
-            let cmd = contender.command(&args);
-            let cell = tokio::task::spawn_blocking(move || run_child(cmd)).await?;
-            match &cell {
-                Cell::Done(o) => eprintln!("   {:<16} {o}", ""),
-                Cell::Failed(why) => eprintln!("   {} failed: {why}", contender.name),
-                Cell::Missing => {}
+        let mut runs: Vec<Vec<Cell>> = vec![Vec::new(); n];
+        for rep in 0..reps {
+            for k in 0..n {
+                let i = (turn + rep + k) % n;
+                let contender = &self.contenders[i];
+                // A client that failed once is not run again: its cell reads failed.
+                if runs[i].iter().any(|c| matches!(c, Cell::Failed(_))) {
+                    continue;
+                }
+                let args = setup(contender).await?;
+                eprintln!("   {:<16} {}", contender.name, args.join(" "));
+                let cmd = contender.command(&args);
+                let timeout = self.child_timeout;
+                let cell = tokio::task::spawn_blocking(move || run_child(cmd, timeout)).await?;
+                match &cell {
+                    Cell::Done(o) => eprintln!("   {:<16} {o}", ""),
+                    Cell::Failed(why) => eprintln!("   {} failed: {why}", contender.name),
+                    Cell::Missing => {}
+                }
+                runs[i].push(cell);
             }
-            cells[i] = cell;
         }
-        Ok(cells)
+        Ok(runs.into_iter().map(report::median).collect())
     }
 
     /// Leaves a transaction of `txn_id` open on `topic` in a process that is then killed.
@@ -551,8 +677,8 @@ impl Bench<'_> {
     }
 }
 
-/// Runs one client process to completion (or kills it at [`CHILD_TIMEOUT`]) and reads its result.
-fn run_child(mut cmd: Command) -> Cell {
+/// Runs one client process to completion (or kills it after `timeout`) and reads its result.
+fn run_child(mut cmd: Command, timeout: Duration) -> Cell {
     let mut child = match cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
         Ok(c) => c,
         Err(e) => return Cell::Failed(format!("did not start: {e}")),
@@ -572,7 +698,7 @@ fn run_child(mut cmd: Command) -> Cell {
         }
         s
     });
-    let deadline = Instant::now() + CHILD_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
@@ -588,7 +714,7 @@ fn run_child(mut cmd: Command) -> Cell {
     let stderr = err_reader.join().unwrap_or_default();
     match (status, Outcome::find(&stdout)) {
         (Some(s), Some(o)) if s.success() => Cell::Done(o),
-        (None, _) => Cell::Failed(format!("timed out after {CHILD_TIMEOUT:?}")),
+        (None, _) => Cell::Failed(format!("timed out after {timeout:?}")),
         _ => {
             let tail: Vec<&str> = stdout.lines().chain(stderr.lines()).collect();
             let start = tail.len().saturating_sub(3);

@@ -28,6 +28,29 @@ impl Cell {
     }
 }
 
+/// One client's runs of one workload reduced to its median run (by time), carrying the range of all of
+/// them. The first failure wins: a client that failed once has no figure.
+pub fn median(runs: Vec<Cell>) -> Cell {
+    if let Some(failed) = runs.iter().find(|c| matches!(c, Cell::Failed(_))) {
+        return failed.clone();
+    }
+    let mut done: Vec<Outcome> = runs
+        .into_iter()
+        .filter_map(|c| match c {
+            Cell::Done(o) => Some(o),
+            _ => None,
+        })
+        .collect();
+    if done.is_empty() {
+        return Cell::Missing;
+    }
+    done.sort_by(|a, b| a.ms.total_cmp(&b.ms));
+    let range = (done.len() > 1).then(|| (done[0].ms, done[done.len() - 1].ms));
+    let mut mid = done.swap_remove(done.len() / 2);
+    mid.range = range;
+    Cell::Done(mid)
+}
+
 /// What a row is held to.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Target {
@@ -196,7 +219,10 @@ impl Section {
                     (Cell::Done(o), Some(v)) => match (row.target, o.acquire_ms) {
                         (Target::Memory, _) => format!("{v:.1} MiB"),
                         (_, Some(a)) => format!("{v:.1} ms (init {a:.1})"),
-                        _ => format!("{v:.1} ms"),
+                        _ => match o.range {
+                            Some((lo, hi)) => format!("{v:.1} ms [{lo:.0}-{hi:.0}]"),
+                            None => format!("{v:.1} ms"),
+                        },
                     },
                     (Cell::Failed(why), _) => {
                         footnotes.push(format!("{} / {}: {why}", self.title, row.label));
@@ -370,6 +396,35 @@ mod tests {
             text.contains("| cap | 110.0 ms | 200.0 ms | 120.0 ms | 0.55x | 0.92x | 8 / 8 / 8 |"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn repeated_runs_report_the_median_run_and_the_range() {
+        // The median is a whole run (its transaction count stays with its time), not a mix of runs.
+        let cell = median(vec![
+            done(300.0, Some(9)),
+            done(100.0, Some(8)),
+            done(200.0, Some(10)),
+        ]);
+        let Cell::Done(o) = &cell else {
+            panic!("{cell:?}")
+        };
+        assert_eq!(
+            (o.ms, o.txns, o.range),
+            (200.0, Some(10), Some((100.0, 300.0)))
+        );
+        let mut s = Section::new("t".into(), vec![OURS]);
+        s.push(Row::time("r".into(), vec![cell], Target::None));
+        let mut text = String::new();
+        s.markdown(&mut text, &mut Vec::new());
+        assert!(text.contains("| r | 200.0 ms [100-300] |"), "{text}");
+        // One failed run fails the cell; no runs leave it missing.
+        let failed = median(vec![done(1.0, None), Cell::Failed("x".into())]);
+        assert!(
+            matches!(failed, Cell::Failed(ref w) if w == "x"),
+            "{failed:?}"
+        );
+        assert!(matches!(median(Vec::new()), Cell::Missing));
     }
 
     #[test]

@@ -193,6 +193,9 @@ pub struct Outcome {
     pub peak_rss_kib: Option<u64>,
     /// Takeover: the producer init's share of `ms`.
     pub acquire_ms: Option<f64>,
+    /// When the runner took the median of several runs: the fastest and slowest `ms` (never printed by a
+    /// client).
+    pub range: Option<(f64, f64)>,
 }
 
 impl fmt::Display for Outcome {
@@ -274,6 +277,7 @@ mod tests {
             bytes: 20_480_000,
             peak_rss_kib: Some(40_000),
             acquire_ms: Some(3.25),
+            range: None,
         };
         let out = format!("noise\n{o}\n");
         assert_eq!(Outcome::find(&out), Some(o));
