@@ -811,3 +811,37 @@ async fn idempotent_producer_back_pressure_and_delivery() {
         assert_eq!(offsets, &expected, "once each, in order");
     }
 }
+
+/// `send_buffered` must put a partly filled batch on the wire at once instead of after its linger: the
+/// group commit relies on it so the last batch of every transaction does not wait out `linger`.
+#[tokio::test]
+async fn send_buffered_ends_the_linger_of_what_is_buffered() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let client = client(&kafka).await;
+    let topic = new_topic(&client, "send-buffered").await;
+    let mut c = config(&unique("send-buffered"));
+    // Far longer than the assertion below allows: only send_buffered can get the record out in time.
+    c.producer.linger = Duration::from_secs(60);
+    let mut p = TransactionalProducer::init(client.clone(), c)
+        .await
+        .expect("init");
+    p.begin().unwrap();
+    let delivery = p.send(record(&topic, "a")).await.unwrap();
+    tokio::pin!(delivery);
+    // Still lingering: nothing acknowledges it on its own within a second.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut delivery)
+            .await
+            .is_err(),
+        "a record was acknowledged before its 60 s linger without send_buffered"
+    );
+    p.send_buffered();
+    let acked = tokio::time::timeout(Duration::from_secs(20), &mut delivery)
+        .await
+        .expect("send_buffered did not end the linger")
+        .expect("delivered");
+    assert_eq!(acked.offset, Some(0));
+    p.commit().await.expect("commit");
+    let read = read_settled(&client, &topic, IsolationLevel::ReadCommitted).await;
+    assert_eq!(read.records.len(), 1, "{read:?}");
+}

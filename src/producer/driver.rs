@@ -250,8 +250,18 @@ impl Inner {
     ///
     /// Cancel-safe: dropping it stops the wait, not the records.
     pub(crate) async fn flush(&self) {
+        let marker = self.send_buffered();
+        self.wait_flushed(marker).await;
+    }
+
+    /// Ends the linger of every batch buffered now; waits for nothing.
+    pub(crate) fn send_buffered(&self) -> Option<super::sequence::BatchId> {
         let marker = self.lock().core.flush();
         self.wake();
+        marker
+    }
+
+    async fn wait_flushed(&self, marker: Option<super::sequence::BatchId>) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);

@@ -76,6 +76,13 @@ impl Producer {
         self.inner().try_append(record).map_err(|(e, _)| e)
     }
 
+    /// Ends the linger of every record buffered now (see
+    /// [`TransactionalProducer::send_buffered`](super::TransactionalProducer::send_buffered)); waits for
+    /// nothing.
+    pub fn send_buffered(&self) {
+        self.inner().send_buffered();
+    }
+
     /// Sends everything buffered now and waits until each of those records has its outcome.
     ///
     /// Cancel-safe: dropping it stops the wait, not the records.

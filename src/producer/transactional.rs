@@ -125,6 +125,14 @@ impl TransactionalProducer {
         self.inner.try_append(record).map_err(|(e, _)| e)
     }
 
+    /// Ends the linger of every record buffered now: their batches go out as soon as their partitions'
+    /// connections allow, without waiting for [`ProducerConfig::linger`](super::ProducerConfig). Waits
+    /// for nothing. For a caller that has queued a whole transaction's records and will commit next: the
+    /// last, partly filled batch would otherwise sit out its linger while the offsets are committed.
+    pub fn send_buffered(&self) {
+        self.inner.send_buffered();
+    }
+
     /// Commits `offsets` for `group` inside the transaction, fenced by the group's generation (KIP-447):
     /// a stale generation, an unknown member or a fenced static instance fails with
     /// [`ProducerError::CommitFenced`] and leaves the transaction abortable.

@@ -28,6 +28,10 @@ impl ProducerRunner {
                 .partition(self.partition);
             deliveries.push(self.producer.send(record).await?);
         }
+        // Every write of the transaction is queued: lingering would only hold the last, partly filled
+        // batch back (by `linger`, 5 ms by default, per transaction: a fifth of a 2.6 MB transaction's
+        // time on one local broker).
+        self.producer.send_buffered();
         // The fence: the group coordinator checks generation (or member epoch) and member id here. It runs
         // while the records are in flight, so it costs no extra round trip on the critical path.
         self.producer
