@@ -4,7 +4,7 @@
 //! ```text
 //! snapfence-bench run [--nodes 1,3] [--rounds 2] [--peers DIR] [--note TEXT]... [--out FILE]
 //!                     [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS]
-//!                     [--broker KEY=VALUE]...
+//!                     [--broker KEY=VALUE]... [--transaction-version 1|2]
 //! snapfence-bench peer WORKLOAD ARGS...     snapfence's side of one workload (a child of `run`)
 //! ```
 //!
@@ -12,8 +12,9 @@
 //! all), `--clients` picks clients (`snapfence,java,confluent,rdkafka`), for profiling one case by hand.
 //! `--repeat N` (default 5) runs the short rows (A(c), B's baseline, caps 256 and 2000: ~0.1 s each for
 //! us) N times per client, interleaved, and reports the median with the range: one 100 ms sample on a
-//! shared 2-core machine moves by 2x between runs. `--broker` sets a broker property (e.g. to show what a
-//! broker-side wait costs).
+//! shared 2-core machine moves by 2x between runs. `--broker` sets a broker property and
+//! `--transaction-version` the cluster's finalised transaction.version (default 2), to show what a
+//! broker-side wait costs.
 //!
 //! `run` starts each cluster with the protocol-tests fixture, and per round runs every workload once per
 //! client, each client in its own process with the same arguments (bench/src/workload.rs), rotating which
@@ -68,7 +69,7 @@ fn main() {
         Some("peer") => peer(&args[1..]),
         Some("run") => run(&args[1..]),
         _ => {
-            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]...\n       snapfence-bench peer WORKLOAD ARGS...");
+            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench peer WORKLOAD ARGS...");
             2
         }
     };
@@ -112,6 +113,7 @@ struct Options {
     repeat: usize,
     child_timeout: Duration,
     broker: Vec<(String, String)>,
+    transaction_version: Option<i16>,
 }
 
 impl Options {
@@ -138,6 +140,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         repeat: 5,
         child_timeout: CHILD_TIMEOUT,
         broker: Vec::new(),
+        transaction_version: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -175,6 +178,15 @@ fn options(args: &[String]) -> Result<Options, String> {
                     value()?
                         .parse()
                         .map_err(|_| "bad --child-timeout (seconds)")?,
+                )
+            }
+            "--transaction-version" => {
+                o.transaction_version = Some(
+                    value()?
+                        .parse()
+                        .ok()
+                        .filter(|v| (1..=2).contains(v))
+                        .ok_or("bad --transaction-version (1 or 2)")?,
                 )
             }
             "--broker" => {
@@ -316,6 +328,10 @@ async fn run_all(options: &Options) -> Result<Report, Error> {
         } else {
             ClusterSpec::kafka4()
         };
+        if let Some(tv) = options.transaction_version {
+            spec = spec.with_transaction_version(tv);
+            report.note(format!("Cluster formatted with transaction.version={tv}."));
+        }
         for (k, v) in &options.broker {
             spec = spec.with_prop(k, v);
             report.note(format!("Broker property set for this run: `{k}={v}`."));
