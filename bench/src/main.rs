@@ -76,8 +76,33 @@ fn main() {
     std::process::exit(code);
 }
 
+/// With `RUST_LOG` set (e.g. `snapfence::net=trace`, every request's round trip), snapfence's side of each
+/// workload logs to the file `SNAPFENCE_BENCH_TRACE` names (appending, so every child of a `run` adds to
+/// it), or to stderr. docs/benchmarks.md reads such a trace to find where a transaction's time goes.
+fn init_tracing() {
+    if std::env::var_os("RUST_LOG").is_none() {
+        return;
+    }
+    let filter = tracing_subscriber::EnvFilter::from_default_env();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
+    match std::env::var_os("SNAPFENCE_BENCH_TRACE") {
+        Some(path) => match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+        {
+            Ok(file) => builder.with_writer(std::sync::Mutex::new(file)).init(),
+            Err(e) => eprintln!("cannot open {}: {e}", PathBuf::from(path).display()),
+        },
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+}
+
 /// snapfence's side of one workload, in this process.
 fn peer(args: &[String]) -> i32 {
+    init_tracing();
     let work = match Work::parse(args) {
         Ok(w) => w,
         Err(e) => {

@@ -298,6 +298,11 @@ impl Connection {
             finished: false,
         };
         let frame = encode(correlation_id).map_err(|e| self.protocol(e))?;
+        let (api_key, sent_bytes, started) = (
+            wire::request_api(&frame).map_or(-1, |(key, _)| key),
+            frame.len(),
+            Instant::now(),
+        );
         match timeout_at(deadline, self.inner.writer.reserve()).await {
             Ok(Ok(permit)) => {
                 // No await between taking the queue slot and recording that the frame is queued, so a
@@ -314,6 +319,17 @@ impl Connection {
         match timeout_at(deadline, &mut answered).await {
             Ok(Ok(Ok(frame))) => {
                 guard.finished = true;
+                // Where a workload's time goes, request by request (docs/benchmarks.md reads these to
+                // tell the client's round trips from the broker's waits).
+                tracing::trace!(
+                    addr = self.addr(),
+                    api_key,
+                    correlation_id,
+                    sent_bytes,
+                    received_bytes = frame.len(),
+                    micros = started.elapsed().as_micros() as u64,
+                    "round trip"
+                );
                 Ok(frame)
             }
             Ok(Ok(Err(failure))) => Err(NetError::Connection {

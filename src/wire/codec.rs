@@ -75,6 +75,16 @@ pub(crate) fn encode_request<R: ApiRequest>(
     Ok(buf.freeze())
 }
 
+/// The api key and version of an encoded request frame (size prefix included), for diagnostics; `None`
+/// when the frame is too short to carry them.
+pub fn request_api(frame: &[u8]) -> Option<(i16, i16)> {
+    let b = frame.get(SIZE_PREFIX..SIZE_PREFIX + 4)?;
+    Some((
+        i16::from_be_bytes([b[0], b[1]]),
+        i16::from_be_bytes([b[2], b[3]]),
+    ))
+}
+
 /// The correlation id of a response frame: its first four bytes, whichever header version follows.
 pub fn response_correlation_id(frame: &[u8]) -> Result<i32, WireError> {
     match frame.get(..4) {

@@ -22,7 +22,7 @@ pub use error::WireError;
 pub use error_code::ErrorCode;
 pub use versions::{client_versions, client_versions_of, BrokerApiVersions, Features};
 
-pub(crate) use codec::{decode_response, encode_request, response_correlation_id};
+pub(crate) use codec::{decode_response, encode_request, request_api, response_correlation_id};
 pub(crate) use frame::FrameDecoder;
 pub(crate) use versions::{decode_api_versions, initial_api_versions_version};
 
