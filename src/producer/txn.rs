@@ -328,16 +328,19 @@ impl Backoff {
         self.base.saturating_mul(factor).min(self.max)
     }
 
-    /// The delay after CONCURRENT_TRANSACTIONS: the same doubling, but from [`CONCURRENT_RETRY`] (never
-    /// above the ordinary delay). The coordinator gives that answer while a state change of this very
+    /// The delay after CONCURRENT_TRANSACTIONS: [`CONCURRENT_RETRY`] for the first
+    /// [`CONCURRENT_FLAT_ATTEMPTS`] retries, then doubling from there (never above the ordinary delay). The coordinator gives that answer while a state change of this very
     /// transactional id is in progress: the previous transaction's markers being written (a first
     /// enrolment sent right after a commit often races them), or the log append of an enrolment sent
     /// alongside.
     /// Both finish within milliseconds on a healthy cluster, so the ordinary delay (100 ms by default)
-    /// would be most of a small transaction's time. The doubling still backs off from a coordinator
-    /// whose markers are stuck.
+    /// would be most of a small transaction's time. The flat start follows the marker round closely
+    /// (measured at 10-25 ms on a loaded one-node broker, docs/benchmarks.md): doubling from the first
+    /// retry would overshoot its end by up to its own length (2+4+8 ms, then 16 more). The doubling
+    /// after it still backs off from a coordinator whose markers are stuck.
     pub(crate) fn concurrent_delay(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
+        let doublings = attempt.saturating_sub(CONCURRENT_FLAT_ATTEMPTS - 1).min(16);
+        let factor = 1u32.checked_shl(doublings).unwrap_or(u32::MAX);
         CONCURRENT_RETRY
             .saturating_mul(factor)
             .min(self.delay(attempt))
@@ -414,6 +417,10 @@ struct Txn {
 /// an AddOffsetsToTxn or TxnOffsetCommit answered so: the offset commit that opens a transaction costs it
 /// 100 ms whenever it races the previous transaction's markers (docs/transactions.md, "Latency").
 pub(crate) const CONCURRENT_RETRY: Duration = Duration::from_millis(2);
+
+/// How many CONCURRENT_TRANSACTIONS retries wait [`CONCURRENT_RETRY`] before the delay starts doubling
+/// (see [`Backoff::concurrent_delay`]): ~20 ms of waiting, round trips aside.
+pub(crate) const CONCURRENT_FLAT_ATTEMPTS: u32 = 10;
 
 /// What happened to an AddPartitionsToTxn answer.
 #[derive(Debug, Clone)]

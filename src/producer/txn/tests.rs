@@ -434,10 +434,10 @@ fn tv1_enrolment_answered_concurrent_transactions_retries_quickly() {
     m.on_add_partitions(busy(0), t1);
     assert_eq!(
         m.add_partitions_not_before(),
-        Some(t1 + 2 * CONCURRENT_RETRY),
-        "the short delay doubles"
+        Some(t1 + CONCURRENT_RETRY),
+        "the short delay holds for the first retries"
     );
-    let t2 = t1 + 2 * CONCURRENT_RETRY;
+    let t2 = t1 + CONCURRENT_RETRY;
     m.poll_add_partitions(t2).unwrap();
     m.on_add_partitions(
         TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None)]),
@@ -465,11 +465,14 @@ fn tv1_enrolment_answered_concurrent_transactions_retries_quickly() {
     );
 }
 
-/// The short schedule starts at CONCURRENT_RETRY, doubles, and never exceeds the ordinary delay.
+/// The short schedule stays at CONCURRENT_RETRY for the flat attempts, then doubles, and never exceeds
+/// the ordinary delay.
 #[test]
 fn concurrent_delay_doubles_from_the_short_base_under_the_ordinary_delay() {
     let b = backoff();
-    let expected = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 1000];
+    let expected = [
+        2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 1000,
+    ];
     for (attempt, ms) in expected.into_iter().enumerate() {
         assert_eq!(
             b.concurrent_delay(attempt as u32),
@@ -482,7 +485,8 @@ fn concurrent_delay_doubles_from_the_short_base_under_the_ordinary_delay() {
         max: Duration::from_millis(3),
     };
     assert_eq!(tiny.concurrent_delay(0), Duration::from_millis(1));
-    assert_eq!(tiny.concurrent_delay(5), Duration::from_millis(3));
+    assert_eq!(tiny.concurrent_delay(5), Duration::from_millis(2));
+    assert_eq!(tiny.concurrent_delay(12), Duration::from_millis(3));
 }
 
 /// The offset commit that opens a transaction races the previous transaction's markers: under TV1 its
@@ -515,7 +519,7 @@ fn offsets_answered_concurrent_transactions_retry_quickly() {
             assert_eq!(
                 m.on_response(answer.clone(), t0),
                 Step::Backoff {
-                    delay: CONCURRENT_RETRY * (1 << attempt),
+                    delay: CONCURRENT_RETRY,
                     refresh: false,
                     request: first.clone()
                 },
