@@ -6,7 +6,9 @@
 #
 #   bash scripts/bench.sh [OUT]          (default OUT: $CARGO_TARGET_DIR/bench-results.md)
 #
-# Environment: BENCH_NODES (default "1,3"), BENCH_ROUNDS (default 2), DECODE_RUNS (default 15),
+# Environment: BENCH_NODES (default "1,3"), BENCH_ROUNDS (default "2,1": two rounds on one node, one on
+# three, whose round takes ~40 min), BENCH_REPEAT (default 5: runs per client of the ~100 ms rows, the
+# median is reported), BENCH_ARGS (more runner options, e.g. "--clients snapfence,java"), DECODE_RUNS (default 15),
 # BENCH_PEERS_TARGET (the peers' cargo target dir, default $CARGO_TARGET_DIR/bench-peers),
 # SNAPFENCE_KAFKA_JVM_OPTS (broker JVM flags; default here "-XX:+UseG1GC", a full-speed JIT and collector,
 # instead of the test fixture's fast-start flags).
@@ -51,8 +53,9 @@ note_args=()
 for n in "${notes[@]}"; do note_args+=(--note "$n"); done
 broker_runs=$(mktemp)
 SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
-  "$target/release/snapfence-bench" run --nodes "${BENCH_NODES:-1,3}" --rounds "${BENCH_ROUNDS:-2}" \
-  --peers "$peers_target/release" "${note_args[@]}" --out "$broker_runs"
+  "$target/release/snapfence-bench" run --nodes "${BENCH_NODES:-1,3}" --rounds "${BENCH_ROUNDS:-2,1}" \
+  --repeat "${BENCH_REPEAT:-5}" --peers "$peers_target/release" "${note_args[@]}" ${BENCH_ARGS:-} \
+  --out "$broker_runs"
 
 echo "== decode (CPU only)"
 decode_runs=$(mktemp)

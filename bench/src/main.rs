@@ -2,7 +2,7 @@
 //! same run. See docs/benchmarks.md; `scripts/bench.sh` builds the peers and runs this.
 //!
 //! ```text
-//! snapfence-bench run [--nodes 1,3] [--rounds 2] [--peers DIR] [--note TEXT]... [--out FILE]
+//! snapfence-bench run [--nodes 1,3] [--rounds 2|2,1] [--peers DIR] [--note TEXT]... [--out FILE]
 //!                     [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS]
 //!                     [--broker KEY=VALUE]... [--transaction-version 1|2]
 //! snapfence-bench peer WORKLOAD ARGS...     snapfence's side of one workload (a child of `run`)
@@ -69,7 +69,7 @@ fn main() {
         Some("peer") => peer(&args[1..]),
         Some("run") => run(&args[1..]),
         _ => {
-            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench peer WORKLOAD ARGS...");
+            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench peer WORKLOAD ARGS...");
             2
         }
     };
@@ -129,7 +129,8 @@ fn peer(args: &[String]) -> i32 {
 
 struct Options {
     nodes: Vec<usize>,
-    rounds: usize,
+    /// Rounds per cluster, in `nodes` order; one number serves every cluster.
+    rounds: Vec<usize>,
     peers: Option<PathBuf>,
     notes: Vec<String>,
     out: Option<PathBuf>,
@@ -156,7 +157,7 @@ fn list(value: String) -> Vec<String> {
 fn options(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
         nodes: vec![1, 3],
-        rounds: 2,
+        rounds: vec![2],
         peers: None,
         notes: Vec::new(),
         out: None,
@@ -177,7 +178,12 @@ fn options(args: &[String]) -> Result<Options, String> {
                     .map(|n| n.parse().map_err(|_| format!("bad --nodes {n}")))
                     .collect::<Result<_, _>>()?
             }
-            "--rounds" => o.rounds = value()?.parse().map_err(|_| "bad --rounds")?,
+            "--rounds" => {
+                o.rounds = value()?
+                    .split(',')
+                    .map(|n| n.parse().map_err(|_| format!("bad --rounds {n}")))
+                    .collect::<Result<_, _>>()?
+            }
             "--peers" => o.peers = Some(PathBuf::from(value()?)),
             "--note" => o.notes.push(value()?),
             "--out" => o.out = Some(PathBuf::from(value()?)),
@@ -347,7 +353,13 @@ fn contenders(
 
 async fn run_all(options: &Options) -> Result<Report, Error> {
     let mut report = Report::new(options.notes.clone());
-    for &nodes in &options.nodes {
+    for (i, &nodes) in options.nodes.iter().enumerate() {
+        let rounds = options
+            .rounds
+            .get(i)
+            .or(options.rounds.last())
+            .copied()
+            .unwrap_or(1);
         let mut spec = if nodes == 3 {
             ClusterSpec::three_nodes()
         } else {
@@ -376,7 +388,7 @@ async fn run_all(options: &Options) -> Result<Report, Error> {
         } else {
             Vec::new()
         };
-        for round in 1..=options.rounds {
+        for round in 1..=rounds {
             let bench = Bench {
                 kafka: &kafka,
                 client: &client,
@@ -760,6 +772,45 @@ fn run_child(mut cmd: Command, timeout: Duration) -> Cell {
             let tail: Vec<&str> = stdout.lines().chain(stderr.lines()).collect();
             let start = tail.len().saturating_sub(3);
             Cell::Failed(tail[start..].join(" | "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Options, String> {
+        options(
+            &line
+                .split_whitespace()
+                .map(String::from)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn options_pick_rounds_per_cluster_workloads_and_repeats() {
+        let o = parse("--nodes 1,3 --rounds 2,1 --workloads b-base,b-256 --repeat 7 --transaction-version 1 --broker a.b=1").unwrap();
+        assert_eq!(
+            (&o.nodes, &o.rounds, o.repeat),
+            (&vec![1, 3], &vec![2, 1], 7)
+        );
+        assert!(o.wants("b-256") && !o.wants("a-b"));
+        assert_eq!(o.transaction_version, Some(1));
+        assert_eq!(o.broker, vec![("a.b".to_string(), "1".to_string())]);
+        let all = parse("").unwrap();
+        assert!(WORKLOADS.iter().all(|w| all.wants(w)));
+        assert_eq!((all.rounds, all.repeat), (vec![2], 5));
+        for bad in [
+            "--workloads b-3",
+            "--repeat 0",
+            "--rounds x",
+            "--transaction-version 3",
+            "--broker novalue",
+            "--nodes",
+        ] {
+            assert!(parse(bad).is_err(), "{bad} was accepted");
         }
     }
 }
