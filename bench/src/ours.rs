@@ -157,9 +157,8 @@ async fn recover_partition(client: &Client, topic: &str) -> Result<(u64, u64), E
         ..RecoveryConfig::default()
     };
     let (state, _stats) = recover(&mut log, 0, &config).await?;
-    // The map is what recovery produces: count it, so its size is what the peers report too.
-    let bytes = state.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum();
-    Ok((state.len() as u64, bytes))
+    // The state is what recovery produces: count it, so its size is what the peers report too.
+    Ok((state.len() as u64, state.live_bytes() as u64))
 }
 
 /// Seed experiment A(a) (one at a time) and the baseline of B (all at once): the idempotent producer.

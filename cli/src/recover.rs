@@ -217,7 +217,7 @@ fn stalled_or_failed(topic: &str, partition: i32, e: SnapshotError) -> CliError 
     }
 }
 
-fn keys_sorted(state: &RecoveredState) -> Vec<(&bytes::Bytes, usize)> {
+fn keys_sorted(state: &RecoveredState) -> Vec<(&[u8], usize)> {
     let mut keys: Vec<_> = state.iter().map(|(k, v)| (k, v.len())).collect();
     keys.sort_by(|a, b| a.0.cmp(b.0));
     keys
@@ -230,7 +230,7 @@ fn print_text(
     state: &RecoveredState,
     stats: &RecoveryStats,
 ) -> Result<(), CliError> {
-    let live_bytes: usize = state.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let live_bytes = state.live_bytes();
     writeln!(
         out,
         "recovered {topic}/{}: {} live key(s), {live_bytes} bytes of keys and snapshots",
@@ -283,7 +283,7 @@ fn print_json(
         "topic": topic,
         "partition": args.partition,
         "keys": state.len(),
-        "live_bytes": state.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
+        "live_bytes": state.live_bytes(),
         "records": stats.records,
         "bytes": stats.bytes,
         "start": stats.start,

@@ -922,8 +922,11 @@ impl<'a> Round<'a> {
                 ..RecoveryConfig::default()
             };
             let mut records = Vec::new();
-            if let Err(e) = read_to_target(&mut log, p, &config, |k, v| records.push((k, v))).await
-            {
+            // The fold lends slices of the fetch buffer; copies keep only the records, not the buffers.
+            let keep = |k: &[u8], v: Option<&[u8]>| {
+                records.push((Bytes::copy_from_slice(k), v.map(Bytes::copy_from_slice)))
+            };
+            if let Err(e) = read_to_target(&mut log, p, &config, keep).await {
                 report
                     .anomalies
                     .push(format!("reading snapshot partition {p}: {e}"));

@@ -314,8 +314,8 @@ async fn a_principal_with_the_acls_runs_the_snapshot_store() {
         };
         let state = recover(&mut log, 0, &cfg).await.unwrap().0;
         assert_eq!(state.len(), 2, "{}", kafka.version());
-        assert_eq!(state.get(&b("k1")), Some(&b("v1")));
-        assert_eq!(state.get(&b("k2")), Some(&b("v2")));
+        assert_eq!(state.get(b("k1")), Some(&*b("v1")));
+        assert_eq!(state.get(b("k2")), Some(&*b("v2")));
     }
 }
 

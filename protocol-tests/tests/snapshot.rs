@@ -17,8 +17,8 @@ use snapfence::producer::{
 };
 use snapfence::records::IsolationLevel;
 use snapfence::snapshot::{
-    recover, Assignment, MetadataSource, PartitionLog, RecoveryConfig, SnapshotConfig,
-    SnapshotError, SnapshotStore, StallDiagnosis,
+    recover, Assignment, MetadataSource, PartitionLog, RecoveredState, RecoveryConfig,
+    SnapshotConfig, SnapshotError, SnapshotStore, StallDiagnosis,
 };
 
 async fn client(kafka: &KafkaCluster) -> Client {
@@ -93,7 +93,7 @@ fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
-async fn recovered(s: &Setup) -> std::collections::HashMap<Bytes, Bytes> {
+async fn recovered(s: &Setup) -> RecoveredState {
     let mut log = PartitionLog::new(s.client.clone(), &s.snapshots, 0);
     let cfg = RecoveryConfig {
         stall_timeout: Some(Duration::from_secs(30)),
@@ -216,7 +216,7 @@ async fn stale_token_is_fenced(kafka: &KafkaCluster, protocol: GroupProtocol) {
         store.write(b("k"), Some(b("live"))).await.unwrap();
         store.close().await;
         let state = recovered(&s).await;
-        assert_eq!(state.get(&b("k")), Some(&b("live")), "{}", kafka.version());
+        assert_eq!(state.get(b("k")), Some(&*b("live")), "{}", kafka.version());
     }
 }
 
@@ -254,8 +254,8 @@ async fn concurrent_writes_all_commit() {
             assert_eq!(state.len(), n, "{} cap {cap}", kafka.version());
             for i in 0..n {
                 assert_eq!(
-                    state.get(&b(&format!("key-{i}"))),
-                    Some(&b(&format!("v{i}")))
+                    state.get(b(&format!("key-{i}"))),
+                    Some(&*b(&format!("v{i}")))
                 );
             }
         }
@@ -324,8 +324,8 @@ async fn takeover_aborts_crashed_owners_open_transaction() {
         let state = recovered(&s).await;
         let took = began.elapsed();
         assert_eq!(
-            state.get(&b("a")),
-            Some(&b("committed")),
+            state.get(b("a")),
+            Some(&*b("committed")),
             "{}",
             kafka.version()
         );
@@ -421,14 +421,14 @@ async fn recovery_waits_out_a_foreign_transaction() {
         aborter.await.unwrap();
         assert!(stats.waited_for_open_transactions, "{}", kafka.version());
         assert_eq!(
-            state.get(&b("after")),
-            Some(&b("2")),
+            state.get(b("after")),
+            Some(&*b("2")),
             "{}: the read stopped at the LSO",
             kafka.version()
         );
-        assert_eq!(state.get(&b("before")), Some(&b("1")));
+        assert_eq!(state.get(b("before")), Some(&*b("1")));
         assert!(
-            !state.contains_key(&b("x")),
+            !state.contains_key(b("x")),
             "{}: an aborted record was read",
             kafka.version()
         );

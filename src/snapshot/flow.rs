@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use super::error::SnapshotError;
 use super::group_commit::MetadataSource;
 use super::log::PartitionLog;
-use super::recovery::{read_to_target, RecoveryConfig};
+use super::recovery::{recover, RecoveryConfig};
 use super::store::{SnapshotConfig, SnapshotStore};
 use crate::consumer::{
     commit_offsets, committed_offsets, list_offsets, ConsumerError, GroupConsumer,
@@ -300,20 +300,16 @@ impl<F: Fold> Shared<F> {
             },
             ..RecoveryConfig::default()
         };
-        let mut raw: HashMap<Bytes, Option<Bytes>> = HashMap::new();
-        let stats = read_to_target(&mut log, tp.partition, &recovery, |k, v| {
-            raw.insert(k, v);
-        })
-        .await?;
-        let mut keys = HashMap::with_capacity(raw.len());
-        for (key, value) in raw {
-            let Some(value) = value else { continue };
+        let (recovered, stats) = recover(&mut log, tp.partition, &recovery).await?;
+        let mut keys = HashMap::with_capacity(recovered.len());
+        for (key, value) in &recovered {
+            let key = Bytes::copy_from_slice(key);
             let bad = |reason: String| FlowError::BadSnapshot {
                 partition: tp.partition,
                 key: key.clone(),
                 reason,
             };
-            let (last_offset, payload) = open_envelope(&value).map_err(bad)?;
+            let (last_offset, payload) = open_envelope(value).map_err(bad)?;
             let state = self.fold.decode(payload).map_err(|e| bad(e.to_string()))?;
             keys.insert(
                 key,

@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use super::recovery::{LogChunk, LogError, SnapshotLog};
 use crate::consumer::{
     list_offsets, OffsetSpec, PartitionReader, ReaderConfig, StartAt, TopicPartition,
@@ -75,15 +73,10 @@ impl SnapshotLog for PartitionLog {
         let fetched = self.reader.fetch_for(max_wait).await?;
         let mut records = Vec::new();
         for part in fetched {
-            // The recovered map outlives the fetch buffers. A key or value sliced from a buffer would keep
-            // the whole buffer alive as long as that key's snapshot is current, so after many overwrites
-            // the map would pin every buffer ever fetched. Copying bounds memory by the live state.
-            records.extend(part.records.into_iter().map(|r| {
-                (
-                    r.key.map(|k| Bytes::copy_from_slice(&k)),
-                    r.value.map(|v| Bytes::copy_from_slice(&v)),
-                )
-            }));
+            // Slices of the fetch buffer, not copies: a copy here would be one allocation per key and per
+            // value. Nothing downstream keeps them: `read_to_target` lends them to its fold and drops the
+            // chunk, and `recover` copies into its arena, so each buffer is freed once folded.
+            records.extend(part.records.into_iter().map(|r| (r.key, r.value)));
         }
         let next_offset = self.reader.position(&self.partition).unwrap_or(offset);
         Ok(LogChunk {

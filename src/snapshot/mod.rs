@@ -11,6 +11,7 @@ mod group_commit;
 mod log;
 mod recovery;
 mod runner;
+mod state;
 mod store;
 
 pub use error::{FailureKind, SnapshotError, StallDiagnosis, TxnFailure};
@@ -20,7 +21,7 @@ pub use group_commit::{
 };
 pub use log::PartitionLog;
 pub use recovery::{
-    read_to_target, recover, LogChunk, LogError, RecoveredState, RecoveryConfig, RecoveryStats,
-    SnapshotLog,
+    read_to_target, recover, LogChunk, LogError, RecoveryConfig, RecoveryStats, SnapshotLog,
 };
+pub use state::{RecoveredIter, RecoveredState};
 pub use store::{Assignment, SnapshotConfig, SnapshotStore};

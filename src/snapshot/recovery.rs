@@ -16,7 +16,6 @@
 //! # References
 //! - KIP-98 (read_committed, LSO), KIP-664 (hanging transactions), KIP-890 (prevention since Kafka 3.6)
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::error::{SnapshotError, StallDiagnosis};
+use super::state::RecoveredState;
 
 /// A boxed error from the layer that reads the log.
 pub type LogError = Box<dyn std::error::Error + Send + Sync>;
@@ -31,7 +31,9 @@ pub type LogError = Box<dyn std::error::Error + Send + Sync>;
 /// What one read_committed fetch delivered.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogChunk {
-    /// The committed records, as (key, value); markers and aborted records already removed.
+    /// The committed records, as (key, value); markers and aborted records already removed. They may be
+    /// slices of the fetch buffer (as [`PartitionLog`](super::PartitionLog)'s are): keeping one keeps the
+    /// whole buffer alive.
     pub records: Vec<(Option<Bytes>, Option<Bytes>)>,
     /// The offset the next fetch starts at (past skipped aborted batches and markers too).
     pub next_offset: i64,
@@ -95,11 +97,11 @@ pub struct RecoveryStats {
     pub elapsed: Duration,
 }
 
-/// The state a recovery produces: the latest snapshot of every live key.
-pub type RecoveredState = HashMap<Bytes, Bytes>;
-
 /// Reads a snapshot partition to its captured high watermark at read_committed and folds it: a value puts
 /// the key, a null value (tombstone) removes it, a record without a key is ignored.
+///
+/// Each record is copied into the state's arena as it is folded, so a fetch buffer is freed as soon as its
+/// records are folded, and the state costs its live bytes plus a small index (see [`RecoveredState`]).
 ///
 /// Cancel safety: cancel-safe in the sense that dropping the future leaves nothing behind (the read has no
 /// side effects); the partial state is lost.
@@ -114,7 +116,7 @@ pub async fn recover<L: SnapshotLog>(
             state.insert(key, v);
         }
         None => {
-            state.remove(&key);
+            state.remove(key);
         }
     })
     .await?;
@@ -122,11 +124,17 @@ pub async fn recover<L: SnapshotLog>(
 }
 
 /// The read loop behind [`recover`], handing each keyed record to `fold` in log order.
+///
+/// The key and value are lent for the call only: they point into the fetch buffer, which is freed once
+/// its records are folded. A fold that keeps them copies them (`Bytes::copy_from_slice`), so it holds its
+/// data and not every buffer a kept record came from.
+///
+/// Cancel safety: as [`recover`].
 pub async fn read_to_target<L: SnapshotLog>(
     log: &mut L,
     partition: i32,
     config: &RecoveryConfig,
-    mut fold: impl FnMut(Bytes, Option<Bytes>),
+    mut fold: impl FnMut(&[u8], Option<&[u8]>),
 ) -> Result<RecoveryStats, SnapshotError> {
     let io = |e: LogError| SnapshotError::Io {
         partition,
@@ -162,7 +170,7 @@ pub async fn read_to_target<L: SnapshotLog>(
             let Some(key) = key else { continue };
             records += 1;
             bytes += (key.len() + value.as_ref().map_or(0, Bytes::len)) as u64;
-            fold(key, value);
+            fold(&key, value.as_deref());
         }
         // A broker never moves a consumer backwards; a fetch answer that claims to is ignored.
         position = position.max(chunk.next_offset);
@@ -393,7 +401,7 @@ mod tests {
         log.0.lock().unwrap().hw = 5;
         log.0.lock().unwrap().lso = 5;
         let (state, stats) = recover(&mut log.clone(), 0, &cfg(Some(180))).await.unwrap();
-        assert_eq!(state, HashMap::from([(b("a"), b("3"))]));
+        assert_eq!(state, [("a", "3")].into_iter().collect());
         assert_eq!((stats.target, stats.end, stats.records), (5, 5, 4));
         assert!(!stats.waited_for_open_transactions);
     }
@@ -420,11 +428,11 @@ mod tests {
             "the read waited for the transaction"
         );
         assert_eq!(
-            state.get(&b("a")),
-            Some(&b("new")),
+            state.get("a"),
+            Some(&b"new"[..]),
             "a read bounded by the LSO would have kept 'old'"
         );
-        assert_eq!(state.get(&b("b")), Some(&b("1")));
+        assert_eq!(state.get("b"), Some(&b"1"[..]));
         assert!(stats.waited_for_open_transactions);
     }
 
