@@ -457,66 +457,56 @@ impl Bench<'_> {
 
         let wants = |w: &str| self.options.wants(w);
         let short = self.options.repeat;
-        let median = if short > 1 {
-            format!(" (median of {short})")
-        } else {
-            String::new()
+        // The label of a row that ran `reps` times per client.
+        let label = |text: String, reps: usize| {
+            if reps > 1 {
+                format!("{text} (median of {reps})")
+            } else {
+                text
+            }
         };
+        use report::Target;
 
         // Experiment A.
         if wants("a-a") {
+            let text =
+                format!("A(a) plain idempotent producer, {A_KEYS} x {A_SIZE} B one at a time");
             let row = self
                 .each(next_turn(), 1, |_| {
                     self.plain_args("plain-seq", A_KEYS, A_SIZE, 0)
                 })
                 .await?;
-            section.push(Row::time(
-                format!("A(a) plain idempotent producer, {A_KEYS} x {A_SIZE} B one at a time"),
-                row,
-                report::Target::None,
-            ));
+            section.push(Row::time(label(text, 1), row, Target::None));
         }
         if wants("a-b") {
+            let text = format!("A(b) group-committed transactions, {A_KEYS} one at a time");
             let row = self
                 .each(next_turn(), 1, |_| {
                     self.txn_args("txn-seq", A_KEYS, A_SIZE, None)
                 })
                 .await?;
-            section.push(Row::time(
-                format!("A(b) group-committed transactions, {A_KEYS} one at a time"),
-                row,
-                report::Target::Transactional,
-            ));
+            section.push(Row::time(label(text, 1), row, Target::Transactional));
         }
         if wants("a-c") {
+            let text = format!("A(c) group-committed transactions, {A_KEYS} all at once (cap 256)");
             let row = self
                 .each(next_turn(), short, |_| {
                     self.txn_args("txn-burst", A_KEYS, A_SIZE, Some(256))
                 })
                 .await?;
-            section.push(Row::time(
-                format!(
-                    "A(c) group-committed transactions, {A_KEYS} all at once (cap 256){median}"
-                ),
-                row,
-                report::Target::Transactional,
-            ));
+            section.push(Row::time(label(text, short), row, Target::Transactional));
         }
 
         // Experiment B.
         if wants("b-base") {
+            let text =
+                format!("B plain idempotent producer, {B_KEYS} x 10 KiB all at once (baseline)");
             let row = self
                 .each(next_turn(), short, |_| {
                     self.plain_args("plain-burst", B_KEYS, B_SIZE, 5)
                 })
                 .await?;
-            section.push(Row::time(
-                format!(
-                    "B plain idempotent producer, {B_KEYS} x 10 KiB all at once (baseline){median}"
-                ),
-                row,
-                report::Target::Baseline,
-            ));
+            section.push(Row::time(label(text, short), row, Target::Baseline));
         }
         for cap in B_CAPS {
             if !wants(&format!("b-{cap}")) {
@@ -530,16 +520,12 @@ impl Bench<'_> {
                 })
                 .await?;
             let target = if cap == 256 {
-                report::Target::NearBaseline
+                Target::NearBaseline
             } else {
-                report::Target::Transactional
+                Target::Transactional
             };
-            let label = if reps > 1 {
-                format!("B group commit, cap {cap}{median}")
-            } else {
-                format!("B group commit, cap {cap}")
-            };
-            section.push(Row::time(label, row, target));
+            let text = format!("B group commit, cap {cap}");
+            section.push(Row::time(label(text, reps), row, target));
         }
 
         // Recovery.
