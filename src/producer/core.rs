@@ -500,6 +500,7 @@ impl<T> ProducerCore<T> {
                     op: "delivery (never sent)",
                     elapsed: now.saturating_duration_since(batch.created),
                     class: ErrorClass::Abortable,
+                    last_error: None,
                 };
                 if self.transactional {
                     fx.txn_error.get_or_insert((err.clone(), false));
@@ -531,6 +532,7 @@ impl<T> ProducerCore<T> {
                     op: "delivery",
                     elapsed: now.saturating_duration_since(f.batch.created),
                     class: ErrorClass::Abortable,
+                    last_error: None,
                 }
             };
             if self.transactional {

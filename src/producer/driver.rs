@@ -242,6 +242,7 @@ impl Inner {
             op: "send (waiting for buffer space or metadata)",
             elapsed: self.config.max_block,
             class: ErrorClass::Retriable,
+            last_error: None,
         }
     }
 
@@ -749,6 +750,7 @@ pub(crate) async fn init_idempotent_id(
                 op: "InitProducerId",
                 elapsed: started.elapsed(),
                 class: ErrorClass::Retriable,
+                last_error: Some(code),
             });
         }
         tokio::time::sleep(backoff.delay(attempt)).await;

@@ -156,7 +156,7 @@ pub enum ProducerError {
     },
 
     /// An operation ran out of time without reaching an outcome that needs one of the other variants.
-    #[error("{op} timed out after {elapsed:?}")]
+    #[error("{op} timed out after {elapsed:?}{}", last_error.map(|c| format!(" (last answer {c})")).unwrap_or_default())]
     Timeout {
         /// The operation.
         op: &'static str,
@@ -164,6 +164,10 @@ pub enum ProducerError {
         elapsed: Duration,
         /// What the caller must do.
         class: ErrorClass,
+        /// The last error the broker answered before time ran out, when the operation was being retried
+        /// on one: CONCURRENT_TRANSACTIONS for an init, for instance, says the coordinator never finished
+        /// aborting the previous owner's transaction.
+        last_error: Option<ErrorCode>,
     },
 
     /// The broker lacks a protocol version this producer needs.

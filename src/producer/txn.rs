@@ -1159,12 +1159,14 @@ impl TxnMachine {
                             op: "epoch bump after abort",
                             elapsed: now.saturating_duration_since(started),
                             class: super::ErrorClass::Abortable,
+                            last_error: Some(code),
                         }));
                     }
                     return Step::Failed(ProducerError::Timeout {
                         op: "init",
                         elapsed: now.saturating_duration_since(started),
                         class: super::ErrorClass::Retriable,
+                        last_error: Some(code),
                     });
                 }
                 self.op = Some(Op::Init {
@@ -1259,6 +1261,7 @@ impl TxnMachine {
                         op: "send_offsets",
                         elapsed: now.saturating_duration_since(started),
                         class: super::ErrorClass::Abortable,
+                        last_error: Some(decided_code),
                     }));
                 }
                 self.op = Some(op_again(attempts + 1, stage));
@@ -1349,6 +1352,7 @@ impl TxnMachine {
                         op: if commit { "commit" } else { "abort" },
                         elapsed,
                         class: super::ErrorClass::Abortable,
+                        last_error: Some(code),
                     };
                     self.cause = Some(Arc::new(err.clone()));
                     return Step::Failed(err);

@@ -1465,3 +1465,41 @@ mod walk {
         }
     }
 }
+
+/// An init that runs out of time says what the coordinator kept answering: a takeover stuck behind an
+/// abort the coordinator never finishes (CONCURRENT_TRANSACTIONS) must be told from a lost coordinator.
+#[test]
+fn an_init_timeout_names_the_last_answer() {
+    let t0 = Instant::now();
+    let mut m = machine(1);
+    sent(m.start_init(t0, OP));
+    let mut now = t0;
+    let failed = loop {
+        match m.on_response(
+            TxnResponse::InitProducerId(Err(ErrorCode::ConcurrentTransactions)),
+            now,
+        ) {
+            Step::Backoff { delay, .. } => now += delay,
+            Step::Failed(e) => break e,
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(now < t0 + OP * 2, "the init never timed out");
+    };
+    assert!(
+        matches!(
+            failed,
+            ProducerError::Timeout {
+                op: "init",
+                last_error: Some(ErrorCode::ConcurrentTransactions),
+                ..
+            }
+        ),
+        "{failed:?}"
+    );
+    assert!(
+        failed
+            .to_string()
+            .contains("last answer CONCURRENT_TRANSACTIONS"),
+        "{failed}"
+    );
+}
