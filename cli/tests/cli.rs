@@ -272,10 +272,31 @@ async fn produce_without_add_partitions(
         max_version: Some(produce_version),
         ..CallOptions::default()
     };
+    // A topic created a moment ago can answer NOT_LEADER_OR_FOLLOWER until its leader has loaded the
+    // partition (seen once in CI); that answer wrote nothing, so the same batch is sent again.
+    let mut attempts = 0;
+    loop {
+        let code = produce_once(c, &options, topic, partition, transactional_id, &batch).await;
+        attempts += 1;
+        if code != ErrorCode::NotLeaderOrFollower || attempts == 50 {
+            return code;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn produce_once(
+    c: &Client,
+    options: &CallOptions,
+    topic: &str,
+    partition: i32,
+    transactional_id: &str,
+    batch: &snapfence::records::SealedBatch,
+) -> ErrorCode {
     let (response, _) = c
         .call(
             Target::leader(topic, partition),
-            &options,
+            options,
             |_| {
                 ProduceRequest::default()
                     .with_transactional_id(Some(TransactionalId(StrBytes::from_string(
