@@ -20,7 +20,7 @@ use snapfence::ErrorCode;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
+use kafka_fixture::{cluster, unique, ClusterSpec, KafkaCluster};
 
 const PEER_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -1357,7 +1357,7 @@ async fn the_demo_binary_starts_and_stops_its_own_broker() {
 /// without ACLs gets the not-authorized status (5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sasl_options_log_in_and_failures_name_their_cause() {
-    let security = protocol_tests::SecuritySpec {
+    let security = kafka_fixture::SecuritySpec {
         users: vec![
             ("admin".into(), "admin-secret".into()),
             ("nobody".into(), "nobody-secret".into()),
@@ -1367,7 +1367,7 @@ async fn sasl_options_log_in_and_failures_name_their_cause() {
     };
     let kafka = cluster(ClusterSpec::kafka4().with_security(security)).await;
     let topic = new_topic(&kafka, "cli-sasl", 1).await;
-    let sasl = kafka.listener_bootstrap(protocol_tests::Listener::SaslPlaintext);
+    let sasl = kafka.listener_bootstrap(kafka_fixture::Listener::SaslPlaintext);
     let dir = std::env::temp_dir().join(unique("snapfence-cli-sasl"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = |name: &str, text: &str| {
