@@ -7,7 +7,7 @@
 //! | subcommand | what it shows |
 //! |---|---|
 //! | `inspect` | per partition: log start, HW, LSO, HW−LSO, open transactions and their owners; a group's committed offsets |
-//! | `dump` | a partition's batches and markers from an offset, at either isolation level, text or JSON lines |
+//! | `dump` | a topic's batches and markers (every partition in order, or one from an offset), at either isolation level, text or JSON lines |
 //! | `find-hanging` | KIP-664's hanging transactions for a topic or a broker; `--abort` ends them |
 //! | `recover` | a snapshot partition's recovery read, run without owning it; a stall with its diagnosis |
 //! | `demo` | the stale-owner story, fenced and unfenced, on a broker it starts itself (or `--bootstrap`) |
@@ -89,7 +89,7 @@ pub struct Cli {
 pub enum Command {
     /// Per partition: offsets, the LSO gap, open transactions, and a group's committed offsets.
     Inspect(InspectArgs),
-    /// Decode a partition's batches and transaction markers over the wire.
+    /// Decode batches and transaction markers over the wire: every partition in turn, or one with -p.
     Dump(DumpArgs),
     /// Find transactions no coordinator will end (KIP-664), and optionally abort them.
     FindHanging(FindHangingArgs),
@@ -261,8 +261,11 @@ mod tests {
             assert_eq!(code, error::EXIT_USAGE, "{err}");
             assert!(err.contains("SNAPFENCE_BOOTSTRAP"), "{err}");
         }
-        let (code, _, err) = run_captured(&["snapfence", "dump", "t"]).await;
-        assert_eq!(code, 2, "--partition is required: {err}");
+        // Without --partition every partition is read, but an offset only means something in one.
+        let (code, _, err) =
+            run_captured(&["snapfence", "-b", "x:1", "dump", "t", "-o", "5"]).await;
+        assert_eq!(code, 2, "--offset needs --partition: {err}");
+        assert!(err.contains("--partition"), "{err}");
         let (code, _, err) =
             run_captured(&["snapfence", "find-hanging", "--partition", "1", "-b", "x:1"]).await;
         assert_eq!(code, 2, "--partition needs --topic: {err}");

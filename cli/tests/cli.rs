@@ -14,7 +14,9 @@ use kafka_protocol::messages::{InitProducerIdRequest, ProduceRequest, TopicName,
 use kafka_protocol::protocol::StrBytes;
 use serde_json::Value;
 use snapfence::net::{CallOptions, Client, ClientConfig, Target, Verdict};
-use snapfence::producer::{ProducerRecord, TransactionalConfig, TransactionalProducer};
+use snapfence::producer::{
+    Producer, ProducerConfig, ProducerRecord, TransactionalConfig, TransactionalProducer,
+};
 use snapfence::records::{BatchBuilder, Compression, NewRecord, ProducerStamp};
 use snapfence::ErrorCode;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -568,6 +570,74 @@ async fn unknown_topics_partitions_and_offsets_fail_with_their_own_status() {
     let r = snapfence(&kafka, &["dump", &topic, "-p", "0", "-o", "10"]).await;
     assert_eq!(r.code, snapfence_cli::error::EXIT_NOT_FOUND, "{}", r.err);
     assert!(r.err.contains("spans 0..0"), "{}", r.err);
+}
+
+/// `dump TOPIC` without `-p` must read every partition, in partition order, each line naming the
+/// partition it came from, an empty partition included; `-p N` must still read that partition alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_without_a_partition_reads_every_partition_in_order() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let topic = new_topic(&kafka, "cli-all", 3).await;
+    let producer = Producer::new(client(&kafka).await, ProducerConfig::default())
+        .await
+        .expect("producer");
+    // Written to partition 2 first, so partition order is not write order; partition 1 stays empty.
+    for (p, key) in [(2, "late"), (0, "early")] {
+        let record = ProducerRecord::new(topic.as_str(), Some(Bytes::from_static(b"v")))
+            .key(Bytes::copy_from_slice(key.as_bytes()))
+            .partition(p);
+        producer
+            .send(record)
+            .await
+            .expect("send")
+            .await
+            .expect("delivered");
+    }
+    producer.close().await;
+
+    let text = snapfence(&kafka, &["dump", &topic]).await.ok().out;
+    let early = text.find("p0           0  key \"early\"").expect(&text);
+    let late = text.find("p2           0  key \"late\"").expect(&text);
+    assert!(early < late, "partition order: {text}");
+    assert!(text.contains("-- p1: 0 batch(es)"), "{text}");
+    assert!(
+        text.trim_end().ends_with(&format!(
+            "-- {topic}: 3 partition(s), 2 batch(es), 2 record(s), 0 COMMIT and 0 ABORT marker(s)"
+        )),
+        "{text}"
+    );
+
+    let lines = snapfence(&kafka, &["--format", "json", "dump", &topic])
+        .await
+        .ok()
+        .json_lines();
+    let seen: Vec<(String, i64)> = lines
+        .iter()
+        .filter(|l| l["type"] != "topic_summary")
+        .map(|l| {
+            (
+                l["type"].as_str().unwrap().to_owned(),
+                l["partition"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let want = [
+        ("batch", 0),
+        ("summary", 0),
+        ("summary", 1),
+        ("batch", 2),
+        ("summary", 2),
+    ];
+    assert_eq!(seen, want.map(|(t, p)| (t.to_owned(), p)), "{lines:?}");
+    assert_eq!(lines.last().unwrap()["records"], 2, "{lines:?}");
+
+    // One partition, as before: no tags, one summary, nothing from the others.
+    let one = snapfence(&kafka, &["dump", &topic, "-p", "2"])
+        .await
+        .ok()
+        .out;
+    assert!(one.contains("         0  key \"late\""), "{one}");
+    assert!(!one.contains("early") && !one.contains("p2  "), "{one}");
 }
 
 // ---- find-hanging -------------------------------------------------------------------------------
