@@ -1086,7 +1086,9 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
 
     let done = snapfence(
         &kafka,
-        &["--format", "json", "recover", &topic, "-p", "0", "--keys"],
+        &[
+            "--format", "json", "recover", &topic, "-p", "0", "--keys", "--values",
+        ],
     )
     .await
     .ok()
@@ -1103,6 +1105,14 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
         .map(|k| k["key"]["data"].as_str().unwrap())
         .collect();
     assert_eq!(keys, ["a", "c"], "{done}");
+    // --values: each key's latest snapshot, the overwrite and not the first write.
+    let values: Vec<&str> = done["key_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["value"]["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(values, ["3", "4"], "{done}");
     let target = done["target"].as_i64().unwrap();
     assert!(done["end"].as_i64().unwrap() >= target, "{done}");
     let text = snapfence(&kafka, &["recover", &topic, "-p", "0"])
@@ -1111,6 +1121,18 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
         .out;
     assert!(
         text.contains("2 live key(s)") && text.contains("no open transaction held the read back"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("bytes  value"),
+        "no key list without --keys: {text}"
+    );
+    let text = snapfence(&kafka, &["recover", &topic, "-p", "0", "--values"])
+        .await
+        .ok()
+        .out;
+    assert!(
+        text.contains("  \"a\"  1 bytes  value \"3\"\n  \"c\"  1 bytes  value \"4\"\n"),
         "{text}"
     );
 
