@@ -225,7 +225,7 @@ async fn dump_partition(
             progress.update(io.err, tally.batches, args.count);
         }
         let fetched = cluster
-            .fetch(&topic, p, offset, isolation, fetch_bytes)
+            .fetch(topic, p, offset, isolation, fetch_bytes)
             .await?;
         last_seen.high_watermark = fetched.high_watermark;
         last_seen.last_stable = fetched.last_stable;

@@ -999,6 +999,55 @@ async fn the_binary_uses_the_environment_and_stays_quiet_when_piped() {
     );
 }
 
+/// The binary's output into a pipe must be plain text (clap's parse errors and help included), and an
+/// unreachable cluster's error must say each fact once. No broker: nothing listens on port 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_writes_plain_text_into_a_pipe_and_says_each_fact_once() {
+    let bin = env!("CARGO_BIN_EXE_snapfence");
+    let run = |args: &'static [&'static str]| async move {
+        tokio::process::Command::new(bin)
+            .args(args)
+            .env_remove("SNAPFENCE_BOOTSTRAP")
+            .output()
+            .await
+            .expect("run snapfence")
+    };
+    for args in [
+        &["dump"][..],
+        &["dump", "--bogus", "t"],
+        &["--help"],
+        &["dump", "--help"],
+    ] {
+        let out = run(args).await;
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            !stdout.is_empty() || !stderr.is_empty(),
+            "{args:?}: no output"
+        );
+        assert!(
+            !stdout.contains('\x1b') && !stderr.contains('\x1b'),
+            "{args:?}: escape codes into a pipe: {stdout:?} {stderr:?}"
+        );
+    }
+
+    let out = run(&["--bootstrap", "127.0.0.1:1", "dump", "nosuch"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(snapfence_cli::error::EXIT_UNREACHABLE)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("error: cannot reach the Kafka cluster at 127.0.0.1:1: "),
+        "{stderr}"
+    );
+    assert_eq!(first.matches("127.0.0.1:1").count(), 1, "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+}
+
 // ---- recover --------------------------------------------------------------------------------------
 
 /// Writes `records` to `topic`/0 in one transaction of `producer` and commits (or aborts) it.
