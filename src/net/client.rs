@@ -401,8 +401,14 @@ impl Client {
             let opened = match broker::open(addr, -1, &self.inner.config).await {
                 Ok(c) => c,
                 Err(e) if e.is_fatal_connect() => return Err(e),
+                // The list's error names each address once: an address's own Connect error already
+                // starts with "cannot connect to <addr>", which the list's message would repeat.
+                Err(NetError::Connect { addr, message }) => {
+                    errors.push(format!("{addr}: {message}"));
+                    continue;
+                }
                 Err(e) => {
-                    errors.push(e.to_string());
+                    errors.push(format!("{addr}: {e}"));
                     continue;
                 }
             };
@@ -436,10 +442,17 @@ impl Client {
             *held = Some(opened.clone());
             return Ok(opened);
         }
-        Err(NetError::Connect {
-            addr: self.inner.config.bootstrap.join(","),
-            message: errors.join("; "),
-        })
+        let addr = self.inner.config.bootstrap.join(",");
+        // With one address, its own reason is the whole message; with several, each reason names its
+        // address.
+        let message = match errors.as_slice() {
+            [only] => only
+                .strip_prefix(&format!("{addr}: "))
+                .unwrap_or(only)
+                .to_owned(),
+            _ => errors.join("; "),
+        };
+        Err(NetError::Connect { addr, message })
     }
 
     fn record_handshake(&self, c: &BrokerConn) {
