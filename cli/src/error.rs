@@ -44,7 +44,8 @@ pub enum CliError {
         detail: String,
     },
     /// The cluster refused the SASL login, or the TLS handshake failed.
-    #[error("authentication failed at {bootstrap}: {source}")]
+    // The net layer's message already names the broker, the mechanism and the refusal.
+    #[error("{source}")]
     Authentication {
         /// The bootstrap list that was tried.
         bootstrap: String,
