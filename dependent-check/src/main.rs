@@ -409,7 +409,7 @@ async fn main() {
                                 Err(format!("not a decode rejection: {err}"))
                             }
                             Ok(Ok(Err(err))) => {
-                                first_error.get_or_insert_with(|| err.to_string());
+                                first_error.get_or_insert_with(|| err.to_string().trim_end().to_owned());
                                 Ok(())
                             }
                         };
