@@ -409,7 +409,8 @@ async fn main() {
                                 Err(format!("not a decode rejection: {err}"))
                             }
                             Ok(Ok(Err(err))) => {
-                                first_error.get_or_insert_with(|| err.to_string().trim_end().to_owned());
+                                first_error
+                                    .get_or_insert_with(|| err.to_string().trim_end().to_owned());
                                 Ok(())
                             }
                         };
