@@ -79,36 +79,40 @@ async fn seed(client: &Client) -> Result<String, BoxError> {
         .await?;
     let txn = TransactionalConfig::new(format!("{topic}-writer"));
     let mut producer = TransactionalProducer::init(client.clone(), txn).await?;
-    let transactions: [(&[(&str, Option<&str>)], bool); 3] = [
-        (
-            &[
-                ("user-1", Some("v1")),
-                ("user-2", Some("v1")),
-                ("user-3", Some("v1")),
-                ("user-4", Some("v1")),
-                ("user-5", Some("v1")),
-            ],
-            true,
-        ),
-        (
-            &[("user-1", Some("stale")), ("user-6", Some("ghost"))],
-            false,
-        ),
-        (&[("user-3", Some("v2")), ("user-2", None)], true),
+    let v1 = Some("v1");
+    let first = [
+        ("user-1", v1),
+        ("user-2", v1),
+        ("user-3", v1),
+        ("user-4", v1),
+        ("user-5", v1),
     ];
-    for (writes, commit) in transactions {
-        producer.begin()?;
-        for (key, value) in writes {
-            let record = ProducerRecord::new(topic.as_str(), value.map(Into::into)).key(*key);
-            producer.send(record).await?.await?;
-        }
-        if commit {
-            producer.commit().await?;
-        } else {
-            producer.abort().await?;
-        }
-    }
+    transaction(&mut producer, &topic, &first, true).await?;
+    let stale = [("user-1", Some("stale")), ("user-6", Some("ghost"))];
+    transaction(&mut producer, &topic, &stale, false).await?;
+    let last = [("user-3", Some("v2")), ("user-2", None)]; // None: a tombstone
+    transaction(&mut producer, &topic, &last, true).await?;
     producer.close().await;
     println!("wrote 9 snapshots to {topic} in 3 transactions, the second aborted");
     Ok(topic)
+}
+
+/// Writes `(key, value)` snapshots in one transaction, then commits or aborts it.
+async fn transaction(
+    producer: &mut TransactionalProducer,
+    topic: &str,
+    writes: &[(&'static str, Option<&'static str>)],
+    commit: bool,
+) -> Result<(), BoxError> {
+    producer.begin()?;
+    for (key, value) in writes {
+        let record = ProducerRecord::new(topic, value.map(Into::into)).key(*key);
+        producer.send(record).await?.await?;
+    }
+    if commit {
+        producer.commit().await?;
+    } else {
+        producer.abort().await?;
+    }
+    Ok(())
 }

@@ -98,7 +98,7 @@ async fn main() -> Result<(), BoxError> {
     let out = TopicPartition::new(output.as_str(), 0);
     let hw = list_offsets(
         &client,
-        &[out.clone()],
+        std::slice::from_ref(&out),
         OffsetSpec::Latest,
         IsolationLevel::ReadUncommitted,
     )
@@ -118,7 +118,7 @@ async fn main() -> Result<(), BoxError> {
     }
     println!("output (read_committed): {}", seen.join(" "));
     let input_tp = TopicPartition::new(input.as_str(), 0);
-    let committed = consumer.committed(&[input_tp.clone()]).await?[&input_tp];
+    let committed = consumer.committed(std::slice::from_ref(&input_tp)).await?[&input_tp];
     println!("committed input offset: {committed:?}");
 
     consumer.close(Duration::from_secs(5)).await?;
