@@ -108,6 +108,21 @@ pub struct CallOptions {
 }
 
 /// A connection to a Kafka cluster. Cheap to clone; clones share connections and caches.
+///
+/// Every producer, consumer and flow takes a `Client`; give them clones of one.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), snapfence::net::NetError> {
+/// use snapfence::net::{Client, ClientConfig};
+///
+/// let client = Client::connect(ClientConfig::new("localhost:9092,localhost:9093")).await?;
+/// client.create_topic("events", 3, -1, &[]).await?; // -1: the broker's default replication
+/// let metadata = client.metadata(&["events"]).await?;
+/// for broker in metadata.brokers.values() {
+///     println!("broker {} at {}", broker.node_id, broker.addr());
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
