@@ -560,17 +560,7 @@ impl Client {
             ..CallOptions::default()
         };
         let version = pick_version::<MetadataRequest>(broker, &options)?;
-        let request = MetadataRequest::default()
-            .with_topics(topics.map(|names| {
-                names
-                    .iter()
-                    .map(|n| {
-                        MetadataRequestTopic::default()
-                            .with_name(Some(TopicName(StrBytes::from_string((*n).to_owned()))))
-                    })
-                    .collect()
-            }))
-            .with_allow_auto_topic_creation(false);
+        let request = metadata_request(topics, version);
         let response = broker
             .conn
             .request(&request, version, self.inner.config.request_timeout)
@@ -1080,8 +1070,42 @@ fn describe(target: &Target) -> String {
     }
 }
 
+/// A Metadata request for `topics` (`None`: every topic) at `version` (1 or later).
+fn metadata_request(topics: Option<&[&str]>, version: i16) -> MetadataRequest {
+    let mut request = MetadataRequest::default().with_topics(topics.map(|names| {
+        names
+            .iter()
+            .map(|n| {
+                MetadataRequestTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_string((*n).to_owned()))))
+            })
+            .collect()
+    }));
+    // The field exists from v4 on; before it the broker alone decides, and the encoder refuses a
+    // non-default value at a version without the field.
+    if version >= 4 {
+        request.allow_auto_topic_creation = false;
+    }
+    request
+}
+
 #[cfg(test)]
 mod tests {
+    /// Every Metadata version the client may pick encodes (v1-v3 used to fail: the auto-creation flag
+    /// was set at versions that lack it).
+    #[test]
+    fn metadata_requests_encode_at_every_version() {
+        use kafka_protocol::protocol::{Encodable as _, Message as _};
+        for version in 1..=MetadataRequest::VERSIONS.max {
+            for topics in [None, Some(&["t"][..])] {
+                let mut buf = bytes::BytesMut::new();
+                metadata_request(topics, version)
+                    .encode(&mut buf, version)
+                    .unwrap_or_else(|e| panic!("v{version} {topics:?}: {e}"));
+            }
+        }
+    }
+
     use super::*;
 
     fn assert_send<T: Send>(_: &T) {}
