@@ -56,7 +56,7 @@ impl SnapshotConfig {
         format!("{}-{}", self.transactional_id_prefix, partition)
     }
 
-    fn validate(&self) -> Result<(), SnapshotError> {
+    pub(crate) fn validate(&self) -> Result<(), SnapshotError> {
         if self.max_writes_per_transaction < 1 {
             return Err(SnapshotError::Config(
                 "max_writes_per_transaction must be at least 1".into(),
