@@ -662,10 +662,12 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// config.missing_snapshot_topic = MissingSnapshotTopic::Create { replication_factor: None };
 /// // Fails fast if the snapshot topic is missing, not compacted, or sized unlike "payments".
 /// let flow = Flow::start(client, config, Balances).await?;
-/// // Fold until Ctrl-C, then flush, commit and leave the group. A fenced (stale) owner stops with an
-/// // error for which `FlowError::is_fenced` is true.
+/// // Fold until told to stop (send on, or drop, `stop`), then flush, commit and leave the group. A
+/// // fenced (stale) owner stops with an error for which `FlowError::is_fenced` is true.
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// # drop(stop);
 /// flow.run(async {
-///     let _ = tokio::signal::ctrl_c().await;
+///     let _ = stopped.await;
 /// })
 /// .await?;
 /// # Ok(())
