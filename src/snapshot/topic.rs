@@ -64,9 +64,10 @@ pub enum SnapshotTopicError {
     },
     /// The snapshot topic's cleanup policy would delete snapshots.
     #[error(
-        "snapshot topic {topic:?} has cleanup.policy={cleanup_policy:?}{retention}: snapshots would be \
+        "snapshot topic {topic:?} has cleanup.policy={policy}{retention}: snapshots would be \
          deleted once they age out while their input offsets stay committed, losing state; set \
          cleanup.policy=compact (or keep delete with retention.ms=-1 and retention.bytes=-1)",
+        policy = cleanup_policy.as_deref().unwrap_or("(unreported)"),
         retention = retention.as_deref().map(|r| format!(" and {r}")).unwrap_or_default()
     )]
     NotCompacted {
