@@ -25,6 +25,7 @@ pub mod records;
 pub mod snapshot;
 pub mod wire;
 
+pub use bytes::Bytes;
 pub use wire::ErrorCode;
 
 /// The fuzz targets' bodies, for cargo-fuzz and for replaying reproducers; not part of the public API.

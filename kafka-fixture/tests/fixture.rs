@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use kafka_fixture::probe::{finalized_feature, max_version, Probe};
+use kafka_fixture::{cluster, dedicated, unique, ClusterSpec, KafkaCluster};
 use kafka_protocol::messages::consumer_group_heartbeat_response::ConsumerGroupHeartbeatResponse;
 use kafka_protocol::messages::{ApiKey, ConsumerGroupHeartbeatRequest, GroupId, TopicName};
 use kafka_protocol::protocol::{Message as _, StrBytes};
-use kafka_fixture::probe::{finalized_feature, max_version, Probe};
-use kafka_fixture::{cluster, dedicated, unique, ClusterSpec, KafkaCluster};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 

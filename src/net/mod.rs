@@ -29,6 +29,7 @@ mod retry;
 mod sasl;
 #[cfg(feature = "tls")]
 mod tls;
+mod topic_config;
 
 #[cfg(test)]
 mod conn_tests;

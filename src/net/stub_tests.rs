@@ -216,7 +216,10 @@ async fn a_refused_bootstrap_names_its_address_once() {
     let err = Client::connect(ClientConfig::new(&one)).await.unwrap_err();
     let text = err.to_string();
     assert_eq!(text.matches(&one).count(), 1, "{text}");
-    assert!(text.starts_with(&format!("cannot connect to {one}: ")), "{text}");
+    assert!(
+        text.starts_with(&format!("cannot connect to {one}: ")),
+        "{text}"
+    );
 
     // With two addresses, each reason names its own address, once.
     let two = ClientConfig {
