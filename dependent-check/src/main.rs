@@ -333,9 +333,6 @@ fn is_rejection(err: &NetError) -> bool {
     match err {
         NetError::Protocol { .. } => true,
         NetError::RetriesExhausted { last, .. } => is_rejection(last),
-        // `Client::connect` reports a failed handshake or first metadata read as `Connect`, with the
-        // protocol error in its message (the typed source is not kept there).
-        NetError::Connect { message, .. } => message.contains("protocol error"),
         _ => false,
     }
 }
