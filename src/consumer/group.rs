@@ -227,6 +227,12 @@ impl<L: RebalanceListener> GroupConsumer<L> {
         }
     }
 
+    /// The membership machine and its wake-ups, for tests that count the driver's work.
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     fn events_pending(&self) -> bool {
         self.shared.lock().has_events()
     }
@@ -394,7 +400,7 @@ impl<L: RebalanceListener> RebalanceListener for AutoCommitting<'_, L> {
 async fn run_membership(client: Client, group_id: String, shared: Arc<Shared>) {
     let mut inflight = tokio::task::JoinSet::new();
     loop {
-        let (deadline, closed) = {
+        let (deadline, closed, for_app) = {
             let mut m = shared.lock();
             let t = now();
             m.handle_timeout(t);
@@ -406,9 +412,15 @@ async fn run_membership(client: Client, group_id: String, shared: Arc<Shared>) {
                 inflight
                     .spawn(async move { (id, name, execute(&client, &group_id, transmit).await) });
             }
-            (m.poll_timeout(), m.is_closed())
+            (m.poll_timeout(), m.is_closed(), m.has_events())
         };
-        shared.app_wake.notify_one();
+        #[cfg(test)]
+        shared
+            .driver_passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if for_app || closed {
+            shared.app_wake.notify_one();
+        }
         if closed && inflight.is_empty() {
             return;
         }

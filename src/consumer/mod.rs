@@ -38,6 +38,9 @@ mod reader;
 mod rebalance;
 mod types;
 
+#[cfg(test)]
+mod idle_tests;
+
 pub use assignor::{Assignor, RebalanceProtocol};
 pub use config::{GroupConfig, GroupProtocol};
 pub use error::ConsumerError;

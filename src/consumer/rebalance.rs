@@ -61,7 +61,8 @@ impl Member {
     pub(crate) fn ack(&mut self, now: Instant) {
         both!(self, m => m.ack(now))
     }
-    pub(crate) fn on_poll(&mut self, now: Instant) {
+    /// Records a poll; true when the driver must be woken to act on it.
+    pub(crate) fn on_poll(&mut self, now: Instant) -> bool {
         both!(self, m => m.on_poll(now))
     }
     pub(crate) fn subscribe(&mut self, topics: impl IntoIterator<Item = String>) {
@@ -93,9 +94,13 @@ pub(crate) struct Shared {
     /// Signalled whenever the poll path changed something the driver must act on (an
     /// acknowledgement, a poll after a poll-interval expiry, a leave).
     pub(crate) wake: Notify,
-    /// Signalled by the driver after it fed the machine, so a poll waiting with nothing to fetch
-    /// notices a completed join or a pending revocation without sleeping out its timeout.
+    /// Signalled by the driver when the machine has something for the poll path (a completed join, a
+    /// pending revocation, a fatal error) or closed, so a poll waiting with nothing to fetch notices it
+    /// without sleeping out its timeout. Never on a pass that changed nothing the application sees.
     pub(crate) app_wake: Notify,
+    /// How many passes the driver loop made: an idle member must make few.
+    #[cfg(test)]
+    pub(crate) driver_passes: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -104,6 +109,8 @@ impl Shared {
             member: Mutex::new(member),
             wake: Notify::new(),
             app_wake: Notify::new(),
+            #[cfg(test)]
+            driver_passes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -170,8 +177,12 @@ impl PollPath {
         if let Some(f) = &self.fatal {
             return Err(self.fatal_error(f.clone()));
         }
-        shared.lock().on_poll(now());
-        shared.wake.notify_one();
+        // Waking the driver on every poll made an idle member spin: the driver's pass woke the poll
+        // waiting for a join, whose next pass woke the driver. Only a poll that changed what the driver
+        // must send wakes it.
+        if shared.lock().on_poll(now()) {
+            shared.wake.notify_one();
+        }
         loop {
             let event = match self.in_progress.clone() {
                 Some(e) => e,

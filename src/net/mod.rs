@@ -36,7 +36,7 @@ mod conn_tests;
 #[cfg(test)]
 mod stub_tests;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub use crate::wire::{BrokerApiVersions, Features};
 pub use client::{CallOptions, Client, CoordinatorKind, Target};

@@ -234,12 +234,17 @@ impl ClassicMember {
 
     /// The application polled: the member is alive. A member that left after a poll-interval expiry
     /// rejoins now.
-    pub(crate) fn on_poll(&mut self, now: Instant) {
+    /// Records a poll. Returns whether the driver has something new to send (a member that had left
+    /// for exceeding the poll interval rejoins); an ordinary poll only moves the poll-interval deadline,
+    /// which the driver reads the next time it wakes anyway.
+    pub(crate) fn on_poll(&mut self, now: Instant) -> bool {
         self.last_poll = now;
         if self.phase == Phase::Dormant {
             self.phase = Phase::Unjoined;
             self.rejoin = Some("polled again after the poll interval expired".into());
+            return true;
         }
+        false
     }
 
     /// Changes the subscription; a change triggers a rebalance.

@@ -213,11 +213,15 @@ impl ConsumerMember {
         }
     }
 
-    pub(crate) fn on_poll(&mut self, now: Instant) {
+    /// Records a poll. Returns whether the driver has something new to send (a member that had left
+    /// for exceeding the poll interval rejoins); see the classic machine's `on_poll`.
+    pub(crate) fn on_poll(&mut self, now: Instant) -> bool {
         self.last_poll = now;
         if self.phase == Phase::Dormant {
             self.rejoin();
+            return true;
         }
+        false
     }
 
     /// Changes the subscription; the next heartbeat carries it.
