@@ -17,14 +17,42 @@
 //! No C is linked in the default build: compression, checksums and the protocol are pure Rust.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// Declares an item `pub` when the `unstable-protocol` feature is on and `pub(crate)` otherwise, so the
+/// protocol-level entry points (raw request structs in, raw responses out) are one declaration with two
+/// visibilities instead of two copies.
+macro_rules! unstable_pub {
+    ($(#[$meta:meta])* pub $($item:tt)*) => {
+        #[cfg(feature = "unstable-protocol")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "unstable-protocol")))]
+        $(#[$meta])*
+        pub $($item)*
+
+        #[cfg(not(feature = "unstable-protocol"))]
+        #[allow(dead_code, unused_imports)]
+        $(#[$meta])*
+        pub(crate) $($item)*
+    };
+}
+
+pub mod admin;
 pub mod consumer;
+mod group_metadata;
 pub mod net;
 pub mod producer;
 pub mod records;
 pub mod snapshot;
-pub mod wire;
 
+#[cfg(feature = "unstable-protocol")]
+#[cfg_attr(docsrs, doc(cfg(feature = "unstable-protocol")))]
+pub mod wire;
+#[cfg(not(feature = "unstable-protocol"))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod wire;
+
+pub use group_metadata::{GroupMetadata, NotJoined};
+pub use net::{Client, ClientConfig, NetError};
 pub use wire::ErrorCode;
 
 /// The fuzz targets' bodies, for cargo-fuzz and for replaying reproducers; not part of the public API.

@@ -23,7 +23,8 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-use super::{ConsumerError, GroupMetadata, TopicPartition};
+use super::{ConsumerError, TopicPartition};
+use crate::GroupMetadata;
 use crate::net::{CallOptions, Client, Target, Verdict};
 use crate::wire::ErrorCode;
 

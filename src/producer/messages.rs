@@ -31,7 +31,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::txn::TxnResponse;
 use super::{OffsetAndMetadata, ProducerIdEpoch, TopicPartition};
-use crate::consumer::GroupMetadata;
+use crate::GroupMetadata;
 use crate::wire::ErrorCode;
 
 fn str_bytes(s: &str) -> StrBytes {

@@ -11,14 +11,14 @@ use super::{
     OffsetAndMetadata, ProducerError, ProducerIdEpoch, ProducerRecord, TopicPartition,
     TransactionState, TransactionalConfig,
 };
-use crate::consumer::GroupMetadata;
+use crate::GroupMetadata;
 use crate::net::{Client, CoordinatorKind};
 
 /// A transactional producer: records and consumer offsets committed or aborted together.
 ///
 /// ```no_run
 /// # use snapfence::producer::*;
-/// # use snapfence::consumer::GroupMetadata;
+/// # use snapfence::GroupMetadata;
 /// # async fn demo(client: snapfence::net::Client, group: GroupMetadata) -> Result<(), ProducerError> {
 /// let mut producer =
 ///     TransactionalProducer::init(client, TransactionalConfig::new("snapshots-7")).await?;

@@ -55,7 +55,7 @@ use tracing::Span;
 
 use super::classify::{classify, Action, Api, Refresh};
 use super::{OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
-use crate::consumer::GroupMetadata;
+use crate::GroupMetadata;
 use crate::wire::ErrorCode;
 
 /// Where a transactional producer stands. [`TransactionState::name`] is what error messages print.

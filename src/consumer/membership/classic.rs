@@ -44,7 +44,8 @@ use super::{
 };
 use crate::consumer::assignor::{Assignor, MemberSubscription, RebalanceProtocol};
 use crate::consumer::protocol::{self, Assignment, Subscription};
-use crate::consumer::{ConsumerError, GroupConfig, GroupMetadata, GroupProtocol, TopicPartition};
+use crate::consumer::{ConsumerError, GroupConfig, GroupProtocol, TopicPartition};
+use crate::GroupMetadata;
 use crate::wire::ErrorCode;
 
 /// A generation this member completed (SyncGroup succeeded).

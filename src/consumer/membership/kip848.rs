@@ -33,8 +33,9 @@ use super::{
     millis_i32, ConsumerHeartbeat, Destination, Events, Fatal, LostReason, MemberEvent, Request,
     RequestId, Response, TopicMetadata, Transmit,
 };
+use crate::GroupMetadata;
 use crate::consumer::{
-    ConsumerError, GroupConfig, GroupMetadata, GroupProtocol, TopicId, TopicPartition,
+    ConsumerError, GroupConfig, GroupProtocol, TopicId, TopicPartition,
 };
 use crate::wire::ErrorCode;
 
