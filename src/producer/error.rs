@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use crate::wire::ErrorCode;
 
-/// What the caller must do after an error. See the [module docs](self).
+/// What the caller must do after an error. See the [module docs](crate::producer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorClass {
