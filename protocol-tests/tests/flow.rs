@@ -42,14 +42,18 @@ impl World {
             .unwrap();
         let input = unique("input");
         let snapshots = unique("snapshots");
-        client
-            .create_topic(&input, partitions, -1, &[])
+        snapfence::admin::create_topic(&client, &input, partitions, -1, &[])
             .await
             .unwrap();
-        client
-            .create_topic(&snapshots, partitions, -1, &[("cleanup.policy", "compact")])
-            .await
-            .unwrap();
+        snapfence::admin::create_topic(
+            &client,
+            &snapshots,
+            partitions,
+            -1,
+            &[("cleanup.policy", "compact")],
+        )
+        .await
+        .unwrap();
         let producer = Producer::new(client.clone(), ProducerConfig::default())
             .await
             .unwrap();

@@ -127,8 +127,8 @@ pub async fn describe_configs(
     names: &[&str],
 ) -> Result<BTreeMap<String, ConfigEntry>, NetError> {
     let context = format!("describe the configuration of {resource}");
-    let request = DescribeConfigsRequest::default().with_resources(vec![
-        DescribeConfigsResource::default()
+    let request =
+        DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
             .with_resource_type(resource.resource_type())
             .with_resource_name(StrBytes::from_string(resource.resource_name()))
             .with_configuration_keys((!names.is_empty()).then(|| {
@@ -136,8 +136,7 @@ pub async fn describe_configs(
                     .iter()
                     .map(|n| StrBytes::from_string((*n).to_owned()))
                     .collect()
-            })),
-    ]);
+            }))]);
     let answer = client
         .call(
             resource.target(),
@@ -194,6 +193,7 @@ pub async fn topic_config(
     topic: &str,
     name: &str,
 ) -> Result<Option<String>, NetError> {
-    let mut configs = describe_configs(client, &ConfigResource::Topic(topic.to_owned()), &[name]).await?;
+    let mut configs =
+        describe_configs(client, &ConfigResource::Topic(topic.to_owned()), &[name]).await?;
     Ok(configs.remove(name).and_then(|e| e.value))
 }

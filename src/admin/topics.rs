@@ -143,8 +143,7 @@ pub async fn delete_topic(client: &Client, name: &str) -> Result<(), NetError> {
                 let request = DeleteTopicsRequest::default()
                     .with_timeout_ms(broker_timeout.as_millis().min(i32::MAX as u128) as i32);
                 if version >= 6 {
-                    request
-                        .with_topics(vec![DeleteTopicState::default().with_name(Some(topic))])
+                    request.with_topics(vec![DeleteTopicState::default().with_name(Some(topic))])
                 } else {
                     request.with_topic_names(vec![topic])
                 }
@@ -160,9 +159,7 @@ pub async fn delete_topic(client: &Client, name: &str) -> Result<(), NetError> {
                 let code = ErrorCode::from_code(r.error_code);
                 match code {
                     ErrorCode::None => Verdict::Done(Ok(())),
-                    ErrorCode::UnknownTopicOrPartition
-                        if attempts.load(Ordering::Relaxed) > 1 =>
-                    {
+                    ErrorCode::UnknownTopicOrPartition if attempts.load(Ordering::Relaxed) > 1 => {
                         Verdict::Done(Ok(()))
                     }
                     // Deleting a topic that does not exist is not going to start working.

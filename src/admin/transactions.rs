@@ -247,7 +247,10 @@ pub async fn describe_producers_on(
                 Err(NetError::broker(
                     code,
                     p.error_message.as_deref(),
-                    format!("describe the producers of {}/{} on broker {broker}", key.0, key.1),
+                    format!(
+                        "describe the producers of {}/{} on broker {broker}",
+                        key.0, key.1
+                    ),
                 ))
             };
             out.insert(key, value);
@@ -264,7 +267,13 @@ pub async fn list_transactions(
     client: &Client,
     producer_ids: &[i64],
 ) -> Result<BTreeMap<i64, TransactionListing>, NetError> {
-    let brokers: Vec<i32> = client.metadata(&[]).await?.brokers.keys().copied().collect();
+    let brokers: Vec<i32> = client
+        .metadata(&[])
+        .await?
+        .brokers
+        .keys()
+        .copied()
+        .collect();
     let filter: Vec<ProducerId> = producer_ids.iter().map(|p| ProducerId(*p)).collect();
     let mut out = BTreeMap::new();
     for broker in brokers {

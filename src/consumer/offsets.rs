@@ -24,9 +24,9 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use super::{ConsumerError, TopicPartition};
-use crate::GroupMetadata;
 use crate::net::{CallOptions, Client, Target, Verdict};
 use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 /// OffsetCommit v10 addresses topics by id; this client addresses them by name.
 const COMMIT_MAX_VERSION: i16 = 9;

@@ -11,9 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::{
-    FindCoordinatorRequest, MetadataRequest, TopicName,
-};
+use kafka_protocol::messages::{FindCoordinatorRequest, MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use super::broker::{self, BrokerConn};

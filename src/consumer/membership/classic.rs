@@ -45,8 +45,8 @@ use super::{
 use crate::consumer::assignor::{Assignor, MemberSubscription, RebalanceProtocol};
 use crate::consumer::protocol::{self, Assignment, Subscription};
 use crate::consumer::{ConsumerError, GroupConfig, GroupProtocol, TopicPartition};
-use crate::GroupMetadata;
 use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 /// A generation this member completed (SyncGroup succeeded).
 #[derive(Debug, Clone, PartialEq)]
