@@ -23,6 +23,9 @@ mod configs;
 mod topics;
 mod transactions;
 
+#[cfg(test)]
+mod tests;
+
 pub use configs::{describe_configs, topic_config, ConfigEntry, ConfigResource, ConfigSource};
 pub use topics::{create_topic, delete_topic};
 pub use transactions::{

@@ -41,7 +41,7 @@ mod conn_tests;
 #[cfg(test)]
 mod stub_tests;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub use crate::wire::{Features, WireError};
 pub use client::{Client, CoordinatorKind};
