@@ -77,3 +77,38 @@ cargo bench --workspace --no-run
 section "benches: build the benchmark runner"
 cargo build --locked -p snapfence-bench
 # ======================================== end benches =======================================
+
+# ============================================================================================
+# dependent (dep): the decoder's guarantees must hold in a crate that depends on snapfence,
+# not only inside this workspace. dependent-check/ (outside the workspace) is built with
+# snapfence by path and by git and answered hostile counts by a stub broker; then the package a
+# release would upload must name the bounded-decoding kafka-protocol and rely on no [patch].
+# ============================================================================================
+section "dependent: no workspace-only [patch] left"
+if grep -n '^\[patch' Cargo.toml fuzz/Cargo.toml; then
+  echo "a [patch] never reaches a dependent; depend on the package instead (docs/fuzzing.md)" >&2
+  exit 1
+fi
+section "dependent: hostile responses through a crate outside the workspace (path and git)"
+scripts/check-dependent.sh
+section "dependent: what cargo package -p snapfence would ship"
+listed=$(cargo package -p snapfence --list --allow-dirty)
+for f in Cargo.toml LICENSE README.md CHANGELOG.md src/lib.rs; do
+  printf '%s\n' "$listed" | grep -qx "$f" || { echo "the package lacks $f" >&2; exit 1; }
+done
+# The lock would have to resolve snapfence-kafka-protocol from the registry, where it is not yet.
+cargo package -p snapfence --no-verify --exclude-lockfile --allow-dirty
+packaged=$(tar -xOzf "${CARGO_TARGET_DIR:-target}/package/snapfence-0.1.0.crate" snapfence-0.1.0/Cargo.toml)
+printf '%s\n' "$packaged" | grep -qx 'package = "snapfence-kafka-protocol"' \
+  || { echo "the packaged manifest does not depend on snapfence-kafka-protocol" >&2; exit 1; }
+# A [patch], or a path left in a dependency table (target tables have paths of their own).
+if printf '%s\n' "$packaged" | grep -n '^\[patch' \
+   || printf '%s\n' "$packaged" | awk '/^\[/{dep = /dependencies/} dep && /^path = /{print; bad = 1} END{exit !bad}'; then
+  echo "the packaged manifest relies on something only this workspace has" >&2
+  exit 1
+fi
+section "dependent: the vendored decoder packages on its own"
+cargo package --manifest-path vendor/kafka-protocol/Cargo.toml --list --allow-dirty >/dev/null
+echo "snapfence-0.1.0.crate depends on snapfence-kafka-protocol $(printf '%s\n' "$packaged" \
+  | sed -n '/^\[dependencies.kafka-protocol\]/,/^$/s/^version = //p')"
+# ======================================== end dependent =====================================

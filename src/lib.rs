@@ -21,7 +21,8 @@
 //!
 //! Everything reachable without a feature flag is the public API, and follows semantic versioning:
 //!
-//! - at the root: [`Client`], [`ClientConfig`], [`NetError`], [`ErrorCode`], and [`GroupMetadata`]
+//! - at the root: [`Client`], [`ClientConfig`], [`NetError`], [`ErrorCode`], [`Bytes`], and
+//!   [`GroupMetadata`]
 //!   (with [`NotJoined`]), the fencing token the consumer hands the transactional producer;
 //! - the modules [`snapshot`], [`producer`], [`consumer`], [`admin`], [`records`] (the batch codec and
 //!   the `visible` filter are a user feature, for readers of raw fetched bytes) and [`net`] (the
@@ -73,6 +74,7 @@ pub mod wire;
 #[allow(dead_code, unused_imports)]
 pub(crate) mod wire;
 
+pub use bytes::Bytes;
 pub use group_metadata::{GroupMetadata, NotJoined};
 pub use net::{Client, ClientConfig, NetError};
 pub use wire::ErrorCode;

@@ -17,7 +17,7 @@
 //! answered, and the run ends with a verdict and an exit status (0 only when the fenced run is correct and
 //! the unfenced one shows the damage).
 //!
-//! Without `--bootstrap`, the demo starts one Kafka 4.x node itself through the protocol-tests fixture and
+//! Without `--bootstrap`, the demo starts one Kafka 4.x node itself through the kafka-fixture crate and
 //! kills it at the end.
 //!
 //! # References
@@ -189,30 +189,14 @@ pub(crate) async fn run(
             (None, b.to_owned())
         }
         None => {
-            let spec = protocol_tests::ClusterSpec::kafka4();
+            let spec = kafka_fixture::ClusterSpec::kafka4();
             writeln!(
                 out,
-                "Kafka: starting a single-node Kafka {} broker on this machine with the protocol-tests fixture",
+                "Kafka: starting a single-node Kafka {} broker on this machine with the kafka-fixture crate",
                 spec.version
             )?;
-            let jars = protocol_tests::cache_root().join("kafka");
-            if !jars.join(spec.version.as_str()).join("libs").is_dir() {
-                writeln!(
-                    out,
-                    "       (first run: fetching the broker jars from Maven Central into {}; this takes a while)",
-                    jars.display()
-                )?;
-            }
             out.flush()?;
-            let kafka =
-                tokio::task::spawn_blocking(move || protocol_tests::KafkaCluster::start(&spec))
-                    .await
-                    .map_err(|e| CliError::Fixture {
-                        detail: e.to_string(),
-                    })?
-                    .map_err(|e| CliError::Fixture {
-                        detail: e.to_string(),
-                    })?;
+            let kafka = start_broker(spec, out).await?;
             let bootstrap = kafka.bootstrap();
             writeln!(
                 out,
@@ -233,6 +217,48 @@ pub(crate) async fn run(
     }
     let (fenced, unfenced) = told?;
     verdict(&fenced, &unfenced, out)
+}
+
+/// Starts the demo's own broker on a blocking thread and prints each slow step of the start (a first run
+/// fetches the jars and records a class-data archive: up to a minute and a half) as it begins and ends.
+///
+/// The fixture reports through a channel to this task, which owns `out`: nothing on the starting thread
+/// writes to the terminal, so no lock taken here or elsewhere can hold the start up.
+async fn start_broker(
+    spec: kafka_fixture::ClusterSpec,
+    out: &mut dyn Write,
+) -> Result<kafka_fixture::KafkaCluster, CliError> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut start = tokio::task::spawn_blocking(move || {
+        // Unbounded, but a start sends at most a handful of steps.
+        let observe = move |p: kafka_fixture::Progress| {
+            let _ = tx.send(p);
+        };
+        kafka_fixture::KafkaCluster::start_observed(&spec, &observe)
+    });
+    let fixture_error = |detail: String| CliError::Fixture { detail };
+    let started = loop {
+        tokio::select! {
+            // Steps first, so every step sent before the start ended is printed before its outcome.
+            biased;
+            Some(step) = rx.recv() => {
+                // "the broker is ready" is said below with its address.
+                if !matches!(step, kafka_fixture::Progress::Done { step: kafka_fixture::Step::StartNodes, .. }) {
+                    writeln!(out, "       {step}")?;
+                    out.flush()?;
+                }
+            }
+            joined = &mut start => break joined,
+        }
+    };
+    while let Ok(step) = rx.try_recv() {
+        if let kafka_fixture::Progress::KeptFailedStart { .. } = step {
+            writeln!(out, "       {step}")?;
+        }
+    }
+    started
+        .map_err(|e| fixture_error(e.to_string()))?
+        .map_err(|e| fixture_error(e.to_string()))
 }
 
 /// Both runs, and the cleanup of a user's cluster.

@@ -1,5 +1,9 @@
 //! `dump`: a partition's batches as the broker serves them, read over the wire with Fetch.
 //!
+//! Without `--partition` every partition of the topic is dumped in turn, in partition order (as kcat
+//! does), each line naming its partition and each partition closed by its own summary, then a line for the
+//! whole topic.
+//!
 //! Every batch is shown with its header (offsets, producer id and epoch, base sequence, attributes,
 //! codec, timestamps) and its records; transaction markers appear as COMMIT or ABORT lines. At
 //! read_committed the batches go through the same visibility engine every snapfence reader uses
@@ -41,13 +45,15 @@ pub enum Isolation {
 pub struct DumpArgs {
     /// The topic.
     pub topic: String,
-    /// The partition.
+    /// The partition (default: every partition, one after the other).
     #[arg(long, short = 'p')]
-    pub partition: i32,
-    /// First offset to show (default: the log start). A batch that contains it is shown whole.
-    #[arg(long, short = 'o')]
+    pub partition: Option<i32>,
+    /// First offset to show (default: the log start). A batch that contains it is shown whole. Needs
+    /// --partition: offsets are per partition.
+    #[arg(long, short = 'o', requires = "partition")]
     pub offset: Option<i64>,
-    /// Stop after this many batches (markers count as batches).
+    /// Stop after this many batches (markers count as batches); without --partition, this many from
+    /// each partition.
     #[arg(long, short = 'n')]
     pub count: Option<u64>,
     /// Stop at the end of the log as it is when the dump starts: the high watermark, or the last stable
@@ -101,6 +107,35 @@ struct Tally {
     aborted_batches: u64,
 }
 
+impl Tally {
+    fn add(&mut self, other: &Tally) {
+        self.batches += other.batches;
+        self.records += other.records;
+        self.commits += other.commits;
+        self.aborts += other.aborts;
+        self.aborted_batches += other.aborted_batches;
+    }
+}
+
+/// Which partition a line is from, when the dump covers more than one. With `--partition` the operator
+/// named it, and the lines stay as they always were; in JSON every line carries it either way.
+#[derive(Debug, Clone, Copy)]
+struct Lines {
+    partition: i32,
+    tagged: bool,
+}
+
+impl Lines {
+    /// What starts a text line: `p3  ` when tagged, nothing otherwise.
+    fn tag(self) -> String {
+        if self.tagged {
+            format!("p{}  ", self.partition)
+        } else {
+            String::new()
+        }
+    }
+}
+
 /// Runs `dump`.
 pub(crate) async fn run(
     cluster: &Cluster,
@@ -108,16 +143,44 @@ pub(crate) async fn run(
     format: Format,
     io: &mut Io<'_>,
 ) -> Result<(), CliError> {
-    let topic = cluster
-        .topic_with_partition(&args.topic, args.partition)
-        .await?;
     if args.fetch_bytes <= 0 {
         return Err(CliError::Usage {
             message: "--fetch-bytes must be positive".into(),
             hint: "leave it out for 1 MiB per fetch".into(),
         });
     }
-    let p = args.partition;
+    if let Some(p) = args.partition {
+        let topic = cluster.topic_with_partition(&args.topic, p).await?;
+        let lines = Lines {
+            partition: p,
+            tagged: false,
+        };
+        dump_partition(cluster, &topic, lines, args, format, io).await?;
+        return Ok(());
+    }
+    let topic = cluster.topic(&args.topic).await?;
+    let mut total = Tally::default();
+    // BTreeMap keys: partition order.
+    for &p in topic.partitions.keys() {
+        let lines = Lines {
+            partition: p,
+            tagged: true,
+        };
+        total.add(&dump_partition(cluster, &topic, lines, args, format, io).await?);
+    }
+    topic_summary(io.out, format, &topic.name, topic.partitions.len(), &total)
+}
+
+/// Dumps one partition and its summary; returns what it counted.
+async fn dump_partition(
+    cluster: &Cluster,
+    topic: &snapfence::net::TopicMetadata,
+    lines: Lines,
+    args: &DumpArgs,
+    format: Format,
+    io: &mut Io<'_>,
+) -> Result<Tally, CliError> {
+    let p = lines.partition;
     let offsets = cluster.offsets(&topic.name, p).await?;
     let start = args.offset.unwrap_or(offsets.log_start);
     if start < offsets.log_start || start > offsets.high_watermark {
@@ -162,7 +225,7 @@ pub(crate) async fn run(
             progress.update(io.err, tally.batches, args.count);
         }
         let fetched = cluster
-            .fetch(&topic, p, offset, isolation, fetch_bytes)
+            .fetch(topic, p, offset, isolation, fetch_bytes)
             .await?;
         last_seen.high_watermark = fetched.high_watermark;
         last_seen.last_stable = fetched.last_stable;
@@ -228,17 +291,24 @@ pub(crate) async fn run(
                 // A non-transactional batch with no record past the fetch offset.
                 _ => Fate::Delivered,
             };
-            show_batch(io.out, batch, fate, args.max_bytes, format, &mut tally).map_err(
-                |e| match e {
-                    Shown::Io(e) => CliError::Io(e),
-                    Shown::Decode(source) => CliError::Decode {
-                        topic: topic.name.clone(),
-                        partition: p,
-                        offset: batch.base_offset(),
-                        source,
-                    },
+            show_batch(
+                io.out,
+                batch,
+                fate,
+                lines,
+                args.max_bytes,
+                format,
+                &mut tally,
+            )
+            .map_err(|e| match e {
+                Shown::Io(e) => CliError::Io(e),
+                Shown::Decode(source) => CliError::Decode {
+                    topic: topic.name.clone(),
+                    partition: p,
+                    offset: batch.base_offset(),
+                    source,
                 },
-            )?;
+            })?;
             offset = batch.next_offset();
             if args.count.is_some_and(|c| tally.batches >= c) {
                 break 'fetching "count";
@@ -255,9 +325,27 @@ pub(crate) async fn run(
         offset = next;
     };
     progress.finish(io.err);
+    let range = Range {
+        start,
+        next: offset,
+        end,
+        stop,
+    };
     summary(
-        io.out, format, args, start, offset, stop, &tally, &state, last_seen, end,
-    )
+        io.out, format, args, lines, &range, &tally, &state, last_seen,
+    )?;
+    Ok(tally)
+}
+
+/// Where one partition's dump started and stopped.
+struct Range {
+    start: i64,
+    /// The next offset the dump would have shown.
+    next: i64,
+    /// Where it was to stop, when bounded by the log end.
+    end: Option<i64>,
+    /// `"end"` or `"count"`.
+    stop: &'static str,
 }
 
 enum Shown {
@@ -291,6 +379,7 @@ fn show_batch(
     out: &mut dyn Write,
     batch: &RecordBatch,
     fate: Fate,
+    lines: Lines,
     max_bytes: usize,
     format: Format,
     tally: &mut Tally,
@@ -314,7 +403,8 @@ fn show_batch(
         match format {
             Format::Text => writeln!(
                 out,
-                "{name} marker  offset {}  producer {} epoch {}{}  at {}  leader-epoch {}",
+                "{}{name} marker  offset {}  producer {} epoch {}{}  at {}  leader-epoch {}",
+                lines.tag(),
                 batch.base_offset(),
                 batch.producer_id(),
                 batch.producer_epoch(),
@@ -327,6 +417,7 @@ fn show_batch(
                 "{}",
                 json!({
                     "type": "marker",
+                    "partition": lines.partition,
                     "marker": name,
                     "offset": batch.base_offset(),
                     "producer_id": batch.producer_id(),
@@ -362,9 +453,10 @@ fn show_batch(
                 Fate::Aborted => "  [read_committed: ABORTED, skipped]",
                 Fate::Unjudged | Fate::Marker => "",
             };
+            let tag = lines.tag();
             writeln!(
                 out,
-                "batch {}..{}  {} record(s)  producer {} epoch {} seq {}  {}  codec {}  created {}  \
+                "{tag}batch {}..{}  {} record(s)  producer {} epoch {} seq {}  {}  codec {}  created {}  \
                  leader-epoch {}  crc {:#010x}  {} bytes{verdict}",
                 batch.base_offset(),
                 batch.last_offset(),
@@ -385,7 +477,7 @@ fn show_batch(
             )?;
             for r in &records {
                 let mut line = format!(
-                    "  {:>8}  key {}  value {}",
+                    "{tag}  {:>8}  key {}  value {}",
                     r.offset,
                     opt_text(r.key.as_deref(), max_bytes),
                     opt_text(r.value.as_deref(), max_bytes)
@@ -421,6 +513,7 @@ fn show_batch(
                 "{}",
                 json!({
                     "type": "batch",
+                    "partition": lines.partition,
                     "base_offset": batch.base_offset(),
                     "last_offset": batch.last_offset(),
                     "record_count": batch.record_count(),
@@ -453,14 +546,24 @@ fn summary(
     out: &mut dyn Write,
     format: Format,
     args: &DumpArgs,
-    start: i64,
-    next: i64,
-    stop: &str,
+    lines: Lines,
+    range: &Range,
     tally: &Tally,
     state: &LogState,
     offsets: crate::kafka::Offsets,
-    end: Option<i64>,
 ) -> Result<(), CliError> {
+    let Range {
+        start,
+        next,
+        end,
+        stop,
+    } = *range;
+    // Each partition's summary lines say whose they are when several follow one another.
+    let lead = if lines.tagged {
+        format!("-- p{}: ", lines.partition)
+    } else {
+        "-- ".to_owned()
+    };
     let read_committed = args.isolation == Isolation::ReadCommitted;
     // LogState only knows transactions that began inside the dump; from the log start it is exact.
     let open = (!read_committed).then(|| state.open_transactions());
@@ -472,6 +575,7 @@ fn summary(
                 "{}",
                 json!({
                     "type": "summary",
+                    "partition": lines.partition,
                     "start_offset": start,
                     "next_offset": next,
                     "stopped_at": stop,
@@ -500,25 +604,25 @@ fn summary(
             };
             writeln!(
                 out,
-                "-- {} batch(es), {} record(s), {} COMMIT and {} ABORT marker(s) from offset {start}; \
+                "{lead}{} batch(es), {} record(s), {} COMMIT and {} ABORT marker(s) from offset {start}; \
                  stopped {why}, next offset {next}",
                 tally.batches, tally.records, tally.commits, tally.aborts
             )?;
             writeln!(
                 out,
-                "-- log start {}, high watermark {}, last stable offset {} (HW-LSO {held_back})",
+                "{lead}log start {}, high watermark {}, last stable offset {} (HW-LSO {held_back})",
                 offsets.log_start, offsets.high_watermark, offsets.last_stable
             )?;
             if read_committed {
                 writeln!(
                     out,
-                    "-- read_committed: {} aborted batch(es) skipped",
+                    "{lead}read_committed: {} aborted batch(es) skipped",
                     tally.aborted_batches
                 )?;
                 if held_back > 0 {
                     writeln!(
                         out,
-                        "-- {held_back} offset(s) past the LSO are held back by open transaction(s); \
+                        "{lead}{held_back} offset(s) past the LSO are held back by open transaction(s); \
                          see `snapfence inspect {}`",
                         args.topic
                     )?;
@@ -531,7 +635,7 @@ fn summary(
                     " (begun inside this dump; dump from the log start for all of them)"
                 };
                 if open.is_empty() {
-                    writeln!(out, "-- no transaction left open in this range{exact}")?;
+                    writeln!(out, "{lead}no transaction left open in this range{exact}")?;
                 } else {
                     let list: Vec<String> = open
                         .iter()
@@ -541,7 +645,7 @@ fn summary(
                         .collect();
                     writeln!(
                         out,
-                        "-- open at the end of this range{exact}: {}",
+                        "{lead}open at the end of this range{exact}: {}",
                         list.join(", ")
                     )?;
                 }
@@ -549,4 +653,137 @@ fn summary(
         }
     }
     Ok(())
+}
+
+/// The last line of a dump of every partition: the whole topic's counts.
+fn topic_summary(
+    out: &mut dyn Write,
+    format: Format,
+    topic: &str,
+    partitions: usize,
+    total: &Tally,
+) -> Result<(), CliError> {
+    match format {
+        Format::Json => writeln!(
+            out,
+            "{}",
+            json!({
+                "type": "topic_summary",
+                "topic": topic,
+                "partitions": partitions,
+                "batches": total.batches,
+                "records": total.records,
+                "commit_markers": total.commits,
+                "abort_markers": total.aborts,
+            })
+        )?,
+        Format::Text => writeln!(
+            out,
+            "-- {topic}: {partitions} partition(s), {} batch(es), {} record(s), {} COMMIT and {} ABORT \
+             marker(s)",
+            total.batches, total.records, total.commits, total.aborts
+        )?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use snapfence::records::{BatchBuilder, NewRecord, ProducerStamp};
+
+    fn one_batch() -> RecordBatch {
+        let mut builder = BatchBuilder::new(Compression::None, 1 << 20);
+        let appended = builder
+            .try_append(&NewRecord {
+                timestamp: 0,
+                key: Some(b"k0"),
+                value: Some(b"v0"),
+                headers: &[],
+            })
+            .expect("append");
+        assert!(appended);
+        let sealed = builder.seal(ProducerStamp::NONE).expect("seal");
+        let bytes: Bytes = sealed.bytes().clone();
+        decode_batches(bytes)
+            .next()
+            .expect("one batch")
+            .expect("decodes")
+    }
+
+    fn shown(lines: Lines, format: Format) -> String {
+        let mut out = Vec::new();
+        let mut tally = Tally::default();
+        show_batch(
+            &mut out,
+            &one_batch(),
+            Fate::Unjudged,
+            lines,
+            64,
+            format,
+            &mut tally,
+        )
+        .map_err(|_| "show_batch failed")
+        .unwrap();
+        assert_eq!((tally.batches, tally.records), (1, 1));
+        String::from_utf8(out).unwrap()
+    }
+
+    /// A dump of every partition interleaves nothing, but its lines must still say which partition each
+    /// batch and record is from; a dump of the one partition asked for stays as it always was.
+    #[test]
+    fn lines_name_their_partition_when_the_dump_covers_several() {
+        let one = Lines {
+            partition: 3,
+            tagged: false,
+        };
+        let text = shown(one, Format::Text);
+        let rows: Vec<&str> = text.lines().collect();
+        assert!(rows[0].starts_with("batch 0..0  1 record(s)"), "{text}");
+        assert_eq!(rows[1], "         0  key \"k0\"  value \"v0\"");
+
+        let all = Lines {
+            partition: 3,
+            tagged: true,
+        };
+        let text = shown(all, Format::Text);
+        let rows: Vec<&str> = text.lines().collect();
+        assert!(rows[0].starts_with("p3  batch 0..0"), "{text}");
+        assert_eq!(rows[1], "p3           0  key \"k0\"  value \"v0\"");
+
+        // JSON lines carry the partition either way, so a script reads one shape.
+        for lines in [one, all] {
+            let doc: Value = serde_json::from_str(shown(lines, Format::Json).trim()).unwrap();
+            assert_eq!(doc["partition"], 3, "{doc}");
+            assert_eq!(doc["records"][0]["value"]["data"], "v0", "{doc}");
+        }
+    }
+
+    #[test]
+    fn the_topic_summary_adds_up_the_partitions() {
+        let mut total = Tally::default();
+        for n in 1..=2 {
+            total.add(&Tally {
+                batches: n,
+                records: 10 * n,
+                commits: 1,
+                aborts: 0,
+                aborted_batches: 0,
+            });
+        }
+        let mut out = Vec::new();
+        topic_summary(&mut out, Format::Text, "t", 2, &total).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "-- t: 2 partition(s), 3 batch(es), 30 record(s), 2 COMMIT and 0 ABORT marker(s)\n"
+        );
+        let mut out = Vec::new();
+        topic_summary(&mut out, Format::Json, "t", 2, &total).unwrap();
+        let doc: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            (doc["type"].as_str(), doc["records"].as_u64()),
+            (Some("topic_summary"), Some(30))
+        );
+    }
 }

@@ -44,7 +44,8 @@ pub enum CliError {
         detail: String,
     },
     /// The cluster refused the SASL login, or the TLS handshake failed.
-    #[error("authentication failed at {bootstrap}: {source}")]
+    // The net layer's message already names the broker, the mechanism and the refusal.
+    #[error("{source}")]
     Authentication {
         /// The bootstrap list that was tried.
         bootstrap: String,
@@ -263,7 +264,7 @@ impl CliError {
         if err.is_transport() {
             return CliError::Unreachable {
                 bootstrap: bootstrap.to_owned(),
-                detail: format!("{what}: {err}"),
+                detail: unreachable_detail(&what, bootstrap, &err),
             };
         }
         match err.error_code() {
@@ -297,6 +298,66 @@ impl CliError {
     pub fn is_broken_pipe(&self) -> bool {
         matches!(self, CliError::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
+}
+
+/// What to say after "cannot reach the Kafka cluster at {bootstrap}: ".
+///
+/// When no bootstrap address could be opened, the client reports one `Connect` for the whole list whose
+/// message joins each address's own `Connect` text ("cannot connect to A: A: refused"): that sentence
+/// already is "cannot reach the cluster at A", so only the reasons are kept, and the request that was
+/// about to be sent adds nothing (nothing was sent). Any other transport failure (an advertised broker
+/// unreachable from here, a connection dying mid-request) keeps what was being done and its own text:
+/// those name an address or a request the bootstrap list does not.
+fn unreachable_detail(what: &str, bootstrap: &str, err: &NetError) -> String {
+    match err {
+        NetError::Connect { addr, message } if addr == bootstrap => {
+            // With one address the list holds one entry, whose "cannot connect to A: " is the sentence
+            // already said; with several, each entry names its address and stays.
+            let single = format!("cannot connect to {addr}: ");
+            say_once(message.strip_prefix(&single).unwrap_or(message))
+        }
+        _ => say_once(&format!("{what}: {err}")),
+    }
+}
+
+/// The text printed after `error: `: `e`, then each cause in its `source()` chain that the text so far
+/// does not already contain, each fact said once (see [`say_once`]).
+///
+/// Most errors here and in the library embed their source in their own message (`"... failed: {source}"`)
+/// and also return it from `source()`, so a cause is usually already in the text and is skipped; one that
+/// is not (a boxed cause without the embedding) is appended instead of being lost.
+pub fn render(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let line = c.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        cause = c.source();
+    }
+    say_once(&text)
+}
+
+/// Drops the parts of a `"a: b: c"` chain that repeat the part just before them.
+///
+/// Errors built from other errors' text stack up their prefixes: the client's bootstrap `Connect` wraps
+/// each address's `Connect`, whose reason starts with the address again, and a broker error carries the
+/// same "what was being done" as the tool's message around it. A part (between `": "`) is dropped when the
+/// part before it already contains it as whole words ("cannot connect to A: A: refused" loses the second
+/// "A"; "read t failed: read t: broker error" loses the second "read t"), so nothing new is ever dropped.
+pub(crate) fn say_once(chain: &str) -> String {
+    let mut kept: Vec<&str> = Vec::new();
+    for part in chain.split(": ") {
+        let repeated = kept.last().is_some_and(|prev| {
+            !part.trim().is_empty() && format!(" {prev} ").contains(&format!(" {} ", part.trim()))
+        });
+        if !repeated {
+            kept.push(part);
+        }
+    }
+    kept.join(": ")
 }
 
 fn stall_hint(topic: &str, diagnosis: &StallDiagnosis) -> String {
@@ -383,6 +444,77 @@ mod tests {
             "{}",
             busy.next_step()
         );
+    }
+
+    /// An operator reads each fact of a failure once: the client's nested connect errors and a broker
+    /// error's repeated context must not reach the screen twice.
+    #[test]
+    fn error_chains_say_each_fact_once() {
+        // What the client reports when its only bootstrap address refuses: a Connect for the list wrapping
+        // the address's own Connect, whose reason starts with the resolved address.
+        let refused = "127.0.0.1:1: Connection refused (os error 111)";
+        let nested = NetError::Connect {
+            addr: "127.0.0.1:1".into(),
+            message: format!("cannot connect to 127.0.0.1:1: {refused}"),
+        };
+        let e = CliError::from_net("connect", "127.0.0.1:1", nested);
+        assert_eq!(
+            render(&e),
+            "cannot reach the Kafka cluster at 127.0.0.1:1: Connection refused (os error 111)"
+        );
+
+        // Two addresses: each keeps its own name, once.
+        let both = NetError::Connect {
+            addr: "a:1,b:1".into(),
+            message: "cannot connect to a:1: 10.0.0.1:1: refused; cannot connect to b:1: cannot \
+                      resolve: no such host"
+                .into(),
+        };
+        let e = CliError::from_net("describe t", "a:1,b:1", both);
+        assert_eq!(
+            render(&e),
+            "cannot reach the Kafka cluster at a:1,b:1: cannot connect to a:1: 10.0.0.1:1: refused; \
+             cannot connect to b:1: cannot resolve: no such host"
+        );
+
+        // An advertised broker unreachable from here: its address and the request are new facts.
+        let advertised = NetError::Connect {
+            addr: "kafka-1:9092".into(),
+            message: "cannot resolve: no such host".into(),
+        };
+        let e = CliError::from_net("fetch t/0", "localhost:9092", advertised);
+        assert_eq!(
+            render(&e),
+            "cannot reach the Kafka cluster at localhost:9092: fetch t/0: cannot connect to \
+             kafka-1:9092: cannot resolve: no such host"
+        );
+
+        let refused = CliError::from_code("create topic t", ErrorCode::InvalidRecord, Some("bad"));
+        let text = render(&refused);
+        assert_eq!(text.matches("create topic t").count(), 1, "{text}");
+        assert!(text.contains("bad"), "{text}");
+    }
+
+    #[test]
+    fn say_once_keeps_what_is_new() {
+        assert_eq!(say_once("x failed: x: y"), "x failed: y");
+        assert_eq!(say_once("a: a: b"), "a: b");
+        // A part is only dropped as whole words: "1" is not a repeat of "a:1"'s digits.
+        assert_eq!(say_once("offset 10: 1"), "offset 10: 1");
+        assert_eq!(say_once("a: b: a"), "a: b: a");
+        assert_eq!(say_once("plain"), "plain");
+    }
+
+    /// A cause left out of its parent's message is appended, not lost; one already in it is not repeated.
+    #[test]
+    fn render_walks_the_source_chain() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::other("inner"));
+        assert_eq!(render(&e), "outer: inner");
+        let e = CliError::Io(std::io::Error::other("disk full"));
+        assert_eq!(render(&e), "i/o: disk full");
     }
 
     #[test]

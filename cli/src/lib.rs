@@ -7,7 +7,7 @@
 //! | subcommand | what it shows |
 //! |---|---|
 //! | `inspect` | per partition: log start, HW, LSO, HW−LSO, open transactions and their owners; a group's committed offsets |
-//! | `dump` | a partition's batches and markers from an offset, at either isolation level, text or JSON lines |
+//! | `dump` | a topic's batches and markers (every partition in order, or one from an offset), at either isolation level, text or JSON lines |
 //! | `find-hanging` | KIP-664's hanging transactions for a topic or a broker; `--abort` ends them |
 //! | `recover` | a snapshot partition's recovery read, run without owning it; a stall with its diagnosis |
 //! | `demo` | the stale-owner story, fenced and unfenced, on a broker it starts itself (or `--bootstrap`) |
@@ -89,7 +89,7 @@ pub struct Cli {
 pub enum Command {
     /// Per partition: offsets, the LSO gap, open transactions, and a group's committed offsets.
     Inspect(InspectArgs),
-    /// Decode a partition's batches and transaction markers over the wire.
+    /// Decode batches and transaction markers over the wire: every partition in turn, or one with -p.
     Dump(DumpArgs),
     /// Find transactions no coordinator will end (KIP-664), and optionally abort them.
     FindHanging(FindHangingArgs),
@@ -112,7 +112,8 @@ pub struct Io<'a> {
     pub err: &'a mut dyn Write,
     /// Answers to confirmation prompts.
     pub input: &'a mut dyn BufRead,
-    /// Whether to draw progress (the binary sets it when stderr is a terminal).
+    /// Whether stderr is a terminal (the binary sets it so): progress is drawn, and errors and help are
+    /// coloured, only then.
     pub progress: bool,
 }
 
@@ -129,7 +130,12 @@ where
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
-            let text = e.render().ansi().to_string();
+            let text = if colour_parse_output(io.progress, e.use_stderr()) {
+                e.render().ansi().to_string()
+            } else {
+                // StyledStr's Display drops the styling: plain text for a pipe, a file or a test.
+                e.render().to_string()
+            };
             let to = if e.use_stderr() {
                 &mut *io.err
             } else {
@@ -150,9 +156,26 @@ where
     }
 }
 
+/// Whether clap's message (an error on stderr, or help and version on stdout) may carry ANSI colour.
+///
+/// `Io` only says whether stderr is a terminal. For help and version, which go to stdout, the binary's
+/// `io.out` is the process's stdout, so its terminal-ness is asked directly; `progress` must be set too, so
+/// that an in-process caller (the tests) that captures stderr never gets colour, whatever the process's
+/// own stdout is. A person at a terminal with both streams on it gets colour; `--help | less` and
+/// `2>&1 | cat` get plain text.
+fn colour_parse_output(stderr_is_terminal: bool, to_stderr: bool) -> bool {
+    use std::io::IsTerminal;
+    stderr_is_terminal && (to_stderr || std::io::stdout().is_terminal())
+}
+
 fn report(io: &mut Io<'_>, e: &CliError) -> i32 {
     let _ = io.out.flush();
-    let _ = writeln!(io.err, "error: {e}\n  next step: {}", e.next_step());
+    let _ = writeln!(
+        io.err,
+        "error: {}\n  next step: {}",
+        error::render(e),
+        e.next_step()
+    );
     e.exit_code()
 }
 
@@ -238,8 +261,11 @@ mod tests {
             assert_eq!(code, error::EXIT_USAGE, "{err}");
             assert!(err.contains("SNAPFENCE_BOOTSTRAP"), "{err}");
         }
-        let (code, _, err) = run_captured(&["snapfence", "dump", "t"]).await;
-        assert_eq!(code, 2, "--partition is required: {err}");
+        // Without --partition every partition is read, but an offset only means something in one.
+        let (code, _, err) =
+            run_captured(&["snapfence", "-b", "x:1", "dump", "t", "-o", "5"]).await;
+        assert_eq!(code, 2, "--offset needs --partition: {err}");
+        assert!(err.contains("--partition"), "{err}");
         let (code, _, err) =
             run_captured(&["snapfence", "find-hanging", "--partition", "1", "-b", "x:1"]).await;
         assert_eq!(code, 2, "--partition needs --topic: {err}");
@@ -262,5 +288,26 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("next step"), "{err}");
+        // Each fact once: the address is named by the first clause and not again by the causes under it.
+        let first = err.lines().next().unwrap_or_default();
+        assert_eq!(first.matches("127.0.0.1:1").count(), 1, "{err}");
+        assert!(!first.contains("cannot connect to"), "{err}");
+    }
+
+    /// Help and parse errors written anywhere but a terminal (here a buffer, as a pipe would be) carry no
+    /// ANSI escape codes.
+    #[tokio::test]
+    async fn parse_errors_and_help_into_a_pipe_are_plain_text() {
+        let (code, out, err) = run_captured(&["snapfence", "dump"]).await;
+        assert_eq!(code, error::EXIT_USAGE, "{err}");
+        assert!(err.contains("<TOPIC>"), "{err}");
+        assert!(!err.contains('\x1b'), "{err:?}");
+        assert!(out.is_empty(), "{out}");
+        let (code, out, _) = run_captured(&["snapfence", "--help"]).await;
+        assert_eq!(code, 0);
+        assert!(out.contains("Usage:") && !out.contains('\x1b'), "{out:?}");
+        assert!(!colour_parse_output(false, true));
+        assert!(!colour_parse_output(false, false));
+        assert!(colour_parse_output(true, true));
     }
 }

@@ -1,6 +1,6 @@
 //! `snapfence`: the operator tool. All logic lives in the `snapfence_cli` library so tests can drive it.
 
-use std::io::{BufWriter, IsTerminal, Write};
+use std::io::{BufReader, BufWriter, IsTerminal, Write};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -15,14 +15,14 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let stdout = std::io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
-    let stderr = std::io::stderr();
+    // No lock on stdout, stderr or stdin is held across the run: other threads of this process (the
+    // broker fixture's start on a blocking thread, tracing, a panic message) may write too, and a lock held
+    // here for the whole run would make them wait forever. Each write takes the lock for itself.
+    let mut out = BufWriter::new(std::io::stdout());
+    let mut err = std::io::stderr();
     // Progress is for a person watching; piped or captured stderr stays free of carriage returns.
-    let progress = stderr.is_terminal();
-    let mut err = stderr.lock();
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
+    let progress = err.is_terminal();
+    let mut input = BufReader::new(std::io::stdin());
     let mut io = snapfence_cli::Io {
         out: &mut out,
         err: &mut err,

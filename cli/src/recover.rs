@@ -27,7 +27,7 @@ use snapfence::snapshot::{
 use crate::error::CliError;
 use crate::kafka::Cluster;
 use crate::progress::Progress;
-use crate::show::ShownBytes;
+use crate::show::{opt_json, opt_text, ShownBytes};
 use crate::{Format, Io};
 
 /// The arguments of `recover`.
@@ -45,7 +45,11 @@ pub struct RecoverArgs {
     /// Also list every recovered key with the size of its latest snapshot.
     #[arg(long)]
     pub keys: bool,
-    /// Show at most this many bytes of each key.
+    /// List every recovered key with its latest snapshot's value too, shown as `dump` shows values
+    /// (text when it is printable UTF-8, hex otherwise, cut at --max-bytes). Implies --keys.
+    #[arg(long)]
+    pub values: bool,
+    /// Show at most this many bytes of each key and value.
     #[arg(long, default_value_t = 64, value_name = "BYTES")]
     pub max_bytes: usize,
 }
@@ -217,10 +221,43 @@ fn stalled_or_failed(topic: &str, partition: i32, e: SnapshotError) -> CliError 
     }
 }
 
-fn keys_sorted(state: &RecoveredState) -> Vec<(&[u8], usize)> {
-    let mut keys: Vec<_> = state.iter().map(|(k, v)| (k, v.len())).collect();
+/// Every live (key, value), by key.
+fn keys_sorted(state: &RecoveredState) -> Vec<(&[u8], &[u8])> {
+    let mut keys: Vec<_> = state.iter().collect();
     keys.sort_by(|a, b| a.0.cmp(b.0));
     keys
+}
+
+impl RecoverArgs {
+    fn lists_keys(&self) -> bool {
+        self.keys || self.values
+    }
+}
+
+/// One line of the key list: the key, its snapshot's size and, with --values, the value by dump's rules.
+fn key_line(key: &[u8], value: &[u8], args: &RecoverArgs) -> String {
+    let mut line = format!(
+        "  {}  {} bytes",
+        ShownBytes::new(key, args.max_bytes).text(),
+        value.len()
+    );
+    if args.values {
+        line.push_str("  value ");
+        line.push_str(&opt_text(Some(value), args.max_bytes));
+    }
+    line
+}
+
+/// One entry of the JSON key list.
+fn key_json(key: &[u8], value: &[u8], args: &RecoverArgs) -> Value {
+    let mut entry = json!({
+        "key": ShownBytes::new(key, args.max_bytes).json(),
+        "snapshot_size": value.len(),
+    });
+    if args.values {
+        entry["value"] = opt_json(Some(value), args.max_bytes);
+    }
+    entry
 }
 
 fn print_text(
@@ -259,13 +296,9 @@ fn print_text(
             "  no open transaction held the read back (last stable offset = target at the start)"
         )?;
     }
-    if args.keys {
-        for (key, size) in keys_sorted(state) {
-            writeln!(
-                out,
-                "  {}  {size} bytes",
-                ShownBytes::new(key, args.max_bytes).text()
-            )?;
+    if args.lists_keys() {
+        for (key, value) in keys_sorted(state) {
+            writeln!(out, "{}", key_line(key, value, args))?;
         }
     }
     Ok(())
@@ -292,10 +325,10 @@ fn print_json(
         "elapsed_ms": stats.elapsed.as_millis() as u64,
         "waited_for_open_transactions": stats.waited_for_open_transactions,
     });
-    if args.keys {
+    if args.lists_keys() {
         doc["key_list"] = keys_sorted(state)
             .into_iter()
-            .map(|(k, size)| json!({"key": ShownBytes::new(k, args.max_bytes).json(), "snapshot_size": size}))
+            .map(|(k, v)| key_json(k, v, args))
             .collect();
     }
     writeln!(out, "{doc}")?;
@@ -352,6 +385,42 @@ fn millis(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> RecoverArgs {
+        let argv = ["snapfence", "recover", "snaps", "-p", "0"]
+            .into_iter()
+            .chain(extra.iter().copied());
+        match crate::Cli::parse_from(argv).command {
+            crate::Command::Recover(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// --values shows each snapshot by dump's rules: printable text as text, anything that could move
+    /// the cursor as hex, cut at --max-bytes with the full size; without it, only the size.
+    #[test]
+    fn values_are_shown_as_dump_shows_them() {
+        let plain = args(&["--keys"]);
+        assert!(plain.lists_keys());
+        assert_eq!(key_line(b"a", b"3", &plain), "  \"a\"  1 bytes");
+        assert!(key_json(b"a", b"3", &plain).get("value").is_none());
+
+        let values = args(&["--values", "--max-bytes", "4"]);
+        assert!(values.lists_keys(), "--values implies --keys");
+        assert_eq!(
+            key_line(b"a", b"balance=10", &values),
+            "  \"a\"  10 bytes  value \"bala\"\u{2026}(10 bytes)"
+        );
+        assert_eq!(
+            key_line(b"b", b"\x1b[2J", &values),
+            "  \"b\"  4 bytes  value 0x1b5b324a"
+        );
+        let entry = key_json(b"b", b"\x1b[2J", &values);
+        assert_eq!(entry["value"], opt_json(Some(b"\x1b[2J"), 4), "{entry}");
+        assert_eq!(entry["value"]["encoding"], "hex", "{entry}");
+        assert_eq!(entry["snapshot_size"], 4, "{entry}");
+    }
 
     fn stall(diagnosis: StallDiagnosis) -> CliError {
         stalled_or_failed(

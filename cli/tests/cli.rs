@@ -14,13 +14,15 @@ use kafka_protocol::messages::{InitProducerIdRequest, ProduceRequest, TopicName,
 use kafka_protocol::protocol::StrBytes;
 use serde_json::Value;
 use snapfence::net::{CallOptions, Client, ClientConfig, Target, Verdict};
-use snapfence::producer::{ProducerRecord, TransactionalConfig, TransactionalProducer};
+use snapfence::producer::{
+    Producer, ProducerConfig, ProducerRecord, TransactionalConfig, TransactionalProducer,
+};
 use snapfence::records::{BatchBuilder, Compression, NewRecord, ProducerStamp};
 use snapfence::ErrorCode;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
+use kafka_fixture::{cluster, unique, ClusterSpec, KafkaCluster};
 
 const PEER_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -568,6 +570,74 @@ async fn unknown_topics_partitions_and_offsets_fail_with_their_own_status() {
     assert!(r.err.contains("spans 0..0"), "{}", r.err);
 }
 
+/// `dump TOPIC` without `-p` must read every partition, in partition order, each line naming the
+/// partition it came from, an empty partition included; `-p N` must still read that partition alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_without_a_partition_reads_every_partition_in_order() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let topic = new_topic(&kafka, "cli-all", 3).await;
+    let producer = Producer::new(client(&kafka).await, ProducerConfig::default())
+        .await
+        .expect("producer");
+    // Written to partition 2 first, so partition order is not write order; partition 1 stays empty.
+    for (p, key) in [(2, "late"), (0, "early")] {
+        let record = ProducerRecord::new(topic.as_str(), Some(Bytes::from_static(b"v")))
+            .key(Bytes::copy_from_slice(key.as_bytes()))
+            .partition(p);
+        producer
+            .send(record)
+            .await
+            .expect("send")
+            .await
+            .expect("delivered");
+    }
+    producer.close().await;
+
+    let text = snapfence(&kafka, &["dump", &topic]).await.ok().out;
+    let early = text.find("p0           0  key \"early\"").expect(&text);
+    let late = text.find("p2           0  key \"late\"").expect(&text);
+    assert!(early < late, "partition order: {text}");
+    assert!(text.contains("-- p1: 0 batch(es)"), "{text}");
+    assert!(
+        text.trim_end().ends_with(&format!(
+            "-- {topic}: 3 partition(s), 2 batch(es), 2 record(s), 0 COMMIT and 0 ABORT marker(s)"
+        )),
+        "{text}"
+    );
+
+    let lines = snapfence(&kafka, &["--format", "json", "dump", &topic])
+        .await
+        .ok()
+        .json_lines();
+    let seen: Vec<(String, i64)> = lines
+        .iter()
+        .filter(|l| l["type"] != "topic_summary")
+        .map(|l| {
+            (
+                l["type"].as_str().unwrap().to_owned(),
+                l["partition"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let want = [
+        ("batch", 0),
+        ("summary", 0),
+        ("summary", 1),
+        ("batch", 2),
+        ("summary", 2),
+    ];
+    assert_eq!(seen, want.map(|(t, p)| (t.to_owned(), p)), "{lines:?}");
+    assert_eq!(lines.last().unwrap()["records"], 2, "{lines:?}");
+
+    // One partition, as before: no tags, one summary, nothing from the others.
+    let one = snapfence(&kafka, &["dump", &topic, "-p", "2"])
+        .await
+        .ok()
+        .out;
+    assert!(one.contains("         0  key \"late\""), "{one}");
+    assert!(!one.contains("early") && !one.contains("p2  "), "{one}");
+}
+
 // ---- find-hanging -------------------------------------------------------------------------------
 
 /// Two transactions no coordinator will ever end, in partitions 0 and 1 of `topic`, last written an hour
@@ -927,6 +997,55 @@ async fn the_binary_uses_the_environment_and_stays_quiet_when_piped() {
     );
 }
 
+/// The binary's output into a pipe must be plain text (clap's parse errors and help included), and an
+/// unreachable cluster's error must say each fact once. No broker: nothing listens on port 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_writes_plain_text_into_a_pipe_and_says_each_fact_once() {
+    let bin = env!("CARGO_BIN_EXE_snapfence");
+    let run = |args: &'static [&'static str]| async move {
+        tokio::process::Command::new(bin)
+            .args(args)
+            .env_remove("SNAPFENCE_BOOTSTRAP")
+            .output()
+            .await
+            .expect("run snapfence")
+    };
+    for args in [
+        &["dump"][..],
+        &["dump", "--bogus", "t"],
+        &["--help"],
+        &["dump", "--help"],
+    ] {
+        let out = run(args).await;
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            !stdout.is_empty() || !stderr.is_empty(),
+            "{args:?}: no output"
+        );
+        assert!(
+            !stdout.contains('\x1b') && !stderr.contains('\x1b'),
+            "{args:?}: escape codes into a pipe: {stdout:?} {stderr:?}"
+        );
+    }
+
+    let out = run(&["--bootstrap", "127.0.0.1:1", "dump", "nosuch"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(snapfence_cli::error::EXIT_UNREACHABLE)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("error: cannot reach the Kafka cluster at 127.0.0.1:1: "),
+        "{stderr}"
+    );
+    assert_eq!(first.matches("127.0.0.1:1").count(), 1, "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+}
+
 // ---- recover --------------------------------------------------------------------------------------
 
 /// Writes `records` to `topic`/0 in one transaction of `producer` and commits (or aborts) it.
@@ -1014,7 +1133,9 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
 
     let done = snapfence(
         &kafka,
-        &["--format", "json", "recover", &topic, "-p", "0", "--keys"],
+        &[
+            "--format", "json", "recover", &topic, "-p", "0", "--keys", "--values",
+        ],
     )
     .await
     .ok()
@@ -1031,6 +1152,14 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
         .map(|k| k["key"]["data"].as_str().unwrap())
         .collect();
     assert_eq!(keys, ["a", "c"], "{done}");
+    // --values: each key's latest snapshot, the overwrite and not the first write.
+    let values: Vec<&str> = done["key_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["value"]["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(values, ["3", "4"], "{done}");
     let target = done["target"].as_i64().unwrap();
     assert!(done["end"].as_i64().unwrap() >= target, "{done}");
     let text = snapfence(&kafka, &["recover", &topic, "-p", "0"])
@@ -1039,6 +1168,18 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
         .out;
     assert!(
         text.contains("2 live key(s)") && text.contains("no open transaction held the read back"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("bytes  value"),
+        "no key list without --keys: {text}"
+    );
+    let text = snapfence(&kafka, &["recover", &topic, "-p", "0", "--values"])
+        .await
+        .ok()
+        .out;
+    assert!(
+        text.contains("  \"a\"  1 bytes  value \"3\"\n  \"c\"  1 bytes  value \"4\"\n"),
         "{text}"
     );
 
@@ -1355,7 +1496,7 @@ async fn the_demo_binary_starts_and_stops_its_own_broker() {
 /// without ACLs gets the not-authorized status (5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sasl_options_log_in_and_failures_name_their_cause() {
-    let security = protocol_tests::SecuritySpec {
+    let security = kafka_fixture::SecuritySpec {
         users: vec![
             ("admin".into(), "admin-secret".into()),
             ("nobody".into(), "nobody-secret".into()),
@@ -1365,7 +1506,7 @@ async fn sasl_options_log_in_and_failures_name_their_cause() {
     };
     let kafka = cluster(ClusterSpec::kafka4().with_security(security)).await;
     let topic = new_topic(&kafka, "cli-sasl", 1).await;
-    let sasl = kafka.listener_bootstrap(protocol_tests::Listener::SaslPlaintext);
+    let sasl = kafka.listener_bootstrap(kafka_fixture::Listener::SaslPlaintext);
     let dir = std::env::temp_dir().join(unique("snapfence-cli-sasl"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = |name: &str, text: &str| {

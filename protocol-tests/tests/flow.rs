@@ -15,7 +15,10 @@ use snapfence::producer::{
     Producer, ProducerConfig, ProducerRecord, TopicPartition, TransactionalConfig,
     TransactionalProducer,
 };
-use snapfence::snapshot::{Flow, FlowConfig, PersistenceMode, SnapshotConfig};
+use snapfence::snapshot::{
+    Flow, FlowConfig, FlowError, MissingSnapshotTopic, PersistenceMode, SnapshotConfig,
+    SnapshotTopicError,
+};
 
 struct World {
     client: Client,
@@ -37,6 +40,21 @@ impl World {
     }
 
     async fn with_partitions(kafka: &KafkaCluster, partitions: i32) -> World {
+        World::with_topics(
+            kafka,
+            partitions,
+            Some((partitions, &[("cleanup.policy", "compact")])),
+        )
+        .await
+    }
+
+    /// An input of `partitions` partitions and, if `snapshots` says so, a snapshot topic with that
+    /// partition count and those configs.
+    async fn with_topics(
+        kafka: &KafkaCluster,
+        partitions: i32,
+        snapshots_topic: Option<(i32, &[(&str, &str)])>,
+    ) -> World {
         let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
             .await
             .unwrap();
@@ -45,15 +63,11 @@ impl World {
         snapfence::admin::create_topic(&client, &input, partitions, -1, &[])
             .await
             .unwrap();
-        snapfence::admin::create_topic(
-            &client,
-            &snapshots,
-            partitions,
-            -1,
-            &[("cleanup.policy", "compact")],
-        )
-        .await
-        .unwrap();
+        if let Some((n, configs)) = snapshots_topic {
+            snapfence::admin::create_topic(&client, &snapshots, n, -1, configs)
+                .await
+                .unwrap();
+        }
         let producer = Producer::new(client.clone(), ProducerConfig::default())
             .await
             .unwrap();
@@ -512,4 +526,183 @@ async fn end_to_end(kafka: &KafkaCluster, protocol: GroupProtocol) {
         began.elapsed().as_secs_f64()
     );
     assert_eq!(got, w.expected(), "{} {protocol:?}", kafka.version());
+}
+
+/// Starts a flow of `w` and returns the outcome and how long `Flow::start` took.
+async fn timed_start(
+    w: &World,
+    config: FlowConfig,
+) -> (Result<Flow<Counter>, FlowError>, Duration) {
+    let began = Instant::now();
+    let flow = Flow::start(w.client.clone(), config, Counter).await;
+    (flow, began.elapsed())
+}
+
+/// How long a misconfigured start may take: a few round trips, not the 30-50 s of produce retries the
+/// first snapshot write would otherwise spend before UNKNOWN_TOPIC_OR_PARTITION.
+const FAIL_FAST: Duration = Duration::from_secs(3);
+
+/// A fresh group under Flow starts every partition at the earliest input offset even with the reader's
+/// default reset (`Fail`), instead of failing its first poll with NoCommittedOffset, and records that
+/// start as the group's committed offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_group_starts_from_earliest_with_default_reset() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::new(&kafka).await;
+    w.emit("a", 3).await;
+    w.emit("b", 2).await;
+    let mut config = w.config(PersistenceMode::Transactional);
+    config.consumer.reader.reset = snapfence::consumer::ReaderConfig::default().reset;
+    assert_eq!(config.consumer.reader.reset, OffsetReset::Fail);
+    assert_eq!(config.initial_offset, OffsetReset::Earliest);
+    let mut flow = Flow::start(w.client.clone(), config, Counter)
+        .await
+        .unwrap();
+    poll_until(&mut flow, 5).await;
+    assert_eq!(flow.state(0).await.unwrap(), w.expected());
+    let tp = snapfence::consumer::TopicPartition::new(w.input.as_str(), 0);
+    let committed =
+        snapfence::consumer::committed_offsets(&w.client, &w.group, std::slice::from_ref(&tp))
+            .await
+            .unwrap();
+    assert_eq!(
+        committed.get(&tp).copied().flatten(),
+        Some(0),
+        "the flow commits the start it chose for a fresh partition"
+    );
+    flow.close().await.unwrap();
+}
+
+/// A missing snapshot topic fails `Flow::start` at once with a typed error naming the fix, and with
+/// `MissingSnapshotTopic::Create` the flow creates it compacted with the input's partition count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_snapshot_topic_fails_fast_or_is_created() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::with_topics(&kafka, 2, None).await;
+    let (flow, took) = timed_start(&w, w.config(PersistenceMode::Transactional)).await;
+    let err = flow.unwrap_err();
+    eprintln!("missing snapshot topic refused in {took:?}: {err}");
+    assert!(
+        matches!(&err, FlowError::SnapshotTopic(SnapshotTopicError::Missing { topic, partitions: 2, .. })
+            if *topic == w.snapshots),
+        "{err:?}"
+    );
+    assert!(took < FAIL_FAST, "took {took:?}");
+
+    let mut config = w.config(PersistenceMode::Transactional);
+    config.missing_snapshot_topic = MissingSnapshotTopic::Create {
+        replication_factor: None,
+    };
+    let (flow, took) = timed_start(&w, config).await;
+    let mut flow = flow.unwrap();
+    eprintln!("snapshot topic created and checked in {took:?}");
+    let metadata = w.client.metadata(&[w.snapshots.as_str()]).await.unwrap();
+    assert_eq!(metadata.topics[&w.snapshots].partitions.len(), 2);
+    let policy = snapfence::admin::topic_config(&w.client, &w.snapshots, "cleanup.policy")
+        .await
+        .unwrap();
+    assert_eq!(policy.as_deref(), Some("compact"));
+    // And it is usable: a fold persists into it.
+    w.partitions = 1; // every event to partition 0, which poll_until watches
+    w.emit("a", 2).await;
+    poll_until(&mut flow, 2).await;
+    flow.persist().await.unwrap();
+    flow.close().await.unwrap();
+}
+
+/// A snapshot topic whose cleanup policy deletes old records is refused: its snapshots would vanish
+/// after the retention while their input offsets stay committed, losing state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_policy_snapshot_topic_is_refused() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let w = World::with_topics(&kafka, 1, Some((1, &[("cleanup.policy", "delete")]))).await;
+    let (flow, took) = timed_start(&w, w.config(PersistenceMode::Transactional)).await;
+    let err = flow.unwrap_err();
+    eprintln!("delete-policy snapshot topic refused in {took:?}: {err}");
+    assert!(
+        matches!(&err, FlowError::SnapshotTopic(SnapshotTopicError::NotCompacted { cleanup_policy, .. })
+            if cleanup_policy.as_deref() == Some("delete")),
+        "{err:?}"
+    );
+    assert!(took < FAIL_FAST, "took {took:?}");
+}
+
+/// A snapshot topic with another partition count than the input is refused: snapshot partition N must
+/// hold input partition N's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_count_mismatch_is_refused() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let w = World::with_topics(&kafka, 2, Some((1, &[("cleanup.policy", "compact")]))).await;
+    let (flow, took) = timed_start(&w, w.config(PersistenceMode::NonTransactional)).await;
+    let err = flow.unwrap_err();
+    eprintln!("partition mismatch refused in {took:?}: {err}");
+    assert!(
+        matches!(
+            &err,
+            FlowError::SnapshotTopic(SnapshotTopicError::PartitionMismatch {
+                partitions: 1,
+                input_partitions: 2,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(took < FAIL_FAST, "took {took:?}");
+}
+
+/// After `Flow::close` the member has left the group and flushed: a new member takes the partition over
+/// well inside the old member's session timeout, and recovers everything the closed one folded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_hands_over_without_waiting_out_the_session() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    for protocol in [
+        GroupConfig::new("-").protocol,
+        GroupProtocol::Consumer {
+            server_assignor: None,
+        },
+    ] {
+        let mut w = World::new(&kafka).await;
+        w.protocol = protocol.clone();
+        // Long enough that waiting it out is unmistakable (classic; under KIP-848 the broker's 6 s).
+        let session = Duration::from_secs(30);
+        let config = |w: &World| {
+            let mut c = w.config(PersistenceMode::Transactional);
+            c.consumer.group.session_timeout = session;
+            c.consumer.group.max_poll_interval = Duration::from_secs(60);
+            c
+        };
+        w.emit("a", 4).await;
+        let mut a = Flow::start(w.client.clone(), config(&w), Counter)
+            .await
+            .unwrap();
+        poll_until(&mut a, 4).await;
+        // Folded, never persisted or committed by hand: close must do both.
+        a.close().await.unwrap();
+        let tp = snapfence::consumer::TopicPartition::new(w.input.as_str(), 0);
+        let committed =
+            snapfence::consumer::committed_offsets(&w.client, &w.group, std::slice::from_ref(&tp))
+                .await
+                .unwrap();
+        assert_eq!(
+            committed.get(&tp).copied().flatten(),
+            Some(4),
+            "{protocol:?}: close persists and commits everything folded"
+        );
+        w.emit("a", 3).await;
+
+        let began = Instant::now();
+        let mut b = Flow::start(w.client.clone(), config(&w), Counter)
+            .await
+            .unwrap();
+        poll_until(&mut b, 7).await;
+        let took = began.elapsed();
+        eprintln!("{protocol:?}: after close, the next member held and caught up in {took:?}");
+        assert_eq!(b.state(0).await.unwrap(), w.expected(), "{protocol:?}");
+        let bound = match protocol {
+            GroupProtocol::Consumer { .. } => SESSION,
+            _ => Duration::from_secs(10),
+        };
+        assert!(took < bound, "{protocol:?}: took {took:?}");
+        b.close().await.unwrap();
+    }
 }

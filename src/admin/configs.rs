@@ -102,9 +102,9 @@ pub struct ConfigEntry {
 /// The configuration of `resource`: every entry when `names` is empty, else only those named (a name
 /// the broker does not know is left out of the map).
 ///
-/// Errors: a resource-level error code (UNKNOWN_TOPIC_OR_PARTITION for a missing topic, an
-/// authorization failure) is a [`NetError`] carrying the [`ErrorCode`]; codes that mean "moved" or
-/// "busy" are retried first.
+/// Errors: a resource-level error code (UNKNOWN_TOPIC_OR_PARTITION for a missing topic, returned at
+/// once; an authorization failure) is a [`NetError`] carrying the [`ErrorCode`]; codes that mean
+/// "moved" or "busy" are retried first.
 ///
 /// Cancel-safe: a read only.
 ///
@@ -127,10 +127,11 @@ pub async fn describe_configs(
     names: &[&str],
 ) -> Result<BTreeMap<String, ConfigEntry>, NetError> {
     let context = format!("describe the configuration of {resource}");
+    let resource_name = resource.resource_name();
     let request =
         DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
             .with_resource_type(resource.resource_type())
-            .with_resource_name(StrBytes::from_string(resource.resource_name()))
+            .with_resource_name(StrBytes::from_string(resource_name.clone()))
             .with_configuration_keys((!names.is_empty()).then(|| {
                 names
                     .iter()
@@ -143,7 +144,11 @@ pub async fn describe_configs(
             &CallOptions::default(),
             |_| request.clone(),
             |response, _| {
-                let Some(r) = response.results.first() else {
+                let Some(r) = response
+                    .results
+                    .iter()
+                    .find(|r| r.resource_name.as_str() == resource_name)
+                else {
                     return Verdict::Done(Err(NetError::broker(
                         ErrorCode::UnknownServerError,
                         Some("the answer does not mention the resource"),
@@ -151,15 +156,13 @@ pub async fn describe_configs(
                     )));
                 };
                 let code = ErrorCode::from_code(r.error_code);
-                if !code.is_ok() {
-                    return Verdict::from_code(
-                        r.error_code,
-                        Err(NetError::broker(
-                            code,
-                            r.error_message.as_deref(),
-                            context.clone(),
-                        )),
-                    );
+                let err = || NetError::broker(code, r.error_message.as_deref(), context.clone());
+                match code {
+                    ErrorCode::None => {}
+                    // A topic that does not exist is not going to appear by waiting (the routing
+                    // loop would read the code as stale metadata and retry to its deadline).
+                    ErrorCode::UnknownTopicOrPartition => return Verdict::Done(Err(err())),
+                    _ => return Verdict::from_code(r.error_code, Err(err())),
                 }
                 let entries = r
                     .configs

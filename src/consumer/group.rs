@@ -64,19 +64,36 @@ impl GroupConsumerConfig {
 /// A consumer group member that reads its assigned partitions.
 ///
 /// ```no_run
-/// # async fn demo(client: snapfence::net::Client) -> Result<(), snapfence::consumer::ConsumerError> {
-/// use snapfence::consumer::{GroupConfig, GroupConsumer, GroupConsumerConfig};
-/// let mut consumer =
-///     GroupConsumer::subscribe(client, GroupConsumerConfig::new(GroupConfig::new("my-group")), ["events"], ())
-///         .await?;
-/// let token = consumer.group_metadata(); // hand this to whatever commits
-/// loop {
-///     for batch in consumer.poll(std::time::Duration::from_secs(1)).await? {
-///         // process batch.records ...
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// use std::time::Duration;
+/// use snapfence::consumer::{GroupConfig, GroupConsumer, GroupConsumerConfig, OffsetReset};
+/// use snapfence::net::{Client, ClientConfig};
+/// use snapfence::records::IsolationLevel;
+///
+/// let client = Client::connect(ClientConfig::new("localhost:9092")).await?;
+/// let mut config = GroupConsumerConfig::new(GroupConfig::new("my-group"));
+/// config.reader.reset = OffsetReset::Earliest; // a partition the group never committed starts here
+/// config.reader.isolation = IsolationLevel::ReadCommitted; // skip aborted transactions
+/// let mut consumer = GroupConsumer::subscribe(client, config, ["events"], ()).await?;
+/// // The fencing token for transactional commits (TransactionalProducer::send_offsets), live: it
+/// // follows every generation bump, read it right before each commit.
+/// let token = consumer.group_metadata();
+/// for _ in 0..100 {
+///     for batch in consumer.poll(Duration::from_secs(1)).await? {
+///         for record in &batch.records {
+///             println!("{} @ {}: {:?}", batch.partition, record.offset, record.value);
+///         }
 ///     }
+///     consumer.commit_positions().await?; // or commit through a transaction with `token`
 /// }
-/// # }
+/// # let _ = token;
+/// consumer.close(Duration::from_secs(10)).await?; // leave the group instead of timing out of it
+/// # Ok(()) }
 /// ```
+///
+/// A rebalance listener (the last argument of [`subscribe`](Self::subscribe), `()` for none) is awaited
+/// on assignment and revocation; `examples/transform.rs` pairs this consumer with a transactional
+/// producer.
 #[derive(Debug)]
 pub struct GroupConsumer<L: RebalanceListener = ()> {
     client: Client,

@@ -95,6 +95,35 @@ pub enum OffsetSpec {
 }
 
 /// Reads assigned partitions. Not a group member: positions are the caller's to choose.
+///
+/// Reading a partition from the start to the end it has now, at read_committed:
+///
+/// ```no_run
+/// # async fn demo(client: snapfence::net::Client) -> Result<(), snapfence::consumer::ConsumerError> {
+/// use snapfence::consumer::{
+///     list_offsets, OffsetSpec, PartitionReader, ReaderConfig, StartAt, TopicPartition,
+/// };
+/// use snapfence::records::IsolationLevel;
+///
+/// let tp = TopicPartition::new("events", 0);
+/// // The high watermark, not the LSO: an open transaction then makes the loop wait for its outcome
+/// // instead of ending before records committed after it.
+/// let latest = OffsetSpec::Latest;
+/// let ends = list_offsets(&client, std::slice::from_ref(&tp), latest, IsolationLevel::ReadUncommitted);
+/// let end = ends.await?[&tp];
+/// let mut config = ReaderConfig::default();
+/// config.isolation = IsolationLevel::ReadCommitted;
+/// let mut reader = PartitionReader::new(client, config);
+/// reader.assign(tp.clone(), StartAt::Earliest);
+/// while reader.position(&tp).is_none_or(|p| p < end) {
+///     for batch in reader.fetch().await? {
+///         for record in &batch.records {
+///             println!("{}: {:?} = {:?}", record.offset, record.key, record.value);
+///         }
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct PartitionReader {
     client: Client,

@@ -150,6 +150,8 @@ async fn connect_tcp(
     for sa in resolved {
         match timeout_at(deadline, connect_one(sa, config)).await {
             Ok(Ok(stream)) => return Ok(stream),
+            // The resolved address is worth saying only when the caller named a host, not this address.
+            Ok(Err(e)) if sa.to_string() == addr => last = e.to_string(),
             Ok(Err(e)) => last = format!("{sa}: {e}"),
             Err(_) => {
                 return Err(fail(format!(

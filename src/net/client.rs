@@ -103,6 +103,21 @@ pub struct CallOptions {
 }
 
 /// A connection to a Kafka cluster. Cheap to clone; clones share connections and caches.
+///
+/// Every producer, consumer and flow takes a `Client`; give them clones of one.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), snapfence::net::NetError> {
+/// use snapfence::net::{Client, ClientConfig};
+///
+/// let client = Client::connect(ClientConfig::new("localhost:9092,localhost:9093")).await?;
+/// snapfence::admin::create_topic(&client, "events", 3, -1, &[]).await?; // -1: the broker's default replication
+/// let metadata = client.metadata(&["events"]).await?;
+/// for broker in metadata.brokers.values() {
+///     println!("broker {} at {}", broker.node_id, broker.addr());
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -402,8 +417,14 @@ impl Client {
             let opened = match broker::open(addr, -1, &self.inner.config).await {
                 Ok(c) => c,
                 Err(e) if e.is_fatal_connect() => return Err(e),
+                // The list's error names each address once: an address's own Connect error already
+                // starts with "cannot connect to <addr>", which the list's message would repeat.
+                Err(NetError::Connect { addr, message }) => {
+                    errors.push(format!("{addr}: {message}"));
+                    continue;
+                }
                 Err(e) => {
-                    errors.push(e.to_string());
+                    errors.push(format!("{addr}: {e}"));
                     continue;
                 }
             };
@@ -437,10 +458,17 @@ impl Client {
             *held = Some(opened.clone());
             return Ok(opened);
         }
-        Err(NetError::Connect {
-            addr: self.inner.config.bootstrap.join(","),
-            message: errors.join("; "),
-        })
+        let addr = self.inner.config.bootstrap.join(",");
+        // With one address, its own reason is the whole message; with several, each reason names its
+        // address.
+        let message = match errors.as_slice() {
+            [only] => only
+                .strip_prefix(&format!("{addr}: "))
+                .unwrap_or(only)
+                .to_owned(),
+            _ => errors.join("; "),
+        };
+        Err(NetError::Connect { addr, message })
     }
 
     fn record_handshake(&self, c: &BrokerConn) {
@@ -540,17 +568,7 @@ impl Client {
             ..CallOptions::default()
         };
         let version = pick_version::<MetadataRequest>(broker, &options)?;
-        let request = MetadataRequest::default()
-            .with_topics(topics.map(|names| {
-                names
-                    .iter()
-                    .map(|n| {
-                        MetadataRequestTopic::default()
-                            .with_name(Some(TopicName(StrBytes::from_string((*n).to_owned()))))
-                    })
-                    .collect()
-            }))
-            .with_allow_auto_topic_creation(false);
+        let request = metadata_request(topics, version);
         let response = broker
             .conn
             .request(&request, version, self.inner.config.request_timeout)
@@ -872,8 +890,42 @@ fn describe(target: &Target) -> String {
     }
 }
 
+/// A Metadata request for `topics` (`None`: every topic) at `version` (1 or later).
+fn metadata_request(topics: Option<&[&str]>, version: i16) -> MetadataRequest {
+    let mut request = MetadataRequest::default().with_topics(topics.map(|names| {
+        names
+            .iter()
+            .map(|n| {
+                MetadataRequestTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_string((*n).to_owned()))))
+            })
+            .collect()
+    }));
+    // The field exists from v4 on; before it the broker alone decides, and the encoder refuses a
+    // non-default value at a version without the field.
+    if version >= 4 {
+        request.allow_auto_topic_creation = false;
+    }
+    request
+}
+
 #[cfg(test)]
 mod tests {
+    /// Every Metadata version the client may pick encodes (v1-v3 used to fail: the auto-creation flag
+    /// was set at versions that lack it).
+    #[test]
+    fn metadata_requests_encode_at_every_version() {
+        use kafka_protocol::protocol::{Encodable as _, Message as _};
+        for version in 1..=MetadataRequest::VERSIONS.max {
+            for topics in [None, Some(&["t"][..])] {
+                let mut buf = bytes::BytesMut::new();
+                metadata_request(topics, version)
+                    .encode(&mut buf, version)
+                    .unwrap_or_else(|e| panic!("v{version} {topics:?}: {e}"));
+            }
+        }
+    }
+
     use super::*;
 
     fn assert_send<T: Send>(_: &T) {}

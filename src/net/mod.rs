@@ -14,9 +14,12 @@
 //! kafka-protocol's types, which may change with any release. Administrative calls live in
 //! [`crate::admin`] with snapfence's own types.
 //!
-//! Frames are bounded by [`ClientConfig::max_frame_size`], and counts inside a frame by the frame: the
-//! kafka-protocol build this crate uses (vendored, `vendor/kafka-protocol/README.md`) rejects an array
-//! or byte-string length larger than the bytes left before allocating for it, which 0.18.0 did not.
+//! Frames are bounded by [`ClientConfig::max_frame_size`], and counts inside a frame by the frame: every
+//! response is decoded by `snapfence-kafka-protocol`, a copy of kafka-protocol 0.18.0 that rejects an
+//! array or byte-string length larger than the bytes left before allocating for it (0.18.0 did not; see
+//! `vendor/kafka-protocol/README.md`). It is a normal dependency of this crate, not a workspace
+//! `[patch]`, so the check holds in every program that links snapfence, whether by path, git or
+//! registry; `scripts/check-dependent.sh` proves it from a crate outside the workspace.
 //!
 //! # References
 //! - Kafka protocol guide: <https://kafka.apache.org/protocol.html>

@@ -203,3 +203,30 @@ async fn tcp_peer_closing_mid_response_fails_typed_and_resets() {
         "{err:?}"
     );
 }
+
+/// A refused connection's error says each fact once: the address, then why (it used to read "cannot
+/// connect to A: cannot connect to A: A: Connection refused").
+#[tokio::test]
+async fn a_refused_bootstrap_names_its_address_once() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    }; // closed again: connecting is refused
+    let one = format!("127.0.0.1:{port}");
+    let err = Client::connect(ClientConfig::new(&one)).await.unwrap_err();
+    let text = err.to_string();
+    assert_eq!(text.matches(&one).count(), 1, "{text}");
+    assert!(
+        text.starts_with(&format!("cannot connect to {one}: ")),
+        "{text}"
+    );
+
+    // With two addresses, each reason names its own address, once.
+    let two = ClientConfig {
+        bootstrap: vec![one.clone(), "localhost:1".into()],
+        ..ClientConfig::new(&one)
+    };
+    let text = Client::connect(two).await.unwrap_err().to_string();
+    assert_eq!(text.matches(&one).count(), 2, "list and its reason: {text}");
+    assert_eq!(text.matches("localhost:1").count(), 2, "{text}");
+}

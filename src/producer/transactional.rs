@@ -16,26 +16,48 @@ use crate::GroupMetadata;
 
 /// A transactional producer: records and consumer offsets committed or aborted together.
 ///
+/// The consume-transform-produce loop (`examples/transform.rs` runs it in full): the input offsets ride in
+/// the transaction with the output, fenced by the consumer group's generation, and after an abort the
+/// consumer is rewound to the committed offsets, or the aborted batch would be skipped.
+///
 /// ```no_run
+/// # use std::time::Duration;
+/// # use snapfence::consumer::{GroupConsumer, StartAt};
 /// # use snapfence::producer::*;
-/// # use snapfence::GroupMetadata;
-/// # async fn demo(client: snapfence::net::Client, group: GroupMetadata) -> Result<(), ProducerError> {
+/// # async fn demo(client: snapfence::net::Client, mut consumer: GroupConsumer)
+/// # -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// // One stable id per worker: initialising fences the worker's previous incarnation.
 /// let mut producer =
-///     TransactionalProducer::init(client, TransactionalConfig::new("snapshots-7")).await?;
-/// producer.begin()?;
-/// let delivery = producer
-///     .send(ProducerRecord::new("snapshots", Some("state".into())).key("user-42"))
-///     .await?;
-/// producer
-///     .send_offsets([(TopicPartition::new("events", 7), 1200.into())], &group)
-///     .await?;
-/// match producer.commit().await {
-///     Ok(()) => {}
-///     Err(e) if e.is_abortable() => producer.abort().await?,
-///     Err(e) => return Err(e), // fatal: drop it; outcome unknown: commit again or reinit
+///     TransactionalProducer::init(client, TransactionalConfig::new("enricher-0")).await?;
+/// loop {
+///     let batches = consumer.poll(Duration::from_millis(200)).await?;
+///     if batches.is_empty() {
+///         continue;
+///     }
+///     let group = consumer.group_metadata().require()?; // the generation of this poll
+///     producer.begin()?;
+///     let mut offsets = Vec::new();
+///     for batch in &batches {
+///         for r in &batch.records {
+///             let _ = producer.send(ProducerRecord::new("enriched", r.value.clone())).await?;
+///         }
+///         offsets.push((batch.partition.clone(), batch.next_offset.into()));
+///     }
+///     producer.send_offsets(offsets, &group).await?; // CommitFenced: this member is stale
+///     match producer.commit().await {
+///         Ok(()) => {}
+///         Err(e) if e.is_abortable() => {
+///             producer.abort().await?;
+///             for tp in consumer.assignment() {
+///                 let committed = consumer.committed(std::slice::from_ref(&tp)).await?[&tp];
+///                 consumer.seek(&tp, committed.map_or(StartAt::Earliest, StartAt::Offset));
+///             }
+///         }
+///         // Fatal (fenced, unauthorized): stop. Outcome unknown: commit again or `reinit`, never abort.
+///         Err(e) => return Err(e.into()),
+///     }
 /// }
-/// # drop(delivery);
-/// # Ok(()) }
+/// # }
 /// ```
 ///
 /// Transaction-control calls take `&mut self`, so nothing else can send while a commit or abort is

@@ -14,6 +14,7 @@
 //! - KIP-447 (the fence), seed design "Kafka single-writer design"
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ use super::group_commit::MetadataSource;
 use super::log::PartitionLog;
 use super::recovery::{recover, RecoveryConfig};
 use super::store::{SnapshotConfig, SnapshotStore};
+use super::topic::{self, MissingSnapshotTopic, SnapshotTopicError};
 use crate::consumer::{
     commit_offsets, committed_offsets, list_offsets, ConsumerError, GroupConsumer,
     GroupConsumerConfig, GroupMetadataHandle, LostReason, OffsetReset, OffsetSpec,
@@ -38,6 +40,51 @@ use crate::records::{IsolationLevel, Record};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The application's fold: per-key state, events in, new state out, and the state's snapshot encoding.
+///
+/// The flow calls [`fold`](Fold::fold) once per input event, in offset order within a partition, with
+/// the key's current state. It persists [`encode`](Fold::encode)d states as snapshots (inside an
+/// envelope that also records the key's last folded offset) and [`decode`](Fold::decode)s them when a
+/// partition is recovered; a snapshot that does not decode stops the flow with
+/// [`FlowError::BadSnapshot`], so keep `decode` able to read every encoding you ever wrote.
+///
+/// Events with a null key are not folded: state is per key, and a null key names none. They are skipped
+/// (their offsets still advance the partition, so they are not re-read) and counted in
+/// [`Flow::null_key_events`]; the first one is logged at warn level.
+///
+/// `fold` must be deterministic: an event may be folded again after a crash (into the state recovered
+/// from before it), and must produce the same state.
+///
+/// ```
+/// use snapfence::records::Record;
+/// use snapfence::snapshot::{BoxError, Fold};
+/// use snapfence::Bytes;
+///
+/// /// Account balances: each event's value is a signed amount in ASCII ("+25", "-10").
+/// struct Balances;
+///
+/// impl Fold for Balances {
+///     type State = i64;
+///
+///     fn fold(&self, _account: &Bytes, balance: Option<i64>, event: &Record) -> i64 {
+///         let amount = event
+///             .value
+///             .as_ref()
+///             .and_then(|v| std::str::from_utf8(v).ok())
+///             .and_then(|v| v.parse::<i64>().ok())
+///             .unwrap_or(0); // a malformed event changes nothing
+///         balance.unwrap_or(0) + amount
+///     }
+///
+///     fn encode(&self, balance: &i64) -> Bytes {
+///         Bytes::copy_from_slice(&balance.to_be_bytes())
+///     }
+///
+///     fn decode(&self, bytes: &[u8]) -> Result<i64, BoxError> {
+///         Ok(i64::from_be_bytes(bytes.try_into()?))
+///     }
+/// }
+/// # let _ = Balances;
+/// ```
 pub trait Fold: Send + Sync + 'static {
     /// The per-key state.
     type State: Clone + Send + Sync + 'static;
@@ -61,6 +108,26 @@ pub enum PersistenceMode {
 }
 
 /// Settings of a [`Flow`].
+///
+/// Where a partition starts: at the group's committed offset if it has one; otherwise at
+/// [`initial_offset`](Self::initial_offset) (earliest by default), which the flow then commits for the
+/// group before folding anything, so the consumer and the flow start from the same, recorded offset.
+/// `consumer.reader.reset` is consulted only when a committed position is out of range (retention
+/// deleted input the group had not folded yet); its default, `Fail`, stops the flow with an error there
+/// rather than skip events silently.
+///
+/// ```
+/// use std::time::Duration;
+/// use snapfence::consumer::{GroupConfig, GroupConsumerConfig};
+/// use snapfence::snapshot::{FlowConfig, MissingSnapshotTopic, SnapshotConfig};
+///
+/// let consumer = GroupConsumerConfig::new(GroupConfig::new("balances"));
+/// let snapshots = SnapshotConfig::new("balances-snapshots", "balances");
+/// let mut config = FlowConfig::new(consumer, "payments", snapshots);
+/// // Create the compacted snapshot topic on first start instead of failing.
+/// config.missing_snapshot_topic = MissingSnapshotTopic::Create { replication_factor: Some(3) };
+/// config.persist_every = Duration::from_millis(500); // used by Flow::run
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct FlowConfig {
@@ -69,13 +136,30 @@ pub struct FlowConfig {
     pub consumer: GroupConsumerConfig,
     /// The input topic.
     pub input_topic: String,
-    /// The snapshot store settings (the snapshot topic has the input's partition count).
+    /// The snapshot store settings. [`Flow::start`] checks the snapshot topic: it must exist (see
+    /// [`missing_snapshot_topic`](Self::missing_snapshot_topic)), be compacted, and have the input's
+    /// partition count.
     pub snapshots: SnapshotConfig,
     /// Fenced or not.
     pub mode: PersistenceMode,
-    /// How often dirty keys are persisted. Default 1 s.
+    /// Where a partition the group has never committed starts: `Earliest` (the default: every input
+    /// event is folded), `Latest` (only events written after the partition is first assigned), or
+    /// `Fail` (assignment fails with [`ConsumerError::NoCommittedOffset`]: an operator must commit a
+    /// start first). See the type's docs for how this relates to `consumer.reader.reset`.
+    pub initial_offset: OffsetReset,
+    /// What [`Flow::start`] does when the snapshot topic does not exist. Default
+    /// [`MissingSnapshotTopic::Fail`].
+    pub missing_snapshot_topic: MissingSnapshotTopic,
+    /// How often [`Flow::run`] persists the keys folded since their last snapshot. Default 1 s.
+    ///
+    /// Only `run` reads it: a caller driving the flow with [`Flow::poll_once`] persists by calling
+    /// [`Flow::persist`] itself (until then, folded state lives only in memory and is re-folded from
+    /// the committed offset after a crash).
     pub persist_every: Duration,
-    /// How often the committable offset is committed. Default 5 s.
+    /// How often [`Flow::run`] commits the committable offset (persisting first). Default 5 s.
+    ///
+    /// Only `run` reads it: with [`Flow::poll_once`], call [`Flow::commit`] yourself (the committed
+    /// offset stays where it was until then, so a restart re-reads more input, but loses nothing).
     pub commit_offsets_interval: Duration,
 }
 
@@ -91,6 +175,8 @@ impl FlowConfig {
             input_topic: input_topic.into(),
             snapshots,
             mode: PersistenceMode::Transactional,
+            initial_offset: OffsetReset::Earliest,
+            missing_snapshot_topic: MissingSnapshotTopic::Fail,
             persist_every: Duration::from_secs(1),
             commit_offsets_interval: Duration::from_secs(5),
         }
@@ -110,6 +196,10 @@ pub enum FlowError {
     /// The unfenced producer failed.
     #[error(transparent)]
     Producer(#[from] ProducerError),
+    /// The snapshot topic is missing or set up so that state would be lost; the message says what to
+    /// change. Returned by [`Flow::start`] before it joins the group.
+    #[error(transparent)]
+    SnapshotTopic(#[from] SnapshotTopicError),
     /// A snapshot could not be decoded.
     #[error("partition {partition}: snapshot of key {key:?} is not decodable: {reason}")]
     BadSnapshot {
@@ -202,9 +292,18 @@ struct Shared<F: Fold> {
     partitions: tokio::sync::Mutex<BTreeMap<i32, PartitionFlow<F::State>>>,
     /// The first error a rebalance handler hit; the poll loop returns it.
     failure: Mutex<Option<FlowError>>,
+    /// Input events skipped for having no key.
+    null_keys: AtomicU64,
 }
 
 impl<F: Fold> Shared<F> {
+    fn take_failure(&self) -> Option<FlowError> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
     fn fail(&self, e: FlowError) {
         let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
         if f.is_none() {
@@ -224,8 +323,10 @@ impl<F: Fold> Shared<F> {
         }
     }
 
-    /// The offset `tp` is assigned at: the group's committed offset, else the reset position.
-    async fn assigned_offset(&self, tp: &TopicPartition) -> Result<i64, FlowError> {
+    /// The offset `tp` is assigned at, and whether the group had none committed (then the caller commits
+    /// it, see [`FlowConfig`]): the group's committed offset, else per `initial_offset`. This is the
+    /// only place that decides where a partition without a committed offset starts.
+    async fn assigned_offset(&self, tp: &TopicPartition) -> Result<(i64, bool), FlowError> {
         let committed = committed_offsets(
             &self.client,
             &self.config.consumer.group.group_id,
@@ -236,13 +337,19 @@ impl<F: Fold> Shared<F> {
         .copied()
         .flatten();
         Ok(match committed {
-            Some(o) => o,
+            Some(o) => (o, false),
             None => {
-                let spec = match self.config.consumer.reader.reset {
+                let spec = match self.config.initial_offset {
+                    OffsetReset::Earliest => OffsetSpec::Earliest,
                     OffsetReset::Latest => OffsetSpec::Latest,
-                    _ => OffsetSpec::Earliest,
+                    _ => {
+                        return Err(ConsumerError::NoCommittedOffset {
+                            partition: tp.clone(),
+                        }
+                        .into())
+                    }
                 };
-                list_offsets(
+                let offset = list_offsets(
                     &self.client,
                     std::slice::from_ref(tp),
                     spec,
@@ -251,13 +358,14 @@ impl<F: Fold> Shared<F> {
                 .await?
                 .get(tp)
                 .copied()
-                .unwrap_or(0)
+                .unwrap_or(0);
+                (offset, true)
             }
         })
     }
 
     async fn acquire(&self, tp: &TopicPartition) -> Result<PartitionFlow<F::State>, FlowError> {
-        let (writer, assigned_offset) = match (self.config.mode, &self.plain) {
+        let (writer, (assigned_offset, fresh)) = match (self.config.mode, &self.plain) {
             (PersistenceMode::NonTransactional, Some(p)) => (
                 Writer::Plain(Arc::clone(p)),
                 self.assigned_offset(tp).await?,
@@ -267,13 +375,17 @@ impl<F: Fold> Shared<F> {
                 // transaction may hold a pending offset commit, and the stable read waits for it until
                 // the takeover aborts it (see SnapshotStore::acquire_then).
                 let partition = tp.partition;
+                let fresh = std::sync::atomic::AtomicBool::new(false);
                 let offset = async {
-                    self.assigned_offset(tp)
-                        .await
-                        .map_err(|e| SnapshotError::Io {
-                            partition,
-                            source: Arc::new(e),
-                        })
+                    let (offset, was_fresh) =
+                        self.assigned_offset(tp)
+                            .await
+                            .map_err(|e| SnapshotError::Io {
+                                partition,
+                                source: Arc::new(e),
+                            })?;
+                    fresh.store(was_fresh, Ordering::Relaxed);
+                    Ok(offset)
                 };
                 let store = SnapshotStore::acquire_then(
                     self.client.clone(),
@@ -284,7 +396,10 @@ impl<F: Fold> Shared<F> {
                 )
                 .await?;
                 let offset = store.committed_offset();
-                (Writer::Fenced(Arc::new(store)), offset)
+                (
+                    Writer::Fenced(Arc::new(store)),
+                    (offset, fresh.load(Ordering::Relaxed)),
+                )
             }
         };
         // Eager recovery: every key of the partition, before any event is folded.
@@ -320,12 +435,27 @@ impl<F: Fold> Shared<F> {
                 },
             );
         }
-        tracing::info!(partition = tp.partition, keys = keys.len(), ?stats.elapsed, assigned_offset, "partition recovered");
-        Ok(PartitionFlow {
+        tracing::info!(partition = tp.partition, keys = keys.len(), ?stats.elapsed, assigned_offset, fresh, "partition recovered");
+        let flow = PartitionFlow {
             writer,
             keys,
             position: assigned_offset,
-        })
+        };
+        if fresh {
+            // Record the start for the group before anything is fetched: the consumer starts the
+            // partition at the committed offset, so it now reads from exactly where this flow
+            // counts from, and a restart before the first periodic commit starts there again
+            // instead of re-resolving "earliest" or "latest" against a log that has moved.
+            if let Err(e) = self.commit(tp, &flow).await {
+                if let Writer::Fenced(store) = flow.writer {
+                    if let Ok(store) = Arc::try_unwrap(store) {
+                        store.close().await;
+                    }
+                }
+                return Err(e);
+            }
+        }
+        Ok(flow)
     }
 
     /// Persists every dirty key of `flow`, concurrently, so the group commit batches them.
@@ -489,7 +619,60 @@ impl<F: Fold> RebalanceListener for Listener<F> {
     }
 }
 
+/// How long [`Flow::close`] waits for the coordinator to acknowledge the leave.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A running flow: one group member folding its assigned partitions.
+///
+/// What a user does: implement [`Fold`], build a [`FlowConfig`], [`start`](Flow::start) the flow, then
+/// either hand it to [`run`](Flow::run) (polls, persists every `persist_every`, commits every
+/// `commit_offsets_interval`, closes when told to stop) or drive it yourself with
+/// [`poll_once`](Flow::poll_once), [`persist`](Flow::persist) and [`commit`](Flow::commit) and end
+/// with [`close`](Flow::close).
+///
+/// End a flow with `close` (or let `run` return). Dropping it instead stops its heartbeats without
+/// leaving the group: the coordinator keeps the dead member until its session timeout (45 s by
+/// default) and only then gives its partitions to someone else, state folded since the last
+/// [`persist`](Flow::persist) is not written (the next owner folds those events again from the
+/// committed offset: time lost, not state), and a transaction in flight is left open until the next
+/// owner's takeover aborts it.
+///
+/// ```no_run
+/// # use snapfence::records::Record;
+/// # use snapfence::snapshot::{BoxError, Fold};
+/// # use snapfence::Bytes;
+/// # struct Balances;
+/// # impl Fold for Balances {
+/// #     type State = i64;
+/// #     fn fold(&self, _: &Bytes, s: Option<i64>, _: &Record) -> i64 { s.unwrap_or(0) + 1 }
+/// #     fn encode(&self, s: &i64) -> Bytes { Bytes::copy_from_slice(&s.to_be_bytes()) }
+/// #     fn decode(&self, b: &[u8]) -> Result<i64, BoxError> { Ok(i64::from_be_bytes(b.try_into()?)) }
+/// # }
+/// use snapfence::consumer::{GroupConfig, GroupConsumerConfig};
+/// use snapfence::net::{Client, ClientConfig};
+/// use snapfence::snapshot::{Flow, FlowConfig, MissingSnapshotTopic, SnapshotConfig};
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Client::connect(ClientConfig::new("localhost:9092")).await?;
+/// let mut config = FlowConfig::new(
+///     GroupConsumerConfig::new(GroupConfig::new("balances")),
+///     "payments",
+///     SnapshotConfig::new("balances-snapshots", "balances"),
+/// );
+/// config.missing_snapshot_topic = MissingSnapshotTopic::Create { replication_factor: None };
+/// // Fails fast if the snapshot topic is missing, not compacted, or sized unlike "payments".
+/// let flow = Flow::start(client, config, Balances).await?;
+/// // Fold until told to stop (send on, or drop, `stop`), then flush, commit and leave the group. A
+/// // fenced (stale) owner stops with an error for which `FlowError::is_fenced` is true.
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// # drop(stop);
+/// flow.run(async {
+///     let _ = stopped.await;
+/// })
+/// .await?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Flow<F: Fold> {
     shared: Arc<Shared<F>>,
     consumer: GroupConsumer<Listener<F>>,
@@ -504,10 +687,26 @@ impl<F: Fold> std::fmt::Debug for Flow<F> {
 }
 
 impl<F: Fold> Flow<F> {
-    /// Joins the group and subscribes to the input topic. Partitions are recovered as they are assigned,
-    /// inside the polls.
+    /// Checks the snapshot topic (creating it if [`FlowConfig::missing_snapshot_topic`] says so), then
+    /// joins the group and subscribes to the input topic. Partitions are recovered as they are
+    /// assigned, inside the polls.
+    ///
+    /// Fails before joining, in a few round trips, with [`FlowError::SnapshotTopic`] when the input
+    /// or the snapshot topic is missing, the snapshot topic's `cleanup.policy` could delete snapshots,
+    /// or its partition count differs from the input's; and with [`SnapshotError::Config`] for
+    /// unworkable snapshot settings.
+    ///
+    /// Cancel-safe: dropping it before it returns leaves at most a created snapshot topic behind.
     pub async fn start(client: Client, mut config: FlowConfig, fold: F) -> Result<Self, FlowError> {
         config.consumer.auto_commit_interval = None;
+        config.snapshots.validate()?;
+        topic::ensure(
+            &client,
+            &config.snapshots.snapshot_topic,
+            &config.input_topic,
+            config.missing_snapshot_topic,
+        )
+        .await?;
         let plain = match config.mode {
             PersistenceMode::NonTransactional => Some(Arc::new(
                 Producer::new(client.clone(), ProducerConfig::default()).await?,
@@ -522,6 +721,7 @@ impl<F: Fold> Flow<F> {
             plain,
             partitions: tokio::sync::Mutex::new(BTreeMap::new()),
             failure: Mutex::new(None),
+            null_keys: AtomicU64::new(0),
         });
         let consumer = GroupConsumer::subscribe(
             client,
@@ -554,21 +754,36 @@ impl<F: Fold> Flow<F> {
     /// One poll: runs rebalance handlers (recovery on assignment, flush on revocation), then folds the
     /// events fetched. Returns how many events were folded.
     ///
+    /// It neither persists nor commits (only a revocation inside it flushes the revoked partitions):
+    /// `persist_every` and `commit_offsets_interval` apply only inside [`run`](Self::run). A loop built
+    /// on `poll_once` calls [`persist`](Self::persist) and [`commit`](Self::commit) when it chooses.
+    ///
     /// Cancel safety: as the consumer's `poll`; events already returned are folded before this returns.
     pub async fn poll_once(&mut self, timeout: Duration) -> Result<usize, FlowError> {
-        let batches = self.consumer.poll(timeout).await?;
+        let batches = self.poll_consumer(timeout).await?;
         self.fold_batches(batches).await
+    }
+
+    /// The consumer's poll, with a rebalance handler's failure preferred over the consumer error it
+    /// causes (a partition whose acquisition failed shows up as the consumer's NoCommittedOffset).
+    async fn poll_consumer(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Vec<PartitionRecords>, FlowError> {
+        match self.consumer.poll(timeout).await {
+            Ok(batches) => Ok(batches),
+            Err(e) => Err(self.shared.take_failure().unwrap_or(e.into())),
+        }
+    }
+
+    /// How many input events this flow skipped because they had no key (see [`Fold`]).
+    pub fn null_key_events(&self) -> u64 {
+        self.shared.null_keys.load(Ordering::Relaxed)
     }
 
     /// Folds fetched events into their keys' state, after surfacing any failure of a rebalance handler.
     async fn fold_batches(&self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
-        if let Some(e) = self
-            .shared
-            .failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(e) = self.shared.take_failure() {
             return Err(e);
         }
         let mut folded = 0;
@@ -579,7 +794,17 @@ impl<F: Fold> Flow<F> {
             };
             for event in &batch.records {
                 flow.position = flow.position.max(event.offset + 1);
-                let Some(key) = &event.key else { continue };
+                let Some(key) = &event.key else {
+                    if self.shared.null_keys.fetch_add(1, Ordering::Relaxed) == 0 {
+                        tracing::warn!(
+                            partition = batch.partition.partition,
+                            offset = event.offset,
+                            "skipping input events with a null key: a fold is per key (counted in \
+                             Flow::null_key_events)"
+                        );
+                    }
+                    continue;
+                };
                 match flow.keys.get_mut(key) {
                     // Already folded into the recovered snapshot: replay after a takeover skips it.
                     Some(k) if event.offset <= k.last_offset => {}
@@ -608,7 +833,12 @@ impl<F: Fold> Flow<F> {
         Ok(folded)
     }
 
-    /// Persists every dirty key of every held partition (concurrently per partition).
+    /// Persists every key folded since its last snapshot, in every held partition (concurrently per
+    /// partition, so the group commit batches them). In the transactional mode each write is fenced by
+    /// the group generation; a stale owner gets an error for which [`FlowError::is_fenced`] is true.
+    ///
+    /// Not cancel-safe in outcome: if dropped, some snapshots may have been written; they are written
+    /// again by the next call.
     pub async fn persist(&self) -> Result<(), FlowError> {
         let mut flows = self.shared.partitions.lock().await;
         for (p, flow) in flows.iter_mut() {
@@ -617,7 +847,11 @@ impl<F: Fold> Flow<F> {
         Ok(())
     }
 
-    /// Commits every held partition's committable offset.
+    /// Commits every held partition's committable offset: the first event not yet in a persisted
+    /// snapshot, so a commit never passes state that exists only in memory. Call
+    /// [`persist`](Self::persist) first to move it as far as the folding went.
+    ///
+    /// Not cancel-safe in outcome: if dropped, the commit may or may not have happened.
     pub async fn commit(&self) -> Result<(), FlowError> {
         let flows = self.shared.partitions.lock().await;
         for (p, flow) in flows.iter() {
@@ -646,8 +880,10 @@ impl<F: Fold> Flow<F> {
     }
 
     /// Polls, persisting every `persist_every` and committing every `commit_offsets_interval`, until
-    /// `stop` completes or an error (a fence stops a stale owner here). Then leaves the group, flushing
-    /// through the revocation.
+    /// `stop` completes or an error (a fence stops a stale owner here). Then [`close`](Self::close)s the
+    /// flow; the loop's error, if any, is returned before close's.
+    ///
+    /// Not cancel-safe: dropping the future is dropping the flow (see [`Flow`]).
     pub async fn run(
         mut self,
         stop: impl std::future::Future<Output = ()>,
@@ -668,18 +904,49 @@ impl<F: Fold> Flow<F> {
                     if let Err(e) = self.persist().await { break Err(e) }
                     if let Err(e) = self.commit().await { break Err(e) }
                 }
-                r = self.consumer.poll(Duration::from_millis(200)) => {
+                r = self.poll_consumer(Duration::from_millis(200)) => {
                     let folded = match r {
                         Ok(batches) => self.fold_batches(batches).await,
-                        Err(e) => Err(e.into()),
+                        Err(e) => Err(e),
                     };
                     if let Err(e) = folded { break Err(e) }
                 }
             }
         };
-        let closed = self.consumer.close(Duration::from_secs(10)).await;
+        let closed = self.close().await;
         result?;
-        closed?;
+        closed
+    }
+
+    /// Stops folding and leaves the group, so a new member takes the partitions over at once instead of
+    /// waiting out this member's session timeout.
+    ///
+    /// The rule: every held partition is flushed as on a revocation — every key folded since its last
+    /// snapshot is persisted, then the partition's committable offset is committed (which, after that
+    /// persist, is the position: everything folded is durable), then its snapshot producer is closed.
+    /// Then the member leaves (LeaveGroup under the classic protocol, a leave heartbeat under KIP-848;
+    /// a static member, `group_instance_id` set, does not leave and keeps its partitions until its
+    /// session expires), waiting at most 10 s for the coordinator, and the unfenced mode's shared
+    /// producer is flushed and closed. Events fetched but not yet folded are not folded.
+    ///
+    /// The leave happens even when a flush fails; the first flush failure is returned (a stale owner's
+    /// flush is refused by the fence, and nothing of it lands). Partitions lost before the close are not
+    /// flushed: another member may own them already.
+    ///
+    /// Not cancel-safe: dropping the future mid-way is dropping the flow (see [`Flow`]).
+    pub async fn close(self) -> Result<(), FlowError> {
+        let Flow { shared, consumer } = self;
+        // Runs the revocation handler for every held partition (flush, commit, close the store) before
+        // the leave request goes out, while the generation still accepts the commits.
+        let left = consumer.close(LEAVE_TIMEOUT).await;
+        let flushed = shared.take_failure();
+        if let Some(producer) = &shared.plain {
+            Producer::clone(producer).close().await;
+        }
+        if let Some(e) = flushed {
+            return Err(e);
+        }
+        left?;
         Ok(())
     }
 }

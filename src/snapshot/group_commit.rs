@@ -59,7 +59,7 @@ pub struct TxnBatch {
 /// Runs one transaction: begin, send every write and await their acknowledgements, commit `offset` for the
 /// input partition with `metadata` (TxnOffsetCommit), commit; on any failure abort and report the class.
 ///
-/// Implemented over the transactional producer in [`SnapshotStore`](super::SnapshotStore); tests use a recording fake.
+/// Implemented over the transactional producer behind [`SnapshotStore`](super::SnapshotStore); tests use a recording fake.
 pub trait TransactionRunner: Send + 'static {
     /// Runs `batch` as one transaction. Must leave no transaction open when it returns an error other
     /// than [`FailureKind::OutcomeUnknown`] or [`FailureKind::Fatal`].

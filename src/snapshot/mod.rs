@@ -1,6 +1,17 @@
 //! Generation-fenced snapshot persistence: group-committed transactional writes, the recovery read with
 //! its stall deadline, and the per-key fold runtime.
 //!
+//! # Where to start
+//! 1. Create the input topic, and a snapshot topic with `cleanup.policy=compact` and as many partitions
+//!    (or let [`Flow::start`] create it: [`FlowConfig::missing_snapshot_topic`]).
+//! 2. Implement [`Fold`] for your per-key state: how an event changes it, and its bytes.
+//! 3. Build a [`FlowConfig`] (group, input topic, [`SnapshotConfig`]) and call [`Flow::start`], then
+//!    [`Flow::run`] until you stop it. A stale owner is stopped by the fence with an error for which
+//!    [`FlowError::is_fenced`] is true; restart it as a new member.
+//!
+//! [`SnapshotStore`] is the layer below `Flow`, for applications that keep their own state and only want
+//! fenced snapshot writes of one assigned partition; [`recover`] reads a snapshot partition back.
+//!
 //! # References
 //! - KIP-98 (transactions), KIP-447 (generation-fenced TxnOffsetCommit), KIP-848 (member epoch),
 //!   KIP-664 (hanging transactions), KIP-890 (transaction server-side defence)
@@ -13,6 +24,7 @@ mod recovery;
 mod runner;
 mod state;
 mod store;
+mod topic;
 
 pub use error::{FailureKind, SnapshotError, StallDiagnosis, TxnFailure};
 pub use flow::{BoxError, Flow, FlowConfig, FlowError, Fold, PersistenceMode};
@@ -25,3 +37,4 @@ pub use recovery::{
 };
 pub use state::{RecoveredIter, RecoveredState};
 pub use store::{Assignment, SnapshotConfig, SnapshotStore};
+pub use topic::{MissingSnapshotTopic, SnapshotTopicError};

@@ -56,7 +56,7 @@ impl SnapshotConfig {
         format!("{}-{}", self.transactional_id_prefix, partition)
     }
 
-    fn validate(&self) -> Result<(), SnapshotError> {
+    pub(crate) fn validate(&self) -> Result<(), SnapshotError> {
         if self.max_writes_per_transaction < 1 {
             return Err(SnapshotError::Config(
                 "max_writes_per_transaction must be at least 1".into(),
@@ -94,6 +94,38 @@ impl std::fmt::Debug for Assignment {
 }
 
 /// The transactional, generation-fenced snapshot store of one assigned partition.
+///
+/// The layer under [`Flow`](super::Flow), for an application that keeps its own state: acquire the
+/// store when the group assigns you an input partition, write snapshots and commit input offsets
+/// through it (each transaction carries the group generation, so a stale owner's write never lands),
+/// and close it on revocation. The snapshot topic must already exist, compacted, with the input's
+/// partition count (`Flow::start` checks that; this type does not).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use snapfence::consumer::{GroupConfig, GroupConsumer, GroupConsumerConfig};
+/// use snapfence::net::Client;
+/// use snapfence::producer::TopicPartition;
+/// use snapfence::snapshot::{Assignment, SnapshotConfig, SnapshotStore};
+/// use snapfence::Bytes;
+///
+/// # async fn demo(client: Client) -> Result<(), Box<dyn std::error::Error>> {
+/// let group = GroupConsumerConfig::new(GroupConfig::new("balances"));
+/// let consumer = GroupConsumer::subscribe(client.clone(), group, ["payments"], ()).await?;
+/// // ... later, in the assignment handler: input partition 0, committed offset 42.
+/// let assignment = Assignment {
+///     input: TopicPartition::new("payments", 0),
+///     assigned_offset: 42,
+///     metadata: Arc::new(consumer.group_metadata()),
+/// };
+/// let config = SnapshotConfig::new("balances-snapshots", "balances");
+/// let store = SnapshotStore::acquire(client, config, assignment).await?;
+/// store.write(Bytes::from_static(b"alice"), Some(Bytes::from_static(b"100"))).await?;
+/// store.commit_offset(43).await?; // the input offset after the events alice's snapshot covers
+/// store.close().await; // on revocation
+/// # Ok(())
+/// # }
+/// ```
 pub struct SnapshotStore {
     config: SnapshotConfig,
     partition: i32,

@@ -17,6 +17,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::progress::{Observer, Progress, Step};
 use crate::{FixtureError, KafkaVersion};
 
 /// Artifacts of an SLF4J 1.7 binding (or an SLF4J 2 provider). A folder with two of these makes SLF4J pick
@@ -107,8 +108,9 @@ pub fn require_java() -> Result<String, FixtureError> {
     }
 }
 
-/// The folder holding every jar the broker of `version` needs (for `-cp "DIR/*"`), fetching it on first use.
-pub fn libs_dir(version: &KafkaVersion) -> Result<PathBuf, FixtureError> {
+/// The folder holding every jar the broker of `version` needs (for `-cp "DIR/*"`), fetching it on first use
+/// (told to `observe` as it begins and ends).
+pub fn libs_dir(version: &KafkaVersion, observe: Observer<'_>) -> Result<PathBuf, FixtureError> {
     let root = cache_root().join("kafka").join(version.as_str());
     let libs = root.join("libs");
     if is_complete(&libs, version) {
@@ -128,6 +130,11 @@ pub fn libs_dir(version: &KafkaVersion) -> Result<PathBuf, FixtureError> {
     if tmp.exists() {
         fs::remove_dir_all(&tmp).map_err(|e| FixtureError::io(&tmp, e))?;
     }
+    observe(Progress::Began {
+        step: Step::FetchJars,
+        version: version.to_string(),
+        into: Some(libs.clone()),
+    });
     let started = std::time::Instant::now();
     let output = Command::new("mvn")
         .arg("-B")
@@ -168,11 +175,10 @@ pub fn libs_dir(version: &KafkaVersion) -> Result<PathBuf, FixtureError> {
         fs::remove_dir_all(&libs).map_err(|e| FixtureError::io(&libs, e))?;
     }
     fs::rename(&tmp, &libs).map_err(|e| FixtureError::io(&libs, e))?;
-    eprintln!(
-        "protocol-tests: fetched Kafka {version} jars into {} in {:.1}s",
-        libs.display(),
-        started.elapsed().as_secs_f64()
-    );
+    observe(Progress::Done {
+        step: Step::FetchJars,
+        took: started.elapsed(),
+    });
     Ok(libs)
 }
 
@@ -235,7 +241,7 @@ fn pom_xml(version: &KafkaVersion) -> String {
     }
     let mut xml = String::from(
         "<project xmlns=\"http://maven.apache.org/POM/4.0.0\">\n  <modelVersion>4.0.0</modelVersion>\n  \
-         <groupId>snapfence.protocol-tests</groupId>\n  <artifactId>kafka-broker-libs</artifactId>\n",
+         <groupId>snapfence.kafka-fixture</groupId>\n  <artifactId>kafka-broker-libs</artifactId>\n",
     );
     xml.push_str(&format!(
         "  <version>{}</version>\n  <packaging>pom</packaging>\n  <dependencies>\n",

@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::probe::Probe;
+use crate::progress::{Observer, Progress, Step};
 use crate::security::Listener;
 use crate::{jars, procs, ClusterSpec, FixtureError};
 
@@ -78,19 +79,35 @@ impl Node {
 impl LocalCluster {
     /// Starts a cluster for `spec` and waits until it is ready. Retries with fresh ports when another
     /// process took a port between the fixture picking it and the broker binding it.
-    pub(crate) fn start(spec: &ClusterSpec) -> Result<LocalCluster, FixtureError> {
+    /// Each slow step is told to `observe` as it begins and ends.
+    pub(crate) fn start(
+        spec: &ClusterSpec,
+        observe: Observer<'_>,
+    ) -> Result<LocalCluster, FixtureError> {
         spec.validate()?;
         let java_version = jars::require_java()?;
-        let libs = jars::libs_dir(&spec.version)?;
-        let jvm = JvmSetup::new(&spec.version, &libs, &java_version);
+        let libs = jars::libs_dir(&spec.version, observe)?;
+        let jvm = JvmSetup::new(&spec.version, &libs, &java_version, observe);
+        observe(Progress::Began {
+            step: Step::StartNodes,
+            version: spec.version.to_string(),
+            into: None,
+        });
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::try_start(spec, &libs, &jvm) {
+            match Self::try_start(spec, &libs, &jvm, observe) {
                 Err(FixtureError::NodeExited {
                     port_clash: true, ..
                 }) if attempt < 3 => continue,
-                other => return other,
+                Ok(cluster) => {
+                    observe(Progress::Done {
+                        step: Step::StartNodes,
+                        took: cluster.started_in,
+                    });
+                    return Ok(cluster);
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -99,12 +116,13 @@ impl LocalCluster {
         spec: &ClusterSpec,
         libs: &Path,
         jvm: &JvmSetup,
+        observe: Observer<'_>,
     ) -> Result<LocalCluster, FixtureError> {
         let began = Instant::now();
         let cluster = Self::unstarted(spec, libs, jvm.clone())?;
         // From here on, dropping `cluster` on an error kills whatever was started.
         if let Err(e) = cluster.boot() {
-            cluster.keep_for_post_mortem(&e);
+            cluster.keep_for_post_mortem(&e, observe);
             return Err(e);
         }
         let mut cluster = cluster;
@@ -254,7 +272,7 @@ impl LocalCluster {
         for (k, v) in &self.spec.broker_props {
             set(k, v);
         }
-        let mut out = String::from("# written by the snapfence protocol-tests fixture\n");
+        let mut out = String::from("# written by the snapfence kafka-fixture\n");
         for (k, v) in props {
             out.push_str(&format!("{k}={v}\n"));
         }
@@ -519,7 +537,7 @@ impl LocalCluster {
 
     /// Stops the nodes and moves the cluster folder to `<cache>/failed/` (keeping the newest few), so a
     /// failed start in CI can be read afterwards; the process's own folder is deleted at exit.
-    fn keep_for_post_mortem(&self, error: &FixtureError) {
+    fn keep_for_post_mortem(&self, error: &FixtureError, observe: Observer<'_>) {
         const KEEP: usize = 5;
         for node in &self.nodes {
             self.kill(node.id);
@@ -540,10 +558,7 @@ impl LocalCluster {
         let target = failed.join(format!("{stamp}-{}-{name}", std::process::id()));
         if fs::rename(&self.dir, &target).is_ok() {
             let _ = fs::write(target.join("error.txt"), error.to_string());
-            eprintln!(
-                "protocol-tests: failed cluster start kept in {}",
-                target.display()
-            );
+            observe(Progress::KeptFailedStart { path: target });
         }
         let mut old: Vec<PathBuf> = fs::read_dir(&failed)
             .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
@@ -699,7 +714,12 @@ struct JvmSetup {
 }
 
 impl JvmSetup {
-    fn new(version: &crate::KafkaVersion, libs: &Path, java_version: &str) -> JvmSetup {
+    fn new(
+        version: &crate::KafkaVersion,
+        libs: &Path,
+        java_version: &str,
+        observe: Observer<'_>,
+    ) -> JvmSetup {
         let flags_text = std::env::var("SNAPFENCE_KAFKA_JVM_OPTS")
             .unwrap_or_else(|_| FAST_START_FLAGS.to_owned());
         let flags: Vec<String> = flags_text.split_whitespace().map(str::to_owned).collect();
@@ -718,10 +738,13 @@ impl JvmSetup {
             setup.archive = Some(archive);
             return setup;
         }
-        match train(version, libs, &setup, &archive) {
+        match train(version, libs, &setup, &archive, observe) {
             Ok(()) => setup.archive = Some(archive),
             // Only a speed-up: a failed recording is reported and the fixture carries on without it.
-            Err(e) => eprintln!("protocol-tests: no class-data archive for Kafka {version}: {e}"),
+            Err(e) => observe(Progress::Skipped {
+                step: Step::RecordArchive,
+                reason: e.to_string(),
+            }),
         }
         setup
     }
@@ -735,12 +758,18 @@ fn train(
     libs: &Path,
     setup: &JvmSetup,
     archive: &Path,
+    observe: Observer<'_>,
 ) -> Result<(), FixtureError> {
     let root = archive.parent().unwrap_or(libs);
     let _lock = jars::FileLock::exclusive(&root.join(".lock"))?;
     if archive.is_file() {
         return Ok(()); // another process recorded it while this one waited
     }
+    observe(Progress::Began {
+        step: Step::RecordArchive,
+        version: version.to_string(),
+        into: Some(archive.to_owned()),
+    });
     let began = Instant::now();
     let tmp = root.join(format!("classes.tmp-{}.jsa", std::process::id()));
     let _ = fs::remove_file(&tmp);
@@ -761,10 +790,10 @@ fn train(
     match exited {
         true if fs::metadata(&tmp).is_ok_and(|m| m.len() > 0) => {
             fs::rename(&tmp, archive).map_err(|e| FixtureError::io(archive, e))?;
-            eprintln!(
-                "protocol-tests: recorded the class-data archive for Kafka {version} in {:.1}s",
-                began.elapsed().as_secs_f64()
-            );
+            observe(Progress::Done {
+                step: Step::RecordArchive,
+                took: began.elapsed(),
+            });
             Ok(())
         }
         _ => {

@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use kafka_fixture::probe::{finalized_feature, max_version, Probe};
+use kafka_fixture::{cluster, dedicated, unique, ClusterSpec, KafkaCluster};
 use kafka_protocol::messages::consumer_group_heartbeat_response::ConsumerGroupHeartbeatResponse;
 use kafka_protocol::messages::{ApiKey, ConsumerGroupHeartbeatRequest, GroupId, TopicName};
 use kafka_protocol::protocol::{Message as _, StrBytes};
-use protocol_tests::probe::{finalized_feature, max_version, Probe};
-use protocol_tests::{cluster, dedicated, unique, ClusterSpec, KafkaCluster};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -88,7 +88,7 @@ async fn kafka4_single_node_is_ready_with_tv2_and_consumer_groups() {
     report("kafka4 single node", &kafka);
     assert_eq!(
         kafka.version(),
-        protocol_tests::KafkaVersion::kafka4().as_str()
+        kafka_fixture::KafkaVersion::kafka4().as_str()
     );
     assert_eq!(kafka.node_ids(), vec![1]);
     assert_eq!(p.find_coordinator(0, &unique("g")).unwrap(), (0, 1));
@@ -215,7 +215,7 @@ async fn a_paused_node_stops_answering_until_resumed_and_a_stopped_one_restarts(
         .broker_ids()
         .expect_err("a paused broker must not answer");
     assert!(
-        matches!(err, protocol_tests::probe::ProbeError::Io { .. }),
+        matches!(err, kafka_fixture::probe::ProbeError::Io { .. }),
         "{err}"
     );
 
@@ -256,11 +256,11 @@ fn no_jvm_outlives_a_killed_test_process() {
     use std::io::BufRead as _;
     // The holder gets a private cache folder (sharing the jars), so no other test process's stale-pid
     // sweep can kill its JVM and make this pass for the wrong reason.
-    protocol_tests::libs_dir(&protocol_tests::KafkaVersion::kafka4()).expect("jars");
+    kafka_fixture::libs_dir(&kafka_fixture::KafkaVersion::kafka4()).expect("jars");
     let private = std::env::temp_dir().join(unique("snapfence-cache"));
     std::fs::create_dir_all(&private).unwrap();
     std::os::unix::fs::symlink(
-        protocol_tests::cache_root().join("kafka"),
+        kafka_fixture::cache_root().join("kafka"),
         private.join("kafka"),
     )
     .unwrap();

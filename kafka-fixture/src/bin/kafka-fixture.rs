@@ -2,7 +2,7 @@
 //! a broker by hand, for checking the facts in the crate docs, and for the fixture test that kills this
 //! process and checks its JVMs die with it.
 //!
-//! `cargo run -p protocol-tests --bin kafka-fixture -- [4|4tv1|39|3n] [key=value ...]`
+//! `cargo run -p kafka-fixture --bin kafka-fixture -- [4|4tv1|39|3n] [key=value ...]`
 //! - `tv=N` / `gv=N`: transaction.version / group.version at format time
 //! - `hold=SECS`: keep the cluster that long after printing (default 0); Ctrl-C stops it and its JVMs
 //! - `apis=1`: also print every API's version range
@@ -20,9 +20,9 @@ macro_rules! out {
     }};
 }
 
+use kafka_fixture::probe::Probe;
+use kafka_fixture::{ClusterSpec, KafkaCluster, Listener, SecuritySpec};
 use kafka_protocol::messages::ApiKey;
-use protocol_tests::probe::Probe;
-use protocol_tests::{ClusterSpec, KafkaCluster, Listener, SecuritySpec};
 
 fn main() {
     let mut args = std::env::args().skip(1);
