@@ -30,8 +30,8 @@ pub enum CoordinatorKind {
 }
 
 impl CoordinatorKind {
-    /// The FindCoordinator `key_type` value.
-    pub fn key_type(self) -> i8 {
+    /// The FindCoordinator `key_type` value (a wire detail, so not public).
+    pub(crate) fn key_type(self) -> i8 {
         match self {
             CoordinatorKind::Group => 0,
             CoordinatorKind::Transaction => 1,
