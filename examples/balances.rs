@@ -119,8 +119,8 @@ async fn main() -> Result<(), BoxError> {
         .collect();
     println!("committed input offsets: {}", committed.join(" "));
 
-    // Stop at once: `run` leaves the group, flushing through the revocation.
-    flow.run(std::future::ready(())).await?;
+    // Persist what is due, commit, and leave the group, so the next owner need not wait out our session.
+    flow.close().await?;
     producer.close().await;
     if keep {
         println!("kept input topic {input} and snapshot topic {snapshots}");

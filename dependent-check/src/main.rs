@@ -56,6 +56,7 @@ const DECODED: &[(i16, &str)] = &[
     (12, "Heartbeat"),
     (13, "LeaveGroup"),
     (14, "SyncGroup"),
+    (15, "DescribeGroups"),
     (17, "SaslHandshake"),
     (18, "ApiVersions"),
     (19, "CreateTopics"),
@@ -66,6 +67,7 @@ const DECODED: &[(i16, &str)] = &[
     (26, "EndTxn"),
     (27, "WriteTxnMarkers"),
     (28, "TxnOffsetCommit"),
+    (32, "DescribeConfigs"),
     (36, "SaslAuthenticate"),
     (61, "DescribeProducers"),
     (65, "DescribeTransactions"),
@@ -308,6 +310,7 @@ async fn drive(key: i16, port: u16) -> Outcome {
         12 => send_once!(c, req::HeartbeatRequest::default()),
         13 => send_once!(c, req::LeaveGroupRequest::default()),
         14 => send_once!(c, req::SyncGroupRequest::default()),
+        15 => send_once!(c, req::DescribeGroupsRequest::default()),
         17 => send_once!(c, req::SaslHandshakeRequest::default()),
         19 => send_once!(c, req::CreateTopicsRequest::default()),
         20 => send_once!(c, req::DeleteTopicsRequest::default()),
@@ -317,6 +320,7 @@ async fn drive(key: i16, port: u16) -> Outcome {
         26 => send_once!(c, req::EndTxnRequest::default()),
         27 => send_once!(c, req::WriteTxnMarkersRequest::default()),
         28 => send_once!(c, req::TxnOffsetCommitRequest::default()),
+        32 => send_once!(c, req::DescribeConfigsRequest::default()),
         36 => send_once!(c, req::SaslAuthenticateRequest::default()),
         61 => send_once!(c, req::DescribeProducersRequest::default()),
         65 => send_once!(c, req::DescribeTransactionsRequest::default()),
@@ -333,9 +337,6 @@ fn is_rejection(err: &NetError) -> bool {
     match err {
         NetError::Protocol { .. } => true,
         NetError::RetriesExhausted { last, .. } => is_rejection(last),
-        // `Client::connect` reports a failed handshake or first metadata read as `Connect`, with the
-        // protocol error in its message (the typed source is not kept there).
-        NetError::Connect { message, .. } => message.contains("protocol error"),
         _ => false,
     }
 }

@@ -412,19 +412,15 @@ impl Client {
             return Ok(c.clone());
         }
         *held = None;
-        let mut errors = Vec::new();
+        // Each address's failure, typed: with one address it is returned as it is (a protocol error stays
+        // a protocol error); with several they are summed up in one Connect error.
+        let mut failures: Vec<(&String, NetError)> = Vec::new();
         for addr in &self.inner.config.bootstrap {
             let opened = match broker::open(addr, -1, &self.inner.config).await {
                 Ok(c) => c,
                 Err(e) if e.is_fatal_connect() => return Err(e),
-                // The list's error names each address once: an address's own Connect error already
-                // starts with "cannot connect to <addr>", which the list's message would repeat.
-                Err(NetError::Connect { addr, message }) => {
-                    errors.push(format!("{addr}: {message}"));
-                    continue;
-                }
                 Err(e) => {
-                    errors.push(format!("{addr}: {e}"));
+                    failures.push((addr, e));
                     continue;
                 }
             };
@@ -432,7 +428,7 @@ impl Client {
             let metadata = match self.fetch_metadata_on(&opened, Some(&[])).await {
                 Ok(m) => m,
                 Err(e) => {
-                    errors.push(format!("{addr}: {e}"));
+                    failures.push((addr, e));
                     continue;
                 }
             };
@@ -458,17 +454,25 @@ impl Client {
             *held = Some(opened.clone());
             return Ok(opened);
         }
-        let addr = self.inner.config.bootstrap.join(",");
-        // With one address, its own reason is the whole message; with several, each reason names its
-        // address.
-        let message = match errors.as_slice() {
-            [only] => only
-                .strip_prefix(&format!("{addr}: "))
-                .unwrap_or(only)
-                .to_owned(),
-            _ => errors.join("; "),
-        };
-        Err(NetError::Connect { addr, message })
+        if failures.len() == 1 {
+            if let Some((_, only)) = failures.pop() {
+                return Err(only);
+            }
+        }
+        // The list's message names each address once: an address's own Connect error already starts
+        // with "cannot connect to <addr>", so only its reason is taken.
+        let message = failures
+            .iter()
+            .map(|(addr, e)| match e {
+                NetError::Connect { message, .. } => format!("{addr}: {message}"),
+                other => format!("{addr}: {other}"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err(NetError::Connect {
+            addr: self.inner.config.bootstrap.join(","),
+            message,
+        })
     }
 
     fn record_handshake(&self, c: &BrokerConn) {

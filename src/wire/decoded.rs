@@ -57,6 +57,8 @@ decoded_responses!(
     ConsumerGroupHeartbeatRequest,
     CreateTopicsRequest,
     DeleteTopicsRequest,
+    DescribeConfigsRequest,
+    DescribeGroupsRequest,
     DescribeProducersRequest,
     DescribeTransactionsRequest,
     EndTxnRequest,
@@ -168,8 +170,8 @@ pub(crate) mod tests {
     fn every_request_type_the_client_builds_is_listed() {
         // Keys the library sends today (see the module docs for how the list is found).
         for key in [
-            0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 17, 18, 19, 20, 22, 24, 25, 26, 27, 28, 36, 61,
-            65, 66, 68,
+            0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 22, 24, 25, 26, 27, 28, 32,
+            36, 61, 65, 66, 68,
         ] {
             assert!(DECODED_API_KEYS.contains(&key), "{key}");
             assert!(response_header_version(key, *decoded_versions(key).end()).is_some());
