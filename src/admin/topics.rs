@@ -21,6 +21,15 @@ use crate::ErrorCode;
 /// on a retry after an attempt whose outcome is unknown (that attempt probably created it).
 ///
 /// Not cancel-safe in effect: dropping the future may leave the topic created.
+///
+/// ```no_run
+/// # async fn run(client: &snapfence::Client) -> Result<(), snapfence::NetError> {
+/// // A snapshot topic: compacted, one partition per input partition, the broker's replication.
+/// snapfence::admin::create_topic(client, "balances-snapshots", 4, -1, &[("cleanup.policy", "compact")])
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
 pub async fn create_topic(
     client: &Client,
     name: &str,
