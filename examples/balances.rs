@@ -12,10 +12,10 @@ use bytes::Bytes;
 use snapfence::consumer::{
     committed_offsets, list_offsets, GroupConfig, GroupConsumerConfig, OffsetReset, OffsetSpec,
 };
-use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord, TopicPartition};
 use snapfence::records::{IsolationLevel, Record};
 use snapfence::snapshot::{BoxError, Flow, FlowConfig, Fold, SnapshotConfig};
+use snapfence::{admin, Client, ClientConfig};
 
 /// The fold: a balance in cents per account; an event's value is a signed amount such as `+100`.
 struct Balances;
@@ -51,10 +51,8 @@ async fn main() -> Result<(), BoxError> {
     let (input, snapshots) = (format!("deposits-{suffix}"), format!("balances-{suffix}"));
 
     let client = Client::connect(ClientConfig::new(bootstrap)).await?;
-    client.create_topic(&input, 2, -1, &[]).await?;
-    client
-        .create_topic(&snapshots, 2, -1, &[("cleanup.policy", "compact")])
-        .await?;
+    admin::create_topic(&client, &input, 2, -1, &[]).await?;
+    admin::create_topic(&client, &snapshots, 2, -1, &[("cleanup.policy", "compact")]).await?;
 
     let producer = Producer::new(client.clone(), ProducerConfig::default()).await?;
     let events = [
@@ -127,8 +125,8 @@ async fn main() -> Result<(), BoxError> {
     if keep {
         println!("kept input topic {input} and snapshot topic {snapshots}");
     } else {
-        client.delete_topic(&input).await?;
-        client.delete_topic(&snapshots).await?;
+        admin::delete_topic(&client, &input).await?;
+        admin::delete_topic(&client, &snapshots).await?;
         println!("deleted topics {input} and {snapshots}");
     }
     Ok(())

@@ -13,9 +13,9 @@
 
 use std::time::Duration;
 
-use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{ProducerRecord, TransactionalConfig, TransactionalProducer};
 use snapfence::snapshot::{recover, PartitionLog, RecoveryConfig};
+use snapfence::{admin, Client, ClientConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -62,7 +62,7 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     if own {
-        client.delete_topic(&topic).await?;
+        admin::delete_topic(&client, &topic).await?;
         println!("deleted topic {topic}");
     }
     Ok(())
@@ -74,9 +74,7 @@ async fn main() -> Result<(), BoxError> {
 async fn seed(client: &Client) -> Result<String, BoxError> {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
     let topic = format!("snapshots-{}-{}", std::process::id(), now.as_nanos());
-    client
-        .create_topic(&topic, 1, -1, &[("cleanup.policy", "compact")])
-        .await?;
+    admin::create_topic(client, &topic, 1, -1, &[("cleanup.policy", "compact")]).await?;
     let txn = TransactionalConfig::new(format!("{topic}-writer"));
     let mut producer = TransactionalProducer::init(client.clone(), txn).await?;
     let v1 = Some("v1");

@@ -10,15 +10,15 @@
 use std::time::{Duration, Instant};
 
 use snapfence::consumer::{
-    list_offsets, GroupConfig, GroupConsumer, GroupConsumerConfig, GroupMetadata, OffsetReset,
-    OffsetSpec, PartitionReader, PartitionRecords, ReaderConfig, StartAt,
+    list_offsets, GroupConfig, GroupConsumer, GroupConsumerConfig, OffsetReset, OffsetSpec,
+    PartitionReader, PartitionRecords, ReaderConfig, StartAt,
 };
-use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{
     Producer, ProducerConfig, ProducerError, ProducerRecord, TopicPartition, TransactionalConfig,
     TransactionalProducer,
 };
 use snapfence::records::IsolationLevel;
+use snapfence::{admin, Client, ClientConfig, GroupMetadata};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -33,8 +33,8 @@ async fn main() -> Result<(), BoxError> {
     let suffix = format!("{}-{}", std::process::id(), now.as_nanos());
     let (input, output) = (format!("words-{suffix}"), format!("shouts-{suffix}"));
     let client = Client::connect(ClientConfig::new(bootstrap)).await?;
-    client.create_topic(&input, 1, -1, &[]).await?;
-    client.create_topic(&output, 1, -1, &[]).await?;
+    admin::create_topic(&client, &input, 1, -1, &[]).await?;
+    admin::create_topic(&client, &output, 1, -1, &[]).await?;
     let words = ["kafka", "fences", "stale", "owners"];
     let plain = Producer::new(client.clone(), ProducerConfig::default()).await?;
     for w in words {
@@ -123,8 +123,8 @@ async fn main() -> Result<(), BoxError> {
 
     consumer.close(Duration::from_secs(5)).await?;
     producer.close().await;
-    client.delete_topic(&input).await?;
-    client.delete_topic(&output).await?;
+    admin::delete_topic(&client, &input).await?;
+    admin::delete_topic(&client, &output).await?;
     println!("deleted topics {input} and {output}");
     Ok(())
 }

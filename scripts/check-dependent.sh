@@ -50,10 +50,10 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/src"
 cp dependent-check/src/main.rs "$tmp/src/"
 cp dependent-check/Cargo.lock "$tmp/"
-sed -e "s|^snapfence = { path = \"..\" }|snapfence = { git = \"file://$git_dir\", rev = \"$rev\" }|" \
+sed -e "s|^snapfence = { path = \"..\"|snapfence = { git = \"file://$git_dir\", rev = \"$rev\"|" \
     -e "s|version = \"0.18.0\", path = \"../vendor/kafka-protocol\"|version = \"0.18.0\", git = \"file://$git_dir\", rev = \"$rev\"|" \
     dependent-check/Cargo.toml > "$tmp/Cargo.toml"
-grep -q "git = \"file://$git_dir\", rev = \"$rev\" }" "$tmp/Cargo.toml"
+grep -q "^snapfence = { git = \"file://$git_dir\", rev = \"$rev\"" "$tmp/Cargo.toml"
 if grep -q 'path = "\.\.' "$tmp/Cargo.toml"; then
   echo "the git variant still has a path dependency:" >&2
   cat "$tmp/Cargo.toml" >&2

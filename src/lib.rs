@@ -5,27 +5,78 @@
 //!
 //! The crate is layered; every layer only calls the ones below it:
 //!
-//! | layer | what it owns |
+//! | module | what it owns |
 //! |---|---|
-//! | [`records`] | record batches: bytes ↔ batches, compression, read_committed visibility, the LSO from a log |
-//! | [`wire`] | frames, request/response headers, API versions, the Kafka error-code table |
-//! | [`net`] | connections, ApiVersions negotiation, metadata, routing to leaders and coordinators |
+//! | [`records`] | record batches: bytes ↔ batches, compression, read_committed visibility ([`records::visible`]), the LSO from a log |
+//! | `wire` (private) | frames, request/response headers, API versions, the Kafka error-code table |
+//! | [`net`] | [`Client`]: connections, ApiVersions negotiation, metadata, routing to leaders and coordinators |
+//! | [`admin`] | create and delete topics, read configuration, the KIP-664 hanging-transaction requests |
 //! | [`producer`] | the idempotent and transactional producer (transaction versions 1 and 2) |
 //! | [`consumer`] | the partition reader and the group consumer (classic and KIP-848) |
 //! | [`snapshot`] | group-committed fenced snapshot writes, the recovery read, the per-key fold runtime |
 //!
 //! No C is linked in the default build: compression, checksums and the protocol are pure Rust.
+//!
+//! # What is stable
+//!
+//! Everything reachable without a feature flag is the public API, and follows semantic versioning:
+//!
+//! - at the root: [`Client`], [`ClientConfig`], [`NetError`], [`ErrorCode`], [`Bytes`], and
+//!   [`GroupMetadata`]
+//!   (with [`NotJoined`]), the fencing token the consumer hands the transactional producer;
+//! - the modules [`snapshot`], [`producer`], [`consumer`], [`admin`], [`records`] (the batch codec and
+//!   the `visible` filter are a user feature, for readers of raw fetched bytes) and [`net`] (the
+//!   client's configuration, security settings, metadata types and errors).
+//!
+//! No stable signature names a kafka-protocol type: that crate's versions are not snapfence's to
+//! promise. The protocol layer is not stable: the `wire` module (request traits, frames, version
+//! tables) and the raw-request calls on [`Client`] (`send`, `send_once`, `call`, with `Target`,
+//! `CallOptions` and `Verdict`, plus the per-broker version queries) exist for the crate's own layers
+//! and are public only with the **`unstable-protocol`** cargo feature, which carries no stability
+//! promise at all. The snapfence CLI and the protocol tests enable it to send hand-built requests;
+//! an application that needs one of those calls should ask for a typed function instead.
+//!
+//! Other features: `tls` (rustls; opt-in because its ring provider builds C) and `fuzzing` (decoder
+//! internals for the cargo-fuzz targets, hidden and never part of the API).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// Declares an item `pub` when the `unstable-protocol` feature is on and `pub(crate)` otherwise, so the
+/// protocol-level entry points (raw request structs in, raw responses out) are one declaration with two
+/// visibilities instead of two copies.
+macro_rules! unstable_pub {
+    ($(#[$meta:meta])* pub $($item:tt)*) => {
+        #[cfg(feature = "unstable-protocol")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "unstable-protocol")))]
+        $(#[$meta])*
+        pub $($item)*
+
+        #[cfg(not(feature = "unstable-protocol"))]
+        #[allow(dead_code, unused_imports)]
+        $(#[$meta])*
+        pub(crate) $($item)*
+    };
+}
+
+pub mod admin;
 pub mod consumer;
+mod group_metadata;
 pub mod net;
 pub mod producer;
 pub mod records;
 pub mod snapshot;
+
+#[cfg(feature = "unstable-protocol")]
+#[cfg_attr(docsrs, doc(cfg(feature = "unstable-protocol")))]
 pub mod wire;
+#[cfg(not(feature = "unstable-protocol"))]
+#[allow(dead_code, unused_imports)]
+pub(crate) mod wire;
 
 pub use bytes::Bytes;
+pub use group_metadata::{GroupMetadata, NotJoined};
+pub use net::{Client, ClientConfig, NetError};
 pub use wire::ErrorCode;
 
 /// The fuzz targets' bodies, for cargo-fuzz and for replaying reproducers; not part of the public API.

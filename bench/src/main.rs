@@ -382,7 +382,7 @@ async fn run_all(options: &Options) -> Result<Report, Error> {
             report.note(note);
         }
         let input = unique("bench-input");
-        client.create_topic(&input, 1, -1, &[]).await?;
+        snapfence::admin::create_topic(&client, &input, 1, -1, &[]).await?;
         let recovery_topics = if options.wants("recovery") {
             fill_recovery_sets(&client).await?
         } else {
@@ -413,8 +413,7 @@ async fn fill_recovery_sets(client: &Client) -> Result<Vec<(String, usize, usize
     let mut topics = Vec::new();
     for (keys, size) in RECOVERY {
         let topic = unique("bench-recovery");
-        client
-            .create_topic(&topic, 1, -1, &[("cleanup.policy", "compact")])
+        snapfence::admin::create_topic(client, &topic, 1, -1, &[("cleanup.policy", "compact")])
             .await?;
         eprintln!("   filling {topic}: {keys} x {size} B");
         ours::fill(client, &topic, keys, size).await?;
@@ -614,9 +613,14 @@ impl Bench<'_> {
 
     async fn topic(&self) -> Result<String, Error> {
         let topic = unique("bench");
-        self.client
-            .create_topic(&topic, 1, -1, &[("cleanup.policy", "compact")])
-            .await?;
+        snapfence::admin::create_topic(
+            self.client,
+            &topic,
+            1,
+            -1,
+            &[("cleanup.policy", "compact")],
+        )
+        .await?;
         Ok(topic)
     }
 

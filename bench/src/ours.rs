@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use snapfence::consumer::GroupMetadata;
 use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{
     Producer, ProducerConfig, ProducerRecord, TopicPartition, TransactionalConfig,
@@ -17,6 +16,7 @@ use snapfence::snapshot::{
     recover, Assignment, MetadataSource, PartitionLog, RecoveryConfig, SnapshotConfig,
     SnapshotStore,
 };
+use snapfence::GroupMetadata;
 
 use crate::workload::{key, peak_rss_kib, value, Outcome, Work};
 
@@ -100,9 +100,14 @@ pub async fn run(work: Work) -> Result<Outcome, Error> {
             size,
         } => {
             let client = connect(&bootstrap).await?;
-            client
-                .create_topic(&topic, 1, -1, &[("cleanup.policy", "compact")])
-                .await?;
+            snapfence::admin::create_topic(
+                &client,
+                &topic,
+                1,
+                -1,
+                &[("cleanup.policy", "compact")],
+            )
+            .await?;
             let began = Instant::now();
             fill(&client, &topic, n, size).await?;
             Ok(Outcome {

@@ -326,7 +326,7 @@ async fn tell(
     };
     if users_cluster && !args.keep_topics {
         for t in &topics {
-            if let Err(e) = setting.client.delete_topic(t).await {
+            if let Err(e) = snapfence::admin::delete_topic(&setting.client, t).await {
                 writeln!(out, "(could not delete the demo topic {t}: {e})")?;
             }
         }
@@ -583,10 +583,7 @@ impl<'a> Story<'a> {
             (&story.names.input, &[][..]),
             (&story.names.snapshots, &[("cleanup.policy", "compact")][..]),
         ] {
-            story
-                .setting
-                .client
-                .create_topic(topic, 1, -1, configs)
+            snapfence::admin::create_topic(&story.setting.client, topic, 1, -1, configs)
                 .await
                 .map_err(|e| failed(&format!("create topic {topic}"), e))?;
             topics.push(topic.clone());

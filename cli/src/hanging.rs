@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 
 use serde_json::{json, Value};
-use snapfence::net::Target;
 
 use crate::error::CliError;
 use crate::kafka::{Cluster, Listing, ProducerInfo, TxnDescription};
@@ -368,11 +367,7 @@ async fn abort_one(
     // The leader's view may have moved on since the search (the transaction ended, or the producer
     // bumped its epoch); an ABORT for a transaction that is no longer the one found must not be sent.
     let now = cluster
-        .describe_producers(
-            Target::leader(txn.topic.as_str(), txn.partition),
-            &txn.topic,
-            txn.partition,
-        )
+        .describe_producers(None, &txn.topic, txn.partition)
         .await?;
     let current = now.iter().find(|q| {
         q.producer_id == p.producer_id

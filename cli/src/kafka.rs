@@ -8,23 +8,19 @@
 //! - ListOffsets (key 2; -2 earliest, -1 latest; `isolation_level` 1 answers the LSO, KIP-98)
 //! - Fetch (key 1; topic ids from v13, KIP-516), OffsetFetch (key 9; `require_stable` v7, KIP-447;
 //!   batched groups v8)
-//! - DescribeProducers (key 61), DescribeTransactions (key 65), ListTransactions (key 66): KIP-664
-//! - WriteTxnMarkers (key 27): the marker a coordinator sends a leader; KIP-664 lets an operator send an
-//!   ABORT for a hanging transaction
-//! - DescribeGroups (key 15; classic groups' members), DescribeConfigs (key 32; resource type 4 = broker)
+//! - KIP-664's DescribeProducers, ListTransactions, DescribeTransactions and the WriteTxnMarkers abort,
+//!   and DescribeConfigs: through `snapfence::admin`, in its types
+//! - DescribeGroups (key 15; classic groups' members)
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
-    describe_configs_request, describe_producers_request, fetch_request, list_offsets_request,
-    offset_fetch_request, write_txn_markers_request, BrokerId, DescribeConfigsRequest,
-    DescribeGroupsRequest, DescribeProducersRequest, DescribeTransactionsRequest, FetchRequest,
-    GroupId, ListOffsetsRequest, ListTransactionsRequest, OffsetFetchRequest, ProducerId,
-    TopicName, TransactionalId, WriteTxnMarkersRequest,
+    fetch_request, list_offsets_request, offset_fetch_request, BrokerId, DescribeGroupsRequest,
+    FetchRequest, GroupId, ListOffsetsRequest, OffsetFetchRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
+use snapfence::admin::{self, AbortMarker};
 use snapfence::net::{
     retry_action, CallOptions, Client, ClientConfig, NetError, Target, TopicMetadata, Verdict,
 };
@@ -129,20 +125,17 @@ fn failure<T>(code: i16) -> Verdict<Answer<T>> {
     Verdict::from_code(code, Err((ErrorCode::from_code(code), None)))
 }
 
-fn producers_of(
-    p: &kafka_protocol::messages::describe_producers_response::PartitionResponse,
-) -> Vec<ProducerInfo> {
-    p.active_producers
-        .iter()
-        .map(|s| ProducerInfo {
-            producer_id: s.producer_id.0,
+impl From<&admin::ProducerState> for ProducerInfo {
+    fn from(s: &admin::ProducerState) -> Self {
+        ProducerInfo {
+            producer_id: s.producer_id,
             producer_epoch: s.producer_epoch,
             last_sequence: s.last_sequence,
             last_timestamp: s.last_timestamp,
             coordinator_epoch: s.coordinator_epoch,
-            txn_start_offset: s.current_txn_start_offset,
-        })
-        .collect()
+            txn_start_offset: s.txn_start_offset,
+        }
+    }
 }
 
 fn missing<T>(what: &str) -> Verdict<Answer<T>> {
@@ -158,14 +151,6 @@ const BATCH: usize = 500;
 
 /// A (topic, partition) pair.
 pub(crate) type Tp = (String, i32);
-
-fn by_topic(partitions: &[Tp]) -> BTreeMap<&str, Vec<i32>> {
-    let mut out: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
-    for (t, p) in partitions {
-        out.entry(t.as_str()).or_default().push(*p);
-    }
-    out
-}
 
 fn name(s: &str) -> TopicName {
     TopicName(StrBytes::from_string(s.to_owned()))
@@ -484,98 +469,46 @@ impl Cluster {
         let mut out = BTreeMap::new();
         for (node, parts) in groups {
             for chunk in parts.chunks(BATCH) {
-                let wanted: BTreeSet<&Tp> = chunk.iter().collect();
-                let topics = by_topic(chunk);
-                let (response, _) = self
-                    .client
-                    .send(Target::Broker(node), |_| {
-                        DescribeProducersRequest::default().with_topics(
-                            topics
-                                .iter()
-                                .map(|(t, ps)| {
-                                    describe_producers_request::TopicRequest::default()
-                                        .with_name(name(t))
-                                        .with_partition_indexes(ps.clone())
-                                })
-                                .collect(),
-                        )
-                    })
+                let answered = admin::describe_producers_on(&self.client, node, chunk)
                     .await
                     .map_err(|e| self.net(format!("describe producers on broker {node}"), e))?;
-                let mut answered = BTreeSet::new();
-                for t in &response.topics {
-                    for p in &t.partitions {
-                        let key: Tp = (t.name.0.to_string(), p.partition_index);
-                        if !wanted.contains(&key) {
-                            continue;
+                let before = out.len();
+                for (key, result) in answered {
+                    match result {
+                        Ok(producers) => {
+                            out.insert(key, producers.iter().map(ProducerInfo::from).collect());
                         }
-                        let code = ErrorCode::from_code(p.error_code);
-                        if code.is_ok() {
-                            out.insert(key.clone(), producers_of(p));
-                            answered.insert(key);
-                        } else if retry_action(code).is_none() {
-                            return Err(CliError::from_code(
-                                format!("describe the producers of {}/{}", key.0, key.1),
-                                code,
-                                p.error_message.as_deref(),
-                            ));
+                        // Moved or busy: asked again below, routed.
+                        Err(e) if e.error_code().is_some_and(|c| retry_action(c).is_some()) => {}
+                        Err(e) => {
+                            return Err(self
+                                .net(format!("describe the producers of {}/{}", key.0, key.1), e))
                         }
                     }
                 }
-                apart.extend(chunk.iter().filter(|k| !answered.contains(*k)).cloned());
-                tick(answered.len());
+                apart.extend(chunk.iter().filter(|k| !out.contains_key(*k)).cloned());
+                tick(out.len() - before);
             }
         }
         for (t, p) in apart {
-            let target = match on {
-                Some(b) => Target::Broker(b),
-                None => Target::leader(t.as_str(), p),
-            };
-            let producers = self.describe_producers(target, &t, p).await?;
+            let producers = self.describe_producers(on, &t, p).await?;
             out.insert((t, p), producers);
             tick(1);
         }
         Ok(out)
     }
 
-    /// DescribeProducers for one partition, sent to `target` (the leader, or a given replica).
+    /// DescribeProducers for one partition, sent to its leader or (`on`) to a given replica.
     pub async fn describe_producers(
         &self,
-        target: Target,
+        on: Option<i32>,
         topic: &str,
         partition: i32,
     ) -> Result<Vec<ProducerInfo>, CliError> {
-        let result = self
-            .client
-            .call(
-                target,
-                &CallOptions::default(),
-                |_| {
-                    DescribeProducersRequest::default().with_topics(vec![
-                        describe_producers_request::TopicRequest::default()
-                            .with_name(name(topic))
-                            .with_partition_indexes(vec![partition]),
-                    ])
-                },
-                |r, _| {
-                    let p = r
-                        .topics
-                        .iter()
-                        .filter(|t| t.name.0.as_str() == topic)
-                        .flat_map(|t| t.partitions.iter())
-                        .find(|p| p.partition_index == partition);
-                    let Some(p) = p else {
-                        return missing("the partition");
-                    };
-                    verdict(p.error_code, p.error_message.as_ref(), || producers_of(p))
-                },
-            )
-            .await;
-        self.finish(
-            format!("describe the producers of {topic}/{partition}"),
-            result,
-        )
-        .await
+        let producers = admin::describe_producers(&self.client, topic, partition, on)
+            .await
+            .map_err(|e| self.net(format!("describe the producers of {topic}/{partition}"), e))?;
+        Ok(producers.iter().map(ProducerInfo::from).collect())
     }
 
     /// ListTransactions on every broker (each answers for the transactional ids it coordinates),
@@ -584,56 +517,25 @@ impl Cluster {
         &self,
         producer_ids: &[i64],
     ) -> Result<BTreeMap<i64, Listing>, CliError> {
-        let mut out = BTreeMap::new();
         if producer_ids.is_empty() {
-            return Ok(out);
+            return Ok(BTreeMap::new());
         }
-        let filter: Vec<ProducerId> = producer_ids.iter().map(|p| ProducerId(*p)).collect();
-        for broker in self.brokers().await? {
-            let result = self
-                .client
-                .call(
-                    Target::Broker(broker),
-                    &CallOptions::default(),
-                    |_| {
-                        ListTransactionsRequest::default()
-                            .with_producer_id_filters(filter.clone())
-                            .with_duration_filter(-1)
-                    },
-                    |r, _| {
-                        verdict(r.error_code, None, || {
-                            r.transaction_states
-                                .iter()
-                                .map(|s| {
-                                    (
-                                        s.producer_id.0,
-                                        s.transactional_id.0.to_string(),
-                                        s.transaction_state.to_string(),
-                                    )
-                                })
-                                .collect::<Vec<_>>()
-                        })
+        let listed = admin::list_transactions(&self.client, producer_ids)
+            .await
+            .map_err(|e| self.net("list the transactions", e))?;
+        Ok(listed
+            .into_iter()
+            .map(|(id, l)| {
+                (
+                    id,
+                    Listing {
+                        transactional_id: l.transactional_id,
+                        state: l.state,
+                        coordinator: l.coordinator,
                     },
                 )
-                .await;
-            let states = self
-                .finish(format!("list the transactions on broker {broker}"), result)
-                .await?;
-            for (producer_id, transactional_id, state) in states {
-                // A broker may answer with more than was asked for; only the filter counts.
-                if producer_ids.contains(&producer_id) {
-                    out.insert(
-                        producer_id,
-                        Listing {
-                            transactional_id,
-                            state,
-                            coordinator: broker,
-                        },
-                    );
-                }
-            }
-        }
-        Ok(out)
+            })
+            .collect())
     }
 
     /// DescribeTransactions of one transactional id at its coordinator; `None` when the coordinator does
@@ -642,52 +544,17 @@ impl Cluster {
         &self,
         transactional_id: &str,
     ) -> Result<Option<TxnDescription>, CliError> {
-        let key: Arc<str> = Arc::from(transactional_id);
-        let result = self
-            .client
-            .call(
-                Target::transaction(key),
-                &CallOptions::default(),
-                |_| {
-                    DescribeTransactionsRequest::default().with_transactional_ids(vec![
-                        TransactionalId(StrBytes::from_string(transactional_id.to_owned())),
-                    ])
-                },
-                |r, _| {
-                    let Some(s) = r
-                        .transaction_states
-                        .iter()
-                        .find(|s| s.transactional_id.0.as_str() == transactional_id)
-                    else {
-                        return missing("the transactional id");
-                    };
-                    if ErrorCode::from_code(s.error_code) == ErrorCode::TransactionalIdNotFound {
-                        return Verdict::Done(Ok(None));
-                    }
-                    verdict(s.error_code, None, || {
-                        Some(TxnDescription {
-                            state: s.transaction_state.to_string(),
-                            producer_id: s.producer_id.0,
-                            producer_epoch: s.producer_epoch,
-                            timeout_ms: s.transaction_timeout_ms,
-                            start_time_ms: s.transaction_start_time_ms,
-                            partitions: s
-                                .topics
-                                .iter()
-                                .flat_map(|t| {
-                                    t.partitions.iter().map(|p| (t.topic.0.to_string(), *p))
-                                })
-                                .collect(),
-                        })
-                    })
-                },
-            )
-            .await;
-        self.finish(
-            format!("describe transactional id {transactional_id:?}"),
-            result,
-        )
-        .await
+        let described = admin::describe_transaction(&self.client, transactional_id)
+            .await
+            .map_err(|e| self.net(format!("describe transactional id {transactional_id:?}"), e))?;
+        Ok(described.map(|d| TxnDescription {
+            state: d.state,
+            producer_id: d.producer_id,
+            producer_epoch: d.producer_epoch,
+            timeout_ms: d.timeout_ms,
+            start_time_ms: d.start_time_ms,
+            partitions: d.partitions,
+        }))
     }
 
     /// Writes an ABORT marker for `producer`'s open transaction in `topic`/`partition`, as the
@@ -698,60 +565,31 @@ impl Cluster {
         partition: i32,
         producer: &ProducerInfo,
     ) -> Result<(), CliError> {
-        let epoch = i16::try_from(producer.producer_epoch).map_err(|_| CliError::Protocol {
-            what: "abort".into(),
-            detail: format!(
-                "producer epoch {} does not fit 16 bits",
-                producer.producer_epoch
-            ),
-        })?;
-        // A transaction that hung before its producer's first marker has coordinator epoch -1 in the
-        // leader's producer state; any marker epoch >= -1 passes the leader's fencing check, and 0 is the
-        // lowest a real coordinator could have written.
-        let coordinator_epoch = producer.coordinator_epoch.max(0);
-        let result = self
-            .client
-            .call(
-                Target::leader(topic, partition),
-                &CallOptions::default(),
-                |_| {
-                    WriteTxnMarkersRequest::default().with_markers(vec![
-                        write_txn_markers_request::WritableTxnMarker::default()
-                            .with_producer_id(ProducerId(producer.producer_id))
-                            .with_producer_epoch(epoch)
-                            .with_transaction_result(false)
-                            .with_coordinator_epoch(coordinator_epoch)
-                            .with_topics(vec![
-                                write_txn_markers_request::WritableTxnMarkerTopic::default()
-                                    .with_name(name(topic))
-                                    .with_partition_indexes(vec![partition]),
-                            ]),
-                    ])
-                },
-                |r, _| {
-                    let p = r
-                        .markers
-                        .iter()
-                        .filter(|m| m.producer_id.0 == producer.producer_id)
-                        .flat_map(|m| m.topics.iter())
-                        .filter(|t| t.name.0.as_str() == topic)
-                        .flat_map(|t| t.partitions.iter())
-                        .find(|p| p.partition_index == partition);
-                    match p {
-                        Some(p) => verdict(p.error_code, None, || ()),
-                        None => missing("the partition"),
-                    }
-                },
-            )
-            .await;
-        self.finish(
-            format!(
-                "abort the transaction of producer {} on {topic}/{partition}",
-                producer.producer_id
-            ),
-            result,
-        )
-        .await
+        if i16::try_from(producer.producer_epoch).is_err() {
+            return Err(CliError::Protocol {
+                what: "abort".into(),
+                detail: format!(
+                    "producer epoch {} does not fit 16 bits",
+                    producer.producer_epoch
+                ),
+            });
+        }
+        let marker = AbortMarker {
+            producer_id: producer.producer_id,
+            producer_epoch: producer.producer_epoch,
+            coordinator_epoch: producer.coordinator_epoch,
+        };
+        admin::write_abort_marker(&self.client, topic, partition, marker)
+            .await
+            .map_err(|e| {
+                self.net(
+                    format!(
+                        "abort the transaction of producer {} on {topic}/{partition}",
+                        producer.producer_id
+                    ),
+                    e,
+                )
+            })
     }
 
     /// The member ids of a classic group, as its coordinator lists them (DescribeGroups).
@@ -781,36 +619,14 @@ impl Cluster {
 
     /// One setting of one broker (DescribeConfigs), `None` when the broker does not report it.
     pub async fn broker_config(&self, broker: i32, name: &str) -> Result<Option<String>, CliError> {
-        let result = self
-            .client
-            .call(
-                Target::Broker(broker),
-                &CallOptions::default(),
-                |_| {
-                    DescribeConfigsRequest::default().with_resources(vec![
-                        describe_configs_request::DescribeConfigsResource::default()
-                            .with_resource_type(4)
-                            .with_resource_name(StrBytes::from_string(broker.to_string()))
-                            .with_configuration_keys(Some(vec![StrBytes::from_string(
-                                name.to_owned(),
-                            )])),
-                    ])
-                },
-                |r, _| {
-                    let Some(res) = r.results.first() else {
-                        return missing("the broker");
-                    };
-                    verdict(res.error_code, res.error_message.as_ref(), || {
-                        res.configs
-                            .iter()
-                            .find(|c| c.name.as_str() == name)
-                            .and_then(|c| c.value.as_ref().map(|v| v.to_string()))
-                    })
-                },
-            )
-            .await;
-        self.finish(format!("read {name} of broker {broker}"), result)
-            .await
+        let mut configs = admin::describe_configs(
+            &self.client,
+            &admin::ConfigResource::Broker(broker),
+            &[name],
+        )
+        .await
+        .map_err(|e| self.net(format!("read {name} of broker {broker}"), e))?;
+        Ok(configs.remove(name).and_then(|e| e.value))
     }
 
     /// A group's committed offsets for `partitions` of `topic`, and which of them wait for a

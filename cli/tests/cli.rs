@@ -100,9 +100,7 @@ async fn client(kafka: &KafkaCluster) -> Client {
 
 async fn new_topic(kafka: &KafkaCluster, prefix: &str, partitions: i32) -> String {
     let topic = unique(prefix);
-    client(kafka)
-        .await
-        .create_topic(&topic, partitions, -1, &[])
+    snapfence::admin::create_topic(&client(kafka).await, &topic, partitions, -1, &[])
         .await
         .expect("create topic");
     topic
@@ -1108,7 +1106,7 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
     let kafka = cluster(ClusterSpec::kafka4()).await;
     let c = client(&kafka).await;
     let topic = unique("cli-snaps");
-    c.create_topic(&topic, 1, -1, &[("cleanup.policy", "compact")])
+    snapfence::admin::create_topic(&c, &topic, 1, -1, &[("cleanup.policy", "compact")])
         .await
         .expect("create topic");
     let mut owner =
@@ -1437,7 +1435,7 @@ async fn a_killed_demo_takes_its_stopped_owner_with_it() {
     let c = client(&kafka).await;
     for t in c.metadata_all().await.expect("metadata").topics.keys() {
         if t.starts_with("snapfence-demo-") && t.contains(&own) {
-            c.delete_topic(t)
+            snapfence::admin::delete_topic(&c, t)
                 .await
                 .expect("delete a killed demo's topic");
         }

@@ -426,19 +426,18 @@ impl<'a> Round<'a> {
             .map_err(|e| e.to_string())?;
         let input = unique("fc-input");
         let snapshots = unique("fc-snap");
-        client
-            .create_topic(&input, cfg.partitions, -1, &[])
+        snapfence::admin::create_topic(&client, &input, cfg.partitions, -1, &[])
             .await
             .map_err(|e| format!("create {input}: {e}"))?;
-        client
-            .create_topic(
-                &snapshots,
-                cfg.partitions,
-                -1,
-                &[("cleanup.policy", "compact")],
-            )
-            .await
-            .map_err(|e| format!("create {snapshots}: {e}"))?;
+        snapfence::admin::create_topic(
+            &client,
+            &snapshots,
+            cfg.partitions,
+            -1,
+            &[("cleanup.policy", "compact")],
+        )
+        .await
+        .map_err(|e| format!("create {snapshots}: {e}"))?;
         let mut args = MemberArgs::new(
             &kafka.bootstrap(),
             &unique("fc-group"),
@@ -1001,7 +1000,7 @@ impl<'a> Round<'a> {
             let _ = restart_node(self.kafka, node).await;
         }
         for t in [&self.args.input, &self.args.snapshots] {
-            let _ = self.client.delete_topic(t).await;
+            let _ = snapfence::admin::delete_topic(&self.client, t).await;
         }
     }
 }

@@ -9,9 +9,9 @@ use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRe
 use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
 use kafka_protocol::messages::GroupId;
 use kafka_protocol::protocol::StrBytes;
-use snapfence::consumer::GroupMetadata;
 use snapfence::net::{CallOptions, Client, Target, Verdict};
-use snapfence::wire::ErrorCode;
+use snapfence::ErrorCode;
+use snapfence::GroupMetadata;
 
 /// Joins (or, with its member id, rejoins) `group` as a classic consumer and syncs; returns the metadata
 /// after the sync. The member never heartbeats, so it stays in the group for `session_timeout_ms` (the

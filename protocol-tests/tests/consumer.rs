@@ -39,8 +39,7 @@ async fn client(kafka: &KafkaCluster) -> Client {
 
 async fn topic(client: &Client, partitions: i32) -> String {
     let name = unique("t");
-    client
-        .create_topic(&name, partitions, 1, &[])
+    snapfence::admin::create_topic(client, &name, partitions, 1, &[])
         .await
         .expect("create topic");
     name
@@ -484,7 +483,9 @@ async fn reader_follows_a_leader_change() {
     let kafka = dedicated(ClusterSpec::three_nodes()).await;
     let c = client(&kafka).await;
     let t = unique("t");
-    c.create_topic(&t, 1, 3, &[]).await.expect("create topic");
+    snapfence::admin::create_topic(&c, &t, 1, 3, &[])
+        .await
+        .expect("create topic");
     let tp = TopicPartition::new(t.as_str(), 0);
     produce(&c, &t, 0, &["a", "b", "c"]).await;
     let mut reader = PartitionReader::new(c.clone(), reader_config(IsolationLevel::ReadCommitted));

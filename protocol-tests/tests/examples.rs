@@ -139,8 +139,12 @@ async fn balances_folds_persists_and_recovers() {
     let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
         .await
         .unwrap();
-    client.delete_topic(input).await.unwrap();
-    client.delete_topic(snapshots).await.unwrap();
+    snapfence::admin::delete_topic(&client, input)
+        .await
+        .unwrap();
+    snapfence::admin::delete_topic(&client, snapshots)
+        .await
+        .unwrap();
 }
 
 /// The first attempt is aborted and the consumer rewound; a read_committed reader of the output sees each

@@ -60,13 +60,11 @@ impl World {
             .unwrap();
         let input = unique("input");
         let snapshots = unique("snapshots");
-        client
-            .create_topic(&input, partitions, -1, &[])
+        snapfence::admin::create_topic(&client, &input, partitions, -1, &[])
             .await
             .unwrap();
         if let Some((n, configs)) = snapshots_topic {
-            client
-                .create_topic(&snapshots, n, -1, configs)
+            snapfence::admin::create_topic(&client, &snapshots, n, -1, configs)
                 .await
                 .unwrap();
         }
@@ -600,12 +598,10 @@ async fn missing_snapshot_topic_fails_fast_or_is_created() {
     eprintln!("snapshot topic created and checked in {took:?}");
     let metadata = w.client.metadata(&[w.snapshots.as_str()]).await.unwrap();
     assert_eq!(metadata.topics[&w.snapshots].partitions.len(), 2);
-    let configs = w
-        .client
-        .topic_configs(&w.snapshots, &["cleanup.policy"])
+    let policy = snapfence::admin::topic_config(&w.client, &w.snapshots, "cleanup.policy")
         .await
         .unwrap();
-    assert_eq!(configs["cleanup.policy"].as_deref(), Some("compact"));
+    assert_eq!(policy.as_deref(), Some("compact"));
     // And it is usable: a fold persists into it.
     w.partitions = 1; // every event to partition 0, which poll_until watches
     w.emit("a", 2).await;

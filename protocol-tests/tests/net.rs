@@ -118,8 +118,7 @@ async fn create_topic_then_route_to_its_leaders() {
         let cluster = cluster(spec).await;
         let client = client(&cluster).await;
         let topic = unique("net-create");
-        client
-            .create_topic(&topic, 3, 1, &[("cleanup.policy", "compact")])
+        snapfence::admin::create_topic(&client, &topic, 3, 1, &[("cleanup.policy", "compact")])
             .await
             .unwrap();
         let metadata = client.cached_metadata();
@@ -134,10 +133,14 @@ async fn create_topic_then_route_to_its_leaders() {
             assert_eq!(offset, 0, "a new partition is empty");
         }
 
-        let again = client.create_topic(&topic, 3, 1, &[]).await.unwrap_err();
+        let again = snapfence::admin::create_topic(&client, &topic, 3, 1, &[])
+            .await
+            .unwrap_err();
         assert_eq!(again.error_code(), Some(ErrorCode::TopicAlreadyExists));
 
-        client.delete_topic(&topic).await.unwrap();
+        snapfence::admin::delete_topic(&client, &topic)
+            .await
+            .unwrap();
         let gone = client.metadata(&[&topic]).await.unwrap();
         assert_eq!(
             gone.topics.get(&topic).map(|t| t.error),
@@ -197,7 +200,9 @@ async fn request_to_a_killed_leader_is_rerouted_to_the_new_one() {
     .await
     .unwrap();
     let topic = unique("net-failover");
-    client.create_topic(&topic, 1, 3, &[]).await.unwrap();
+    snapfence::admin::create_topic(&client, &topic, 1, 3, &[])
+        .await
+        .unwrap();
     let old = client.leader(&topic, 0).await.unwrap();
     assert_eq!(latest_offset(&client, &topic, 0).await, 0);
 

@@ -23,7 +23,7 @@ use snapfence::producer::{
     TransactionalConfig, TransactionalProducer,
 };
 use snapfence::records::{visible_in, AbortedTransaction, IsolationLevel};
-use snapfence::wire::ErrorCode;
+use snapfence::ErrorCode;
 
 // ------------------------------------------------------------------------------------------------
 // helpers
@@ -36,8 +36,7 @@ async fn client(kafka: &KafkaCluster) -> Client {
 
 async fn new_topic(client: &Client, prefix: &str) -> String {
     let name = unique(prefix);
-    client
-        .create_topic(&name, 1, -1, &[])
+    snapfence::admin::create_topic(client, &name, 1, -1, &[])
         .await
         .expect("create topic");
     name
@@ -435,7 +434,7 @@ async fn a_second_init_fences_the_first_and_aborts_its_transaction() {
 
 use kafka_protocol::messages::offset_fetch_request::{OffsetFetchRequest, OffsetFetchRequestTopic};
 use kafka_protocol::messages::GroupId;
-use snapfence::consumer::GroupMetadata;
+use snapfence::GroupMetadata;
 
 /// Joins (or, with its member id, rejoins) `group` as a classic consumer; returns the metadata after
 /// the sync. Raw requests: the group consumer is built elsewhere, and only a real generation matters.
@@ -703,8 +702,7 @@ async fn commit_survives_the_coordinator_node_dying() {
     }
     let client = client(&kafka).await;
     let topic = unique("failover");
-    client
-        .create_topic(&topic, 1, 3, &[])
+    snapfence::admin::create_topic(&client, &topic, 1, 3, &[])
         .await
         .expect("create topic");
     let id = unique("tx-failover");
@@ -767,7 +765,9 @@ async fn idempotent_producer_back_pressure_and_delivery() {
     let kafka = cluster(ClusterSpec::kafka4()).await;
     let client = client(&kafka).await;
     let topic = unique("idem");
-    client.create_topic(&topic, 3, -1, &[]).await.unwrap();
+    snapfence::admin::create_topic(&client, &topic, 3, -1, &[])
+        .await
+        .unwrap();
     let mut cfg = ProducerConfig::default();
     cfg.buffer_memory = 64 * 1024;
     cfg.batch_size = 16 * 1024;

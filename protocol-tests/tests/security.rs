@@ -26,7 +26,7 @@ use snapfence::producer::{Producer, ProducerConfig, ProducerRecord, TopicPartiti
 use snapfence::snapshot::{
     recover, Assignment, PartitionLog, RecoveryConfig, SnapshotConfig, SnapshotStore,
 };
-use snapfence::wire::ErrorCode;
+use snapfence::ErrorCode;
 
 const ADMIN: (&str, &str) = ("admin", "admin-secret");
 const ALICE: (&str, &str) = ("alice", "alice-secret");
@@ -212,9 +212,10 @@ async fn flow_topics(admin: &Client) -> Flow {
         group: unique("sec-group"),
         txn_prefix: unique("sec-txn"),
     };
-    admin.create_topic(&f.input, 1, -1, &[]).await.unwrap();
-    admin
-        .create_topic(&f.snapshots, 1, -1, &[("cleanup.policy", "compact")])
+    snapfence::admin::create_topic(admin, &f.input, 1, -1, &[])
+        .await
+        .unwrap();
+    snapfence::admin::create_topic(admin, &f.snapshots, 1, -1, &[("cleanup.policy", "compact")])
         .await
         .unwrap();
     f
@@ -247,7 +248,9 @@ async fn every_mechanism_logs_in_produces_and_fetches() {
         let kafka = cluster(spec).await;
         let admin = login(&kafka, SaslMechanism::ScramSha512, ADMIN).await;
         let topic = unique("sec-mech");
-        admin.create_topic(&topic, 1, -1, &[]).await.unwrap();
+        snapfence::admin::create_topic(&admin, &topic, 1, -1, &[])
+            .await
+            .unwrap();
         let mut clients = Vec::new();
         for m in MECHANISMS {
             let c = login(&kafka, m, ADMIN).await;
@@ -581,7 +584,9 @@ mod tls {
 
     async fn topic(client: &Client) -> String {
         let t = unique("sec-tls");
-        client.create_topic(&t, 1, -1, &[]).await.unwrap();
+        snapfence::admin::create_topic(&client, &t, 1, -1, &[])
+            .await
+            .unwrap();
         t
     }
 

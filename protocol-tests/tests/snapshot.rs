@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
 use snapfence::consumer::{
-    list_offsets, GroupConfig, GroupConsumer, GroupConsumerConfig, GroupMetadata, GroupProtocol,
-    OffsetReset, OffsetSpec, TopicPartition as ConsumerTp,
+    list_offsets, GroupConfig, GroupConsumer, GroupConsumerConfig, GroupProtocol, OffsetReset,
+    OffsetSpec, TopicPartition as ConsumerTp,
 };
 use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{
@@ -20,6 +20,7 @@ use snapfence::snapshot::{
     recover, Assignment, MetadataSource, PartitionLog, RecoveredState, RecoveryConfig,
     SnapshotConfig, SnapshotError, SnapshotStore, StallDiagnosis,
 };
+use snapfence::GroupMetadata;
 
 async fn client(kafka: &KafkaCluster) -> Client {
     Client::connect(ClientConfig::new(&kafka.bootstrap()))
@@ -46,9 +47,10 @@ async fn setup_with(kafka: &KafkaCluster, protocol: GroupProtocol) -> Setup {
     let client = client(kafka).await;
     let input = unique("input");
     let snapshots = unique("snapshots");
-    client.create_topic(&input, 1, -1, &[]).await.unwrap();
-    client
-        .create_topic(&snapshots, 1, -1, &[("cleanup.policy", "compact")])
+    snapfence::admin::create_topic(&client, &input, 1, -1, &[])
+        .await
+        .unwrap();
+    snapfence::admin::create_topic(&client, &snapshots, 1, -1, &[("cleanup.policy", "compact")])
         .await
         .unwrap();
     let group = unique("group");

@@ -2,7 +2,7 @@
 
 use crate::wire::ErrorCode;
 
-use super::NotJoined;
+use crate::NotJoined;
 
 /// Everything the consumer layer can fail with.
 ///

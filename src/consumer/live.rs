@@ -19,7 +19,8 @@
 
 use tokio::sync::watch;
 
-use super::{ConsumerError, GroupMetadata, NotJoined};
+use super::ConsumerError;
+use crate::{GroupMetadata, NotJoined};
 
 /// A reader of the group metadata the consumer publishes after every poll.
 ///

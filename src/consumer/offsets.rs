@@ -23,9 +23,10 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-use super::{ConsumerError, GroupMetadata, TopicPartition};
+use super::{ConsumerError, TopicPartition};
 use crate::net::{CallOptions, Client, Target, Verdict};
 use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 /// OffsetCommit v10 addresses topics by id; this client addresses them by name.
 const COMMIT_MAX_VERSION: i16 = 9;

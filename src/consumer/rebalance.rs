@@ -17,7 +17,8 @@ use super::live::{GroupMetadataHandle, GroupMetadataPublisher};
 use super::membership::classic::ClassicMember;
 use super::membership::kip848::ConsumerMember;
 use super::membership::{MemberEvent, RequestId, Response, Transmit};
-use super::{ConsumerError, GroupMetadata, RebalanceListener, TopicPartition};
+use super::{ConsumerError, RebalanceListener, TopicPartition};
+use crate::GroupMetadata;
 
 /// Either membership machine, behind one interface.
 #[derive(Debug)]

@@ -2,21 +2,16 @@
 //! that sends each request to the right broker and retries when the cluster moves under it.
 //!
 //! # References
-//! - Metadata (key 3), FindCoordinator (key 10; batched form from v4, KIP-699), CreateTopics (key 19),
-//!   DeleteTopics (key 20; topic ids from v6, KIP-516)
+//! - Metadata (key 3), FindCoordinator (key 10; batched form from v4, KIP-699)
 //! - KIP-590: in KRaft mode any broker forwards admin requests to the active controller
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
-use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::{
-    CreateTopicsRequest, DeleteTopicsRequest, FindCoordinatorRequest, MetadataRequest, TopicName,
-};
+use kafka_protocol::messages::{FindCoordinatorRequest, MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use super::broker::{self, BrokerConn};
@@ -35,8 +30,8 @@ pub enum CoordinatorKind {
 }
 
 impl CoordinatorKind {
-    /// The FindCoordinator `key_type` value.
-    pub fn key_type(self) -> i8 {
+    /// The FindCoordinator `key_type` value (a wire detail, so not public).
+    pub(crate) fn key_type(self) -> i8 {
         match self {
             CoordinatorKind::Group => 0,
             CoordinatorKind::Transaction => 1,
@@ -116,7 +111,7 @@ pub struct CallOptions {
 /// use snapfence::net::{Client, ClientConfig};
 ///
 /// let client = Client::connect(ClientConfig::new("localhost:9092,localhost:9093")).await?;
-/// client.create_topic("events", 3, -1, &[]).await?; // -1: the broker's default replication
+/// snapfence::admin::create_topic(&client, "events", 3, -1, &[]).await?; // -1: the broker's default replication
 /// let metadata = client.metadata(&["events"]).await?;
 /// for broker in metadata.brokers.values() {
 ///     println!("broker {} at {}", broker.node_id, broker.addr());
@@ -194,114 +189,120 @@ impl Client {
         self.inner.config.backoff()
     }
 
-    /// Sends a request to `target` and returns the decoded response with the version it was sent at.
-    ///
-    /// The version is the highest that both this client and the chosen broker support; `build` is
-    /// called with it (once per attempt) to make the request. Transport failures (connection refused or
-    /// lost, timeout) reset the connection, forget the route, and retry with back-off. Errors inside the
-    /// response body are the caller's to read: see [`Client::call`] to have them retried too.
-    ///
-    /// Cancel-safe: dropping the future never leaves a partial frame on a connection, but a request
-    /// already written may still be processed by the broker.
-    pub async fn send<R: ApiRequest>(
-        &self,
-        target: Target,
-        build: impl FnMut(i16) -> R,
-    ) -> Result<(R::Response, i16), NetError> {
-        self.call(target, &CallOptions::default(), build, |r, v| {
-            Verdict::Done((r, v))
-        })
-        .await
-    }
-
-    /// As [`Client::send`] but a single attempt: no retry on any error.
-    ///
-    /// Cancel-safe in the same sense as [`Client::send`].
-    pub async fn send_once<R: ApiRequest>(
-        &self,
-        target: Target,
-        build: impl FnMut(i16) -> R,
-    ) -> Result<(R::Response, i16), NetError> {
-        let options = CallOptions {
-            max_retries: Some(0),
-            ..CallOptions::default()
-        };
-        self.call(target, &options, build, |r, v| Verdict::Done((r, v)))
+    unstable_pub! {
+        /// Sends a request to `target` and returns the decoded response with the version it was sent at.
+        ///
+        /// The version is the highest that both this client and the chosen broker support; `build` is
+        /// called with it (once per attempt) to make the request. Transport failures (connection refused or
+        /// lost, timeout) reset the connection, forget the route, and retry with back-off. Errors inside the
+        /// response body are the caller's to read: see [`Client::call`] to have them retried too.
+        ///
+        /// Cancel-safe: dropping the future never leaves a partial frame on a connection, but a request
+        /// already written may still be processed by the broker.
+        pub async fn send<R: ApiRequest>(
+            &self,
+            target: Target,
+            build: impl FnMut(i16) -> R,
+        ) -> Result<(R::Response, i16), NetError> {
+            self.call(target, &CallOptions::default(), build, |r, v| {
+                Verdict::Done((r, v))
+            })
             .await
+        }
     }
 
-    /// The routing loop every layer shares: resolve `target`, send, let `handle` read the response.
-    ///
-    /// `handle` returns [`Verdict::Done`] to finish, [`Verdict::Reroute`] when the response says the
-    /// target moved (the cached leader or coordinator is forgotten before the retry), or
-    /// [`Verdict::Retry`] to back off and resend to the same target. Transport failures and routing
-    /// failures (no leader yet, coordinator not available) are retried the same way. After the last
-    /// retry the error is [`NetError::RetriesExhausted`], which says whether any attempt's outcome is
-    /// unknown.
-    ///
-    /// Every request must be answered: a Produce with `acks = 0` (which the broker never answers) would
-    /// time out and reset the connection, so this client does not send one.
-    ///
-    /// Cancel-safe in the same sense as [`Client::send`].
-    pub async fn call<R: ApiRequest, T>(
-        &self,
-        target: Target,
-        options: &CallOptions,
-        mut build: impl FnMut(i16) -> R,
-        mut handle: impl FnMut(R::Response, i16) -> Verdict<T>,
-    ) -> Result<T, NetError> {
-        let mut backoff = match options.max_retries {
-            Some(n) => Backoff::new(
-                self.inner.config.retry_backoff,
-                self.inner.config.retry_backoff_max,
-                n,
-            ),
-            None => self.backoff(),
-        };
-        let mut outcome_unknown = false;
-        loop {
-            let (err, retriable) = match self.attempt(&target, options, &mut build).await {
-                Ok((response, version)) => match handle(response, version) {
-                    Verdict::Done(value) => return Ok(value),
-                    Verdict::Reroute(code) => {
-                        self.forget_route(&target);
-                        (NetError::broker(code, None, describe(&target)), true)
-                    }
-                    Verdict::Retry(code) => (NetError::broker(code, None, describe(&target)), true),
-                },
-                Err(err) => {
-                    if matches!(err, NetError::UnknownBroker(_)) {
-                        // The route names a broker newer than our broker list; a failure here
-                        // surfaces again on the next attempt, so its result can be ignored.
-                        let _ = self.fetch_metadata(Some(&[])).await;
-                    }
-                    if err.is_transport()
-                        || matches!(err, NetError::UnknownBroker(_))
-                        || err.error_code().is_some_and(|c| {
-                            super::retry::retry_action(c) == Some(super::RetryAction::Reroute)
-                        })
-                    {
-                        self.forget_route(&target);
-                    }
-                    let retriable = err.is_retriable();
-                    (err, retriable)
-                }
+    unstable_pub! {
+        /// As [`Client::send`] but a single attempt: no retry on any error.
+        ///
+        /// Cancel-safe in the same sense as [`Client::send`].
+        pub async fn send_once<R: ApiRequest>(
+            &self,
+            target: Target,
+            build: impl FnMut(i16) -> R,
+        ) -> Result<(R::Response, i16), NetError> {
+            let options = CallOptions {
+                max_retries: Some(0),
+                ..CallOptions::default()
             };
-            outcome_unknown |= err.outcome_unknown();
-            if !retriable {
-                return Err(err);
-            }
-            match backoff.next_delay() {
-                Some(delay) => {
-                    tracing::debug!(target = %describe(&target), error = %err, ?delay, "retrying");
-                    tokio::time::sleep(delay).await;
+            self.call(target, &options, build, |r, v| Verdict::Done((r, v)))
+                .await
+        }
+    }
+
+    unstable_pub! {
+        /// The routing loop every layer shares: resolve `target`, send, let `handle` read the response.
+        ///
+        /// `handle` returns [`Verdict::Done`] to finish, [`Verdict::Reroute`] when the response says the
+        /// target moved (the cached leader or coordinator is forgotten before the retry), or
+        /// [`Verdict::Retry`] to back off and resend to the same target. Transport failures and routing
+        /// failures (no leader yet, coordinator not available) are retried the same way. After the last
+        /// retry the error is [`NetError::RetriesExhausted`], which says whether any attempt's outcome is
+        /// unknown.
+        ///
+        /// Every request must be answered: a Produce with `acks = 0` (which the broker never answers) would
+        /// time out and reset the connection, so this client does not send one.
+        ///
+        /// Cancel-safe in the same sense as [`Client::send`].
+        pub async fn call<R: ApiRequest, T>(
+            &self,
+            target: Target,
+            options: &CallOptions,
+            mut build: impl FnMut(i16) -> R,
+            mut handle: impl FnMut(R::Response, i16) -> Verdict<T>,
+        ) -> Result<T, NetError> {
+            let mut backoff = match options.max_retries {
+                Some(n) => Backoff::new(
+                    self.inner.config.retry_backoff,
+                    self.inner.config.retry_backoff_max,
+                    n,
+                ),
+                None => self.backoff(),
+            };
+            let mut outcome_unknown = false;
+            loop {
+                let (err, retriable) = match self.attempt(&target, options, &mut build).await {
+                    Ok((response, version)) => match handle(response, version) {
+                        Verdict::Done(value) => return Ok(value),
+                        Verdict::Reroute(code) => {
+                            self.forget_route(&target);
+                            (NetError::broker(code, None, describe(&target)), true)
+                        }
+                        Verdict::Retry(code) => (NetError::broker(code, None, describe(&target)), true),
+                    },
+                    Err(err) => {
+                        if matches!(err, NetError::UnknownBroker(_)) {
+                            // The route names a broker newer than our broker list; a failure here
+                            // surfaces again on the next attempt, so its result can be ignored.
+                            let _ = self.fetch_metadata(Some(&[])).await;
+                        }
+                        if err.is_transport()
+                            || matches!(err, NetError::UnknownBroker(_))
+                            || err.error_code().is_some_and(|c| {
+                                super::retry::retry_action(c) == Some(super::RetryAction::Reroute)
+                            })
+                        {
+                            self.forget_route(&target);
+                        }
+                        let retriable = err.is_retriable();
+                        (err, retriable)
+                    }
+                };
+                outcome_unknown |= err.outcome_unknown();
+                if !retriable {
+                    return Err(err);
                 }
-                None => {
-                    return Err(NetError::RetriesExhausted {
-                        attempts: backoff.retries() + 1,
-                        outcome_unknown,
-                        last: Box::new(err),
-                    })
+                match backoff.next_delay() {
+                    Some(delay) => {
+                        tracing::debug!(target = %describe(&target), error = %err, ?delay, "retrying");
+                        tokio::time::sleep(delay).await;
+                    }
+                    None => {
+                        return Err(NetError::RetriesExhausted {
+                            attempts: backoff.retries() + 1,
+                            outcome_unknown,
+                            last: Box::new(err),
+                        })
+                    }
                 }
             }
         }
@@ -485,37 +486,43 @@ impl Client {
 
     // ---- versions and features ---------------------------------------------------------------------
 
-    /// The highest version of `api_key` that this client and broker `broker` both support, if the
-    /// client has talked to that broker (see [`Client::broker_versions`] to connect first).
-    pub fn api_version(&self, broker: i32, api_key: i16) -> Option<i16> {
-        lock(&self.inner.versions).get(&broker)?.usable(api_key)
-    }
-
-    /// Whether broker `broker` can be sent `api_key` at `version` or newer, connecting to it if needed.
-    /// This is how upper layers gate protocol paths (e.g. EndTxn v5 for transaction version 2).
-    ///
-    /// Cancel-safe.
-    pub async fn supports(
-        &self,
-        broker: i32,
-        api_key: i16,
-        version: i16,
-    ) -> Result<bool, NetError> {
-        Ok(self
-            .broker_versions(broker)
-            .await?
-            .usable_at_least(api_key, version)
-            .is_some())
-    }
-
-    /// Broker `broker`'s ApiVersions table, connecting to it if needed.
-    ///
-    /// Cancel-safe.
-    pub async fn broker_versions(&self, broker: i32) -> Result<Arc<BrokerApiVersions>, NetError> {
-        if let Some(v) = lock(&self.inner.versions).get(&broker) {
-            return Ok(v.clone());
+    unstable_pub! {
+        /// The highest version of `api_key` that this client and broker `broker` both support, if the
+        /// client has talked to that broker (see [`Client::broker_versions`] to connect first).
+        pub fn api_version(&self, broker: i32, api_key: i16) -> Option<i16> {
+            lock(&self.inner.versions).get(&broker)?.usable(api_key)
         }
-        Ok(self.broker(broker).await?.versions)
+    }
+
+    unstable_pub! {
+        /// Whether broker `broker` can be sent `api_key` at `version` or newer, connecting to it if needed.
+        /// This is how upper layers gate protocol paths (e.g. EndTxn v5 for transaction version 2).
+        ///
+        /// Cancel-safe.
+        pub async fn supports(
+            &self,
+            broker: i32,
+            api_key: i16,
+            version: i16,
+        ) -> Result<bool, NetError> {
+            Ok(self
+                .broker_versions(broker)
+                .await?
+                .usable_at_least(api_key, version)
+                .is_some())
+        }
+    }
+
+    unstable_pub! {
+        /// Broker `broker`'s ApiVersions table, connecting to it if needed.
+        ///
+        /// Cancel-safe.
+        pub async fn broker_versions(&self, broker: i32) -> Result<Arc<BrokerApiVersions>, NetError> {
+            if let Some(v) = lock(&self.inner.versions).get(&broker) {
+                return Ok(v.clone());
+            }
+            Ok(self.broker(broker).await?.versions)
+        }
     }
 
     /// The cluster's finalized features as last reported by a broker (newest feature epoch seen).
@@ -545,7 +552,8 @@ impl Client {
         self.retrying(|| self.fetch_metadata(None)).await
     }
 
-    async fn fetch_metadata(
+    /// One Metadata request to any broker, without the retry loop of [`Client::metadata`].
+    pub(crate) async fn fetch_metadata(
         &self,
         topics: Option<&[&str]>,
     ) -> Result<Arc<ClusterMetadata>, NetError> {
@@ -614,11 +622,21 @@ impl Client {
         }
     }
 
-    /// Forgets the cached leader of `topic`/`partition` (in practice the whole topic's metadata), so the
-    /// next request routed to it refreshes first. Call this on NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH
-    /// and the like found inside a response body.
-    pub fn invalidate_leader(&self, topic: &str, partition: i32) {
-        let _ = partition;
+    unstable_pub! {
+        /// Forgets the cached leader of `topic`/`partition` (in practice the whole topic's metadata), so the
+        /// next request routed to it refreshes first. Call this on NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH
+        /// and the like found inside a response body.
+        pub fn invalidate_leader(&self, topic: &str, partition: i32) {
+            let _ = partition;
+            let mut current = lock(&self.inner.metadata);
+            if let Some(next) = current.without_topic(topic) {
+                *current = Arc::new(next);
+            }
+        }
+    }
+
+    /// Drops `topic` from the metadata cache (after a deletion, or when its leaders moved).
+    pub(crate) fn forget_topic(&self, topic: &str) {
         let mut current = lock(&self.inner.metadata);
         if let Some(next) = current.without_topic(topic) {
             *current = Arc::new(next);
@@ -804,209 +822,11 @@ impl Client {
         }
     }
 
-    /// Forgets the cached coordinator of `key`. Call this on NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE
-    /// found inside a response.
-    pub fn invalidate_coordinator(&self, kind: CoordinatorKind, key: &str) {
-        lock(&self.inner.coordinators).remove(&(kind, key.to_owned()));
-    }
-
-    // ---- admin -------------------------------------------------------------------------------------
-
-    /// Creates a topic and waits until every partition has a leader in the metadata.
-    ///
-    /// `replication` of -1 uses the broker's default. A TOPIC_ALREADY_EXISTS answer is an error, except
-    /// on a retry after an attempt whose outcome is unknown (that attempt probably created it).
-    ///
-    /// Not cancel-safe in effect: dropping the future may leave the topic created.
-    pub async fn create_topic(
-        &self,
-        name: &str,
-        partitions: i32,
-        replication: i16,
-        configs: &[(&str, &str)],
-    ) -> Result<(), NetError> {
-        let attempts = AtomicU32::new(0);
-        let broker_timeout = self.inner.config.request_timeout / 2;
-        let topic = CreatableTopic::default()
-            .with_name(TopicName(StrBytes::from_string(name.to_owned())))
-            .with_num_partitions(partitions)
-            .with_replication_factor(replication)
-            .with_configs(
-                configs
-                    .iter()
-                    .map(|(k, v)| {
-                        CreatableTopicConfig::default()
-                            .with_name(StrBytes::from_string((*k).to_owned()))
-                            .with_value(Some(StrBytes::from_string((*v).to_owned())))
-                    })
-                    .collect(),
-            );
-        let created = self
-            .call(
-                Target::Any,
-                &CallOptions::default(),
-                |_| {
-                    attempts.fetch_add(1, Ordering::Relaxed);
-                    CreateTopicsRequest::default()
-                        .with_topics(vec![topic.clone()])
-                        .with_timeout_ms(broker_timeout.as_millis().min(i32::MAX as u128) as i32)
-                },
-                |response, _| {
-                    let Some(r) = response.topics.iter().find(|t| t.name.0.as_str() == name) else {
-                        return Verdict::Done(Err(NetError::broker(
-                            ErrorCode::UnknownServerError,
-                            Some("the answer does not mention the topic"),
-                            format!("create topic {name}"),
-                        )));
-                    };
-                    let code = ErrorCode::from_code(r.error_code);
-                    match code {
-                        ErrorCode::None => Verdict::Done(Ok(())),
-                        ErrorCode::TopicAlreadyExists if attempts.load(Ordering::Relaxed) > 1 => {
-                            Verdict::Done(Ok(()))
-                        }
-                        _ => Verdict::from_code(
-                            r.error_code,
-                            Err(NetError::broker(
-                                code,
-                                r.error_message.as_deref(),
-                                format!("create topic {name}"),
-                            )),
-                        ),
-                    }
-                },
-            )
-            .await?;
-        created?;
-        self.await_leaders(name, partitions).await
-    }
-
-    /// Waits until `topic` has `partitions` partitions that all have a leader.
-    async fn await_leaders(&self, topic: &str, partitions: i32) -> Result<(), NetError> {
-        let mut backoff = self.backoff();
-        loop {
-            let last = match self.fetch_metadata(Some(&[topic])).await {
-                Ok(m) => match m.topics.get(topic) {
-                    Some(t) if t.error.is_ok() => {
-                        let led = (0..partitions).all(|p| m.leader(topic, p).is_some());
-                        if led && t.partitions.len() as i32 >= partitions {
-                            return Ok(());
-                        }
-                        NetError::broker(
-                            ErrorCode::LeaderNotAvailable,
-                            None,
-                            format!("new topic {topic}"),
-                        )
-                    }
-                    Some(t) => NetError::broker(t.error, None, format!("new topic {topic}")),
-                    None => NetError::broker(
-                        ErrorCode::UnknownTopicOrPartition,
-                        None,
-                        format!("new topic {topic}"),
-                    ),
-                },
-                Err(e) => e,
-            };
-            if !last.is_retriable() {
-                return Err(last);
-            }
-            match backoff.next_delay() {
-                Some(d) => tokio::time::sleep(d).await,
-                None => {
-                    return Err(NetError::RetriesExhausted {
-                        attempts: backoff.retries() + 1,
-                        outcome_unknown: false,
-                        last: Box::new(last),
-                    })
-                }
-            }
-        }
-    }
-
-    /// Deletes a topic. UNKNOWN_TOPIC_OR_PARTITION is an error, except on a retry after an attempt whose
-    /// outcome is unknown.
-    ///
-    /// Not cancel-safe in effect: dropping the future may leave the topic deleted.
-    pub async fn delete_topic(&self, name: &str) -> Result<(), NetError> {
-        let attempts = AtomicU32::new(0);
-        let broker_timeout = self.inner.config.request_timeout / 2;
-        let deleted = self
-            .call(
-                Target::Any,
-                &CallOptions::default(),
-                |version| {
-                    attempts.fetch_add(1, Ordering::Relaxed);
-                    let topic = TopicName(StrBytes::from_string(name.to_owned()));
-                    let request = DeleteTopicsRequest::default()
-                        .with_timeout_ms(broker_timeout.as_millis().min(i32::MAX as u128) as i32);
-                    if version >= 6 {
-                        request
-                            .with_topics(vec![DeleteTopicState::default().with_name(Some(topic))])
-                    } else {
-                        request.with_topic_names(vec![topic])
-                    }
-                },
-                |response, _| {
-                    let Some(r) = response.responses.first() else {
-                        return Verdict::Done(Err(NetError::broker(
-                            ErrorCode::UnknownServerError,
-                            Some("the answer does not mention the topic"),
-                            format!("delete topic {name}"),
-                        )));
-                    };
-                    let code = ErrorCode::from_code(r.error_code);
-                    match code {
-                        ErrorCode::None => Verdict::Done(Ok(())),
-                        ErrorCode::UnknownTopicOrPartition
-                            if attempts.load(Ordering::Relaxed) > 1 =>
-                        {
-                            Verdict::Done(Ok(()))
-                        }
-                        // Deleting a topic that does not exist is not going to start working.
-                        ErrorCode::UnknownTopicOrPartition => Verdict::Done(Err(NetError::broker(
-                            code,
-                            r.error_message.as_deref(),
-                            format!("delete topic {name}"),
-                        ))),
-                        _ => Verdict::from_code(
-                            r.error_code,
-                            Err(NetError::broker(
-                                code,
-                                r.error_message.as_deref(),
-                                format!("delete topic {name}"),
-                            )),
-                        ),
-                    }
-                },
-            )
-            .await?;
-        deleted?;
-        {
-            let mut current = lock(&self.inner.metadata);
-            if let Some(next) = current.without_topic(name) {
-                *current = Arc::new(next);
-            }
-        }
-        // The controller has accepted the deletion; brokers learn of it from the metadata log a moment
-        // later. Wait until Metadata stops listing the topic, as create_topic waits for leaders, so a
-        // caller that re-creates or checks the topic next sees the deletion.
-        let deadline = tokio::time::Instant::now() + self.inner.config.request_timeout;
-        let mut backoff = self.backoff();
-        loop {
-            let metadata = self.metadata(&[name]).await?;
-            match metadata.topics.get(name) {
-                Some(t) if t.error.is_ok() => {}
-                _ => return Ok(()),
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(NetError::broker(
-                    ErrorCode::RequestTimedOut,
-                    Some("the topic is still listed in the metadata"),
-                    format!("delete topic {name}"),
-                ));
-            }
-            let delay = backoff.next_delay().unwrap_or(Duration::from_millis(200));
-            tokio::time::sleep(delay).await;
+    unstable_pub! {
+        /// Forgets the cached coordinator of `key`. Call this on NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE
+        /// found inside a response.
+        pub fn invalidate_coordinator(&self, kind: CoordinatorKind, key: &str) {
+            lock(&self.inner.coordinators).remove(&(kind, key.to_owned()));
         }
     }
 
@@ -1131,8 +951,6 @@ mod tests {
         assert_send(&c.leader("t", 0));
         assert_send(&c.coordinator(CoordinatorKind::Group, "g"));
         assert_send(&c.coordinators(CoordinatorKind::Group, &["g"]));
-        assert_send(&c.create_topic("t", 1, 1, &[]));
-        assert_send(&c.delete_topic("t"));
         assert_send(&c.supports(1, 0, 3));
         assert_send(&c.broker_versions(1));
     }

@@ -2,8 +2,17 @@
 //!
 //! [`Client`] is the entry point for every layer above: it keeps one connection per broker, negotiates
 //! API versions on each (ApiVersions), caches metadata and coordinators, and routes each request to a
-//! [`Target`] (any broker, one broker, a partition leader, a coordinator), retrying with a bounded
+//! target (any broker, one broker, a partition leader, a coordinator), retrying with a bounded
 //! [`Backoff`] when the target moved or the connection failed.
+//!
+//! # Stability
+//!
+//! [`Client`] (connect, metadata, leaders, coordinators, features), [`ClientConfig`], the security
+//! settings and the error types are stable. Sending a raw kafka-protocol request (`Client::send`,
+//! `send_once`, `call`, with `Target` routing and `Verdict` handlers) and reading a broker's
+//! version table are available only with the `unstable-protocol` feature: those signatures carry
+//! kafka-protocol's types, which may change with any release. Administrative calls live in
+//! [`crate::admin`] with snapfence's own types.
 //!
 //! Frames are bounded by [`ClientConfig::max_frame_size`], and counts inside a frame by the frame: every
 //! response is decoded by `snapfence-kafka-protocol`, a copy of kafka-protocol 0.18.0 that rejects an
@@ -29,7 +38,6 @@ mod retry;
 mod sasl;
 #[cfg(feature = "tls")]
 mod tls;
-mod topic_config;
 
 #[cfg(test)]
 mod conn_tests;
@@ -38,15 +46,31 @@ mod stub_tests;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use crate::wire::{BrokerApiVersions, Features};
-pub use client::{CallOptions, Client, CoordinatorKind, Target};
+pub use crate::wire::{Features, WireError};
+pub use client::{Client, CoordinatorKind};
 pub use config::ClientConfig;
 pub use error::{ConnectionFailure, NetError};
 pub use metadata::{
     BrokerInfo, ClusterMetadata, LeaderInfo, PartitionMetadata, TopicId, TopicMetadata,
     TopicPartition,
 };
-pub use retry::{retry_action, Backoff, RetryAction, Verdict};
+pub use retry::Backoff;
 pub use sasl::{AuthFailure, SaslConfig, SaslMechanism};
 #[cfg(feature = "tls")]
 pub use tls::TlsConfig;
+
+// The request-level API: raw kafka-protocol requests routed by hand, and the version tables. Stable
+// code above this layer uses it inside the crate; outside, only behind `unstable-protocol`.
+unstable_pub! {
+    /// One broker's advertised API version ranges (unstable: `unstable-protocol`).
+    pub use crate::wire::BrokerApiVersions;
+}
+unstable_pub! {
+    /// Routing targets and per-call options of [`Client::call`] (unstable: `unstable-protocol`).
+    pub use client::{CallOptions, Target};
+}
+unstable_pub! {
+    /// How a response handler tells the routing loop to finish, re-route or retry (unstable:
+    /// `unstable-protocol`).
+    pub use retry::{retry_action, RetryAction, Verdict};
+}

@@ -31,8 +31,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::txn::TxnResponse;
 use super::{OffsetAndMetadata, ProducerIdEpoch, TopicPartition};
-use crate::consumer::GroupMetadata;
 use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 fn str_bytes(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_owned())

@@ -11,8 +11,8 @@ use super::{
     OffsetAndMetadata, ProducerError, ProducerIdEpoch, ProducerRecord, TopicPartition,
     TransactionState, TransactionalConfig,
 };
-use crate::consumer::GroupMetadata;
 use crate::net::{Client, CoordinatorKind};
+use crate::GroupMetadata;
 
 /// A transactional producer: records and consumer offsets committed or aborted together.
 ///

@@ -55,8 +55,8 @@ use tracing::Span;
 
 use super::classify::{classify, Action, Api, Refresh};
 use super::{OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
-use crate::consumer::GroupMetadata;
 use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 /// Where a transactional producer stands. [`TransactionState::name`] is what error messages print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

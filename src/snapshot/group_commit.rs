@@ -34,7 +34,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use super::error::{FailureKind, SnapshotError, TxnFailure};
-use crate::consumer::GroupMetadata;
+use crate::GroupMetadata;
 
 /// One snapshot write: a key and its new snapshot, or `None` to delete the key (a tombstone).
 #[derive(Debug, Clone, PartialEq, Eq)]

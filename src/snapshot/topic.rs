@@ -20,6 +20,7 @@
 //! - Metadata (key 3), DescribeConfigs (key 32), CreateTopics (key 19)
 //! - Kafka topic configs `cleanup.policy`, `retention.ms`, `retention.bytes`
 
+use crate::admin;
 use crate::net::{Client, NetError};
 use crate::wire::ErrorCode;
 
@@ -223,14 +224,14 @@ pub(crate) async fn ensure(
     if let (None, Some(n), MissingSnapshotTopic::Create { replication_factor }) =
         (partitions, input_partitions, missing)
     {
-        let created = client
-            .create_topic(
-                topic,
-                n,
-                replication_factor.unwrap_or(-1),
-                &[("cleanup.policy", "compact")],
-            )
-            .await;
+        let created = admin::create_topic(
+            client,
+            topic,
+            n,
+            replication_factor.unwrap_or(-1),
+            &[("cleanup.policy", "compact")],
+        )
+        .await;
         match created {
             Ok(()) => tracing::info!(topic, partitions = n, "created the snapshot topic"),
             // Another member starting at the same time created it: check what it made.
@@ -242,13 +243,16 @@ pub(crate) async fn ensure(
             .map_err(unreachable)?;
     }
     let configs = match partitions {
-        Some(_) => client
-            .topic_configs(topic, &CONFIG_KEYS)
-            .await
-            .map_err(unreachable)?,
+        Some(_) => admin::describe_configs(
+            client,
+            &admin::ConfigResource::Topic(topic.to_owned()),
+            &CONFIG_KEYS,
+        )
+        .await
+        .map_err(unreachable)?,
         None => Default::default(),
     };
-    let get = |key: &str| configs.get(key).cloned().flatten();
+    let get = |key: &str| configs.get(key).and_then(|e| e.value.clone());
     check(&TopicFacts {
         topic,
         input_topic,

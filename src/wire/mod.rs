@@ -4,6 +4,11 @@
 //! Everything here is pure: bytes in, bytes or messages out, no sockets and no clocks. The net layer
 //! above owns the sockets and calls down into this module for every frame.
 //!
+//! Not a stable part of the crate: the module is private unless the `unstable-protocol` feature is on,
+//! because its signatures carry kafka-protocol's traits and types, whose versions snapfence cannot
+//! promise to its dependents. [`ErrorCode`] is stable and re-exported at the crate root
+//! (`snapfence::ErrorCode`), [`WireError`] as `snapfence::net::WireError`.
+//!
 //! # References
 //! - Kafka protocol guide: <https://kafka.apache.org/protocol.html>
 //! - KIP-482 (flexible versions and tagged fields), KIP-511 (ApiVersions v3), KIP-584 (feature flags)

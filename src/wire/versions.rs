@@ -46,7 +46,7 @@ pub struct BrokerApiVersions {
 
 impl BrokerApiVersions {
     /// The broker's ranges as listed in `response` (at any ApiVersions version).
-    pub fn from_response(response: &ApiVersionsResponse) -> Self {
+    pub(crate) fn from_response(response: &ApiVersionsResponse) -> Self {
         let ranges = response
             .api_keys
             .iter()
@@ -126,7 +126,7 @@ impl Default for Features {
 
 impl Features {
     /// The features in `response`.
-    pub fn from_response(response: &ApiVersionsResponse) -> Self {
+    pub(crate) fn from_response(response: &ApiVersionsResponse) -> Self {
         let finalized: BTreeMap<String, (i16, i16)> = response
             .finalized_features
             .iter()

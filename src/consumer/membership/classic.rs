@@ -44,8 +44,9 @@ use super::{
 };
 use crate::consumer::assignor::{Assignor, MemberSubscription, RebalanceProtocol};
 use crate::consumer::protocol::{self, Assignment, Subscription};
-use crate::consumer::{ConsumerError, GroupConfig, GroupMetadata, GroupProtocol, TopicPartition};
+use crate::consumer::{ConsumerError, GroupConfig, GroupProtocol, TopicPartition};
 use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 /// A generation this member completed (SyncGroup succeeded).
 #[derive(Debug, Clone, PartialEq)]

@@ -33,10 +33,9 @@ use super::{
     millis_i32, ConsumerHeartbeat, Destination, Events, Fatal, LostReason, MemberEvent, Request,
     RequestId, Response, TopicMetadata, Transmit,
 };
-use crate::consumer::{
-    ConsumerError, GroupConfig, GroupMetadata, GroupProtocol, TopicId, TopicPartition,
-};
+use crate::consumer::{ConsumerError, GroupConfig, GroupProtocol, TopicId, TopicPartition};
 use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 /// Epoch that leaves the group for good.
 const LEAVE_EPOCH: i32 = -1;

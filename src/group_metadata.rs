@@ -1,4 +1,8 @@
-//! The consumer's group metadata: the fencing token a transactional offset commit carries (KIP-447).
+//! A group member's metadata: the fencing token a transactional offset commit carries (KIP-447).
+//!
+//! It sits at the crate root, beside the layers rather than in one of them, because two layers that
+//! never call each other both need it: the consumer makes it when a join completes, and the
+//! transactional producer sends it in TxnOffsetCommit. Neither imports the other for it.
 //!
 //! # References
 //! - KIP-447 (producer scalability for exactly-once: TxnOffsetCommit v3 carries generation and member id)
