@@ -1,7 +1,19 @@
 //! # snapfence
 //!
-//! A Kafka client written from the wire protocol up, for stream processors that keep per-key state as
-//! snapshots in a compacted topic and must never let a stale owner overwrite that state.
+//! A pure-Rust Kafka client, written from the wire protocol up, for stream processors that keep per-key
+//! state as snapshots in a compacted Kafka topic and must never let a stale owner overwrite that state.
+//!
+//! When a consumer group moves input partition P from owner A to owner B while A is still running (a GC
+//! pause, a slow poll, a network blip), A can write one more snapshot after B's; on a last-write-wins
+//! topic that stale snapshot wins, and the next recovery folds new input onto old state. snapfence writes
+//! every snapshot inside a Kafka transaction together with the input offset it covers, committed with the
+//! consumer group's generation (KIP-447), so the group coordinator refuses the stale write and nothing of
+//! it lands.
+//!
+//! Start with [`snapshot::Flow`]: give it a [`snapshot::Fold`] (how one event changes one key's state)
+//! and it runs the fenced fold for you: group membership, recovery of each assigned partition,
+//! group-committed transactional snapshot writes. The repository's `examples/` hold short programs
+//! (`balances`, `transform`, `recover`, `codec`), each run against a real broker by the tests.
 //!
 //! The crate is layered; every layer only calls the ones below it:
 //!
