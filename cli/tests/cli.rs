@@ -1551,7 +1551,8 @@ async fn sasl_options_log_in_and_failures_name_their_cause() {
         r.err
     );
     assert!(
-        r.err.contains("authentication failed") && r.err.contains("SCRAM-SHA-512"),
+        r.err.contains("SCRAM-SHA-512 authentication with")
+            && r.err.contains("SASL_AUTHENTICATION_FAILED"),
         "{}",
         r.err
     );
