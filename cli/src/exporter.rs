@@ -133,11 +133,14 @@ impl Series {
     }
 }
 
+/// A metric's label pairs, in the order they were given.
+type Labels = Vec<(String, String)>;
+
 /// Everything recorded in this process, by name and then by label set.
 #[derive(Default)]
 pub(crate) struct Registry {
     help: Mutex<HashMap<String, String>>,
-    series: Mutex<BTreeMap<String, BTreeMap<Vec<(String, String)>, Series>>>,
+    series: Mutex<BTreeMap<String, BTreeMap<Labels, Series>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -224,7 +227,7 @@ impl Registry {
 }
 
 /// `{k="v",...}` with `le` last when given; empty for no labels.
-fn labels_text(labels: &[(String, String)], le: Option<&str>) -> String {
+fn labels_text(labels: &Labels, le: Option<&str>) -> String {
     let mut parts: Vec<String> = labels
         .iter()
         .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
