@@ -80,15 +80,17 @@ struct Report {
     owner_error: Option<CliError>,
 }
 
-/// Runs `inspect`, once or (with `--watch`) until Ctrl-C.
+/// Runs `inspect`, once or (with `--watch`) until Ctrl-C. `metrics_at` is where `--metrics-addr`
+/// serves, for the redrawn screen's header (the line on stderr that says so is cleared by the redraw).
 pub(crate) async fn run(
     cluster: &Cluster,
     args: &InspectArgs,
     format: Format,
+    metrics_at: Option<std::net::SocketAddr>,
     io: &mut Io<'_>,
 ) -> Result<(), CliError> {
     if args.watch {
-        return watch(cluster, args, format, io).await;
+        return watch(cluster, args, format, metrics_at, io).await;
     }
     let report = gather(cluster, args, io.progress, io.err).await?;
     show(&report, args, format, now_ms(), io.out, io.err)
@@ -104,6 +106,7 @@ async fn watch(
     cluster: &Cluster,
     args: &InspectArgs,
     format: Format,
+    metrics_at: Option<std::net::SocketAddr>,
     io: &mut Io<'_>,
 ) -> Result<(), CliError> {
     let redraw = io.progress && std::io::stdout().is_terminal();
@@ -145,13 +148,17 @@ async fn watch(
         }
         if redraw {
             write!(io.out, "\x1b[H\x1b[2J")?;
-            writeln!(
+            write!(
                 io.out,
-                "snapfence inspect {} every {}s at {} (Ctrl-C to stop)\n",
+                "snapfence inspect {} every {}s at {} (Ctrl-C to stop)",
                 args.topic,
                 args.interval,
                 utc(now)
             )?;
+            match metrics_at {
+                Some(addr) => writeln!(io.out, "; metrics at http://{addr}/metrics\n")?,
+                None => writeln!(io.out, "\n")?,
+            }
         } else if format == Format::Text {
             writeln!(io.out, "--- {} ---", utc(now))?;
         }

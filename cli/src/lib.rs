@@ -209,7 +209,7 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
     };
     // Before connecting: a connection registers its metric handles with the recorder in force when it
     // opens. Held to the end of the command; dropping it stops the listener.
-    let _served = match metrics_addr {
+    let served = match metrics_addr {
         Some(addr) => {
             let served = exporter::serve(addr, exporter::install()?).await?;
             writeln!(io.err, "serving metrics at http://{}/metrics", served.addr)?;
@@ -220,7 +220,10 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
     };
     let cluster = kafka::Cluster::connect(bootstrap, &cli.security).await?;
     match &cli.command {
-        Command::Inspect(args) => inspect::run(&cluster, args, cli.format, io).await,
+        Command::Inspect(args) => {
+            let metrics_at = served.as_ref().map(|s| s.addr);
+            inspect::run(&cluster, args, cli.format, metrics_at, io).await
+        }
         Command::Dump(args) => dump::run(&cluster, args, cli.format, io).await,
         Command::FindHanging(args) => hanging::run(&cluster, args, cli.format, io).await,
         Command::Recover(args) => recover::run(&cluster, args, cli.format, io).await,
