@@ -111,7 +111,7 @@ pub(crate) const CONNECTIONS_POISONED: Metric = Metric {
     name: "snapfence_connections_poisoned_total",
     kind: Kind::Counter,
     labels: &["reason"],
-    help: "Connections reset because requests and responses could no longer be paired; reason: timeout, io, closed, closed_mid_frame, frame, unexpected_correlation_id",
+    help: "Connections that failed and were closed, every request waiting on them failed with them; reason: timeout, io, closed, closed_mid_frame, frame, unexpected_correlation_id",
 };
 
 pub(crate) const SENT_BYTES: Metric = Metric {

@@ -261,7 +261,9 @@ impl Client {
             };
             let mut outcome_unknown = false;
             loop {
-                let (err, retriable, rerouted) = match self.attempt(&target, options, &mut build).await {
+                let attempt = self.attempt(&target, options, &mut build).await;
+                // `rerouted`: the route was forgotten because the target moved (the retry's reason).
+                let (err, retriable, rerouted) = match attempt {
                     Ok((response, version)) => match handle(response, version) {
                         Verdict::Done(value) => return Ok(value),
                         Verdict::Reroute(code) => {
@@ -281,7 +283,9 @@ impl Client {
                         let rerouted = err.error_code().is_some_and(|c| {
                             super::retry::retry_action(c) == Some(super::RetryAction::Reroute)
                         });
-                        if err.is_transport() || matches!(err, NetError::UnknownBroker(_)) || rerouted
+                        if rerouted
+                            || err.is_transport()
+                            || matches!(err, NetError::UnknownBroker(_))
                         {
                             self.forget_route(&target);
                         }
