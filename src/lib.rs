@@ -29,11 +29,16 @@
 //!
 //! No C is linked in the default build: compression, checksums and the protocol are pure Rust.
 //!
+//! Metrics go through the [`metrics`](https://docs.rs/metrics) facade: install any exporter before
+//! connecting, and call [`describe_metrics`] for the descriptions; the names are listed in
+//! `docs/metrics.md`. With no exporter installed, nothing is recorded.
+//!
 //! # What is stable
 //!
 //! Everything reachable without a feature flag is the public API, and follows semantic versioning:
 //!
-//! - at the root: [`Client`], [`ClientConfig`], [`NetError`], [`ErrorCode`], [`Bytes`], and
+//! - at the root: [`Client`], [`ClientConfig`], [`NetError`], [`ErrorCode`], [`Bytes`],
+//!   [`describe_metrics`] (the metric names of `docs/metrics.md` are stable too), and
 //!   [`GroupMetadata`]
 //!   (with [`NotJoined`]), the fencing token the consumer hands the transactional producer;
 //! - the modules [`snapshot`], [`producer`], [`consumer`], [`admin`], [`records`] (the batch codec and
@@ -78,6 +83,7 @@ pub mod net;
 pub mod producer;
 pub mod records;
 pub mod snapshot;
+mod telemetry;
 
 #[cfg(feature = "unstable-protocol")]
 #[cfg_attr(docsrs, doc(cfg(feature = "unstable-protocol")))]
@@ -89,6 +95,7 @@ pub(crate) mod wire;
 pub use bytes::Bytes;
 pub use group_metadata::{GroupMetadata, NotJoined};
 pub use net::{Client, ClientConfig, NetError};
+pub use telemetry::describe_metrics;
 pub use wire::ErrorCode;
 
 /// The fuzz targets' bodies, for cargo-fuzz and for replaying reproducers; not part of the public API.

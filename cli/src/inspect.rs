@@ -7,19 +7,24 @@
 //! it has run. With `--group`, the group's committed offsets (OffsetFetch) and whether a transactional
 //! offset commit is still pending.
 //!
+//! With `--watch` the same report is taken again every `--interval` seconds, like `top`: redrawn in
+//! place on a terminal, appended as one timestamped block per tick anywhere else (a pipe, a file, a
+//! log), until Ctrl-C, which ends it with status 0.
+//!
 //! # References
 //! - KIP-98 (LSO), KIP-447 (`require_stable`), KIP-664 (DescribeProducers, ListTransactions,
 //!   DescribeTransactions)
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::error::CliError;
 use crate::kafka::{Cluster, Committed, Listing, Offsets, ProducerInfo, Tp, TxnDescription};
 use crate::progress::Progress;
-use crate::show::{age, now_ms, Table};
+use crate::show::{age, now_ms, utc, Table};
 use crate::{Format, Io};
 
 /// The arguments of `inspect`.
@@ -30,6 +35,26 @@ pub struct InspectArgs {
     /// Also show this consumer group's committed offsets for the topic.
     #[arg(long, value_name = "GROUP")]
     pub group: Option<String>,
+    /// Take the report again every --interval seconds until Ctrl-C: redrawn in place on a terminal,
+    /// one timestamped block per tick into a pipe or file.
+    #[arg(long)]
+    pub watch: bool,
+    /// Seconds between two reports of --watch.
+    #[arg(long, default_value_t = 1.0, value_name = "SECS", requires = "watch",
+          value_parser = positive_seconds)]
+    pub interval: f64,
+    /// While watching, serve this process's metrics in the Prometheus text format at
+    /// http://HOST:PORT/metrics (port 0 picks a free one; the address is printed on stderr).
+    #[arg(long, value_name = "HOST:PORT", requires = "watch")]
+    pub metrics_addr: Option<String>,
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.01 => Ok(v),
+        Ok(_) => Err("must be at least 0.01".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 struct PartitionState {
@@ -46,20 +71,166 @@ struct Owner {
     description: Option<TxnDescription>,
 }
 
-/// Runs `inspect`.
+/// One report: what `inspect` prints once, or once per tick of `--watch`.
+struct Report {
+    topic: String,
+    states: Vec<PartitionState>,
+    owners: BTreeMap<i64, Owner>,
+    /// Why the owners are missing, when they are.
+    owner_error: Option<CliError>,
+}
+
+/// Runs `inspect`, once or (with `--watch`) until Ctrl-C. `metrics_at` is where `--metrics-addr`
+/// serves, for the redrawn screen's header (the line on stderr that says so is cleared by the redraw).
 pub(crate) async fn run(
     cluster: &Cluster,
     args: &InspectArgs,
     format: Format,
+    metrics_at: Option<std::net::SocketAddr>,
     io: &mut Io<'_>,
 ) -> Result<(), CliError> {
+    if args.watch {
+        return watch(cluster, args, format, metrics_at, io).await;
+    }
+    let report = gather(cluster, args, io.progress, io.err).await?;
+    show(&report, args, format, now_ms(), io.out, io.err)
+}
+
+/// `--watch`: a report per tick until Ctrl-C.
+///
+/// Redrawn in place (ANSI clear screen and cursor home) only when the process's stdout is a terminal
+/// and `io.progress` says a person is watching (the rule clap's colour follows, so in-process callers
+/// that capture the output get plain blocks). A cluster that cannot be reached for a tick is reported
+/// in that tick's block and tried again on the next; any other failure ends the watch.
+async fn watch(
+    cluster: &Cluster,
+    args: &InspectArgs,
+    format: Format,
+    metrics_at: Option<std::net::SocketAddr>,
+    io: &mut Io<'_>,
+) -> Result<(), CliError> {
+    let redraw = io.progress && std::io::stdout().is_terminal();
+    // Registered before the first request, so a Ctrl-C at any point ends the watch cleanly.
+    let mut stop = std::pin::pin!(interrupted()?);
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(args.interval));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = &mut stop => return Ok(()),
+        }
+        // Progress would flicker under the redraw and clutter a log; each tick is quick anyway.
+        let mut quiet = std::io::sink();
+        let gathered = tokio::select! {
+            r = gather(cluster, args, false, &mut quiet) => r,
+            _ = &mut stop => return Ok(()),
+        };
+        let now = now_ms();
+        let mut block = Vec::new();
+        match gathered {
+            Ok(report) => {
+                // The note about missing owners belongs to this tick's block, after its tables; in
+                // JSON lines it goes to stderr, as without --watch.
+                let mut note = Vec::new();
+                show(&report, args, format, now, &mut block, &mut note)?;
+                match format {
+                    Format::Text => block.extend_from_slice(&note),
+                    Format::Json => io.err.write_all(&note)?,
+                }
+            }
+            Err(e) if e.exit_code() == crate::error::EXIT_UNREACHABLE => writeln!(
+                block,
+                "error: {}\n  (trying again in {}s)",
+                crate::error::render(&e),
+                args.interval
+            )?,
+            Err(e) => return Err(e),
+        }
+        if redraw {
+            write!(io.out, "\x1b[H\x1b[2J")?;
+            write!(
+                io.out,
+                "snapfence inspect {} every {}s at {} (Ctrl-C to stop)",
+                args.topic,
+                args.interval,
+                utc(now)
+            )?;
+            match metrics_at {
+                Some(addr) => writeln!(io.out, "; metrics at http://{addr}/metrics\n")?,
+                None => writeln!(io.out, "\n")?,
+            }
+        } else if format == Format::Text {
+            writeln!(io.out, "--- {} ---", utc(now))?;
+        }
+        io.out.write_all(&block)?;
+        if !redraw && format == Format::Text {
+            writeln!(io.out)?;
+        }
+        io.out.flush()?;
+    }
+}
+
+/// Resolves on the first Ctrl-C (SIGINT). The handler is installed when this is called, not when the
+/// future is first polled, so no interrupt between the two kills the process instead.
+fn interrupted() -> Result<impl std::future::Future<Output = ()>, CliError> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut sigint = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            sigint.recv().await;
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+    }
+}
+
+/// Prints one report: the text tables or the JSON document, then the note about missing owners.
+fn show(
+    report: &Report,
+    args: &InspectArgs,
+    format: Format,
+    now: i64,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), CliError> {
+    let Report {
+        topic,
+        states,
+        owners,
+        owner_error,
+    } = report;
+    match format {
+        Format::Text => print_text(out, topic, args, states, owners, now)?,
+        Format::Json => writeln!(out, "{}", to_json(topic, args, states, owners, now))?,
+    }
+    if let Some(e) = owner_error {
+        writeln!(
+            err,
+            "note: could not ask the coordinators who owns the open transactions: {e}\n  next step: {}",
+            e.next_step()
+        )?;
+    }
+    Ok(())
+}
+
+/// Reads the topic's offsets, open transactions, their owners and the group's commits once.
+async fn gather(
+    cluster: &Cluster,
+    args: &InspectArgs,
+    progress: bool,
+    err: &mut dyn Write,
+) -> Result<Report, CliError> {
     let topic = cluster.topic(&args.topic).await?;
     let partitions: Vec<i32> = topic.partitions.keys().copied().collect();
-    let mut progress = Progress::new(io.progress, format!("inspecting {}", topic.name));
+    let mut progress = Progress::new(progress, format!("inspecting {}", topic.name));
     // Two passes over the partitions (producers, then offsets): progress counts both.
     let total = 2 * partitions.len() as u64;
     let mut done = 0u64;
-    let err = &mut *io.err;
     // Read order makes one consistent picture out of separate requests. The log only grows and markers
     // only close transactions, so reading the producers first, then the LSO, then the high watermark
     // guarantees HW >= LSO, and a transaction reported closed has its marker below the offsets shown.
@@ -101,7 +272,7 @@ pub(crate) async fn run(
             committed: None,
         });
     }
-    progress.finish(io.err);
+    progress.finish(err);
 
     if let Some(group) = &args.group {
         let mut committed = cluster.committed(group, &topic.name, &partitions).await?;
@@ -116,23 +287,12 @@ pub(crate) async fn run(
         Ok(o) => (o, None),
         Err(e) => (BTreeMap::new(), Some(e)),
     };
-    let now = now_ms();
-    match format {
-        Format::Text => print_text(io.out, &topic.name, args, &states, &owners, now)?,
-        Format::Json => writeln!(
-            io.out,
-            "{}",
-            to_json(&topic.name, args, &states, &owners, now)
-        )?,
-    }
-    if let Some(e) = owner_error {
-        writeln!(
-            io.err,
-            "note: could not ask the coordinators who owns the open transactions: {e}\n  next step: {}",
-            e.next_step()
-        )?;
-    }
-    Ok(())
+    Ok(Report {
+        topic: topic.name.clone(),
+        states,
+        owners,
+        owner_error,
+    })
 }
 
 async fn owners(

@@ -6,7 +6,7 @@
 //!
 //! | subcommand | what it shows |
 //! |---|---|
-//! | `inspect` | per partition: log start, HW, LSO, HW−LSO, open transactions and their owners; a group's committed offsets |
+//! | `inspect` | per partition: log start, HW, LSO, HW−LSO, open transactions and their owners; a group's committed offsets; `--watch` redraws it every second |
 //! | `dump` | a topic's batches and markers (every partition in order, or one from an offset), at either isolation level, text or JSON lines |
 //! | `find-hanging` | KIP-664's hanging transactions for a topic or a broker; `--abort` ends them |
 //! | `recover` | a snapshot partition's recovery read, run without owning it; a stall with its diagnosis |
@@ -24,6 +24,7 @@ pub mod error;
 
 mod demo;
 mod dump;
+mod exporter;
 mod hanging;
 mod inspect;
 mod kafka;
@@ -201,9 +202,28 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
         message: "no bootstrap address".into(),
         hint: "pass --bootstrap host:port or set SNAPFENCE_BOOTSTRAP".into(),
     })?;
+    let metrics_addr = match &cli.command {
+        Command::Inspect(args) => args.metrics_addr.as_deref(),
+        Command::Recover(args) => args.metrics_addr.as_deref(),
+        _ => None,
+    };
+    // Before connecting: a connection registers its metric handles with the recorder in force when it
+    // opens. Held to the end of the command; dropping it stops the listener.
+    let served = match metrics_addr {
+        Some(addr) => {
+            let served = exporter::serve(addr, exporter::install()?).await?;
+            writeln!(io.err, "serving metrics at http://{}/metrics", served.addr)?;
+            io.err.flush()?;
+            Some(served)
+        }
+        None => None,
+    };
     let cluster = kafka::Cluster::connect(bootstrap, &cli.security).await?;
     match &cli.command {
-        Command::Inspect(args) => inspect::run(&cluster, args, cli.format, io).await,
+        Command::Inspect(args) => {
+            let metrics_at = served.as_ref().map(|s| s.addr);
+            inspect::run(&cluster, args, cli.format, metrics_at, io).await
+        }
         Command::Dump(args) => dump::run(&cluster, args, cli.format, io).await,
         Command::FindHanging(args) => hanging::run(&cluster, args, cli.format, io).await,
         Command::Recover(args) => recover::run(&cluster, args, cli.format, io).await,

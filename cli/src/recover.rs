@@ -52,6 +52,10 @@ pub struct RecoverArgs {
     /// Show at most this many bytes of each key and value.
     #[arg(long, default_value_t = 64, value_name = "BYTES")]
     pub max_bytes: usize,
+    /// While the read runs, serve this process's metrics in the Prometheus text format at
+    /// http://HOST:PORT/metrics (port 0 picks a free one; the address is printed on stderr).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
 }
 
 /// Positions the read reports as it goes, for the progress line. Plain atomics: the read runs in the same

@@ -1606,3 +1606,161 @@ async fn sasl_options_log_in_and_failures_name_their_cause() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+// ---- inspect --watch and --metrics-addr -----------------------------------------------------------
+
+/// Sends SIGINT to `child`, as Ctrl-C at a terminal would, and returns its exit code.
+async fn interrupt(child: &mut Child) -> Option<i32> {
+    let pid = child.id().expect("the child is running").to_string();
+    let sent = tokio::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .await
+        .expect("run kill");
+    assert!(sent.success(), "kill -INT {pid}");
+    tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the watch ends within 20 s of SIGINT")
+        .expect("reap the watch")
+        .code()
+}
+
+/// Reads `lines` until `blocks` timestamped blocks have been printed in full (a block is complete when
+/// the next one starts), and returns everything read.
+async fn read_blocks(lines: &mut Lines<BufReader<ChildStdout>>, blocks: usize) -> String {
+    let mut seen = String::new();
+    let mut headers = 0;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.expect("read the watch's output") {
+            if line.starts_with("--- ") && line.ends_with(" ---") {
+                headers += 1;
+                if headers > blocks {
+                    break;
+                }
+            }
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{blocks} blocks within 60 s; got:\n{seen}"));
+    seen
+}
+
+/// `inspect --watch` into a pipe appends one plain block per tick, each under a UTC timestamp, with no
+/// escape codes (those are for a terminal only), and SIGINT ends it with status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_watch_into_a_pipe_prints_plain_blocks_and_stops_on_sigint() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let topic = new_topic(&kafka, "cli-watch", 2).await;
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .args([
+            "--bootstrap",
+            &kafka.bootstrap(),
+            "inspect",
+            &topic,
+            "--watch",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start snapfence inspect --watch");
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    let seen = read_blocks(&mut lines, 2).await;
+    assert_eq!(interrupt(&mut watch).await, Some(0), "{seen}");
+    let mut rest = String::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        rest.push_str(&line);
+        rest.push('\n');
+    }
+    let all = format!("{seen}{rest}");
+    assert!(!all.contains('\x1b'), "escape codes into a pipe: {all:?}");
+    let blocks: Vec<&str> = all.split("--- ").filter(|b| !b.is_empty()).collect();
+    assert!(blocks.len() >= 2, "{all}");
+    for block in &blocks[..2] {
+        // `2026-12-01T20:50:01.123Z ---`, then the report.
+        assert!(
+            block.as_bytes().get(23) == Some(&b'Z'),
+            "timestamp: {block}"
+        );
+        assert!(
+            block.contains(&format!("topic {topic}: 2 partition(s)"))
+                && block.contains("HW-LSO")
+                && block.contains("no open transactions"),
+            "{block}"
+        );
+    }
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut watch.stderr.take().expect("stderr"), &mut stderr)
+        .await
+        .expect("read stderr");
+    assert!(
+        !stderr.contains('\x1b') && !stderr.contains('\r'),
+        "{stderr:?}"
+    );
+}
+
+/// `--metrics-addr` with port 0 serves the Prometheus text format on the port it names on stderr, and
+/// after a tick it holds the net layer's request metrics, described.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_watch_serves_prometheus_metrics_at_metrics_addr() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let topic = new_topic(&kafka, "cli-watch-metrics", 1).await;
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .args(["--bootstrap", &kafka.bootstrap(), "inspect", &topic])
+        .args([
+            "--watch",
+            "--interval",
+            "0.5",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start snapfence inspect --watch --metrics-addr");
+    let mut errors = BufReader::new(watch.stderr.take().expect("stderr")).lines();
+    let announced = tokio::time::timeout(Duration::from_secs(30), errors.next_line())
+        .await
+        .expect("the address is announced at once")
+        .expect("read stderr")
+        .expect("a line on stderr");
+    let addr = announced
+        .strip_prefix("serving metrics at http://")
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("{announced}"))
+        .to_owned();
+    assert!(!addr.ends_with(":0"), "the real port is named: {addr}");
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    read_blocks(&mut lines, 1).await;
+
+    let mut http = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect to the exporter");
+    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: snapfence\r\n\r\n")
+        .await
+        .expect("send the scrape");
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut http, &mut answer)
+        .await
+        .expect("read the scrape");
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(
+        answer.contains("Content-Type: text/plain; version=0.0.4"),
+        "{answer}"
+    );
+    for expected in [
+        "# TYPE snapfence_request_duration_seconds histogram",
+        "snapfence_request_duration_seconds_bucket{api=\"ListOffsets\",le=\"+Inf\"} ",
+        "snapfence_request_duration_seconds_count{api=\"Metadata\"} ",
+        "# HELP snapfence_network_sent_bytes_total ",
+        "snapfence_network_received_bytes_total ",
+        "snapfence_connections_opened_total ",
+        "snapfence_requests_in_flight ",
+    ] {
+        assert!(answer.contains(expected), "no {expected:?} in:\n{answer}");
+    }
+    assert_eq!(interrupt(&mut watch).await, Some(0));
+}

@@ -17,6 +17,7 @@ use tokio::time::{timeout_at, Instant};
 
 use super::conn::{ConnOptions, Connection};
 use super::{ClientConfig, NetError};
+use crate::telemetry::{self, AUTHENTICATION_FAILURES, CONNECTIONS_OPENED};
 use crate::wire::{self, ApiRequest, BrokerApiVersions, ErrorCode, Features};
 
 /// Reported to brokers in ApiVersions v3+ (KIP-511); must match `[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?`.
@@ -110,12 +111,18 @@ pub(crate) async fn open(
                     addr: addr.to_owned(),
                     message: format!("SASL {} login did not complete: {e}", sasl.mechanism),
                 },
-                other => other,
+                other => {
+                    if let NetError::Authentication { mechanism, .. } = &other {
+                        telemetry::count(&AUTHENTICATION_FAILURES, Some(mechanism.name()));
+                    }
+                    other
+                }
             })?;
         // 85% of the lifetime, as the Java client does at the earliest: room for requests in flight.
         retire_at = lifetime.map(|l| started + l.mul_f64(0.85));
     }
     tracing::debug!(%addr, node, tv = features.transaction_version, gv = features.group_version, "connected");
+    telemetry::count(&CONNECTIONS_OPENED, None);
     Ok(BrokerConn {
         conn,
         node,

@@ -18,6 +18,7 @@ use super::broker::{self, BrokerConn};
 use super::metadata::{BrokerInfo, ClusterMetadata, LeaderInfo};
 use super::retry::{Backoff, Verdict};
 use super::{ClientConfig, NetError};
+use crate::telemetry::{self, RECONNECTS, REQUEST_RETRIES};
 use crate::wire::{client_versions_of, ApiRequest, BrokerApiVersions, ErrorCode, Features};
 
 /// Which coordinator a key belongs to.
@@ -260,14 +261,18 @@ impl Client {
             };
             let mut outcome_unknown = false;
             loop {
-                let (err, retriable) = match self.attempt(&target, options, &mut build).await {
+                let attempt = self.attempt(&target, options, &mut build).await;
+                // `rerouted`: the route was forgotten because the target moved (the retry's reason).
+                let (err, retriable, rerouted) = match attempt {
                     Ok((response, version)) => match handle(response, version) {
                         Verdict::Done(value) => return Ok(value),
                         Verdict::Reroute(code) => {
                             self.forget_route(&target);
-                            (NetError::broker(code, None, describe(&target)), true)
+                            (NetError::broker(code, None, describe(&target)), true, true)
                         }
-                        Verdict::Retry(code) => (NetError::broker(code, None, describe(&target)), true),
+                        Verdict::Retry(code) => {
+                            (NetError::broker(code, None, describe(&target)), true, false)
+                        }
                     },
                     Err(err) => {
                         if matches!(err, NetError::UnknownBroker(_)) {
@@ -275,16 +280,17 @@ impl Client {
                             // surfaces again on the next attempt, so its result can be ignored.
                             let _ = self.fetch_metadata(Some(&[])).await;
                         }
-                        if err.is_transport()
+                        let rerouted = err.error_code().is_some_and(|c| {
+                            super::retry::retry_action(c) == Some(super::RetryAction::Reroute)
+                        });
+                        if rerouted
+                            || err.is_transport()
                             || matches!(err, NetError::UnknownBroker(_))
-                            || err.error_code().is_some_and(|c| {
-                                super::retry::retry_action(c) == Some(super::RetryAction::Reroute)
-                            })
                         {
                             self.forget_route(&target);
                         }
                         let retriable = err.is_retriable();
-                        (err, retriable)
+                        (err, retriable, rerouted)
                     }
                 };
                 outcome_unknown |= err.outcome_unknown();
@@ -294,6 +300,7 @@ impl Client {
                 match backoff.next_delay() {
                     Some(delay) => {
                         tracing::debug!(target = %describe(&target), error = %err, ?delay, "retrying");
+                        telemetry::count(&REQUEST_RETRIES, Some(retry_reason(&err, rerouted)));
                         tokio::time::sleep(delay).await;
                     }
                     None => {
@@ -361,13 +368,16 @@ impl Client {
                 return Ok(existing.clone());
             }
         }
-        *held = None;
+        let replacing = held.take().is_some();
         let addr = lock(&self.inner.metadata)
             .brokers
             .get(&node)
             .map(BrokerInfo::addr)
             .ok_or(NetError::UnknownBroker(node))?;
         let opened = broker::open(&addr, node, &self.inner.config).await?;
+        if replacing {
+            telemetry::count(&RECONNECTS, None);
+        }
         self.record_handshake(&opened);
         *held = Some(opened.clone());
         Ok(opened)
@@ -411,13 +421,18 @@ impl Client {
         if let Some(c) = held.as_ref().filter(|c| c.usable()) {
             return Ok(c.clone());
         }
-        *held = None;
+        let replacing = held.take().is_some();
         // Each address's failure, typed: with one address it is returned as it is (a protocol error stays
         // a protocol error); with several they are summed up in one Connect error.
         let mut failures: Vec<(&String, NetError)> = Vec::new();
         for addr in &self.inner.config.bootstrap {
             let opened = match broker::open(addr, -1, &self.inner.config).await {
-                Ok(c) => c,
+                Ok(c) => {
+                    if replacing {
+                        telemetry::count(&RECONNECTS, None);
+                    }
+                    c
+                }
                 Err(e) if e.is_fatal_connect() => return Err(e),
                 Err(e) => {
                     failures.push((addr, e));
@@ -720,7 +735,10 @@ impl Client {
                 Err(e) => return Err(e),
             };
             match backoff.next_delay() {
-                Some(d) => tokio::time::sleep(d).await,
+                Some(d) => {
+                    telemetry::count(&REQUEST_RETRIES, Some(retry_reason(&err, false)));
+                    tokio::time::sleep(d).await
+                }
                 None => {
                     return Err(NetError::RetriesExhausted {
                         attempts: backoff.retries() + 1,
@@ -848,7 +866,10 @@ impl Client {
             };
             outcome_unknown |= err.outcome_unknown();
             match backoff.next_delay() {
-                Some(d) => tokio::time::sleep(d).await,
+                Some(d) => {
+                    telemetry::count(&REQUEST_RETRIES, Some(retry_reason(&err, false)));
+                    tokio::time::sleep(d).await
+                }
                 None => {
                     return Err(NetError::RetriesExhausted {
                         attempts: backoff.retries() + 1,
@@ -883,6 +904,25 @@ fn pick_version<R: ApiRequest>(
         return Err(unsupported());
     }
     Ok(version)
+}
+
+/// The `reason` label of a retry (see `docs/metrics.md`): the route moved (`reroute`), the socket failed
+/// (`transport`), the route named a broker the client did not know yet (`unknown_broker`), or the broker
+/// answered with a retriable error (`retriable`).
+fn retry_reason(err: &NetError, rerouted: bool) -> &'static str {
+    let rerouted = rerouted
+        || err
+            .error_code()
+            .is_some_and(|c| super::retry::retry_action(c) == Some(super::RetryAction::Reroute));
+    if rerouted {
+        "reroute"
+    } else if err.is_transport() {
+        "transport"
+    } else if matches!(err, NetError::UnknownBroker(_)) {
+        "unknown_broker"
+    } else {
+        "retriable"
+    }
 }
 
 fn describe(target: &Target) -> String {

@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
 use super::error::{ConnectionFailure, NetError};
+use crate::telemetry::{self, ConnMetrics, InFlight, CONNECTIONS_POISONED};
 use crate::wire::{self, ApiRequest, FrameDecoder, WireError};
 
 /// Settings of one connection.
@@ -65,6 +66,8 @@ struct Shared {
     opts: ConnOptions,
     state: Mutex<State>,
     closed: watch::Sender<bool>,
+    /// Registered once here, so recording per request allocates nothing.
+    metrics: ConnMetrics,
 }
 
 #[derive(Default)]
@@ -81,7 +84,7 @@ enum Pending {
         answer: oneshot::Sender<Result<Bytes, ConnectionFailure>>,
         deadline: Instant,
         timeout: Duration,
-        _slot: OwnedSemaphorePermit,
+        _slot: Slot,
     },
     /// The waiter went away after its frame was queued. The frame is (or will be) on the wire, so an
     /// answer will come; it is discarded when it does. The entry keeps its in-flight slot and deadline so
@@ -89,8 +92,14 @@ enum Pending {
     Abandoned {
         deadline: Instant,
         timeout: Duration,
-        _slot: OwnedSemaphorePermit,
+        _slot: Slot,
     },
+}
+
+/// An in-flight slot, counted in the in-flight gauge for exactly as long as it is held.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    _counted: InFlight,
 }
 
 impl Shared {
@@ -111,8 +120,9 @@ impl Shared {
             state.failure = Some(failure.clone());
             std::mem::take(&mut state.pending)
         };
-        if failure != ConnectionFailure::Shutdown {
+        if let Some(reason) = telemetry::poison_reason(&failure) {
             tracing::debug!(addr = %self.opts.addr, %failure, waiting = drained.len(), "connection poisoned");
+            telemetry::count(&CONNECTIONS_POISONED, Some(reason));
         }
         for (_, pending) in drained {
             if let Pending::Waiting { answer, .. } = pending {
@@ -128,6 +138,8 @@ impl Shared {
 
     /// Hands a response frame to its waiter.
     fn dispatch(&self, frame: Bytes) -> Result<(), ConnectionFailure> {
+        // The size prefix the decoder cut off counts too: these are the bytes the socket carried.
+        self.metrics.received(4 + frame.len());
         let correlation_id =
             wire::response_correlation_id(&frame).map_err(ConnectionFailure::Frame)?;
         let mut state = self.lock();
@@ -201,6 +213,7 @@ impl Connection {
             opts,
             state: Mutex::new(State::default()),
             closed,
+            metrics: ConnMetrics::new(),
         });
         tokio::spawn(write_loop(write, queue, shared.clone()));
         tokio::spawn(read_loop(read, shared.clone()));
@@ -261,7 +274,10 @@ impl Connection {
         let shared = &self.inner.shared;
         let deadline = Instant::now() + timeout;
         let slot = match timeout_at(deadline, self.inner.in_flight.clone().acquire_owned()).await {
-            Ok(Ok(slot)) => slot,
+            Ok(Ok(permit)) => Slot {
+                _permit: permit,
+                _counted: shared.metrics.in_flight(),
+            },
             // The semaphore is never closed; treat it like a dead connection all the same.
             Ok(Err(_)) => return Err(self.dead(false)),
             // Every slot stayed busy for a whole timeout. Nothing was sent, and other requests may
@@ -309,6 +325,7 @@ impl Connection {
                 // drop can never see one without the other.
                 permit.send(frame);
                 guard.queued = true;
+                shared.metrics.sent(sent_bytes);
             }
             Ok(Err(_)) => return Err(self.dead(false)),
             Err(_) => {
@@ -319,6 +336,8 @@ impl Connection {
         match timeout_at(deadline, &mut answered).await {
             Ok(Ok(Ok(frame))) => {
                 guard.finished = true;
+                let elapsed = started.elapsed();
+                shared.metrics.answered(api_key, elapsed);
                 // Where a workload's time goes, request by request (docs/benchmarks.md reads these to
                 // tell the client's round trips from the broker's waits).
                 tracing::trace!(
@@ -327,7 +346,7 @@ impl Connection {
                     correlation_id,
                     sent_bytes,
                     received_bytes = frame.len(),
-                    micros = started.elapsed().as_micros() as u64,
+                    micros = elapsed.as_micros() as u64,
                     "round trip"
                 );
                 Ok(frame)

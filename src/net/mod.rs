@@ -42,6 +42,8 @@ mod tls;
 #[cfg(test)]
 mod conn_tests;
 #[cfg(test)]
+mod metrics_tests;
+#[cfg(test)]
 mod stub_tests;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -32,6 +32,19 @@ macro_rules! api_requests {
             }
         )*
 
+        /// The API's name as the protocol guide spells it (`Produce`, `EndTxn`), for metric labels and
+        /// logs; `None` for a key kafka-protocol does not know. A `&'static str`, so labelling a metric
+        /// with it allocates nothing.
+        pub(crate) fn api_name(api_key: i16) -> Option<&'static str> {
+            match api_key {
+                $( $key => {
+                    let name: &'static str = stringify!($req);
+                    Some(name.strip_suffix("Request").unwrap_or(name))
+                } )*
+                _ => None,
+            }
+        }
+
         /// The versions kafka-protocol can encode for `api_key`, for lookups by key at run time.
         pub(crate) fn kafka_protocol_versions(api_key: i16) -> Option<VersionRange> {
             match api_key {

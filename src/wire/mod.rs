@@ -22,6 +22,7 @@ mod error_code;
 mod frame;
 mod versions;
 
+pub(crate) use api::api_name;
 pub use api::ApiRequest;
 pub use error::WireError;
 pub use error_code::ErrorCode;

@@ -1,0 +1,456 @@
+//! The metrics snapfence records: every name, its kind, labels and meaning, in one table.
+//!
+//! Metrics go through the [`metrics`] facade. The library never installs a recorder: the application
+//! installs the exporter it wants (Prometheus, OpenTelemetry, statsd, ...) before it connects a
+//! [`Client`](crate::Client), and with none installed every record is a call into the facade's no-op
+//! recorder. `docs/metrics.md` lists the same table for people; a test keeps the two in agreement.
+//!
+//! Cost on hot paths: a metric recorded per request is a handle registered once per connection
+//! ([`ConnMetrics`]), so recording is an atomic add on the recorder's side and nothing is allocated.
+//! Rare events (a retry, a reconnect, a poisoned connection, a failed login) use the facade's macros,
+//! whose label list is built on each call; that happens at most once per back-off sleep or socket.
+//!
+//! Handles are bound to the recorder in force when they are registered, so install the recorder before
+//! connecting: connections opened earlier keep recording into the no-op recorder.
+//!
+//! # References
+//! - Prometheus naming: <https://prometheus.io/docs/practices/naming/> (base units, `_total` counters)
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Unit};
+
+use crate::net::ConnectionFailure;
+
+/// What kind of metric a name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    /// As the docs table spells it.
+    #[cfg(test)]
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric: the single place its name, kind, labels and meaning are written down.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Metric {
+    /// `snapfence_` prefix, base unit in the name (`_seconds`, `_bytes`), `_total` on counters.
+    pub name: &'static str,
+    pub kind: Kind,
+    /// Label keys, in the order the docs list them.
+    pub labels: &'static [&'static str],
+    /// One line, as the docs table and an exporter's `# HELP` show it.
+    pub help: &'static str,
+}
+
+impl Metric {
+    /// The unit the name ends in, for `describe_*`.
+    fn unit(&self) -> Option<Unit> {
+        if self.name.ends_with("_seconds") {
+            Some(Unit::Seconds)
+        } else if self.name.ends_with("_bytes_total") || self.name.ends_with("_bytes") {
+            Some(Unit::Bytes)
+        } else if self.kind == Kind::Counter {
+            Some(Unit::Count)
+        } else {
+            None
+        }
+    }
+}
+
+// ---- the net layer ------------------------------------------------------------------------------
+
+pub(crate) const REQUEST_DURATION: Metric = Metric {
+    name: "snapfence_request_duration_seconds",
+    kind: Kind::Histogram,
+    labels: &["api"],
+    help: "Time from queuing a request to receiving its response, per Kafka API (answered requests only)",
+};
+
+pub(crate) const REQUESTS_IN_FLIGHT: Metric = Metric {
+    name: "snapfence_requests_in_flight",
+    kind: Kind::Gauge,
+    labels: &[],
+    help: "Requests holding an in-flight slot on some connection, abandoned ones awaiting their answer included",
+};
+
+pub(crate) const REQUEST_RETRIES: Metric = Metric {
+    name: "snapfence_request_retries_total",
+    kind: Kind::Counter,
+    labels: &["reason"],
+    help: "Attempts followed by a retry after back-off; reason: transport, reroute, retriable, unknown_broker",
+};
+
+pub(crate) const CONNECTIONS_OPENED: Metric = Metric {
+    name: "snapfence_connections_opened_total",
+    kind: Kind::Counter,
+    labels: &[],
+    help: "Broker connections opened and handshaken (TCP, TLS, ApiVersions, SASL login)",
+};
+
+pub(crate) const RECONNECTS: Metric = Metric {
+    name: "snapfence_reconnects_total",
+    kind: Kind::Counter,
+    labels: &[],
+    help: "Connections opened to replace one that was poisoned, closed or past its SASL session lifetime",
+};
+
+pub(crate) const CONNECTIONS_POISONED: Metric = Metric {
+    name: "snapfence_connections_poisoned_total",
+    kind: Kind::Counter,
+    labels: &["reason"],
+    help: "Connections that failed and were closed, every request waiting on them failed with them; reason: timeout, io, closed, closed_mid_frame, frame, unexpected_correlation_id",
+};
+
+pub(crate) const SENT_BYTES: Metric = Metric {
+    name: "snapfence_network_sent_bytes_total",
+    kind: Kind::Counter,
+    labels: &[],
+    help: "Request bytes queued for brokers, size prefixes included",
+};
+
+pub(crate) const RECEIVED_BYTES: Metric = Metric {
+    name: "snapfence_network_received_bytes_total",
+    kind: Kind::Counter,
+    labels: &[],
+    help: "Response bytes read from brokers, size prefixes included",
+};
+
+pub(crate) const AUTHENTICATION_FAILURES: Metric = Metric {
+    name: "snapfence_authentication_failures_total",
+    kind: Kind::Counter,
+    labels: &["mechanism"],
+    help: "SASL logins refused by the broker or failed by the client, per mechanism",
+};
+
+/// Every metric snapfence records. A metric recorded anywhere is listed here and in `docs/metrics.md`.
+pub(crate) const ALL: &[Metric] = &[
+    REQUEST_DURATION,
+    REQUESTS_IN_FLIGHT,
+    REQUEST_RETRIES,
+    CONNECTIONS_OPENED,
+    RECONNECTS,
+    CONNECTIONS_POISONED,
+    SENT_BYTES,
+    RECEIVED_BYTES,
+    AUTHENTICATION_FAILURES,
+];
+
+/// Tells the installed recorder the unit and description of every metric snapfence records, so an
+/// exporter can print them (Prometheus `# HELP`). Call it once, after installing the recorder.
+///
+/// Recording works without it; only the descriptions are missing then.
+///
+/// ```
+/// // With no recorder installed this does nothing, like every metric snapfence records.
+/// snapfence::describe_metrics();
+/// ```
+pub fn describe_metrics() {
+    metrics::with_recorder(|recorder| {
+        for m in ALL {
+            let key = metrics::KeyName::from_const_str(m.name);
+            let help = metrics::SharedString::const_str(m.help);
+            match m.kind {
+                Kind::Counter => recorder.describe_counter(key, m.unit(), help),
+                Kind::Gauge => recorder.describe_gauge(key, m.unit(), help),
+                Kind::Histogram => recorder.describe_histogram(key, m.unit(), help),
+            }
+        }
+    });
+}
+
+/// The `reason` label of [`CONNECTIONS_POISONED`]; `None` for the client's own shutdown, which is not
+/// a poisoning.
+pub(crate) fn poison_reason(failure: &ConnectionFailure) -> Option<&'static str> {
+    Some(match failure {
+        ConnectionFailure::Closed => "closed",
+        ConnectionFailure::ClosedMidFrame => "closed_mid_frame",
+        ConnectionFailure::Io(_) => "io",
+        ConnectionFailure::Frame(_) => "frame",
+        ConnectionFailure::UnexpectedCorrelationId(_) => "unexpected_correlation_id",
+        ConnectionFailure::RequestTimedOut(_) => "timeout",
+        ConnectionFailure::Shutdown => return None,
+    })
+}
+
+/// Counts one event of a label-less counter, or of a counter with one label.
+pub(crate) fn count(metric: &Metric, label: Option<&'static str>) {
+    debug_assert_eq!(metric.kind, Kind::Counter);
+    debug_assert_eq!(metric.labels.len(), usize::from(label.is_some()));
+    match (metric.labels.first(), label) {
+        (Some(&key), Some(value)) => metrics::counter!(metric.name, key => value).increment(1),
+        _ => metrics::counter!(metric.name).increment(1),
+    }
+}
+
+/// API keys below this get a latency handle of their own; anything else shares `unknown`.
+const API_KEYS: usize = 128;
+
+/// The handles one connection records into on every request, registered when the connection starts.
+pub(crate) struct ConnMetrics {
+    sent: Counter,
+    received: Counter,
+    in_flight: Gauge,
+    /// Per API key, registered on the key's first request, so an exporter lists only APIs in use.
+    latency: Box<[OnceLock<Histogram>]>,
+}
+
+impl ConnMetrics {
+    pub(crate) fn new() -> ConnMetrics {
+        ConnMetrics {
+            sent: metrics::counter!(SENT_BYTES.name),
+            received: metrics::counter!(RECEIVED_BYTES.name),
+            in_flight: metrics::gauge!(REQUESTS_IN_FLIGHT.name),
+            latency: (0..=API_KEYS).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    pub(crate) fn sent(&self, bytes: usize) {
+        self.sent.increment(bytes as u64);
+    }
+
+    pub(crate) fn received(&self, bytes: usize) {
+        self.received.increment(bytes as u64);
+    }
+
+    /// Counts a request into the in-flight gauge until the returned guard drops.
+    pub(crate) fn in_flight(&self) -> InFlight {
+        self.in_flight.increment(1.0);
+        InFlight(self.in_flight.clone())
+    }
+
+    /// Records an answered request of `api_key` that took `elapsed`.
+    pub(crate) fn answered(&self, api_key: i16, elapsed: Duration) {
+        let index = usize::try_from(api_key).map_or(API_KEYS, |k| k.min(API_KEYS));
+        let api = if index < API_KEYS {
+            crate::wire::api_name(api_key).unwrap_or("unknown")
+        } else {
+            "unknown"
+        };
+        self.latency[index]
+            .get_or_init(|| metrics::histogram!(REQUEST_DURATION.name, "api" => api))
+            .record(elapsed.as_secs_f64());
+    }
+}
+
+/// One request counted in [`REQUESTS_IN_FLIGHT`]; dropping it takes the request out again.
+pub(crate) struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// A recorder that keeps what it is told, for tests that check a metric moved.
+#[cfg(test)]
+pub(crate) mod recording {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use metrics::{
+        Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata,
+        Recorder, SharedString, Unit,
+    };
+
+    #[derive(Default)]
+    struct Cell {
+        counter: AtomicU64,
+        gauge: Mutex<f64>,
+        samples: Mutex<Vec<f64>>,
+    }
+
+    impl CounterFn for Cell {
+        fn increment(&self, value: u64) {
+            self.counter.fetch_add(value, Ordering::Relaxed);
+        }
+        fn absolute(&self, value: u64) {
+            self.counter.fetch_max(value, Ordering::Relaxed);
+        }
+    }
+
+    impl GaugeFn for Cell {
+        fn increment(&self, value: f64) {
+            *self.gauge.lock().unwrap() += value;
+        }
+        fn decrement(&self, value: f64) {
+            *self.gauge.lock().unwrap() -= value;
+        }
+        fn set(&self, value: f64) {
+            *self.gauge.lock().unwrap() = value;
+        }
+    }
+
+    impl HistogramFn for Cell {
+        fn record(&self, value: f64) {
+            self.samples.lock().unwrap().push(value);
+        }
+    }
+
+    /// Install it for one test with [`Recording::run`].
+    #[derive(Default)]
+    pub(crate) struct Recording {
+        cells: Mutex<HashMap<Key, Arc<Cell>>>,
+    }
+
+    impl Recording {
+        fn cell(&self, key: &Key) -> Arc<Cell> {
+            self.cells
+                .lock()
+                .unwrap()
+                .entry(key.clone())
+                .or_default()
+                .clone()
+        }
+
+        fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<Arc<Cell>> {
+            let cells = self.cells.lock().unwrap();
+            cells
+                .iter()
+                .find(|(key, _)| {
+                    key.name() == name
+                        && key.labels().count() == labels.len()
+                        && key.labels().all(|l| labels.contains(&(l.key(), l.value())))
+                })
+                .map(|(_, c)| c.clone())
+        }
+
+        /// Runs `test` on a current-thread runtime with this recorder installed for the thread, so every
+        /// task the test spawns (connection readers and writers too) records here and nowhere else.
+        pub(crate) fn run<F: std::future::Future>(&self, test: F) -> F::Output {
+            metrics::with_local_recorder(self, || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(test)
+            })
+        }
+
+        pub(crate) fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+            self.find(name, labels)
+                .map_or(0, |c| c.counter.load(Ordering::Relaxed))
+        }
+
+        pub(crate) fn gauge(&self, name: &str) -> f64 {
+            self.find(name, &[])
+                .map_or(0.0, |c| *c.gauge.lock().unwrap())
+        }
+
+        pub(crate) fn samples(&self, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+            self.find(name, labels)
+                .map_or_else(Vec::new, |c| c.samples.lock().unwrap().clone())
+        }
+    }
+
+    impl Recorder for Recording {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(self.cell(key))
+        }
+
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(self.cell(key))
+        }
+
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(self.cell(key))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The docs table and the code's list of metrics say the same thing, both ways: a metric added in
+    /// code without a docs row (or a row left behind for a removed metric) fails here.
+    #[test]
+    fn docs_table_matches_the_code() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md");
+        let text = std::fs::read_to_string(path).expect("docs/metrics.md");
+        let mut rows = Vec::new();
+        for line in text.lines().filter(|l| l.trim_start().starts_with('|')) {
+            let cells: Vec<&str> = line
+                .trim()
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
+            let Some(name) = cells.first().and_then(|c| c.strip_prefix("`snapfence_")) else {
+                continue;
+            };
+            assert_eq!(cells.len(), 4, "name | kind | labels | meaning: {line}");
+            let name = format!("snapfence_{}", name.trim_end_matches('`'));
+            let labels: Vec<String> = cells[2]
+                .split(',')
+                .map(|l| l.trim().trim_matches('`').to_owned())
+                .filter(|l| !l.is_empty() && l != "-")
+                .collect();
+            rows.push((name, cells[1].to_owned(), labels, cells[3].to_owned()));
+        }
+        for m in ALL {
+            let row = rows
+                .iter()
+                .find(|r| r.0 == m.name)
+                .unwrap_or_else(|| panic!("{} is recorded but not in docs/metrics.md", m.name));
+            assert_eq!(row.1, m.kind.name(), "{}: kind", m.name);
+            assert_eq!(row.2, m.labels, "{}: labels", m.name);
+            assert_eq!(row.3, m.help, "{}: meaning", m.name);
+        }
+        for row in &rows {
+            assert!(
+                ALL.iter().any(|m| m.name == row.0),
+                "docs/metrics.md lists {}, which the code does not record",
+                row.0
+            );
+        }
+        assert_eq!(rows.len(), ALL.len(), "a metric listed twice");
+    }
+
+    /// Names follow one convention, so a dashboard author can guess them.
+    #[test]
+    fn names_carry_the_prefix_and_their_unit() {
+        for m in ALL {
+            assert!(m.name.starts_with("snapfence_"), "{}", m.name);
+            assert_eq!(
+                m.kind == Kind::Counter,
+                m.name.ends_with("_total"),
+                "{}: counters and only counters end in _total",
+                m.name
+            );
+            if m.kind == Kind::Histogram {
+                assert!(
+                    m.name.ends_with("_seconds") || m.name.ends_with("_bytes"),
+                    "{}",
+                    m.name
+                );
+            }
+        }
+    }
+
+    /// API names come from the protocol's own spelling and cost no allocation.
+    #[test]
+    fn api_names_are_the_protocol_names() {
+        assert_eq!(crate::wire::api_name(0), Some("Produce"));
+        assert_eq!(crate::wire::api_name(26), Some("EndTxn"));
+        assert_eq!(crate::wire::api_name(18), Some("ApiVersions"));
+        assert_eq!(crate::wire::api_name(-1), None);
+    }
+}
