@@ -111,6 +111,17 @@ pub enum ConsumerError {
         source: crate::records::DecodeError,
     },
 
+    /// The consumer's background task (the one that keeps the membership alive) panicked or was
+    /// cancelled. The member no longer heartbeats, so the group will evict it; close this consumer and
+    /// subscribe a new one.
+    #[error("consumer task {task:?} failed: {failure}")]
+    TaskFailed {
+        /// Which task.
+        task: String,
+        /// How it ended: the panic's message, or that it was cancelled.
+        failure: String,
+    },
+
     /// The consumer was closed, or its background task stopped.
     #[error("consumer closed")]
     Closed,
