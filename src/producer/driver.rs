@@ -196,6 +196,8 @@ impl Inner {
                     s.core.fail_unsent(&err)
                 }
                 Task::ProducerId => {
+                    // A fatal producer needs no id: without this the next pass would fetch again.
+                    s.need_new_id = false;
                     s.new_id_in_flight = false;
                     s.core.fail_unsent(&err)
                 }
@@ -644,6 +646,8 @@ impl Inner {
                     self.apply(&mut s, fx)
                 }
                 Err(e) => {
+                    // Fatal now, so no new id is wanted (else every later pass would fetch again).
+                    s.need_new_id = false;
                     s.core.set_fatal(&e);
                     let fx = s.core.fail_unsent(&e);
                     self.apply(&mut s, fx)
@@ -851,3 +855,6 @@ pub(crate) async fn init_idempotent_id(
         attempt += 1;
     }
 }
+
+#[cfg(test)]
+mod tests;
