@@ -123,6 +123,11 @@ impl Faults {
         self.armed.lock().unwrap().insert(point, times);
     }
 
+    /// How many armed passes through `point` are left: 0 once the fault has fired.
+    pub(crate) fn pending(&self, point: &'static str) -> u32 {
+        self.armed.lock().unwrap().get(point).copied().unwrap_or(0)
+    }
+
     /// Panics if `point` is armed (and counts one use of it).
     pub(crate) fn hit(&self, point: &'static str) {
         let fire = {
