@@ -39,6 +39,17 @@ impl std::fmt::Display for Failure {
     }
 }
 
+impl Failure {
+    /// How a task awaited through its `JoinHandle` (or a `JoinSet`) ended, for owners that await their
+    /// tasks instead of spawning them through [`spawn`].
+    pub(crate) fn of(e: tokio::task::JoinError) -> Failure {
+        match e.try_into_panic() {
+            Ok(payload) => Failure::Panicked(panic_message(payload.as_ref())),
+            Err(_) => Failure::Cancelled,
+        }
+    }
+}
+
 fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&'static str>() {
         (*s).to_string()

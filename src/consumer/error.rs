@@ -111,9 +111,10 @@ pub enum ConsumerError {
         source: crate::records::DecodeError,
     },
 
-    /// The consumer's background task (the one that keeps the membership alive) panicked or was
-    /// cancelled. The member no longer heartbeats, so the group will evict it; close this consumer and
-    /// subscribe a new one.
+    /// A task of the consumer panicked or was cancelled. `group membership` (the task that keeps the
+    /// member alive): the member no longer heartbeats and the group will evict it; close this consumer
+    /// and subscribe a new one. `fetch` or `list offsets` (one leader's part of a read): no answer of
+    /// that read was applied and no position moved, so the next call reads the same records again.
     #[error("consumer task {task:?} failed: {failure}")]
     TaskFailed {
         /// Which task.
