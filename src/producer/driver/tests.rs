@@ -122,9 +122,10 @@ async fn serve(mut peer: Peer, addr: SocketAddr) {
 
 /// Records stay buffered (no linger runs out during a test) unless a test says otherwise.
 fn config(linger: Duration) -> ProducerConfig {
-    let mut c = ProducerConfig::default();
-    c.linger = linger;
-    c
+    ProducerConfig {
+        linger,
+        ..ProducerConfig::default()
+    }
 }
 
 fn record() -> ProducerRecord {
