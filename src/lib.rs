@@ -92,6 +92,9 @@ pub mod wire;
 #[allow(dead_code, unused_imports)]
 pub(crate) mod wire;
 
+/// Spawned tasks whose panics and cancellations are reported to their owners (crate-internal).
+mod supervise;
+
 pub use bytes::Bytes;
 pub use group_metadata::{GroupMetadata, NotJoined};
 pub use net::{Client, ClientConfig, NetError};

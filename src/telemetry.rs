@@ -111,7 +111,7 @@ pub(crate) const CONNECTIONS_POISONED: Metric = Metric {
     name: "snapfence_connections_poisoned_total",
     kind: Kind::Counter,
     labels: &["reason"],
-    help: "Connections that failed and were closed, every request waiting on them failed with them; reason: timeout, io, closed, closed_mid_frame, frame, unexpected_correlation_id",
+    help: "Connections that failed and were closed, every request waiting on them failed with them; reason: timeout, io, closed, closed_mid_frame, frame, unexpected_correlation_id, task_failed",
 };
 
 pub(crate) const SENT_BYTES: Metric = Metric {
@@ -181,6 +181,7 @@ pub(crate) fn poison_reason(failure: &ConnectionFailure) -> Option<&'static str>
         ConnectionFailure::Frame(_) => "frame",
         ConnectionFailure::UnexpectedCorrelationId(_) => "unexpected_correlation_id",
         ConnectionFailure::RequestTimedOut(_) => "timeout",
+        ConnectionFailure::TaskFailed { .. } => "task_failed",
         ConnectionFailure::Shutdown => return None,
     })
 }

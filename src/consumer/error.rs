@@ -111,6 +111,18 @@ pub enum ConsumerError {
         source: crate::records::DecodeError,
     },
 
+    /// A task of the consumer panicked or was cancelled. `group membership` (the task that keeps the
+    /// member alive): the member no longer heartbeats and the group will evict it; close this consumer
+    /// and subscribe a new one. `fetch` or `list offsets` (one leader's part of a read): no answer of
+    /// that read was applied and no position moved, so the next call reads the same records again.
+    #[error("consumer task {task:?} failed: {failure}")]
+    TaskFailed {
+        /// Which task.
+        task: String,
+        /// How it ended: the panic's message, or that it was cancelled.
+        failure: String,
+    },
+
     /// The consumer was closed, or its background task stopped.
     #[error("consumer closed")]
     Closed,

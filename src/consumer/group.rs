@@ -16,7 +16,7 @@
 //! the application; the group only moves on when the application acknowledges (see
 //! [`RebalanceListener`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +27,7 @@ use super::exec::execute;
 use super::live::GroupMetadataHandle;
 use super::membership::classic::ClassicMember;
 use super::membership::kip848::ConsumerMember;
+use super::membership::RequestId;
 use super::offsets::{commit_offsets, committed_offsets};
 use super::rebalance::{now, Member, PollPath, Shared};
 use super::{
@@ -137,11 +138,21 @@ impl<L: RebalanceListener> GroupConsumer<L> {
         let membership_client = Client::connect(client.config().clone()).await?;
         let shared = Arc::new(Shared::new(member));
         let (poll_path, _) = PollPath::new(&config.group.group_id);
-        let task = tokio::spawn(run_membership(
-            membership_client,
-            config.group.group_id.clone(),
-            shared.clone(),
-        ));
+        // Supervised: if the driver panics (or is cancelled by anything but this consumer), the next
+        // poll fails with a typed error instead of waiting for heartbeats that no longer happen.
+        let supervisor = Arc::downgrade(&shared);
+        let task = crate::supervise::spawn(
+            run_membership(
+                membership_client,
+                config.group.group_id.clone(),
+                shared.clone(),
+            ),
+            move |failure| {
+                if let Some(shared) = supervisor.upgrade() {
+                    shared.driver_failed(failure);
+                }
+            },
+        );
         Ok(GroupConsumer {
             reader: PartitionReader::new(client.clone(), config.reader.clone()),
             client,
@@ -208,12 +219,16 @@ impl<L: RebalanceListener> GroupConsumer<L> {
     ) -> Result<Vec<PartitionRecords>, ConsumerError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
+            if let Some(e) = self.shared.driver_error() {
+                return Err(e);
+            }
             self.maybe_auto_commit().await?;
             self.run_handlers().await?;
             self.sync_assignment().await?;
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
             let out = if self.reader.assignment().is_empty() {
                 // Nothing to fetch: wait for the background to report progress (a join completing).
+                // The driver's supervisor notifies this too, so a dead driver ends the wait.
                 let _ = tokio::time::timeout(remaining, self.shared.app_wake.notified()).await;
                 Vec::new()
             } else {
@@ -397,9 +412,18 @@ impl<L: RebalanceListener> RebalanceListener for AutoCommitting<'_, L> {
 }
 
 /// Drives the membership machine's I/O until it is closed.
+///
+/// Each request runs as a task of its own. The machine must hear back about every request it handed
+/// out, or it waits for that answer for ever (it has no timer of its own for an answer). A task's output
+/// carries the request id, but a panicked or cancelled task has no output, so the id is also kept here,
+/// keyed by the tokio task id that [`JoinError`](tokio::task::JoinError) still reports: a dead request
+/// task becomes `handle_failure` for its request, exactly like a transport error.
 async fn run_membership(client: Client, group_id: String, shared: Arc<Shared>) {
     let mut inflight = tokio::task::JoinSet::new();
+    let mut requests: HashMap<tokio::task::Id, (RequestId, &'static str)> = HashMap::new();
     loop {
+        #[cfg(test)]
+        shared.faults.hit("membership driver");
         let (deadline, closed, for_app) = {
             let mut m = shared.lock();
             let t = now();
@@ -409,8 +433,14 @@ async fn run_membership(client: Client, group_id: String, shared: Arc<Shared>) {
                 let name = transmit.request.name();
                 let client = client.clone();
                 let group_id = group_id.clone();
-                inflight
-                    .spawn(async move { (id, name, execute(&client, &group_id, transmit).await) });
+                #[cfg(test)]
+                let faults = shared.clone();
+                let task = inflight.spawn(async move {
+                    #[cfg(test)]
+                    faults.faults.hit("group request");
+                    execute(&client, &group_id, transmit).await
+                });
+                requests.insert(task.id(), (id, name));
             }
             (m.poll_timeout(), m.is_closed(), m.has_events())
         };
@@ -426,14 +456,27 @@ async fn run_membership(client: Client, group_id: String, shared: Arc<Shared>) {
         }
         let sleep = deadline.map(tokio::time::Instant::from_std);
         tokio::select! {
-            Some(joined) = inflight.join_next(), if !inflight.is_empty() => {
+            Some(joined) = inflight.join_next_with_id(), if !inflight.is_empty() => {
+                let task = match &joined {
+                    Ok((task, _)) => *task,
+                    Err(e) => e.id(),
+                };
+                // Every spawned task was entered in the map; a miss would be a bug here, and the only
+                // safe reading of it is that no request of the machine's is affected.
+                let Some((id, name)) = requests.remove(&task) else {
+                    tracing::error!(group = %group_id, "a group request task finished unrecorded");
+                    continue;
+                };
                 match joined {
-                    Ok((id, _, Ok(response))) => shared.lock().handle_response(now(), id, response),
-                    Ok((id, name, Err(e))) => {
+                    Ok((_, Ok(response))) => shared.lock().handle_response(now(), id, response),
+                    Ok((_, Err(e))) => {
                         tracing::debug!(group = %group_id, request = name, error = %e, "group request failed");
                         shared.lock().handle_failure(now(), id);
                     }
-                    Err(e) => tracing::error!(group = %group_id, error = %e, "group request task failed"),
+                    Err(e) => {
+                        tracing::error!(group = %group_id, request = name, error = %e, "group request task died; treated as a failed request");
+                        shared.lock().handle_failure(now(), id);
+                    }
                 }
             }
             _ = sleep_until(sleep) => {}

@@ -27,7 +27,7 @@ use crate::net::{Client, ClientConfig};
 
 /// Serves ApiVersions, Metadata (one broker, node 1, itself), FindCoordinator (itself) and
 /// ConsumerGroupHeartbeat (member epoch 1, nothing assigned, heartbeat every 500 ms).
-async fn idle_coordinator() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+pub(super) async fn idle_coordinator() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {

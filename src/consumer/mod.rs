@@ -39,6 +39,8 @@ mod types;
 
 #[cfg(test)]
 mod idle_tests;
+#[cfg(test)]
+mod supervise_tests;
 
 pub use assignor::{Assignor, RebalanceProtocol};
 pub use config::{GroupConfig, GroupProtocol};

@@ -129,6 +129,9 @@ pub struct PartitionReader {
     client: Client,
     config: ReaderConfig,
     fetcher: Fetcher,
+    /// Points inside the per-leader tasks that a test can make panic.
+    #[cfg(test)]
+    pub(crate) faults: std::sync::Arc<crate::supervise::Faults>,
 }
 
 impl PartitionReader {
@@ -139,6 +142,8 @@ impl PartitionReader {
             client,
             config,
             fetcher,
+            #[cfg(test)]
+            faults: std::sync::Arc::default(),
         }
     }
 
@@ -198,7 +203,8 @@ impl PartitionReader {
     /// Memory is bounded by `max_bytes` per leader contacted.
     ///
     /// Cancel-safe: a dropped call loses no records and moves no position; the partitions in flight
-    /// are fetched again from the same positions by the next call.
+    /// are fetched again from the same positions by the next call. A call whose per-leader task died
+    /// fails with [`ConsumerError::TaskFailed`] in the same way: nothing applied, nothing moved.
     pub async fn fetch(&mut self) -> Result<Vec<PartitionRecords>, ConsumerError> {
         self.fetch_for(self.config.max_wait).await
     }
@@ -251,7 +257,11 @@ impl PartitionReader {
         let mut lists = tokio::task::JoinSet::new();
         for (node, parts) in plan.list {
             let client = self.client.clone();
+            #[cfg(test)]
+            let faults = self.faults.clone();
             lists.spawn(async move {
+                #[cfg(test)]
+                faults.hit("list offsets");
                 let r = list_offsets_at(&client, node, &parts, isolation).await;
                 (parts, r)
             });
@@ -260,13 +270,29 @@ impl PartitionReader {
         for (node, parts) in plan.fetch {
             let client = self.client.clone();
             let config = self.config.clone();
+            #[cfg(test)]
+            let faults = self.faults.clone();
             fetches.spawn(async move {
+                #[cfg(test)]
+                faults.hit("fetch");
                 let r = fetch_at(&client, node, &parts, &config, max_wait).await;
                 (parts, r)
             });
         }
-        let listed = collect(&mut lists).await;
-        let fetched = collect(&mut fetches).await;
+        let (listed, list_failure) = collect(&mut lists).await;
+        let (fetched, fetch_failure) = collect(&mut fetches).await;
+        // A task that died is a bug, and it must surface, not be retried silently for ever. Nothing is
+        // lost by failing here: no answer has been applied yet, so dropping them all lets the guard put
+        // every planned partition back, and the next call fetches them from the same positions.
+        if let Some((task, failure)) = list_failure
+            .map(|f| ("list offsets", f))
+            .or(fetch_failure.map(|f| ("fetch", f)))
+        {
+            return Err(ConsumerError::TaskFailed {
+                task: task.into(),
+                failure,
+            });
+        }
 
         let now = super::rebalance::now();
         let mut first_error: Option<ConsumerError> = None;
@@ -670,15 +696,19 @@ impl Drop for Unplan<'_> {
     }
 }
 
-/// Waits for every task of `set`. A task that panicked is logged and its partitions stay in the
-/// guard, so they are fetched again.
-async fn collect<T: 'static>(set: &mut tokio::task::JoinSet<T>) -> Vec<T> {
+/// Waits for every task of `set`; returns their outputs and how the first one that died (panicked or
+/// was cancelled) ended. A dead task's partitions stay in the guard, so they are fetched again.
+async fn collect<T: 'static>(set: &mut tokio::task::JoinSet<T>) -> (Vec<T>, Option<String>) {
     let mut out = Vec::with_capacity(set.len());
+    let mut failure = None;
     while let Some(joined) = set.join_next().await {
         match joined {
             Ok(v) => out.push(v),
-            Err(e) => tracing::error!(error = %e, "fetch task failed"),
+            Err(e) => {
+                tracing::error!(error = %e, "fetch task died");
+                failure.get_or_insert_with(|| crate::supervise::Failure::of(e).to_string());
+            }
         }
     }
-    out
+    (out, failure)
 }

@@ -99,9 +99,16 @@ pub(crate) struct Shared {
     /// pending revocation, a fatal error) or closed, so a poll waiting with nothing to fetch notices it
     /// without sleeping out its timeout. Never on a pass that changed nothing the application sees.
     pub(crate) app_wake: Notify,
+    /// How the driver task died, once it has: set by its supervisor (a panic or a cancellation), read by
+    /// every later poll, which fails with [`ConsumerError::TaskFailed`] instead of waiting for a driver
+    /// that is gone.
+    driver_failure: std::sync::OnceLock<crate::supervise::Failure>,
     /// How many passes the driver loop made: an idle member must make few.
     #[cfg(test)]
     pub(crate) driver_passes: std::sync::atomic::AtomicU64,
+    /// Points inside the driver and its request tasks that a test can make panic.
+    #[cfg(test)]
+    pub(crate) faults: crate::supervise::Faults,
 }
 
 impl Shared {
@@ -110,9 +117,29 @@ impl Shared {
             member: Mutex::new(member),
             wake: Notify::new(),
             app_wake: Notify::new(),
+            driver_failure: std::sync::OnceLock::new(),
             #[cfg(test)]
             driver_passes: std::sync::atomic::AtomicU64::new(0),
+            #[cfg(test)]
+            faults: crate::supervise::Faults::default(),
         }
+    }
+
+    /// Records that the driver task died and wakes a poll waiting on it.
+    pub(crate) fn driver_failed(&self, failure: crate::supervise::Failure) {
+        tracing::error!(%failure, "group membership task died");
+        let _ = self.driver_failure.set(failure);
+        self.app_wake.notify_one();
+    }
+
+    /// The error every poll returns once the driver task has died.
+    pub(crate) fn driver_error(&self) -> Option<ConsumerError> {
+        self.driver_failure
+            .get()
+            .map(|failure| ConsumerError::TaskFailed {
+                task: "group membership".into(),
+                failure: failure.to_string(),
+            })
     }
 
     /// Locks the machine. A panic while holding the lock cannot leave it half-updated in a way that

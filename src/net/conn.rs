@@ -68,6 +68,9 @@ struct Shared {
     closed: watch::Sender<bool>,
     /// Registered once here, so recording per request allocates nothing.
     metrics: ConnMetrics,
+    /// Points inside the reader and writer that a test can make panic.
+    #[cfg(test)]
+    faults: crate::supervise::Faults,
 }
 
 #[derive(Default)]
@@ -214,9 +217,25 @@ impl Connection {
             state: Mutex::new(State::default()),
             closed,
             metrics: ConnMetrics::new(),
+            #[cfg(test)]
+            faults: crate::supervise::Faults::default(),
         });
-        tokio::spawn(write_loop(write, queue, shared.clone()));
-        tokio::spawn(read_loop(read, shared.clone()));
+        // Supervised: a reader that died would leave every waiter to its own deadline (a JoinGroup's
+        // can be minutes) while the pool kept handing the connection out as usable; a dead writer would
+        // leave queued frames unwritten the same way. Either poisons the connection instead.
+        let poison = |task: &'static str| {
+            let shared = Arc::downgrade(&shared);
+            move |failure: crate::supervise::Failure| {
+                if let Some(shared) = shared.upgrade() {
+                    shared.fail(ConnectionFailure::TaskFailed {
+                        task,
+                        failure: failure.to_string(),
+                    });
+                }
+            }
+        };
+        crate::supervise::spawn(write_loop(write, queue, shared.clone()), poison("writer"));
+        crate::supervise::spawn(read_loop(read, shared.clone()), poison("reader"));
         Connection {
             inner: Arc::new(Inner {
                 shared,
@@ -392,6 +411,12 @@ impl Connection {
         }
     }
 
+    /// The reader's and writer's fault points.
+    #[cfg(test)]
+    pub(crate) fn faults(&self) -> &crate::supervise::Faults {
+        &self.inner.shared.faults
+    }
+
     #[cfg(test)]
     pub(crate) fn pending_len(&self) -> usize {
         self.inner.shared.lock().pending.len()
@@ -431,6 +456,8 @@ async fn write_loop<Wr: AsyncWrite + Unpin>(
             let _ = write.shutdown().await;
             return;
         };
+        #[cfg(test)]
+        shared.faults.hit("writer");
         // Once a frame is taken off the queue it is written to the end: stopping part-way would leave
         // the broker reading the next frame's bytes as the rest of this one. The only way out mid-frame
         // is the connection being poisoned, after which the socket is closed anyway.
@@ -471,6 +498,8 @@ async fn read_loop<Rd: AsyncRead + Unpin>(mut read: Rd, shared: Arc<Shared>) {
         loop {
             match decoder.decode(&mut buf) {
                 Ok(Some(frame)) => {
+                    #[cfg(test)]
+                    shared.faults.hit("reader");
                     if let Err(failure) = shared.dispatch(frame) {
                         shared.fail(failure);
                         return;

@@ -496,3 +496,56 @@ proptest! {
         });
     }
 }
+
+/// A reader task that panics poisons the connection at once: the request waiting for the frame it was
+/// handling fails with the reader's failure instead of waiting out its timeout, and the pool sees the
+/// connection as unusable.
+#[tokio::test]
+async fn a_panicked_reader_poisons_the_connection() {
+    let (conn, mut peer) = pair(4096, options());
+    conn.faults().arm("reader", 1);
+    let client = spawn_request(&conn, topics_request(&["a".into()]), LONG);
+    let got = peer.next_request().await.unwrap();
+    peer.respond(got.header.correlation_id, &MetadataResponse::default(), 12)
+        .await;
+    let result = tokio::time::timeout(LONG / 2, client)
+        .await
+        .expect("the waiter is failed before its own timeout")
+        .unwrap();
+    match result {
+        Err(NetError::Connection {
+            failure: ConnectionFailure::TaskFailed { task, failure },
+            ..
+        }) => {
+            assert_eq!(task, "reader");
+            assert!(failure.contains("injected fault at reader"), "{failure}");
+        }
+        other => panic!("expected the reader's failure, got {other:?}"),
+    }
+    assert!(!conn.is_usable());
+}
+
+/// A writer task that panics poisons the connection at once: the request whose frame it took off the
+/// queue fails with the writer's failure instead of waiting out its timeout for an answer to a frame
+/// that was never written.
+#[tokio::test]
+async fn a_panicked_writer_poisons_the_connection() {
+    let (conn, _peer) = pair(4096, options());
+    conn.faults().arm("writer", 1);
+    let client = spawn_request(&conn, topics_request(&["a".into()]), LONG);
+    let result = tokio::time::timeout(LONG / 2, client)
+        .await
+        .expect("the waiter is failed before its own timeout")
+        .unwrap();
+    match result {
+        Err(NetError::Connection {
+            failure: ConnectionFailure::TaskFailed { task, failure },
+            ..
+        }) => {
+            assert_eq!(task, "writer");
+            assert!(failure.contains("injected fault at writer"), "{failure}");
+        }
+        other => panic!("expected the writer's failure, got {other:?}"),
+    }
+    assert!(!conn.is_usable());
+}

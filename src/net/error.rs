@@ -32,6 +32,15 @@ pub enum ConnectionFailure {
     /// This client shut the connection down.
     #[error("the connection was shut down by the client")]
     Shutdown,
+    /// The connection's reader or writer task panicked or was cancelled, so nothing more would be read
+    /// or written: the connection is poisoned at once rather than left to time its waiters out one by one.
+    #[error("the connection's {task} task {failure}")]
+    TaskFailed {
+        /// `reader` or `writer`.
+        task: &'static str,
+        /// How it ended: the panic's message, or that it was cancelled.
+        failure: String,
+    },
 }
 
 /// Everything that can go wrong between a request and its decoded response.

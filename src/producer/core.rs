@@ -618,6 +618,40 @@ impl<T> ProducerCore<T> {
         fx
     }
 
+    /// A task carrying batches died, so their answers will never come: fails every batch of
+    /// `partition` (of every partition when `None`), whatever its state, then everything unsent, and
+    /// makes the producer fatal with `err`. A batch with a request out may have been written; the error
+    /// is fatal, so nobody will resend it under these sequences. An answer that still arrives for a batch
+    /// failed here finds no flight and is ignored.
+    pub(crate) fn abandon(
+        &mut self,
+        err: &ProducerError,
+        partition: Option<&TopicPartition>,
+    ) -> Effects<T> {
+        let dead: Vec<BatchId> = self
+            .flights
+            .iter()
+            .filter(|(_, f)| partition.is_none_or(|tp| f.batch.partition == *tp))
+            .map(|(id, _)| *id)
+            .collect();
+        let mut fx = Effects::default();
+        for id in dead {
+            let f = self.flights.remove(&id).expect("present");
+            if let Some(seq) = self.seq.as_mut() {
+                seq.give_up(&f.batch.partition, id);
+            }
+            self.acc.release(f.batch.reserved);
+            fx.memory_freed = true;
+            Self::complete_err(&mut fx, f.batch, err);
+        }
+        let rest = self.fail_unsent(err);
+        fx.completions.extend(rest.completions);
+        fx.memory_freed |= rest.memory_freed;
+        fx.fatal = Some(err.clone());
+        self.set_fatal(err);
+        fx
+    }
+
     /// The producer is unusable: refuse appends from now on.
     pub(crate) fn set_fatal(&mut self, err: &ProducerError) {
         self.fatal.get_or_insert_with(|| Arc::new(err.clone()));

@@ -4,6 +4,12 @@
 //! Locking: one `std::sync::Mutex` around the cores, never held across an await. Record outcomes are
 //! delivered after the lock is released.
 //!
+//! Supervision: every task this driver spawns (itself, the lanes, an enrolment, an id fetch) runs under
+//! [`crate::supervise`]. When one panics or is cancelled, [`Inner::task_failed`] releases what it held
+//! (the lane slot, the in-flight flag), fails the records it carried and everything unsent with
+//! [`ProducerError::TaskFailed`], and makes the producer fatal, so every waiter (a `Delivery`, a flush,
+//! a commit, the next send) gets a typed error instead of waiting on a task that is gone.
+//!
 //! Ordering: each partition has at most one *lane* task at a time, which sends the partition's batches
 //! one request after another in sequence order. A lane never races another lane of the same partition,
 //! so the broker sees sequences in order and OUT_OF_ORDER_SEQUENCE_NUMBER only ever means a real gap or
@@ -80,6 +86,33 @@ pub(crate) struct Inner {
     wake: Notify,
     /// Wakes callers waiting for memory, a flush or in-flight requests to drain.
     changed: Notify,
+    /// Points inside the spawned tasks that a test can make panic.
+    #[cfg(test)]
+    pub(crate) faults: crate::supervise::Faults,
+}
+
+/// The driver's spawned tasks, named for the error their failure becomes.
+#[derive(Debug, Clone)]
+enum Task {
+    /// The background task itself ([`Inner::run`]).
+    Driver,
+    /// A partition's sending lane.
+    Lane(TopicPartition),
+    /// A TV1 AddPartitionsToTxn.
+    AddPartitions,
+    /// An idempotent producer's new-id fetch.
+    ProducerId,
+}
+
+impl std::fmt::Display for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Task::Driver => f.write_str("driver"),
+            Task::Lane(tp) => write!(f, "lane {tp}"),
+            Task::AddPartitions => f.write_str("add partitions"),
+            Task::ProducerId => f.write_str("producer id"),
+        }
+    }
 }
 
 impl Inner {
@@ -106,6 +139,8 @@ impl Inner {
             }),
             wake: Notify::new(),
             changed: Notify::new(),
+            #[cfg(test)]
+            faults: crate::supervise::Faults::default(),
         })
     }
 
@@ -122,7 +157,57 @@ impl Inner {
     /// Starts the background task. It stops once the producer is closed and nothing is in flight.
     pub(crate) fn spawn(self: &Arc<Self>) {
         let inner = self.clone();
-        tokio::spawn(async move { inner.run().await });
+        self.supervise(Task::Driver, async move { inner.run().await });
+    }
+
+    /// Spawns one of the driver's tasks so that its panic or cancellation reaches [`Self::task_failed`].
+    fn supervise(self: &Arc<Self>, task: Task, future: impl Future<Output = ()> + Send + 'static) {
+        // Weak: if the producer is gone when the failure is reported, nobody is left to tell.
+        let weak = Arc::downgrade(self);
+        crate::supervise::spawn(future, move |failure| {
+            if let Some(inner) = weak.upgrade() {
+                inner.task_failed(&task, &failure);
+            }
+        });
+    }
+
+    /// A spawned task died without finishing. Releases what it held, fails what it carried and what is
+    /// unsent, and makes the producer fatal (see the module docs).
+    ///
+    /// Why fatal and not just a retry: the dead task's requests may have reached the broker, its
+    /// partition's sequence is unknowable from here, and a panic is a bug whose other effects on the
+    /// cores nobody can vouch for. The caller's remedy is the same as for any fatal error: a new producer.
+    fn task_failed(&self, task: &Task, failure: &crate::supervise::Failure) {
+        let err = ProducerError::TaskFailed {
+            task: task.to_string(),
+            failure: failure.to_string(),
+        };
+        tracing::error!(error = %err, "producer task died");
+        let replies = {
+            let mut s = self.lock();
+            let mut fx = match task {
+                Task::Driver => s.core.abandon(&err, None),
+                Task::Lane(tp) => {
+                    s.lanes.remove(tp);
+                    s.core.abandon(&err, Some(tp))
+                }
+                Task::AddPartitions => {
+                    s.add_in_flight = false;
+                    s.core.fail_unsent(&err)
+                }
+                Task::ProducerId => {
+                    // A fatal producer needs no id: without this the next pass would fetch again.
+                    s.need_new_id = false;
+                    s.new_id_in_flight = false;
+                    s.core.fail_unsent(&err)
+                }
+            };
+            fx.fatal = Some(err);
+            self.apply(&mut s, fx)
+        };
+        deliver(replies);
+        self.changed.notify_waiters();
+        self.wake();
     }
 
     /// Stops accepting records and fails the unsent ones with [`ProducerError::Closed`].
@@ -348,6 +433,8 @@ impl Inner {
 
     async fn run(self: Arc<Self>) {
         loop {
+            #[cfg(test)]
+            self.faults.hit("driver");
             let now = Instant::now();
             let mut lanes: Vec<(TopicPartition, Vec<ToSend>)> = Vec::new();
             let mut add: Option<TxnRequest> = None;
@@ -408,15 +495,18 @@ impl Inner {
             deliver(replies);
             for (tp, batches) in lanes {
                 let inner = self.clone();
-                tokio::spawn(async move { inner.lane(tp, batches).await });
+                let task = Task::Lane(tp.clone());
+                self.supervise(task, async move { inner.lane(tp, batches).await });
             }
             if let Some(req) = add {
                 let inner = self.clone();
-                tokio::spawn(async move { inner.add_partitions(req).await });
+                self.supervise(Task::AddPartitions, async move {
+                    inner.add_partitions(req).await
+                });
             }
             if new_id {
                 let inner = self.clone();
-                tokio::spawn(async move { inner.fetch_new_id().await });
+                self.supervise(Task::ProducerId, async move { inner.fetch_new_id().await });
             }
             let sleep = match next {
                 Some(at) => tokio::time::Instant::from_std(at),
@@ -432,6 +522,8 @@ impl Inner {
     /// Sends one partition's batches one request after another, in sequence order.
     async fn lane(self: Arc<Self>, tp: TopicPartition, batches: Vec<ToSend>) {
         for b in batches {
+            #[cfg(test)]
+            self.faults.hit("lane");
             let answer = self.produce(&b).await;
             let replies = {
                 let mut s = self.lock();
@@ -507,6 +599,8 @@ impl Inner {
 
     /// TV1 enrolment, sent once; the machine decides about retries.
     async fn add_partitions(self: Arc<Self>, req: TxnRequest) {
+        #[cfg(test)]
+        self.faults.hit("add partitions");
         let resp = send_txn(&self.client, &req).await;
         let outcome = {
             let mut s = self.lock();
@@ -538,6 +632,8 @@ impl Inner {
 
     /// Idempotent producer whose epoch ran out: a fresh producer id, then re-sequence what was held.
     async fn fetch_new_id(self: Arc<Self>) {
+        #[cfg(test)]
+        self.faults.hit("producer id");
         let result = init_idempotent_id(&self.client, &self.config).await;
         let replies = {
             let mut s = self.lock();
@@ -550,6 +646,8 @@ impl Inner {
                     self.apply(&mut s, fx)
                 }
                 Err(e) => {
+                    // Fatal now, so no new id is wanted (else every later pass would fetch again).
+                    s.need_new_id = false;
                     s.core.set_fatal(&e);
                     let fx = s.core.fail_unsent(&e);
                     self.apply(&mut s, fx)
@@ -757,3 +855,6 @@ pub(crate) async fn init_idempotent_id(
         attempt += 1;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -57,7 +57,7 @@ impl Producer {
         })
     }
 
-    fn inner(&self) -> &Arc<Inner> {
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
         &self.handle.inner
     }
 

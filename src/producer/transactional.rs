@@ -246,6 +246,12 @@ impl TransactionalProducer {
         self.inner.close();
     }
 
+    /// The shared driver state, for tests that reach into the driver.
+    #[cfg(test)]
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     fn op_timeout(&self) -> std::time::Duration {
         self.config.operation_timeout
     }

@@ -1,0 +1,282 @@
+//! The driver's supervision: each spawned task is made to panic at a test-only fault point, and every
+//! waiter must come away with a typed error instead of waiting on the dead task.
+//!
+//! The broker is a loopback stub that answers the handful of requests a producer makes before anything
+//! is sent (ApiVersions, Metadata, FindCoordinator, InitProducerId). It stands in for no broker
+//! behaviour: every test kills its task before a Produce or an AddPartitionsToTxn would go out.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{
+    ApiVersionsResponse, BrokerId, FindCoordinatorResponse, InitProducerIdResponse,
+    MetadataResponse, ProducerId, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use tokio::net::TcpListener;
+use tokio::time::timeout;
+
+use super::Inner;
+use crate::net::testing::Peer;
+use crate::net::{Client, ClientConfig};
+use crate::producer::{
+    Producer, ProducerConfig, ProducerError, ProducerRecord, TransactionalConfig,
+    TransactionalProducer,
+};
+
+/// Long enough for anything that is going to happen here; a waiter still waiting by then waits on a
+/// dead task.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+async fn stub_broker() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            connections.spawn(serve(Peer::over_tcp(socket), addr));
+        }
+    });
+    (addr, task)
+}
+
+/// One broker (node 1, itself), topic `t` with one partition it leads, coordinator for everything.
+async fn serve(mut peer: Peer, addr: SocketAddr) {
+    let port = i32::from(addr.port());
+    while let Some(request) = peer.next_request().await {
+        let id = request.header.correlation_id;
+        let version = request.header.request_api_version;
+        match request.header.request_api_key {
+            18 => {
+                let keys = [
+                    (0, 3, 11),
+                    (3, 1, 12),
+                    (10, 0, 4),
+                    (18, 0, 3),
+                    (22, 0, 4),
+                    (24, 0, 3),
+                    (25, 0, 3),
+                    (26, 0, 3),
+                    (28, 0, 3),
+                ]
+                .map(|(k, min, max)| {
+                    ApiVersion::default()
+                        .with_api_key(k)
+                        .with_min_version(min)
+                        .with_max_version(max)
+                });
+                let answer = ApiVersionsResponse::default().with_api_keys(keys.to_vec());
+                peer.respond(id, &answer, version.min(3)).await;
+            }
+            3 => {
+                let partition = MetadataResponsePartition::default()
+                    .with_partition_index(0)
+                    .with_leader_id(BrokerId(1))
+                    .with_replica_nodes(vec![BrokerId(1)])
+                    .with_isr_nodes(vec![BrokerId(1)]);
+                let answer = MetadataResponse::default()
+                    .with_brokers(vec![MetadataResponseBroker::default()
+                        .with_node_id(BrokerId(1))
+                        .with_host("127.0.0.1".into())
+                        .with_port(port)])
+                    .with_controller_id(BrokerId(1))
+                    .with_topics(vec![MetadataResponseTopic::default()
+                        .with_name(Some(TopicName(StrBytes::from_static_str("t"))))
+                        .with_partitions(vec![partition])]);
+                peer.respond(id, &answer, version).await;
+            }
+            10 => {
+                let answer = if version >= 4 {
+                    FindCoordinatorResponse::default().with_coordinators(vec![
+                        Coordinator::default()
+                            .with_key("tx".into())
+                            .with_node_id(BrokerId(1))
+                            .with_host("127.0.0.1".into())
+                            .with_port(port),
+                    ])
+                } else {
+                    FindCoordinatorResponse::default()
+                        .with_node_id(BrokerId(1))
+                        .with_host("127.0.0.1".into())
+                        .with_port(port)
+                };
+                peer.respond(id, &answer, version).await;
+            }
+            22 => {
+                let answer = InitProducerIdResponse::default()
+                    .with_producer_id(ProducerId(7))
+                    .with_producer_epoch(0);
+                peer.respond(id, &answer, version).await;
+            }
+            other => panic!("the producer stub does not serve api key {other}"),
+        }
+    }
+}
+
+/// Records stay buffered (no linger runs out during a test) unless a test says otherwise.
+fn config(linger: Duration) -> ProducerConfig {
+    ProducerConfig {
+        linger,
+        ..ProducerConfig::default()
+    }
+}
+
+fn record() -> ProducerRecord {
+    ProducerRecord::new("t", Some("v".into())).partition(0)
+}
+
+async fn client(addr: SocketAddr) -> Client {
+    Client::connect(ClientConfig::new(&addr.to_string()))
+        .await
+        .unwrap()
+}
+
+/// Lets the driver finish its first pass and park, so a fault armed next fires on a later pass.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+fn assert_task_failed(err: &ProducerError, expect_task: &str, point: &str) {
+    match err {
+        ProducerError::TaskFailed { task, failure } => {
+            assert_eq!(task, expect_task);
+            assert!(
+                failure.contains(&format!("injected fault at {point}")),
+                "the panic's message is kept: {failure}"
+            );
+        }
+        other => panic!("expected TaskFailed from {expect_task}, got {other:?}"),
+    }
+    assert!(err.is_fatal());
+}
+
+/// Later calls are refused with the dead task's error as the cause.
+fn assert_refused(inner: &Arc<Inner>, expect_task: &str) {
+    match inner.try_append(record()) {
+        Err((ProducerError::Defunct { cause }, _)) => {
+            assert!(
+                matches!(&*cause, ProducerError::TaskFailed { task, .. } if task == expect_task),
+                "{cause:?}"
+            );
+        }
+        Err((other, _)) => panic!("expected Defunct(TaskFailed), got {other:?}"),
+        Ok(_) => panic!("a producer with a dead {expect_task} task accepted a record"),
+    }
+}
+
+/// A lane that panics fails the record it carried with a fatal error naming the lane and the panic,
+/// releases its partition's lane slot, and the producer refuses later sends: no Delivery waits on a
+/// dead lane.
+#[tokio::test]
+async fn a_panicked_lane_fails_its_records_and_frees_its_partition() {
+    let (addr, stub) = stub_broker().await;
+    let producer = Producer::new(client(addr).await, config(Duration::ZERO))
+        .await
+        .unwrap();
+    let inner = producer.inner().clone();
+    inner.faults.arm("lane", 1);
+    let delivery = producer.send(record()).await.unwrap();
+    let outcome = timeout(PATIENCE, delivery)
+        .await
+        .expect("the record's Delivery resolves although its lane died");
+    assert_task_failed(&outcome.unwrap_err(), "lane t-0", "lane");
+    assert!(
+        inner.lock().lanes.is_empty(),
+        "the dead lane's partition is free"
+    );
+    assert_refused(&inner, "lane t-0");
+    timeout(PATIENCE, producer.flush())
+        .await
+        .expect("flush returns");
+    stub.abort();
+}
+
+/// When the driver task itself dies, the records it held fail with a fatal error naming it, flush
+/// returns and later sends are refused: nothing waits on a driver that is gone.
+#[tokio::test]
+async fn a_dead_driver_fails_every_waiter() {
+    let (addr, stub) = stub_broker().await;
+    let producer = Producer::new(client(addr).await, config(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let inner = producer.inner().clone();
+    settle().await;
+    inner.faults.arm("driver", 1);
+    // The append wakes the driver, which dies at the top of that pass with the record buffered.
+    let delivery = producer.send(record()).await.unwrap();
+    let outcome = timeout(PATIENCE, delivery)
+        .await
+        .expect("the buffered record's Delivery resolves although the driver died");
+    assert_task_failed(&outcome.unwrap_err(), "driver", "driver");
+    timeout(PATIENCE, producer.flush())
+        .await
+        .expect("flush returns");
+    assert_refused(&inner, "driver");
+    stub.abort();
+}
+
+/// An idempotent producer's id fetch that panics clears its in-flight flag and makes the producer
+/// fatal, so the buffered record and later sends fail typed instead of waiting for an id that never
+/// comes.
+#[tokio::test]
+async fn a_panicked_id_fetch_fails_the_held_records() {
+    let (addr, stub) = stub_broker().await;
+    let producer = Producer::new(client(addr).await, config(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let inner = producer.inner().clone();
+    let delivery = producer.send(record()).await.unwrap();
+    settle().await;
+    inner.faults.arm("producer id", 1);
+    // What an exhausted epoch would report (the core's `need_new_id`), without exhausting one.
+    inner.lock().need_new_id = true;
+    inner.wake();
+    let outcome = timeout(PATIENCE, delivery)
+        .await
+        .expect("the held record's Delivery resolves although the id fetch died");
+    assert_task_failed(&outcome.unwrap_err(), "producer id", "producer id");
+    assert!(
+        !inner.lock().new_id_in_flight,
+        "the in-flight flag is clear"
+    );
+    assert_refused(&inner, "producer id");
+    stub.abort();
+}
+
+/// A TV1 enrolment (AddPartitionsToTxn) that panics clears its in-flight flag and makes the producer
+/// fatal: the record waiting for the enrolment fails typed and `commit` returns a fatal error instead
+/// of waiting for an enrolment that never ends.
+#[tokio::test]
+async fn a_panicked_enrolment_fails_the_transaction() {
+    let (addr, stub) = stub_broker().await;
+    let mut producer = TransactionalProducer::init(client(addr).await, {
+        let mut c = TransactionalConfig::new("tx");
+        c.producer = config(Duration::ZERO);
+        c
+    })
+    .await
+    .unwrap();
+    let inner = producer.inner().clone();
+    settle().await;
+    inner.faults.arm("add partitions", 1);
+    producer.begin().unwrap();
+    let delivery = producer.send(record()).await.unwrap();
+    let outcome = timeout(PATIENCE, delivery)
+        .await
+        .expect("the record's Delivery resolves although the enrolment died");
+    assert_task_failed(&outcome.unwrap_err(), "add partitions", "add partitions");
+    assert!(!inner.lock().add_in_flight, "the in-flight flag is clear");
+    let commit = timeout(PATIENCE, producer.commit())
+        .await
+        .expect("commit returns");
+    let err = commit.expect_err("a transaction whose enrolment died cannot commit");
+    assert!(err.is_fatal(), "{err:?}");
+    stub.abort();
+}
