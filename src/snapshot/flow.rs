@@ -1253,3 +1253,7 @@ mod tests {
         assert!(open_envelope(&[9, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
     }
 }
+
+#[cfg(test)]
+#[path = "flow_tests.rs"]
+mod driver_tests;
