@@ -871,7 +871,7 @@ async fn deletes_survive_log_cleaning_and_aborted_transactions() {
         .await
         .unwrap();
     let mut txn_writes = 0usize;
-    for round in 0..6 {
+    for round in 0..7 {
         for k in 0..12 {
             let key = format!("k{k:02}");
             w.emit_value(&key, &format!("{key}-r{round}")).await;
@@ -915,7 +915,7 @@ async fn deletes_survive_log_cleaning_and_aborted_transactions() {
 
     // Wait for the cleaner: far fewer records stored than were written (snapshots, graves, tombstones,
     // aborted garbage and markers).
-    let written = txn_writes + 6 * 12;
+    let written = txn_writes + 7 * 12;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let stored = stored_records(&w).await;
