@@ -894,6 +894,7 @@ async fn deletes_survive_log_cleaning_and_aborted_transactions() {
         .await
         .unwrap();
         zombie.begin().unwrap();
+        let mut sent = Vec::new();
         for k in 0..12 {
             let record = ProducerRecord::new(
                 w.snapshots.as_str(),
@@ -901,14 +902,23 @@ async fn deletes_survive_log_cleaning_and_aborted_transactions() {
             )
             .key(Bytes::from(format!("k{k:02}")))
             .partition(0);
-            let _ = zombie.send(record).await.unwrap();
+            sent.push(zombie.send(record).await.unwrap());
+        }
+        // Written to the log (acknowledged), then aborted: the records stay until the cleaner drops them.
+        for d in sent {
+            d.await.unwrap();
         }
         zombie.abort().await.unwrap();
         zombie.close().await;
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     assert_eq!(
-        a.state(0).await.unwrap().into_iter().map(|(k, s)| (k, s.tally)).collect::<HashMap<_, _>>(),
+        a.state(0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(k, s)| (k, s.tally))
+            .collect::<HashMap<_, _>>(),
         expected_with_deletes(&w)
     );
     a.close().await.unwrap();
@@ -920,7 +930,10 @@ async fn deletes_survive_log_cleaning_and_aborted_transactions() {
     loop {
         let stored = stored_records(&w).await;
         if stored.len() < written / 2 {
-            eprintln!("cleaned: {} records stored of {written} written", stored.len());
+            eprintln!(
+                "cleaned: {} records stored of {written} written",
+                stored.len()
+            );
             break;
         }
         assert!(
@@ -998,7 +1011,10 @@ async fn an_idle_key_expires_and_the_expiry_survives_a_restart() {
     catch_up(&mut b, 3).await;
     assert_eq!(b.tick(), 0, "busy's recovered deadline is still ahead");
     let state = b.state(0).await.unwrap();
-    assert_eq!(state.keys().collect::<Vec<_>>(), vec![&Bytes::from_static(b"busy")]);
+    assert_eq!(
+        state.keys().collect::<Vec<_>>(),
+        vec![&Bytes::from_static(b"busy")]
+    );
     assert_eq!(state[&b"busy"[..]].tally, w.expected()[&b"busy"[..]]);
     assert_eq!(b.next_deadline(), Some(t0 + 40_000 + ttl));
     b.close().await.unwrap();

@@ -76,10 +76,7 @@ fn lane(
         };
         core.fold_event(&Count, &event);
     }
-    (
-        Arc::new(Lane::new(partition, core, writer)),
-        transactions,
-    )
+    (Arc::new(Lane::new(partition, core, writer)), transactions)
 }
 
 async fn persist_all(
@@ -105,7 +102,10 @@ async fn a_fenced_partition_does_not_stop_the_others() {
     assert_eq!(stale.core().committable(), 0);
     assert!(stale.core().is_fenced());
     commit_lane(&good).await.unwrap();
-    assert!(persist_lane(&Count, &stale).await.is_ok(), "nothing more to write");
+    assert!(
+        persist_lane(&Count, &stale).await.is_ok(),
+        "nothing more to write"
+    );
 }
 
 /// Folding into a partition while its wave is in flight is not blocked by the wave, and a slow partition

@@ -82,7 +82,11 @@ fn replay_skips_what_the_snapshot_already_folded() {
     assert_eq!(c.fold_event(&NO_TTL, &ev(4, "a", "x")), Folded::Skipped);
     assert_eq!(c.fold_event(&NO_TTL, &ev(5, "a", "x")), Folded::Changed);
     assert_eq!(c.states().next().unwrap().1.count, 4);
-    assert_eq!(c.committable(), 5, "the unpersisted change holds its offset");
+    assert_eq!(
+        c.committable(),
+        5,
+        "the unpersisted change holds its offset"
+    );
 }
 
 /// The committable offset never passes a change whose write has not landed, whatever lands when.
@@ -156,10 +160,15 @@ fn every_ordering_of_write_commit_and_fence_keeps_the_commit_behind_unlanded_wri
             }
             if outcome == Landing::Fenced {
                 c.fold_event(&NO_TTL, &ev(2, "a", "x"));
-                assert!(c.begin_wave(&NO_TTL).is_none(), "a fenced partition writes nothing");
+                assert!(
+                    c.begin_wave(&NO_TTL).is_none(),
+                    "a fenced partition writes nothing"
+                );
             }
             if outcome == Landing::Failed {
-                let again = c.begin_wave(&NO_TTL).expect("a failed wave is written again");
+                let again = c
+                    .begin_wave(&NO_TTL)
+                    .expect("a failed wave is written again");
                 assert_eq!(again.writes.len(), 2);
             }
         }
@@ -195,7 +204,10 @@ fn a_delete_is_a_grave_until_the_commit_passes_it_then_a_tombstone() {
     c.wave_done(w.id, Landing::Landed);
     // Replay of the deleted key's own events is still skipped.
     assert_eq!(c.fold_event(&NO_TTL, &ev(2, "a", "x")), Folded::Skipped);
-    assert!(c.begin_wave(&NO_TTL).is_none(), "no tombstone before the commit");
+    assert!(
+        c.begin_wave(&NO_TTL).is_none(),
+        "no tombstone before the commit"
+    );
     assert!(!c.tombstones_due());
     let offset = c.committable();
     assert_eq!(offset, 3);
@@ -237,7 +249,11 @@ fn a_recovered_grave_gates_replay_and_is_tombstoned_when_committed_past() {
     assert_eq!(c.states().count(), 0);
     assert_eq!(c.fold_event(&NO_TTL, &ev(9, "z", "x")), Folded::Skipped);
     let w = c.begin_wave(&NO_TTL).unwrap();
-    assert_eq!(w.writes, vec![(b("a"), None)], "only a's delete is behind the commit");
+    assert_eq!(
+        w.writes,
+        vec![(b("a"), None)],
+        "only a's delete is behind the commit"
+    );
 }
 
 /// A key that is created and deleted between two waves still leaves a grave, so a replay from an older
@@ -269,7 +285,11 @@ fn timers_fire_on_scripted_time_hold_the_offset_and_survive_recovery() {
     assert_eq!(c.tick(&ttl, 9_999), 0);
     assert_eq!(c.tick(&ttl, 10_000), 1);
     assert_eq!(c.states().count(), 1);
-    assert_eq!(c.committable(), 6, "the expiry holds where the partition stood");
+    assert_eq!(
+        c.committable(),
+        6,
+        "the expiry holds where the partition stood"
+    );
     let w = c.begin_wave(&ttl).unwrap();
     assert_eq!(w.writes, vec![(b("a"), Some(grave(0)))]);
     c.wave_done(w.id, Landing::Landed);
@@ -277,9 +297,21 @@ fn timers_fire_on_scripted_time_hold_the_offset_and_survive_recovery() {
 
     // A new owner recovers b's state, and with it the schedule.
     let mut next: PartitionCore<St> = PartitionCore::new(6);
-    next.restore(&ttl, b("b"), Some(St { count: 1, seen: 5_000 }), 5);
+    next.restore(
+        &ttl,
+        b("b"),
+        Some(St {
+            count: 1,
+            seen: 5_000,
+        }),
+        5,
+    );
     assert_eq!(next.next_deadline(), Some(15_000));
-    assert_eq!(next.tick(&ttl, 20_000), 1, "overdue at takeover: fires at once");
+    assert_eq!(
+        next.tick(&ttl, 20_000),
+        1,
+        "overdue at takeover: fires at once"
+    );
     let w = next.begin_wave(&ttl).unwrap();
     assert_eq!(
         w.writes,
