@@ -867,6 +867,9 @@ async fn deletes_survive_log_cleaning_and_aborted_transactions() {
     .await;
     let mut config = w.config(PersistenceMode::Transactional);
     config.clock = Arc::new(ManualClock::default());
+    // The test works between polls (zombie transactions, waits for the cleaner): no eviction for that.
+    config.consumer.group.max_poll_interval = Duration::from_secs(60);
+    config.consumer.group.session_timeout = Duration::from_secs(30);
     let mut a = Flow::start(w.client.clone(), config.clone(), Expiring { ttl: None })
         .await
         .unwrap();
@@ -973,6 +976,7 @@ async fn an_idle_key_expires_and_the_expiry_survives_a_restart() {
     let clock = Arc::new(ManualClock(AtomicI64::new(t0)));
     let mut config = w.config(PersistenceMode::Transactional);
     config.clock = clock.clone();
+    config.consumer.group.max_poll_interval = Duration::from_secs(60);
     let fold = Expiring { ttl: Some(ttl) };
     for (key, at) in [("idle", t0), ("busy", t0), ("busy", t0 + 40_000)] {
         let value = Bytes::from(format!("{key}@{at}"));

@@ -824,25 +824,50 @@ impl<F: Fold> Shared<F> {
         Ok(core)
     }
 
-    async fn release(&self, tp: &TopicPartition, flush: bool) {
-        let lane = self.lanes().remove(&tp.partition);
-        let Some(lane) = lane else { return };
+    /// Drops `partitions`' lanes; with `flush`, first flushes them (as [`flush_lane`]), each on its own,
+    /// so one slow partition does not lengthen the others' handover. Then closes their stores.
+    async fn release(&self, partitions: &[TopicPartition], flush: bool) {
+        let lanes: Vec<_> = {
+            let mut held = self.lanes();
+            partitions
+                .iter()
+                .filter_map(|tp| held.remove(&tp.partition))
+                .collect()
+        };
         if flush {
-            if let Err(e) = flush_lane(&*self.fold, &lane).await {
-                tracing::warn!(partition = tp.partition, error = %e, "flush on revoke failed");
+            let fold = Arc::clone(&self.fold);
+            let flushed = each_lane(
+                lanes.clone(),
+                self.config.max_concurrent_partitions,
+                move |lane| {
+                    let fold = Arc::clone(&fold);
+                    async move {
+                        let flushed = flush_lane(&*fold, &lane).await;
+                        if let Err(e) = &flushed {
+                            tracing::warn!(partition = lane.partition, error = %e, "flush on revoke failed");
+                        }
+                        flushed
+                    }
+                },
+            )
+            .await;
+            if let Err(e) = flushed {
                 self.fail(e);
             }
         }
-        match Arc::try_unwrap(lane) {
-            Ok(lane) => {
-                if let Writer::Fenced(store) = lane.writer {
-                    store.close().await;
+        for lane in lanes {
+            let partition = lane.partition;
+            match Arc::try_unwrap(lane) {
+                Ok(lane) => {
+                    if let Writer::Fenced(store) = lane.writer {
+                        store.close().await;
+                    }
                 }
+                Err(_) => tracing::warn!(
+                    partition,
+                    "a persist of the released partition is still running; its store closes when it ends"
+                ),
             }
-            Err(_) => tracing::warn!(
-                partition = tp.partition,
-                "a persist of the released partition is still running; its store closes when it ends"
-            ),
         }
     }
 }
@@ -870,9 +895,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
 
     /// Synchronous teardown: flush, commit, close, before the group may hand the partition on.
     async fn on_partitions_revoked(&mut self, partitions: &[TopicPartition]) {
-        for tp in partitions {
-            self.0.release(tp, true).await;
-        }
+        self.0.release(partitions, true).await;
     }
 
     /// Lost (evicted or fenced): another member may own these already; writing would be fenced (or, in the
@@ -883,9 +906,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
             ?partitions,
             "partitions lost without revocation; dropping their flows unflushed"
         );
-        for tp in partitions {
-            self.0.release(tp, false).await;
-        }
+        self.0.release(partitions, false).await;
     }
 }
 

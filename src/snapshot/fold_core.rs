@@ -269,8 +269,8 @@ impl<S> PartitionCore<S> {
             fired += 1;
             let change = fold.on_deadline(&key, state, now);
             if change == Change::Keep {
-                // The schedule is the state's: re-derive it (a timer that keeps its deadline in the
-                // past would fire at every tick, which is what the fold asked for).
+                // The schedule is the state's: re-derive it. A deadline still at or before `now` is
+                // dropped until the next change, or it would fire at every tick.
                 if let Some(d) = fold.deadline(&key, state).filter(|d| *d > now) {
                     e.deadline = Some(d);
                     self.timers.insert((d, key));
