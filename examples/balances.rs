@@ -14,7 +14,7 @@ use snapfence::consumer::{
 };
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord, TopicPartition};
 use snapfence::records::{IsolationLevel, Record};
-use snapfence::snapshot::{BoxError, Flow, FlowConfig, Fold, SnapshotConfig};
+use snapfence::snapshot::{BoxError, Change, Flow, FlowConfig, Fold, SnapshotConfig};
 use snapfence::{admin, Client, ClientConfig};
 
 /// The fold: a balance in cents per account; an event's value is a signed amount such as `+100`.
@@ -22,12 +22,19 @@ struct Balances;
 
 impl Fold for Balances {
     type State = i64;
-    fn fold(&self, _account: &Bytes, balance: Option<i64>, event: &Record) -> i64 {
+    fn fold(&self, _account: &Bytes, balance: &mut Option<i64>, event: &Record) -> Change {
         let amount = event
             .value
             .as_deref()
-            .and_then(|v| std::str::from_utf8(v).ok());
-        balance.unwrap_or(0) + amount.and_then(|a| a.parse::<i64>().ok()).unwrap_or(0)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|a| a.parse::<i64>().ok());
+        match amount {
+            Some(amount) => {
+                *balance.get_or_insert(0) += amount;
+                Change::Update
+            }
+            None => Change::Keep, // a malformed event changes nothing
+        }
     }
     fn encode(&self, balance: &i64) -> Bytes {
         balance.to_string().into()

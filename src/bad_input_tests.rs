@@ -358,11 +358,6 @@ fn batches_records_compression_and_control_records() {
             matches!(e, DecodeError::DecompressedTooLarge { limit: CAP, .. })
         }),
         (
-            "control batch without a record",
-            batch_at(0, 7, 0x30, 0, 0, &[]),
-            |e| matches!(e, DecodeError::BadControlRecord { .. }),
-        ),
-        (
             "control key of two bytes",
             batch_at(
                 0,

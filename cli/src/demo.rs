@@ -42,7 +42,9 @@ use snapfence::net::{Client, ClientConfig};
 use crate::security::SecurityArgs;
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
 use snapfence::records::{IsolationLevel, Record};
-use snapfence::snapshot::{BoxError, Flow, FlowConfig, Fold, PersistenceMode, SnapshotConfig};
+use snapfence::snapshot::{
+    BoxError, Change, Flow, FlowConfig, Fold, PersistenceMode, SnapshotConfig,
+};
 
 use crate::error::CliError;
 use crate::kafka::Cluster;
@@ -116,10 +118,10 @@ struct Ledger;
 impl Fold for Ledger {
     type State = Account;
 
-    fn fold(&self, _key: &Bytes, state: Option<Account>, event: &Record) -> Account {
-        state
-            .unwrap_or_default()
-            .apply(event.value.as_deref().unwrap_or_default())
+    fn fold(&self, _key: &Bytes, state: &mut Option<Account>, event: &Record) -> Change {
+        let account = state.take().unwrap_or_default();
+        *state = Some(account.apply(event.value.as_deref().unwrap_or_default()));
+        Change::Update
     }
 
     fn encode(&self, a: &Account) -> Bytes {

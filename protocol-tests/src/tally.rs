@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use snapfence::records::Record;
-use snapfence::snapshot::{BoxError, Fold};
+use snapfence::snapshot::{BoxError, Change, Fold};
 
 /// One key's folded state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,8 +41,9 @@ pub struct Counter;
 
 impl Fold for Counter {
     type State = Tally;
-    fn fold(&self, _key: &Bytes, state: Option<Tally>, event: &Record) -> Tally {
-        step(state, event.value.as_deref().unwrap_or_default())
+    fn fold(&self, _key: &Bytes, state: &mut Option<Tally>, event: &Record) -> Change {
+        *state = Some(step(*state, event.value.as_deref().unwrap_or_default()));
+        Change::Update
     }
     fn encode(&self, s: &Tally) -> Bytes {
         let mut v = Vec::with_capacity(16);

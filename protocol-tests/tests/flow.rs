@@ -3,21 +3,27 @@
 //! the same sequence is rejected and the recovered state equals a fold of all input from scratch.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol_tests::member::{MemberArgs, MemberProcess};
 use protocol_tests::tally::{fold_all, Counter, Tally};
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
-use snapfence::consumer::{GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset};
+use snapfence::consumer::{
+    list_offsets, GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset, OffsetSpec,
+    PartitionReader, ReaderConfig, StartAt,
+};
 use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{
     Producer, ProducerConfig, ProducerRecord, TopicPartition, TransactionalConfig,
     TransactionalProducer,
 };
+use snapfence::records::{IsolationLevel, Record};
 use snapfence::snapshot::{
-    Flow, FlowConfig, FlowError, MissingSnapshotTopic, PersistenceMode, SnapshotConfig,
-    SnapshotTopicError,
+    BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, MissingSnapshotTopic,
+    PersistenceMode, SnapshotConfig, SnapshotTopicError, SystemClock,
 };
 
 struct World {
@@ -705,4 +711,311 @@ async fn close_hands_over_without_waiting_out_the_session() {
         assert!(took < bound, "{protocol:?}: took {took:?}");
         b.close().await.unwrap();
     }
+}
+
+/// Counts events like [`Counter`], but an event whose value is `del` deletes the key, and a key idle for
+/// `ttl` (no event for that long, by event timestamp) expires by timer: deadline = last event + ttl.
+#[derive(Debug, Clone, Copy)]
+struct Expiring {
+    ttl: Option<i64>,
+}
+
+/// The tally of a key plus the timestamp of its last event (for its timer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    tally: Tally,
+    seen: i64,
+}
+
+impl Fold for Expiring {
+    type State = Seen;
+    fn fold(&self, key: &Bytes, state: &mut Option<Seen>, event: &Record) -> Change {
+        if event.value.as_deref() == Some(b"del") {
+            return Change::Delete;
+        }
+        let mut tally = state.map(|s| s.tally);
+        Counter.fold(key, &mut tally, event);
+        *state = tally.map(|tally| Seen {
+            tally,
+            seen: event.timestamp,
+        });
+        Change::Update
+    }
+    fn encode(&self, s: &Seen) -> Bytes {
+        let mut v = Counter.encode(&s.tally).to_vec();
+        v.extend_from_slice(&s.seen.to_be_bytes());
+        Bytes::from(v)
+    }
+    fn decode(&self, b: &[u8]) -> Result<Seen, BoxError> {
+        if b.len() != 24 {
+            return Err("a seen tally is 24 bytes".into());
+        }
+        Ok(Seen {
+            tally: Counter.decode(&b[..16])?,
+            seen: i64::from_be_bytes(b[16..].try_into()?),
+        })
+    }
+    fn deadline(&self, _key: &Bytes, s: &Seen) -> Option<i64> {
+        self.ttl.map(|t| s.seen + t)
+    }
+    fn on_deadline(&self, _key: &Bytes, _s: &mut Seen, _now: i64) -> Change {
+        Change::Delete
+    }
+}
+
+/// A clock the test sets.
+#[derive(Debug, Default)]
+struct ManualClock(AtomicI64);
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(AtomicOrdering::Relaxed)
+    }
+}
+
+/// Polls until `flow` holds partition 0 and its position reached `end`.
+async fn catch_up<F: Fold>(flow: &mut Flow<F>, end: i64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while flow.position(0).await.is_none_or(|p| p < end) {
+        flow.poll_once(Duration::from_millis(100)).await.unwrap();
+        assert!(Instant::now() < deadline, "never reached offset {end}");
+    }
+}
+
+/// Every record of snapshot partition 0 as stored (read_uncommitted: aborted ones and, until the cleaner
+/// removes them, superseded ones and tombstones too), as (key, value).
+async fn stored_records(w: &World) -> Vec<(Option<Bytes>, Option<Bytes>)> {
+    let tp = TopicPartition::new(w.snapshots.as_str(), 0);
+    let end = list_offsets(
+        &w.client,
+        std::slice::from_ref(&tp),
+        OffsetSpec::Latest,
+        IsolationLevel::ReadUncommitted,
+    )
+    .await
+    .unwrap()[&tp];
+    let mut reader = PartitionReader::new(w.client.clone(), ReaderConfig::default());
+    reader.assign(tp.clone(), StartAt::Earliest);
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // The position is unknown until the first fetch resolves "earliest".
+    while end > 0 && reader.position(&tp).is_none_or(|p| p < end) {
+        for part in reader.fetch().await.unwrap() {
+            out.extend(part.records.into_iter().map(|r| (r.key, r.value)));
+        }
+        assert!(Instant::now() < deadline, "never read to {end}");
+    }
+    out
+}
+
+/// The oracle for deletes: per key, the fold of its events since its last `del`, absent when that is the
+/// last event.
+fn expected_with_deletes(w: &World) -> HashMap<Bytes, Tally> {
+    w.written
+        .iter()
+        .filter_map(|(k, vs)| {
+            let since = match vs.iter().rposition(|v| v == "del") {
+                Some(i) => &vs[i + 1..],
+                None => &vs[..],
+            };
+            Some((k.clone(), fold_all(since)?))
+        })
+        .collect()
+}
+
+impl World {
+    async fn emit_value(&mut self, key: &str, value: &str) {
+        let key_bytes = Bytes::copy_from_slice(key.as_bytes());
+        let value = Bytes::copy_from_slice(value.as_bytes());
+        self.written
+            .entry(key_bytes.clone())
+            .or_default()
+            .push(value.clone());
+        let record = ProducerRecord::new(self.input.as_str(), Some(value))
+            .key(key_bytes)
+            .partition(0);
+        self.producer.send(record).await.unwrap().await.unwrap();
+        self.seq += 1;
+    }
+}
+
+/// A deleted key stays deleted through the log cleaner: with the cleaner compacting the snapshot topic
+/// (tombstones included) while aborted transactions sit in it, a fresh owner recovers exactly the fold of
+/// all input, deleted keys absent and re-created keys folded from their re-creation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_survive_log_cleaning_and_aborted_transactions() {
+    let kafka = cluster(ClusterSpec::kafka4().with_prop("log.cleaner.backoff.ms", "100")).await;
+    let mut w = World::with_topics(
+        &kafka,
+        1,
+        Some((
+            1,
+            &[
+                ("cleanup.policy", "compact"),
+                ("segment.ms", "100"),
+                ("segment.bytes", "1048576"),
+                ("min.cleanable.dirty.ratio", "0.01"),
+                ("delete.retention.ms", "100"),
+                ("min.compaction.lag.ms", "0"),
+            ],
+        )),
+    )
+    .await;
+    let mut config = w.config(PersistenceMode::Transactional);
+    config.clock = Arc::new(ManualClock::default());
+    // The test works between polls (zombie transactions, waits for the cleaner): no eviction for that.
+    config.consumer.group.max_poll_interval = Duration::from_secs(60);
+    config.consumer.group.session_timeout = Duration::from_secs(30);
+    let mut a = Flow::start(w.client.clone(), config.clone(), Expiring { ttl: None })
+        .await
+        .unwrap();
+    let mut txn_writes = 0usize;
+    for round in 0..7 {
+        for k in 0..12 {
+            let key = format!("k{k:02}");
+            w.emit_value(&key, &format!("{key}-r{round}")).await;
+            // Every third key is deleted in even rounds and re-created in odd ones.
+            if k % 3 == 0 && round % 2 == 0 {
+                w.emit_value(&key, "del").await;
+            }
+        }
+        catch_up(&mut a, w.seq as i64).await;
+        a.persist().await.unwrap();
+        a.commit().await.unwrap();
+        a.persist().await.unwrap(); // the tombstones the commit made due
+        txn_writes += 12;
+
+        // A writer that aborts: garbage values under the same keys, never visible to recovery.
+        let mut zombie = TransactionalProducer::init(
+            w.client.clone(),
+            TransactionalConfig::new(unique("aborting")),
+        )
+        .await
+        .unwrap();
+        zombie.begin().unwrap();
+        let mut sent = Vec::new();
+        for k in 0..12 {
+            let record = ProducerRecord::new(
+                w.snapshots.as_str(),
+                Some(Bytes::from_static(b"not an envelope")),
+            )
+            .key(Bytes::from(format!("k{k:02}")))
+            .partition(0);
+            sent.push(zombie.send(record).await.unwrap());
+        }
+        // Written to the log (acknowledged), then aborted: the records stay until the cleaner drops them.
+        for d in sent {
+            d.await.unwrap();
+        }
+        zombie.abort().await.unwrap();
+        zombie.close().await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(
+        a.state(0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(k, s)| (k, s.tally))
+            .collect::<HashMap<_, _>>(),
+        expected_with_deletes(&w)
+    );
+    a.close().await.unwrap();
+
+    // Wait for the cleaner: far fewer records stored than were written (snapshots, graves, tombstones,
+    // aborted garbage and markers).
+    let written = txn_writes + 7 * 12;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stored = stored_records(&w).await;
+        if stored.len() < written / 2 {
+            eprintln!(
+                "cleaned: {} records stored of {written} written",
+                stored.len()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cleaner never ran: {} stored",
+            stored.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let mut b = Flow::start(w.client.clone(), config, Expiring { ttl: None })
+        .await
+        .unwrap();
+    catch_up(&mut b, w.seq as i64).await;
+    let recovered: HashMap<Bytes, Tally> = b
+        .state(0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(k, s)| (k, s.tally))
+        .collect();
+    let expected = expected_with_deletes(&w);
+    assert!(expected.len() < 12, "some keys end deleted");
+    assert_eq!(recovered, expected);
+    b.close().await.unwrap();
+}
+
+/// An idle key's expiry is persisted and fenced like an event: it lands as a tombstone, and a restarted
+/// owner neither resurrects the key nor expires the key that was not idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_key_expires_and_the_expiry_survives_a_restart() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::new(&kafka).await;
+    // Ten minutes ago: the broker refuses timestamps far ahead of its clock.
+    let t0 = SystemClock.now_ms() - 600_000;
+    let ttl = 60_000;
+    let clock = Arc::new(ManualClock(AtomicI64::new(t0)));
+    let mut config = w.config(PersistenceMode::Transactional);
+    config.clock = clock.clone();
+    config.consumer.group.max_poll_interval = Duration::from_secs(60);
+    let fold = Expiring { ttl: Some(ttl) };
+    for (key, at) in [("idle", t0), ("busy", t0), ("busy", t0 + 40_000)] {
+        let value = Bytes::from(format!("{key}@{at}"));
+        w.written
+            .entry(Bytes::copy_from_slice(key.as_bytes()))
+            .or_default()
+            .push(value.clone());
+        let record = ProducerRecord::new(w.input.as_str(), Some(value))
+            .key(Bytes::copy_from_slice(key.as_bytes()))
+            .partition(0)
+            .timestamp(at);
+        w.producer.send(record).await.unwrap().await.unwrap();
+    }
+    let mut a = Flow::start(w.client.clone(), config.clone(), fold)
+        .await
+        .unwrap();
+    catch_up(&mut a, 3).await;
+    assert_eq!(a.next_deadline(), Some(t0 + ttl));
+    clock.0.store(t0 + ttl - 1, AtomicOrdering::Relaxed);
+    assert_eq!(a.tick(), 0, "not before the deadline");
+    clock.0.store(t0 + ttl + 1, AtomicOrdering::Relaxed);
+    assert_eq!(a.tick(), 1, "the idle key expires, the busy one does not");
+    let live = a.state(0).await.unwrap();
+    assert!(!live.contains_key(&b"idle"[..]) && live.contains_key(&b"busy"[..]));
+    // Close persists the expiry, commits past it and writes its tombstone.
+    a.close().await.unwrap();
+    let stored = stored_records(&w).await;
+    assert!(
+        stored
+            .iter()
+            .any(|(k, v)| k.as_deref() == Some(&b"idle"[..]) && v.is_none()),
+        "the expiry landed as a tombstone: {stored:?}"
+    );
+
+    let mut b = Flow::start(w.client.clone(), config, fold).await.unwrap();
+    catch_up(&mut b, 3).await;
+    assert_eq!(b.tick(), 0, "busy's recovered deadline is still ahead");
+    let state = b.state(0).await.unwrap();
+    assert_eq!(
+        state.keys().collect::<Vec<_>>(),
+        vec![&Bytes::from_static(b"busy")]
+    );
+    assert_eq!(state[&b"busy"[..]].tally, w.expected()[&b"busy"[..]]);
+    assert_eq!(b.next_deadline(), Some(t0 + 40_000 + ttl));
+    b.close().await.unwrap();
 }

@@ -207,9 +207,12 @@ impl RecordBatch {
         })
     }
 
-    /// The control marker of a control batch, `None` for a data batch.
+    /// The control marker of a control batch, `None` for a data batch and for an emptied control batch.
     ///
-    /// Only the first record counts: a marker batch holds exactly one.
+    /// Only the first record counts: a marker batch holds exactly one. A control batch with no record
+    /// is what the log cleaner leaves where it removed a marker past `delete.retention.ms` (it keeps
+    /// the empty batch header for the producer's state, as it does for data batches): it marks nothing,
+    /// and a reader of a cleaned compacted topic meets it (found by the flow's delete test).
     pub fn control(&self) -> Result<Option<ControlMarker>, DecodeError> {
         if !self.is_control() {
             return Ok(None);
@@ -217,10 +220,10 @@ impl RecordBatch {
         let bad = |reason| DecodeError::BadControlRecord { reason };
         // Markers are read for every transaction boundary; parse the one record in place rather than
         // building an owned Record.
-        let data = self.record_data(DEFAULT_MAX_DECOMPRESSED)?;
         if self.record_count < 1 {
-            return Err(bad("control batch without a record"));
+            return Ok(None);
         }
+        let data = self.record_data(DEFAULT_MAX_DECOMPRESSED)?;
         let (record, _) = parse_record(&data, 0, &self.context())?;
         let key = record
             .key

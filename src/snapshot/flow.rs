@@ -14,15 +14,21 @@
 //! - KIP-447 (the fence), seed design "Kafka single-writer design"
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::task::JoinSet;
 
 use super::error::SnapshotError;
-use super::group_commit::MetadataSource;
+#[cfg(test)]
+use super::fold_core::{envelope, open_envelope, Opened};
+#[cfg(not(test))]
+use super::fold_core::{open_envelope, Opened};
+use super::fold_core::{Folded, Landing, PartitionCore};
+use super::group_commit::{GroupCommit, MetadataSource, TransactionRunner, TryWriteError};
 use super::log::PartitionLog;
 use super::recovery::{recover, RecoveryConfig};
 use super::store::{SnapshotConfig, SnapshotStore};
@@ -30,7 +36,7 @@ use super::topic::{self, MissingSnapshotTopic, SnapshotTopicError};
 use crate::consumer::{
     commit_offsets, committed_offsets, list_offsets, ConsumerError, GroupConsumer,
     GroupConsumerConfig, GroupMetadataHandle, LostReason, OffsetReset, OffsetSpec,
-    PartitionRecords, RebalanceListener, TopicPartition,
+    PartitionRecords, ReaderConfig, RebalanceListener, TopicPartition,
 };
 use crate::net::Client;
 use crate::producer::{Producer, ProducerConfig, ProducerError, ProducerRecord};
@@ -39,40 +45,64 @@ use crate::records::{IsolationLevel, Record};
 /// A boxed error from user code (decoding a snapshot).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The application's fold: per-key state, events in, new state out, and the state's snapshot encoding.
+/// What a fold did to a key's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing changed: the runtime writes nothing and holds no offset for it. A fold that mutated the
+    /// state anyway may lose that mutation at the next restart.
+    Keep,
+    /// The state changed and is persisted with the next snapshot wave. An `Update` that leaves the state
+    /// `None` is a delete.
+    Update,
+    /// The key goes away: the runtime clears the state and writes a tombstone, fenced like a snapshot
+    /// (see docs/fencing.md, "Deletes", for why a short-lived grave precedes it).
+    Delete,
+}
+
+/// The application's fold: per-key state changed in place by events and timers, and the state's
+/// snapshot encoding.
 ///
 /// The flow calls [`fold`](Fold::fold) once per input event, in offset order within a partition, with
-/// the key's current state. It persists [`encode`](Fold::encode)d states as snapshots (inside an
-/// envelope that also records the key's last folded offset) and [`decode`](Fold::decode)s them when a
-/// partition is recovered; a snapshot that does not decode stops the flow with
+/// the key's current state (`None` before its first event or after a delete), which the fold changes in
+/// place: no state is copied per event. It persists [`encode`](Fold::encode)d states as snapshots
+/// (inside an envelope that also records the key's last folded offset) and [`decode`](Fold::decode)s
+/// them when a partition is recovered; a snapshot that does not decode stops the flow with
 /// [`FlowError::BadSnapshot`], so keep `decode` able to read every encoding you ever wrote.
+///
+/// **Timers.** A key's [`deadline`](Fold::deadline) is derived from its state, so it is persisted with
+/// the state and a new owner recovers the schedule with it. When the flow's clock
+/// ([`FlowConfig::clock`]) reaches it, [`on_deadline`](Fold::on_deadline) runs and may update or delete
+/// the key; that change is persisted and fenced like an event's. Both default to "no timer".
 ///
 /// Events with a null key are not folded: state is per key, and a null key names none. They are skipped
 /// (their offsets still advance the partition, so they are not re-read) and counted in
 /// [`Flow::null_key_events`]; the first one is logged at warn level.
 ///
 /// `fold` must be deterministic: an event may be folded again after a crash (into the state recovered
-/// from before it), and must produce the same state.
+/// from before it), and must produce the same state. A timer may fire again after a crash too.
 ///
 /// ```
 /// use snapfence::records::Record;
-/// use snapfence::snapshot::{BoxError, Fold};
+/// use snapfence::snapshot::{BoxError, Change, Fold};
 /// use snapfence::Bytes;
 ///
-/// /// Account balances: each event's value is a signed amount in ASCII ("+25", "-10").
+/// /// Account balances: each event's value is a signed amount in ASCII ("+25", "-10"); an account
+/// /// that reaches zero is closed (deleted).
 /// struct Balances;
 ///
 /// impl Fold for Balances {
 ///     type State = i64;
 ///
-///     fn fold(&self, _account: &Bytes, balance: Option<i64>, event: &Record) -> i64 {
+///     fn fold(&self, _account: &Bytes, balance: &mut Option<i64>, event: &Record) -> Change {
 ///         let amount = event
 ///             .value
 ///             .as_ref()
 ///             .and_then(|v| std::str::from_utf8(v).ok())
-///             .and_then(|v| v.parse::<i64>().ok())
-///             .unwrap_or(0); // a malformed event changes nothing
-///         balance.unwrap_or(0) + amount
+///             .and_then(|v| v.parse::<i64>().ok());
+///         let Some(amount) = amount else { return Change::Keep }; // malformed: nothing changes
+///         let balance = balance.get_or_insert(0);
+///         *balance += amount;
+///         if *balance == 0 { Change::Delete } else { Change::Update }
 ///     }
 ///
 ///     fn encode(&self, balance: &i64) -> Bytes {
@@ -88,12 +118,44 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub trait Fold: Send + Sync + 'static {
     /// The per-key state.
     type State: Clone + Send + Sync + 'static;
-    /// Folds one input event into the key's state (`None` before the key's first event).
-    fn fold(&self, key: &Bytes, state: Option<Self::State>, event: &Record) -> Self::State;
+    /// Folds one input event into the key's state, in place (`None` before the key's first event and
+    /// after a delete), and says what changed.
+    fn fold(&self, key: &Bytes, state: &mut Option<Self::State>, event: &Record) -> Change;
     /// Encodes a state as snapshot bytes.
     fn encode(&self, state: &Self::State) -> Bytes;
     /// Decodes snapshot bytes written by [`Fold::encode`].
     fn decode(&self, bytes: &[u8]) -> Result<Self::State, BoxError>;
+    /// When the key's timer fires, in milliseconds since the Unix epoch on [`FlowConfig::clock`], or
+    /// `None` for no timer. Asked after every change and at recovery; derive it from the state only.
+    fn deadline(&self, _key: &Bytes, _state: &Self::State) -> Option<i64> {
+        None
+    }
+    /// The key's deadline passed (`now` is the clock's reading): change the state in place, delete it,
+    /// or keep it (then the deadline is asked again; one still at or before `now` is dropped until
+    /// the next change).
+    fn on_deadline(&self, _key: &Bytes, _state: &mut Self::State, _now: i64) -> Change {
+        Change::Keep
+    }
+}
+
+/// The flow's source of time for timers: milliseconds since the Unix epoch. Inject your own to drive
+/// timers in tests.
+pub trait Clock: std::fmt::Debug + Send + Sync + 'static {
+    /// The current time in milliseconds since the Unix epoch.
+    fn now_ms(&self) -> i64;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0)
+    }
 }
 
 /// How snapshots are persisted.
@@ -161,6 +223,26 @@ pub struct FlowConfig {
     /// Only `run` reads it: with [`Flow::poll_once`], call [`Flow::commit`] yourself (the committed
     /// offset stays where it was until then, so a restart re-reads more input, but loses nothing).
     pub commit_offsets_interval: Duration,
+    /// How often [`Flow::run`] fires due timers ([`Fold::deadline`]). Default 1 s. With
+    /// [`Flow::poll_once`], call [`Flow::tick`] yourself.
+    pub timer_every: Duration,
+    /// The clock timers are read against. Default [`SystemClock`]; tests inject their own.
+    pub clock: Arc<dyn Clock>,
+    /// How many partitions [`Flow::persist`] and [`Flow::commit`] work on at once. Each partition
+    /// writes and commits on its own (a slow or fenced partition does not hold the others); this bounds
+    /// how many do so together. Default 8; 0 counts as 1.
+    pub max_concurrent_partitions: usize,
+    /// The recovery reader's fetch settings (sizes, waits, backoff). Its isolation is always
+    /// read_committed, whatever is set here. Default [`ReaderConfig::default`].
+    pub recovery_reader: ReaderConfig,
+    /// How long each recovery fetch lets the broker wait for data. Default 500 ms.
+    pub recovery_fetch_wait: Duration,
+    /// How often a stalled recovery read logs its progress. Default 5 s.
+    pub recovery_progress_every: Duration,
+    /// Give each partition's snapshot producer its own connections with the client id
+    /// `<client_id>-p<partition>`, so broker-side logs and quotas tell the partitions apart. Default
+    /// `true`; `false` shares the flow's client (fewer connections). The transactional mode only.
+    pub partition_client_ids: bool,
 }
 
 impl FlowConfig {
@@ -179,6 +261,13 @@ impl FlowConfig {
             missing_snapshot_topic: MissingSnapshotTopic::Fail,
             persist_every: Duration::from_secs(1),
             commit_offsets_interval: Duration::from_secs(5),
+            timer_every: Duration::from_secs(1),
+            clock: Arc::new(SystemClock),
+            max_concurrent_partitions: 8,
+            recovery_reader: ReaderConfig::default(),
+            recovery_fetch_wait: RecoveryConfig::default().fetch_wait,
+            recovery_progress_every: RecoveryConfig::default().progress_every,
+            partition_client_ids: true,
         }
     }
 }
@@ -229,59 +318,278 @@ impl FlowError {
     }
 }
 
-const ENVELOPE_V1: u8 = 1;
-
-/// `[version u8][last folded offset i64 BE][user bytes]`.
-fn envelope(offset: i64, payload: &[u8]) -> Bytes {
-    let mut b = BytesMut::with_capacity(9 + payload.len());
-    b.put_u8(ENVELOPE_V1);
-    b.put_i64(offset);
-    b.put_slice(payload);
-    b.freeze()
+/// Where one partition's snapshot writes and offset commits go: what the driver needs of a store.
+///
+/// Implemented by the fenced [`SnapshotStore`], the unfenced producer, and (for tests and the benchmark)
+/// a bare [`GroupCommit`] over any runner.
+pub(crate) trait Writes: Send + Sync + 'static {
+    /// Writes every `(key, value)` (a `None` value is a tombstone) and waits until all have committed
+    /// or one failed.
+    fn write_all(
+        &self,
+        writes: Vec<(Bytes, Option<Bytes>)>,
+    ) -> impl Future<Output = Result<(), FlowError>> + Send;
+    /// Commits `offset` as the input partition's committed offset.
+    fn commit_offset(&self, offset: i64) -> impl Future<Output = Result<(), FlowError>> + Send;
 }
 
-fn open_envelope(bytes: &[u8]) -> Result<(i64, &[u8]), String> {
-    match bytes {
-        [ENVELOPE_V1, rest @ ..] if rest.len() >= 8 => {
-            let (off, payload) = rest.split_at(8);
-            let mut o = [0u8; 8];
-            o.copy_from_slice(off);
-            Ok((i64::from_be_bytes(o), payload))
+/// Queues every write through `try_write` (so the group commit sees the whole wave at once and batches
+/// it, with no task per write), then waits for all outcomes. When the queue is full, waits for the
+/// writes this wave already queued (which frees room) before queueing more.
+async fn write_batched<Fut>(
+    writes: Vec<(Bytes, Option<Bytes>)>,
+    try_write: impl Fn(Bytes, Option<Bytes>) -> Result<Fut, TryWriteError>,
+) -> Result<(), SnapshotError>
+where
+    Fut: Future<Output = Result<(), SnapshotError>>,
+{
+    let mut queued = Vec::with_capacity(writes.len());
+    let mut first_err = None;
+    for (key, value) in writes {
+        let mut next = (key, value);
+        loop {
+            match try_write(next.0, next.1) {
+                Ok(outcome) => {
+                    queued.push(outcome);
+                    break;
+                }
+                Err(TryWriteError::Full(back)) => {
+                    if queued.is_empty() {
+                        // Full with writes of others: give the drain a moment.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    for outcome in queued.drain(..) {
+                        if let Err(e) = outcome.await {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                    next = (back.key, back.value);
+                }
+                Err(TryWriteError::Failed(e)) => return Err(e),
+            }
         }
-        [v, ..] if *v != ENVELOPE_V1 => Err(format!("unknown snapshot envelope version {v}")),
-        _ => Err("snapshot shorter than its envelope".into()),
+    }
+    for outcome in queued {
+        if let Err(e) = outcome.await {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+impl<R: TransactionRunner> Writes for GroupCommit<R> {
+    async fn write_all(&self, writes: Vec<(Bytes, Option<Bytes>)>) -> Result<(), FlowError> {
+        Ok(write_batched(writes, |k, v| self.try_write(k, v)).await?)
+    }
+
+    async fn commit_offset(&self, offset: i64) -> Result<(), FlowError> {
+        Ok(GroupCommit::commit_offset(self, offset).await?)
     }
 }
 
-struct KeyState<S> {
-    state: S,
-    /// The offset of the last event folded in; replayed events at or below it are skipped.
-    last_offset: i64,
-    /// The first event folded since the last persisted snapshot, if any: the key holds the committable
-    /// offset at or below it.
-    held: Option<i64>,
+/// The unfenced mode's writer: the shared idempotent producer, offsets committed by the consumer API.
+struct PlainWriter {
+    producer: Arc<Producer>,
+    client: Client,
+    snapshot_topic: Arc<str>,
+    input: TopicPartition,
+    metadata: Option<GroupMetadataHandle>,
 }
 
 enum Writer {
-    Fenced(Arc<SnapshotStore>),
-    Plain(Arc<Producer>),
+    Fenced(SnapshotStore),
+    Plain(PlainWriter),
 }
 
-struct PartitionFlow<S> {
-    writer: Writer,
-    keys: HashMap<Bytes, KeyState<S>>,
-    /// The next input offset to fold.
-    position: i64,
-}
+impl Writes for Writer {
+    async fn write_all(&self, writes: Vec<(Bytes, Option<Bytes>)>) -> Result<(), FlowError> {
+        match self {
+            Writer::Fenced(store) => Ok(write_batched(writes, |k, v| store.try_write(k, v)).await?),
+            Writer::Plain(plain) => {
+                let mut deliveries = Vec::with_capacity(writes.len());
+                for (key, value) in writes {
+                    let record = ProducerRecord::new(Arc::clone(&plain.snapshot_topic), value)
+                        .key(key)
+                        .partition(plain.input.partition);
+                    deliveries.push(plain.producer.send(record).await?);
+                }
+                for d in deliveries {
+                    d.await?;
+                }
+                Ok(())
+            }
+        }
+    }
 
-impl<S> PartitionFlow<S> {
-    fn committable(&self) -> i64 {
-        self.keys
-            .values()
-            .filter_map(|k| k.held)
-            .fold(self.position, i64::min)
+    async fn commit_offset(&self, offset: i64) -> Result<(), FlowError> {
+        match self {
+            Writer::Fenced(store) => Ok(store.commit_offset(offset).await?),
+            Writer::Plain(plain) => {
+                let token = plain
+                    .metadata
+                    .as_ref()
+                    .ok_or(SnapshotError::MissingGroupMetadata {
+                        partition: plain.input.partition,
+                    })?
+                    .require()?;
+                commit_offsets(
+                    &plain.client,
+                    &token,
+                    &BTreeMap::from([(plain.input.clone(), offset)]),
+                )
+                .await?;
+                Ok(())
+            }
+        }
     }
 }
+
+/// One held partition: its I/O-free core and its writer. The core's lock is never held across an await;
+/// `turn` orders this partition's own waves and commits and is never taken for another partition.
+struct Lane<S, W> {
+    partition: i32,
+    core: Mutex<PartitionCore<S>>,
+    writer: W,
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl<S, W> Lane<S, W> {
+    fn new(partition: i32, core: PartitionCore<S>, writer: W) -> Self {
+        Lane {
+            partition,
+            core: Mutex::new(core),
+            writer,
+            turn: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn core(&self) -> std::sync::MutexGuard<'_, PartitionCore<S>> {
+        // The core's invariants hold between its method calls, and no user code that could panic runs
+        // half-way through one except fold/encode, after which the core is still consistent.
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Reports a wave that never finished (its future was dropped) as failed, so the partition does not
+/// wait forever for an outcome: every key it carried stays held and is written again.
+struct WaveGuard<'a, S, W> {
+    lane: &'a Lane<S, W>,
+    id: u64,
+    done: bool,
+}
+
+impl<S, W> Drop for WaveGuard<'_, S, W> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.lane.core().wave_done(self.id, Landing::Failed);
+        }
+    }
+}
+
+fn landing(result: &Result<(), FlowError>) -> Landing {
+    match result {
+        Ok(()) => Landing::Landed,
+        Err(e) if e.is_fenced() || e.is_producer_fenced() => Landing::Fenced,
+        Err(_) => Landing::Failed,
+    }
+}
+
+/// Writes one wave of `lane`: every key changed since its last write, and the tombstones now due.
+async fn persist_lane<F: Fold, W: Writes>(
+    fold: &F,
+    lane: &Lane<F::State, W>,
+) -> Result<(), FlowError> {
+    let _turn = lane.turn.lock().await;
+    let Some(wave) = lane.core().begin_wave(fold) else {
+        return Ok(());
+    };
+    let mut guard = WaveGuard {
+        lane,
+        id: wave.id,
+        done: false,
+    };
+    let result = lane.writer.write_all(wave.writes).await;
+    guard.done = true;
+    lane.core().wave_done(wave.id, landing(&result));
+    result
+}
+
+/// Commits `lane`'s committable offset.
+async fn commit_lane<S, W: Writes>(lane: &Lane<S, W>) -> Result<(), FlowError> {
+    let _turn = lane.turn.lock().await;
+    let offset = {
+        let core = lane.core();
+        if core.is_fenced() {
+            return Ok(());
+        }
+        core.committable()
+    };
+    let result = lane.writer.commit_offset(offset).await;
+    match landing(&result) {
+        Landing::Landed => lane.core().commit_landed(offset),
+        Landing::Fenced => lane.core().fence(),
+        Landing::Failed => {}
+    }
+    result
+}
+
+/// A revocation's or close's flush: persist, commit, and once more if the commit made tombstones due,
+/// so deletes are not left as graves for the next owner.
+async fn flush_lane<F: Fold, W: Writes>(
+    fold: &F,
+    lane: &Lane<F::State, W>,
+) -> Result<(), FlowError> {
+    persist_lane(fold, lane).await?;
+    commit_lane(lane).await?;
+    let due = lane.core().tombstones_due();
+    if due {
+        persist_lane(fold, lane).await?;
+    }
+    Ok(())
+}
+
+/// Runs `op` on every lane, at most `limit` at once, each on its own task (one per partition, never one
+/// per key) so a slow partition holds up nobody but itself; waits for all, and returns the first error.
+async fn each_lane<S, W, Fut>(
+    lanes: Vec<Arc<Lane<S, W>>>,
+    limit: usize,
+    op: impl Fn(Arc<Lane<S, W>>) -> Fut,
+) -> Result<(), FlowError>
+where
+    S: Send + 'static,
+    W: Send + Sync + 'static,
+    Fut: Future<Output = Result<(), FlowError>> + Send + 'static,
+{
+    let permits = Arc::new(tokio::sync::Semaphore::new(limit.max(1)));
+    let mut set = JoinSet::new();
+    let mut partitions = HashMap::with_capacity(lanes.len());
+    for lane in lanes {
+        let partition = lane.partition;
+        let permits = Arc::clone(&permits);
+        let work = op(lane);
+        let handle = set.spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            work.await
+        });
+        partitions.insert(handle.id(), partition);
+    }
+    let mut first_err = None;
+    while let Some(joined) = set.join_next().await {
+        let result = joined.unwrap_or_else(|e| {
+            Err(SnapshotError::Io {
+                partition: partitions.get(&e.id()).copied().unwrap_or(-1),
+                source: Arc::new(e),
+            }
+            .into())
+        });
+        if let Err(e) = result {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+type FlowLane<F> = Lane<<F as Fold>::State, Writer>;
 
 struct Shared<F: Fold> {
     fold: Arc<F>,
@@ -289,7 +597,8 @@ struct Shared<F: Fold> {
     config: FlowConfig,
     metadata: Mutex<Option<GroupMetadataHandle>>,
     plain: Option<Arc<Producer>>,
-    partitions: tokio::sync::Mutex<BTreeMap<i32, PartitionFlow<F::State>>>,
+    /// The held partitions. A plain lock, taken only to look a lane up or insert or remove one.
+    lanes: Mutex<BTreeMap<i32, Arc<FlowLane<F>>>>,
     /// The first error a rebalance handler hit; the poll loop returns it.
     failure: Mutex<Option<FlowError>>,
     /// Input events skipped for having no key.
@@ -311,13 +620,23 @@ impl<F: Fold> Shared<F> {
         }
     }
 
-    fn metadata_source(&self) -> Arc<dyn MetadataSource> {
-        let handle = self
-            .metadata
+    fn lanes(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, Arc<FlowLane<F>>>> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn all_lanes(&self) -> Vec<Arc<FlowLane<F>>> {
+        self.lanes().values().cloned().collect()
+    }
+
+    fn metadata_handle(&self) -> Option<GroupMetadataHandle> {
+        self.metadata
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        match handle {
+            .clone()
+    }
+
+    fn metadata_source(&self) -> Arc<dyn MetadataSource> {
+        match self.metadata_handle() {
             Some(h) => Arc::new(h),
             None => Arc::new(|| None),
         }
@@ -364,10 +683,32 @@ impl<F: Fold> Shared<F> {
         })
     }
 
-    async fn acquire(&self, tp: &TopicPartition) -> Result<PartitionFlow<F::State>, FlowError> {
+    /// The client a partition's snapshot producer talks through: its own, with the client id
+    /// `<client_id>-p<partition>`, or the flow's (see [`FlowConfig::partition_client_ids`]).
+    async fn partition_client(&self, partition: i32) -> Result<Client, SnapshotError> {
+        if !self.config.partition_client_ids {
+            return Ok(self.client.clone());
+        }
+        let mut config = self.client.config().clone();
+        config.client_id = format!("{}-p{partition}", config.client_id);
+        Client::connect(config)
+            .await
+            .map_err(|e| SnapshotError::Io {
+                partition,
+                source: Arc::new(e),
+            })
+    }
+
+    async fn acquire(&self, tp: &TopicPartition) -> Result<FlowLane<F>, FlowError> {
         let (writer, (assigned_offset, fresh)) = match (self.config.mode, &self.plain) {
             (PersistenceMode::NonTransactional, Some(p)) => (
-                Writer::Plain(Arc::clone(p)),
+                Writer::Plain(PlainWriter {
+                    producer: Arc::clone(p),
+                    client: self.client.clone(),
+                    snapshot_topic: Arc::from(self.config.snapshots.snapshot_topic.as_str()),
+                    input: tp.clone(),
+                    metadata: self.metadata_handle(),
+                }),
                 self.assigned_offset(tp).await?,
             ),
             _ => {
@@ -388,7 +729,7 @@ impl<F: Fold> Shared<F> {
                     Ok(offset)
                 };
                 let store = SnapshotStore::acquire_then(
-                    self.client.clone(),
+                    self.partition_client(partition).await?,
                     self.config.snapshots.clone(),
                     tp.clone(),
                     self.metadata_source(),
@@ -397,26 +738,70 @@ impl<F: Fold> Shared<F> {
                 .await?;
                 let offset = store.committed_offset();
                 (
-                    Writer::Fenced(Arc::new(store)),
+                    Writer::Fenced(store),
                     (offset, fresh.load(Ordering::Relaxed)),
                 )
             }
         };
-        // Eager recovery: every key of the partition, before any event is folded.
-        let mut log = PartitionLog::new(
+        let recovered = self.recover(tp, assigned_offset).await;
+        let core = match recovered {
+            Ok(core) => core,
+            Err(e) => {
+                if let Writer::Fenced(store) = writer {
+                    store.close().await;
+                }
+                return Err(e);
+            }
+        };
+        let lane = Lane::new(tp.partition, core, writer);
+        if fresh {
+            // Record the start for the group before anything is fetched: the consumer starts the
+            // partition at the committed offset, so it now reads from exactly where this flow
+            // counts from, and a restart before the first periodic commit starts there again
+            // instead of re-resolving "earliest" or "latest" against a log that has moved.
+            if let Err(e) = commit_lane(&lane).await {
+                if let Writer::Fenced(store) = lane.writer {
+                    store.close().await;
+                }
+                return Err(e);
+            }
+        }
+        // Timers that fell due while nobody owned the partition fire before any event is folded, as
+        // they would have on a live owner that ticked.
+        let fired = lane.core().tick(&*self.fold, self.config.clock.now_ms());
+        if fired > 0 {
+            tracing::info!(
+                partition = tp.partition,
+                fired,
+                "overdue timers fired at takeover"
+            );
+        }
+        Ok(lane)
+    }
+
+    /// Eager recovery: every key of the partition, before any event is folded.
+    async fn recover(
+        &self,
+        tp: &TopicPartition,
+        assigned_offset: i64,
+    ) -> Result<PartitionCore<F::State>, FlowError> {
+        let mut log = PartitionLog::with_reader(
             self.client.clone(),
             &self.config.snapshots.snapshot_topic,
             tp.partition,
+            self.config.recovery_reader.clone(),
         );
         let recovery = RecoveryConfig {
             stall_timeout: match self.config.mode {
                 PersistenceMode::Transactional => self.config.snapshots.recovery_stall_timeout,
                 PersistenceMode::NonTransactional => None,
             },
-            ..RecoveryConfig::default()
+            fetch_wait: self.config.recovery_fetch_wait,
+            progress_every: self.config.recovery_progress_every,
         };
         let (recovered, stats) = recover(&mut log, tp.partition, &recovery).await?;
-        let mut keys = HashMap::with_capacity(recovered.len());
+        let mut core = PartitionCore::new(assigned_offset);
+        let mut graves = 0usize;
         for (key, value) in &recovered {
             let key = Bytes::copy_from_slice(key);
             let bad = |reason: String| FlowError::BadSnapshot {
@@ -424,154 +809,64 @@ impl<F: Fold> Shared<F> {
                 key: key.clone(),
                 reason,
             };
-            let (last_offset, payload) = open_envelope(value).map_err(bad)?;
-            let state = self.fold.decode(payload).map_err(|e| bad(e.to_string()))?;
-            keys.insert(
-                key,
-                KeyState {
-                    state,
-                    last_offset,
-                    held: None,
-                },
-            );
+            match open_envelope(value).map_err(bad)? {
+                Opened::Live(last_offset, payload) => {
+                    let state = self.fold.decode(payload).map_err(|e| bad(e.to_string()))?;
+                    core.restore(&*self.fold, key, Some(state), last_offset);
+                }
+                Opened::Grave(last_offset) => {
+                    graves += 1;
+                    core.restore(&*self.fold, key, None, last_offset);
+                }
+            }
         }
-        tracing::info!(partition = tp.partition, keys = keys.len(), ?stats.elapsed, assigned_offset, fresh, "partition recovered");
-        let flow = PartitionFlow {
-            writer,
-            keys,
-            position: assigned_offset,
+        tracing::info!(partition = tp.partition, keys = recovered.len(), graves, ?stats.elapsed, assigned_offset, "partition recovered");
+        Ok(core)
+    }
+
+    /// Drops `partitions`' lanes; with `flush`, first flushes them (as [`flush_lane`]), each on its own,
+    /// so one slow partition does not lengthen the others' handover. Then closes their stores.
+    async fn release(&self, partitions: &[TopicPartition], flush: bool) {
+        let lanes: Vec<_> = {
+            let mut held = self.lanes();
+            partitions
+                .iter()
+                .filter_map(|tp| held.remove(&tp.partition))
+                .collect()
         };
-        if fresh {
-            // Record the start for the group before anything is fetched: the consumer starts the
-            // partition at the committed offset, so it now reads from exactly where this flow
-            // counts from, and a restart before the first periodic commit starts there again
-            // instead of re-resolving "earliest" or "latest" against a log that has moved.
-            if let Err(e) = self.commit(tp, &flow).await {
-                if let Writer::Fenced(store) = flow.writer {
-                    if let Ok(store) = Arc::try_unwrap(store) {
-                        store.close().await;
-                    }
-                }
-                return Err(e);
-            }
-        }
-        Ok(flow)
-    }
-
-    /// Persists every dirty key of `flow`, concurrently, so the group commit batches them.
-    async fn persist(
-        &self,
-        partition: i32,
-        flow: &mut PartitionFlow<F::State>,
-    ) -> Result<(), FlowError> {
-        let dirty: Vec<(Bytes, Bytes)> = flow
-            .keys
-            .iter()
-            .filter(|(_, k)| k.held.is_some())
-            .map(|(key, k)| {
-                (
-                    key.clone(),
-                    envelope(k.last_offset, &self.fold.encode(&k.state)),
-                )
-            })
-            .collect();
-        if dirty.is_empty() {
-            return Ok(());
-        }
-        match &flow.writer {
-            Writer::Fenced(store) => {
-                let mut set = JoinSet::new();
-                for (key, value) in dirty.iter().cloned() {
-                    let store = Arc::clone(store);
-                    set.spawn(async move { store.write(key, Some(value)).await });
-                }
-                let mut first_err = None;
-                while let Some(r) = set.join_next().await {
-                    let r = r.unwrap_or_else(|e| {
-                        Err(SnapshotError::Io {
-                            partition,
-                            source: Arc::new(e),
-                        })
-                    });
-                    if let Err(e) = r {
-                        first_err.get_or_insert(e);
-                    }
-                }
-                if let Some(e) = first_err {
-                    return Err(e.into());
-                }
-            }
-            Writer::Plain(producer) => {
-                let mut deliveries = Vec::with_capacity(dirty.len());
-                for (key, value) in dirty.iter().cloned() {
-                    let record = ProducerRecord::new(
-                        self.config.snapshots.snapshot_topic.as_str(),
-                        Some(value),
-                    )
-                    .key(key)
-                    .partition(partition);
-                    deliveries.push(producer.send(record).await?);
-                }
-                for d in deliveries {
-                    d.await?;
-                }
-            }
-        }
-        for (key, _) in dirty {
-            if let Some(k) = flow.keys.get_mut(&key) {
-                k.held = None;
-            }
-        }
-        Ok(())
-    }
-
-    async fn commit(
-        &self,
-        tp: &TopicPartition,
-        flow: &PartitionFlow<F::State>,
-    ) -> Result<(), FlowError> {
-        let offset = flow.committable();
-        match &flow.writer {
-            Writer::Fenced(store) => store.commit_offset(offset).await?,
-            Writer::Plain(_) => {
-                let handle = self
-                    .metadata
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
-                let token = handle
-                    .ok_or(SnapshotError::MissingGroupMetadata {
-                        partition: tp.partition,
-                    })?
-                    .require()?;
-                commit_offsets(
-                    &self.client,
-                    &token,
-                    &BTreeMap::from([(tp.clone(), offset)]),
-                )
-                .await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn release(&self, tp: &TopicPartition, flush: bool) {
-        let flow = self.partitions.lock().await.remove(&tp.partition);
-        let Some(mut flow) = flow else { return };
         if flush {
-            let persisted = self.persist(tp.partition, &mut flow).await;
-            let committed = match persisted {
-                Ok(()) => self.commit(tp, &flow).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = committed {
-                tracing::warn!(partition = tp.partition, error = %e, "flush on revoke failed");
+            let fold = Arc::clone(&self.fold);
+            let flushed = each_lane(
+                lanes.clone(),
+                self.config.max_concurrent_partitions,
+                move |lane| {
+                    let fold = Arc::clone(&fold);
+                    async move {
+                        let flushed = flush_lane(&*fold, &lane).await;
+                        if let Err(e) = &flushed {
+                            tracing::warn!(partition = lane.partition, error = %e, "flush on revoke failed");
+                        }
+                        flushed
+                    }
+                },
+            )
+            .await;
+            if let Err(e) = flushed {
                 self.fail(e);
             }
         }
-        if let Writer::Fenced(store) = flow.writer {
-            if let Ok(store) = Arc::try_unwrap(store) {
-                store.close().await;
+        for lane in lanes {
+            let partition = lane.partition;
+            match Arc::try_unwrap(lane) {
+                Ok(lane) => {
+                    if let Writer::Fenced(store) = lane.writer {
+                        store.close().await;
+                    }
+                }
+                Err(_) => tracing::warn!(
+                    partition,
+                    "a persist of the released partition is still running; its store closes when it ends"
+                ),
             }
         }
     }
@@ -583,12 +878,12 @@ struct Listener<F: Fold>(Arc<Shared<F>>);
 impl<F: Fold> RebalanceListener for Listener<F> {
     async fn on_partitions_assigned(&mut self, partitions: &[TopicPartition]) {
         for tp in partitions {
-            if self.0.partitions.lock().await.contains_key(&tp.partition) {
+            if self.0.lanes().contains_key(&tp.partition) {
                 continue;
             }
             match self.0.acquire(tp).await {
-                Ok(flow) => {
-                    self.0.partitions.lock().await.insert(tp.partition, flow);
+                Ok(lane) => {
+                    self.0.lanes().insert(tp.partition, Arc::new(lane));
                 }
                 Err(e) => {
                     tracing::warn!(partition = tp.partition, error = %e, "acquiring a partition failed");
@@ -600,9 +895,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
 
     /// Synchronous teardown: flush, commit, close, before the group may hand the partition on.
     async fn on_partitions_revoked(&mut self, partitions: &[TopicPartition]) {
-        for tp in partitions {
-            self.0.release(tp, true).await;
-        }
+        self.0.release(partitions, true).await;
     }
 
     /// Lost (evicted or fenced): another member may own these already; writing would be fenced (or, in the
@@ -613,9 +906,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
             ?partitions,
             "partitions lost without revocation; dropping their flows unflushed"
         );
-        for tp in partitions {
-            self.0.release(tp, false).await;
-        }
+        self.0.release(partitions, false).await;
     }
 }
 
@@ -639,12 +930,15 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// ```no_run
 /// # use snapfence::records::Record;
-/// # use snapfence::snapshot::{BoxError, Fold};
+/// # use snapfence::snapshot::{BoxError, Change, Fold};
 /// # use snapfence::Bytes;
 /// # struct Balances;
 /// # impl Fold for Balances {
 /// #     type State = i64;
-/// #     fn fold(&self, _: &Bytes, s: Option<i64>, _: &Record) -> i64 { s.unwrap_or(0) + 1 }
+/// #     fn fold(&self, _: &Bytes, s: &mut Option<i64>, _: &Record) -> Change {
+/// #         *s.get_or_insert(0) += 1;
+/// #         Change::Update
+/// #     }
 /// #     fn encode(&self, s: &i64) -> Bytes { Bytes::copy_from_slice(&s.to_be_bytes()) }
 /// #     fn decode(&self, b: &[u8]) -> Result<i64, BoxError> { Ok(i64::from_be_bytes(b.try_into()?)) }
 /// # }
@@ -719,7 +1013,7 @@ impl<F: Fold> Flow<F> {
             config: config.clone(),
             metadata: Mutex::new(None),
             plain,
-            partitions: tokio::sync::Mutex::new(BTreeMap::new()),
+            lanes: Mutex::new(BTreeMap::new()),
             failure: Mutex::new(None),
             null_keys: AtomicU64::new(0),
         });
@@ -742,26 +1036,21 @@ impl<F: Fold> Flow<F> {
 
     /// The partitions this flow currently holds.
     pub async fn partitions(&self) -> Vec<i32> {
-        self.shared
-            .partitions
-            .lock()
-            .await
-            .keys()
-            .copied()
-            .collect()
+        self.shared.lanes().keys().copied().collect()
     }
 
     /// One poll: runs rebalance handlers (recovery on assignment, flush on revocation), then folds the
     /// events fetched. Returns how many events were folded.
     ///
-    /// It neither persists nor commits (only a revocation inside it flushes the revoked partitions):
-    /// `persist_every` and `commit_offsets_interval` apply only inside [`run`](Self::run). A loop built
-    /// on `poll_once` calls [`persist`](Self::persist) and [`commit`](Self::commit) when it chooses.
+    /// It neither persists, commits nor fires timers (only a revocation inside it flushes the revoked
+    /// partitions): `persist_every`, `commit_offsets_interval` and `timer_every` apply only inside
+    /// [`run`](Self::run). A loop built on `poll_once` calls [`persist`](Self::persist),
+    /// [`commit`](Self::commit) and [`tick`](Self::tick) when it chooses.
     ///
     /// Cancel safety: as the consumer's `poll`; events already returned are folded before this returns.
     pub async fn poll_once(&mut self, timeout: Duration) -> Result<usize, FlowError> {
         let batches = self.poll_consumer(timeout).await?;
-        self.fold_batches(batches).await
+        self.fold_batches(batches)
     }
 
     /// The consumer's poll, with a rebalance handler's failure preferred over the consumer error it
@@ -782,106 +1071,116 @@ impl<F: Fold> Flow<F> {
     }
 
     /// Folds fetched events into their keys' state, after surfacing any failure of a rebalance handler.
-    async fn fold_batches(&self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
+    /// Each partition's core is locked only while its own batch folds: a persist in flight on it (or on
+    /// any other partition) does not hold folding up.
+    fn fold_batches(&self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
         if let Some(e) = self.shared.take_failure() {
             return Err(e);
         }
         let mut folded = 0;
-        let mut flows = self.shared.partitions.lock().await;
         for batch in batches {
-            let Some(flow) = flows.get_mut(&batch.partition.partition) else {
-                continue;
-            };
+            let lane = self.shared.lanes().get(&batch.partition.partition).cloned();
+            let Some(lane) = lane else { continue };
+            let mut core = lane.core();
             for event in &batch.records {
-                flow.position = flow.position.max(event.offset + 1);
-                let Some(key) = &event.key else {
-                    if self.shared.null_keys.fetch_add(1, Ordering::Relaxed) == 0 {
-                        tracing::warn!(
-                            partition = batch.partition.partition,
-                            offset = event.offset,
-                            "skipping input events with a null key: a fold is per key (counted in \
-                             Flow::null_key_events)"
-                        );
+                match core.fold_event(&*self.shared.fold, event) {
+                    Folded::NullKey => {
+                        if self.shared.null_keys.fetch_add(1, Ordering::Relaxed) == 0 {
+                            tracing::warn!(
+                                partition = batch.partition.partition,
+                                offset = event.offset,
+                                "skipping input events with a null key: a fold is per key (counted \
+                                 in Flow::null_key_events)"
+                            );
+                        }
                     }
-                    continue;
-                };
-                match flow.keys.get_mut(key) {
-                    // Already folded into the recovered snapshot: replay after a takeover skips it.
-                    Some(k) if event.offset <= k.last_offset => {}
-                    Some(k) => {
-                        k.state = self.shared.fold.fold(key, Some(k.state.clone()), event);
-                        k.last_offset = event.offset;
-                        k.held.get_or_insert(event.offset);
-                        folded += 1;
-                    }
-                    None => {
-                        let state = self.shared.fold.fold(key, None, event);
-                        flow.keys.insert(
-                            key.clone(),
-                            KeyState {
-                                state,
-                                last_offset: event.offset,
-                                held: Some(event.offset),
-                            },
-                        );
-                        folded += 1;
-                    }
+                    Folded::Skipped => {}
+                    Folded::Kept | Folded::Changed => folded += 1,
                 }
             }
-            flow.position = flow.position.max(batch.next_offset);
+            core.advance(batch.next_offset);
         }
         Ok(folded)
     }
 
-    /// Persists every key folded since its last snapshot, in every held partition (concurrently per
-    /// partition, so the group commit batches them). In the transactional mode each write is fenced by
-    /// the group generation; a stale owner gets an error for which [`FlowError::is_fenced`] is true.
+    /// Fires every timer due on [`FlowConfig::clock`] in every held partition (see [`Fold::deadline`]),
+    /// and returns how many fired. Their changes are persisted by the next [`persist`](Self::persist),
+    /// fenced like an event's.
+    pub fn tick(&self) -> usize {
+        let now = self.shared.config.clock.now_ms();
+        self.shared
+            .all_lanes()
+            .iter()
+            .map(|lane| lane.core().tick(&*self.shared.fold, now))
+            .sum()
+    }
+
+    /// The earliest timer deadline over the held partitions (milliseconds on [`FlowConfig::clock`]): when
+    /// a loop built on [`poll_once`](Self::poll_once) should call [`tick`](Self::tick) next.
+    pub fn next_deadline(&self) -> Option<i64> {
+        self.shared
+            .all_lanes()
+            .iter()
+            .filter_map(|lane| lane.core().next_deadline())
+            .min()
+    }
+
+    /// Persists every key changed since its last snapshot (updates as snapshots, deletes as graves or
+    /// tombstones), in every held partition. Partitions persist independently and concurrently, at most
+    /// [`FlowConfig::max_concurrent_partitions`] at once; within one, the whole wave is queued at once
+    /// so the group commit batches it. In the transactional mode each write is fenced by the group
+    /// generation; a stale owner gets an error for which [`FlowError::is_fenced`] is true. Returns after
+    /// every partition finished, with the first error.
     ///
     /// Not cancel-safe in outcome: if dropped, some snapshots may have been written; they are written
     /// again by the next call.
     pub async fn persist(&self) -> Result<(), FlowError> {
-        let mut flows = self.shared.partitions.lock().await;
-        for (p, flow) in flows.iter_mut() {
-            self.shared.persist(*p, flow).await?;
-        }
-        Ok(())
+        let fold = Arc::clone(&self.shared.fold);
+        each_lane(
+            self.shared.all_lanes(),
+            self.shared.config.max_concurrent_partitions,
+            move |lane| {
+                let fold = Arc::clone(&fold);
+                async move { persist_lane(&*fold, &lane).await }
+            },
+        )
+        .await
     }
 
-    /// Commits every held partition's committable offset: the first event not yet in a persisted
-    /// snapshot, so a commit never passes state that exists only in memory. Call
-    /// [`persist`](Self::persist) first to move it as far as the folding went.
+    /// Commits every held partition's committable offset: the first change not yet in a landed
+    /// snapshot write, so a commit never passes state that exists only in memory. Call
+    /// [`persist`](Self::persist) first to move it as far as the folding went. Partitions commit
+    /// independently, as in `persist`.
     ///
     /// Not cancel-safe in outcome: if dropped, the commit may or may not have happened.
     pub async fn commit(&self) -> Result<(), FlowError> {
-        let flows = self.shared.partitions.lock().await;
-        for (p, flow) in flows.iter() {
-            let tp = TopicPartition::new(self.shared.config.input_topic.as_str(), *p);
-            self.shared.commit(&tp, flow).await?;
-        }
-        Ok(())
+        each_lane(
+            self.shared.all_lanes(),
+            self.shared.config.max_concurrent_partitions,
+            |lane| async move { commit_lane(&lane).await },
+        )
+        .await
     }
 
-    /// The current state of every key of `partition`, if held.
+    /// The current state of every live key of `partition`, if held.
     pub async fn state(&self, partition: i32) -> Option<HashMap<Bytes, F::State>> {
-        let flows = self.shared.partitions.lock().await;
-        flows.get(&partition).map(|f| {
-            f.keys
-                .iter()
-                .map(|(k, s)| (k.clone(), s.state.clone()))
-                .collect()
-        })
+        let lane = self.shared.lanes().get(&partition).cloned()?;
+        let core = lane.core();
+        Some(core.states().map(|(k, s)| (k.clone(), s.clone())).collect())
     }
 
     /// The next input offset of `partition` this flow will fold (the assigned offset until events arrive),
     /// if held: how a caller knows the flow has caught up with an input end it read elsewhere.
     pub async fn position(&self, partition: i32) -> Option<i64> {
-        let flows = self.shared.partitions.lock().await;
-        flows.get(&partition).map(|f| f.position)
+        let lane = self.shared.lanes().get(&partition).cloned()?;
+        let position = lane.core().position();
+        Some(position)
     }
 
-    /// Polls, persisting every `persist_every` and committing every `commit_offsets_interval`, until
-    /// `stop` completes or an error (a fence stops a stale owner here). Then [`close`](Self::close)s the
-    /// flow; the loop's error, if any, is returned before close's.
+    /// Polls, persisting every `persist_every`, committing every `commit_offsets_interval` and firing
+    /// timers every `timer_every`, until `stop` completes or an error (a fence stops a stale owner
+    /// here). Then [`close`](Self::close)s the flow; the loop's error, if any, is returned before
+    /// close's.
     ///
     /// Not cancel-safe: dropping the future is dropping the flow (see [`Flow`]).
     pub async fn run(
@@ -891,8 +1190,10 @@ impl<F: Fold> Flow<F> {
         tokio::pin!(stop);
         let mut persist = tokio::time::interval(self.shared.config.persist_every);
         let mut commit = tokio::time::interval(self.shared.config.commit_offsets_interval);
+        let mut timers = tokio::time::interval(self.shared.config.timer_every);
         persist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        timers.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let result = loop {
             tokio::select! {
                 biased;
@@ -904,9 +1205,12 @@ impl<F: Fold> Flow<F> {
                     if let Err(e) = self.persist().await { break Err(e) }
                     if let Err(e) = self.commit().await { break Err(e) }
                 }
+                _ = timers.tick() => {
+                    self.tick();
+                }
                 r = self.poll_consumer(Duration::from_millis(200)) => {
                     let folded = match r {
-                        Ok(batches) => self.fold_batches(batches).await,
+                        Ok(batches) => self.fold_batches(batches),
                         Err(e) => Err(e),
                     };
                     if let Err(e) = folded { break Err(e) }
@@ -921,13 +1225,14 @@ impl<F: Fold> Flow<F> {
     /// Stops folding and leaves the group, so a new member takes the partitions over at once instead of
     /// waiting out this member's session timeout.
     ///
-    /// The rule: every held partition is flushed as on a revocation — every key folded since its last
+    /// The rule: every held partition is flushed as on a revocation — every key changed since its last
     /// snapshot is persisted, then the partition's committable offset is committed (which, after that
-    /// persist, is the position: everything folded is durable), then its snapshot producer is closed.
-    /// Then the member leaves (LeaveGroup under the classic protocol, a leave heartbeat under KIP-848;
-    /// a static member, `group_instance_id` set, does not leave and keeps its partitions until its
-    /// session expires), waiting at most 10 s for the coordinator, and the unfenced mode's shared
-    /// producer is flushed and closed. Events fetched but not yet folded are not folded.
+    /// persist, is the position: everything folded is durable), then the tombstones that commit made due
+    /// are written, then its snapshot producer is closed. Then the member leaves (LeaveGroup under the
+    /// classic protocol, a leave heartbeat under KIP-848; a static member, `group_instance_id` set, does
+    /// not leave and keeps its partitions until its session expires), waiting at most 10 s for the
+    /// coordinator, and the unfenced mode's shared producer is flushed and closed. Events fetched but
+    /// not yet folded are not folded.
     ///
     /// The leave happens even when a flush fails; the first flush failure is returned (a stale owner's
     /// flush is refused by the fence, and nothing of it lands). Partitions lost before the close are not
@@ -954,15 +1259,22 @@ impl<F: Fold> Flow<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::fold_core::grave;
 
-    /// The envelope carries the last folded offset so replay never double-folds; a foreign or truncated
-    /// value is a typed error, not a panic.
+    /// The envelope carries the last folded offset so replay never double-folds, and a grave carries the
+    /// delete's; a foreign or truncated value is a typed error, not a panic.
     #[test]
     fn envelope_round_trips_and_rejects_garbage() {
         let e = envelope(42, b"state");
-        assert_eq!(open_envelope(&e).unwrap(), (42, &b"state"[..]));
+        assert_eq!(open_envelope(&e).unwrap(), Opened::Live(42, &b"state"[..]));
+        assert_eq!(open_envelope(&grave(7)).unwrap(), Opened::Grave(7));
         assert!(open_envelope(b"").is_err());
         assert!(open_envelope(&[1, 0, 0]).is_err());
+        assert!(open_envelope(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 1]).is_err());
         assert!(open_envelope(&[9, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
     }
 }
+
+#[cfg(test)]
+#[path = "flow_tests.rs"]
+mod driver_tests;

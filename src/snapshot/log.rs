@@ -21,9 +21,15 @@ pub struct PartitionLog {
 impl PartitionLog {
     /// A read_committed reader of `topic`'s `partition`.
     pub fn new(client: Client, topic: &str, partition: i32) -> Self {
+        Self::with_reader(client, topic, partition, ReaderConfig::default())
+    }
+
+    /// A reader of `topic`'s `partition` with `config`'s fetch settings. The isolation is always
+    /// read_committed, whatever `config` says: recovery must never see an aborted snapshot.
+    pub fn with_reader(client: Client, topic: &str, partition: i32, config: ReaderConfig) -> Self {
         let config = ReaderConfig {
             isolation: IsolationLevel::ReadCommitted,
-            ..ReaderConfig::default()
+            ..config
         };
         let partition = TopicPartition::new(topic, partition);
         let mut reader = PartitionReader::new(client.clone(), config);

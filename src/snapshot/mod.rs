@@ -18,6 +18,7 @@
 
 mod error;
 mod flow;
+mod fold_core;
 mod group_commit;
 mod log;
 mod recovery;
@@ -27,7 +28,9 @@ mod store;
 mod topic;
 
 pub use error::{FailureKind, SnapshotError, StallDiagnosis, TxnFailure};
-pub use flow::{BoxError, Flow, FlowConfig, FlowError, Fold, PersistenceMode};
+pub use flow::{
+    BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, PersistenceMode, SystemClock,
+};
 pub use group_commit::{
     GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError, TxnBatch,
 };

@@ -1,0 +1,463 @@
+//! The per-partition fold core: everything a partition of a [`Flow`](super::Flow) remembers between
+//! events, with no I/O, no clock and no tasks.
+//!
+//! The core takes events, `now` and the outcomes of writes and commits in, and hands out what to write
+//! (a [`Wave`] of snapshots, graves and tombstones) and what may be committed
+//! ([`committable`](PartitionCore::committable)). The async driver in `flow.rs` owns the store and the
+//! timers; the rules live here, where scripted tests can drive every ordering.
+//!
+//! # The rules
+//!
+//! - **Replay skip.** Each key remembers the offset of the last event folded into it (persisted in the
+//!   snapshot's envelope). A replayed event at or below it is skipped, so replaying from the committed
+//!   offset never folds an event twice.
+//! - **Held offsets.** A key holds the first offset whose effect exists only in memory: set by the
+//!   first change after its last landed write, cleared when a write carrying that change lands. A write
+//!   in flight does not clear it; a change folded while the write flies is held again when it lands.
+//! - **Committable offset.** The minimum held offset over the partition's keys, or the position (the
+//!   next offset to fold) when none holds. A commit never carries an offset past a change whose write
+//!   has not landed.
+//! - **Deletes.** A deleted key first becomes a *grave*: an envelope with the delete's offset and no
+//!   state, written like any snapshot. Recovery reads a grave as an absent key that still skips replayed
+//!   events at or below its offset. Once a commit has landed past that offset, no replay can reach those
+//!   events any more, and the next wave writes the real tombstone (a null value); when it lands the key
+//!   is forgotten. A tombstone is written at once when the committed offset is already past the delete.
+//!   Why not a tombstone straight away: it carries no offset, so if it landed while the committed offset
+//!   was still at or below the delete, a restart would replay the key's earlier events onto an absent
+//!   state and could bring the key back with a state no owner ever had.
+//! - **Timers.** A key's deadline is derived from its state ([`Fold::deadline`](super::Fold::deadline)),
+//!   so it is persisted with the state and a new owner recovers it. [`tick`](PartitionCore::tick) fires
+//!   every deadline at or before `now`; the effect is a change like an event's, holding the committable
+//!   offset at the position the timer fired at until its write lands.
+//! - **Fence outcomes.** A wave that lands clears what it covered; a failed wave leaves every key it
+//!   carried held and dirty (rewritten by the next wave); a fenced wave does the same and stops the
+//!   partition: nothing more is handed out.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::flow::{Change, Fold};
+use crate::records::Record;
+
+const ENVELOPE_V1: u8 = 1;
+const ENVELOPE_GRAVE: u8 = 2;
+
+/// `[1][last folded offset i64 BE][user bytes]`: a live state.
+pub(crate) fn envelope(offset: i64, payload: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(9 + payload.len());
+    b.put_u8(ENVELOPE_V1);
+    b.put_i64(offset);
+    b.put_slice(payload);
+    b.freeze()
+}
+
+/// `[2][delete offset i64 BE]`: a deleted key whose tombstone must wait for the committed offset.
+pub(crate) fn grave(offset: i64) -> Bytes {
+    let mut b = BytesMut::with_capacity(9);
+    b.put_u8(ENVELOPE_GRAVE);
+    b.put_i64(offset);
+    b.freeze()
+}
+
+/// What a snapshot value says.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Opened<'a> {
+    /// A state folded up to the offset.
+    Live(i64, &'a [u8]),
+    /// A key deleted at the offset.
+    Grave(i64),
+}
+
+pub(crate) fn open_envelope(bytes: &[u8]) -> Result<Opened<'_>, String> {
+    let offset = |rest: &[u8]| {
+        let mut o = [0u8; 8];
+        o.copy_from_slice(&rest[..8]);
+        i64::from_be_bytes(o)
+    };
+    match bytes {
+        [ENVELOPE_V1, rest @ ..] if rest.len() >= 8 => Ok(Opened::Live(offset(rest), &rest[8..])),
+        [ENVELOPE_GRAVE, rest @ ..] if rest.len() == 8 => Ok(Opened::Grave(offset(rest))),
+        [v, ..] if *v != ENVELOPE_V1 && *v != ENVELOPE_GRAVE => {
+            Err(format!("unknown snapshot envelope version {v}"))
+        }
+        _ => Err("snapshot shorter than its envelope".into()),
+    }
+}
+
+/// What the snapshot write of one key in a wave was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Snapshot,
+    Grave,
+    Tombstone,
+}
+
+struct Entry<S> {
+    /// `None`: deleted (a grave in memory), kept until its tombstone lands.
+    state: Option<S>,
+    /// The offset of the last event folded in; replayed events at or below it are skipped.
+    last_offset: i64,
+    /// The first change not yet in a landed write.
+    held: Option<i64>,
+    /// While a write of this key is in flight: the first change folded since that write was encoded.
+    in_wave: Option<Option<i64>>,
+    deadline: Option<i64>,
+}
+
+/// The writes of one persist wave: hand them to the store, then report with
+/// [`PartitionCore::wave_done`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Wave {
+    pub(crate) id: u64,
+    /// Key and value (`None`: a tombstone), in no particular order.
+    pub(crate) writes: Vec<(Bytes, Option<Bytes>)>,
+}
+
+/// How a wave ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Landing {
+    /// Every write committed.
+    Landed,
+    /// Some write failed or its outcome is unknown: assume nothing landed, keep everything held.
+    Failed,
+    /// The fence refused it (a stale owner): nothing landed, and the partition stops.
+    Fenced,
+}
+
+/// What folding one event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Folded {
+    /// The event had no key.
+    NullKey,
+    /// Replay: the key's state already covers it.
+    Skipped,
+    /// Folded, and the fold said nothing changed.
+    Kept,
+    /// Folded into a change (update or delete).
+    Changed,
+}
+
+/// One partition's fold bookkeeping.
+pub(crate) struct PartitionCore<S> {
+    keys: HashMap<Bytes, Entry<S>>,
+    /// Keys changed since their last write was encoded.
+    dirty: HashSet<Bytes>,
+    /// Deleted keys whose grave landed: a tombstone is due once a commit passes their offset.
+    graves: HashSet<Bytes>,
+    timers: BTreeSet<(i64, Bytes)>,
+    /// The next input offset to fold.
+    position: i64,
+    /// The highest offset a landed commit carried.
+    committed: i64,
+    next_wave: u64,
+    in_flight: Option<(u64, Vec<(Bytes, Written)>)>,
+    fenced: bool,
+}
+
+impl<S> PartitionCore<S> {
+    /// A partition assigned at `offset` (which the group has committed, or is about to).
+    pub(crate) fn new(offset: i64) -> Self {
+        PartitionCore {
+            keys: HashMap::new(),
+            dirty: HashSet::new(),
+            graves: HashSet::new(),
+            timers: BTreeSet::new(),
+            position: offset,
+            committed: offset,
+            next_wave: 0,
+            in_flight: None,
+            fenced: false,
+        }
+    }
+
+    /// Restores one recovered snapshot (its decoded state, or `None` for a grave) folded up to
+    /// `last_offset`.
+    pub(crate) fn restore<F>(&mut self, fold: &F, key: Bytes, state: Option<S>, last_offset: i64)
+    where
+        F: Fold<State = S>,
+    {
+        let deadline = state.as_ref().and_then(|s| fold.deadline(&key, s));
+        if let Some(d) = deadline {
+            self.timers.insert((d, key.clone()));
+        }
+        if state.is_none() {
+            self.graves.insert(key.clone());
+        }
+        self.keys.insert(
+            key,
+            Entry {
+                state,
+                last_offset,
+                held: None,
+                in_wave: None,
+                deadline,
+            },
+        );
+    }
+
+    /// Folds one event (events of the partition arrive in offset order).
+    pub(crate) fn fold_event<F>(&mut self, fold: &F, event: &Record) -> Folded
+    where
+        F: Fold<State = S>,
+    {
+        self.position = self.position.max(event.offset + 1);
+        let Some(key) = &event.key else {
+            return Folded::NullKey;
+        };
+        let change = match self.keys.get_mut(key) {
+            Some(e) if event.offset <= e.last_offset => return Folded::Skipped,
+            Some(e) => {
+                let change = fold.fold(key, &mut e.state, event);
+                if change != Change::Keep {
+                    e.last_offset = event.offset;
+                }
+                change
+            }
+            None => {
+                let mut state = None;
+                let change = fold.fold(key, &mut state, event);
+                if change == Change::Keep || state.is_none() {
+                    // Nothing to remember: a key that does not exist and still does not.
+                    return Folded::Kept;
+                }
+                self.keys.insert(
+                    key.clone(),
+                    Entry {
+                        state,
+                        last_offset: event.offset,
+                        held: None,
+                        in_wave: None,
+                        deadline: None,
+                    },
+                );
+                change
+            }
+        };
+        if change == Change::Keep {
+            return Folded::Kept;
+        }
+        self.changed(fold, key, change, event.offset);
+        Folded::Changed
+    }
+
+    /// Moves the position past offsets a fetch skipped (aborted batches, markers, compacted gaps).
+    pub(crate) fn advance(&mut self, next_offset: i64) {
+        self.position = self.position.max(next_offset);
+    }
+
+    /// Fires every timer due at `now`. Returns how many fired.
+    pub(crate) fn tick<F>(&mut self, fold: &F, now: i64) -> usize
+    where
+        F: Fold<State = S>,
+    {
+        let mut fired = 0;
+        while let Some((deadline, _)) = self.timers.first() {
+            if *deadline > now {
+                break;
+            }
+            let Some((_, key)) = self.timers.pop_first() else {
+                break;
+            };
+            let Some(e) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            e.deadline = None;
+            let Some(state) = e.state.as_mut() else {
+                continue;
+            };
+            fired += 1;
+            let change = fold.on_deadline(&key, state, now);
+            if change == Change::Keep {
+                // The schedule is the state's: re-derive it. A deadline still at or before `now` is
+                // dropped until the next change, or it would fire at every tick.
+                if let Some(d) = fold.deadline(&key, state).filter(|d| *d > now) {
+                    e.deadline = Some(d);
+                    self.timers.insert((d, key));
+                }
+                continue;
+            }
+            // A timer's effect is not tied to an input offset: it holds the committable offset where the
+            // partition stood when it fired.
+            let at = self.position;
+            self.changed(fold, &key, change, at);
+        }
+        fired
+    }
+
+    /// The earliest deadline of any key (when the driver should call [`tick`](Self::tick) next).
+    pub(crate) fn next_deadline(&self) -> Option<i64> {
+        self.timers.first().map(|(d, _)| *d)
+    }
+
+    fn changed<F>(&mut self, fold: &F, key: &Bytes, change: Change, hold_at: i64)
+    where
+        F: Fold<State = S>,
+    {
+        let Some(e) = self.keys.get_mut(key) else {
+            return;
+        };
+        if change == Change::Delete {
+            e.state = None;
+        }
+        e.held.get_or_insert(hold_at);
+        if let Some(next) = &mut e.in_wave {
+            next.get_or_insert(hold_at);
+        }
+        if let Some(d) = e.deadline.take() {
+            self.timers.remove(&(d, key.clone()));
+        }
+        e.deadline = e.state.as_ref().and_then(|s| fold.deadline(key, s));
+        if let Some(d) = e.deadline {
+            self.timers.insert((d, key.clone()));
+        }
+        self.graves.remove(key);
+        self.dirty.insert(key.clone());
+    }
+
+    /// The next wave to write: every dirty key's snapshot or grave, and every tombstone now due. `None`
+    /// when there is nothing to write, a wave is in flight, or the partition was fenced.
+    pub(crate) fn begin_wave<F>(&mut self, fold: &F) -> Option<Wave>
+    where
+        F: Fold<State = S>,
+    {
+        if self.fenced || self.in_flight.is_some() {
+            return None;
+        }
+        let committed = self.committed;
+        let mut writes = Vec::with_capacity(self.dirty.len());
+        let mut carried = Vec::with_capacity(self.dirty.len());
+        for key in self.dirty.drain() {
+            let Some(e) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            let (value, written) = match &e.state {
+                Some(s) => (
+                    Some(envelope(e.last_offset, &fold.encode(s))),
+                    Written::Snapshot,
+                ),
+                None if committed > e.last_offset => (None, Written::Tombstone),
+                None => (Some(grave(e.last_offset)), Written::Grave),
+            };
+            e.in_wave = Some(None);
+            writes.push((key.clone(), value));
+            carried.push((key, written));
+        }
+        let due: Vec<Bytes> = self
+            .graves
+            .iter()
+            .filter(|k| self.keys.get(*k).is_some_and(|e| committed > e.last_offset))
+            .cloned()
+            .collect();
+        for key in due {
+            self.graves.remove(&key);
+            if let Some(e) = self.keys.get_mut(&key) {
+                e.in_wave = Some(None);
+            }
+            writes.push((key.clone(), None));
+            carried.push((key, Written::Tombstone));
+        }
+        if writes.is_empty() {
+            return None;
+        }
+        let id = self.next_wave;
+        self.next_wave += 1;
+        self.in_flight = Some((id, carried));
+        Some(Wave { id, writes })
+    }
+
+    /// Applies a wave's outcome. An unknown or stale `id` is ignored.
+    pub(crate) fn wave_done(&mut self, id: u64, landing: Landing) {
+        let carried = match self.in_flight.take() {
+            Some((current, carried)) if current == id => carried,
+            other => {
+                self.in_flight = other;
+                return;
+            }
+        };
+        if landing == Landing::Fenced {
+            self.fenced = true;
+        }
+        for (key, written) in carried {
+            let Some(e) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            let since = e.in_wave.take().flatten();
+            if landing != Landing::Landed {
+                // Nothing of the wave may have landed: everything it carried stays held (`held` is at or
+                // below anything folded since) and is written again.
+                self.dirty.insert(key);
+                continue;
+            }
+            e.held = since;
+            if since.is_some() {
+                // Changed again while the write flew: already dirty.
+                continue;
+            }
+            match written {
+                Written::Snapshot => {}
+                Written::Grave => {
+                    self.graves.insert(key);
+                }
+                Written::Tombstone => {
+                    self.keys.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// The offset a commit may carry now.
+    pub(crate) fn committable(&self) -> i64 {
+        self.keys
+            .values()
+            .filter_map(|e| e.held)
+            .fold(self.position, i64::min)
+    }
+
+    /// A commit of `offset` landed. Graves behind it get their tombstones in the next wave.
+    pub(crate) fn commit_landed(&mut self, offset: i64) {
+        self.committed = self.committed.max(offset);
+    }
+
+    /// Whether a landed commit is the only thing a due tombstone waits for (the driver then writes once
+    /// more at a flush so the tombstones land before the partition is handed on).
+    pub(crate) fn tombstones_due(&self) -> bool {
+        self.graves.iter().any(|k| {
+            self.keys
+                .get(k)
+                .is_some_and(|e| self.committed > e.last_offset)
+        })
+    }
+
+    /// A fence refused a commit: the partition stops.
+    pub(crate) fn fence(&mut self) {
+        self.fenced = true;
+    }
+
+    /// Whether a fence stopped the partition.
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+
+    /// The next input offset to fold.
+    pub(crate) fn position(&self) -> i64 {
+        self.position
+    }
+
+    /// The live keys and their states (graves are absent).
+    pub(crate) fn states(&self) -> impl Iterator<Item = (&Bytes, &S)> {
+        self.keys
+            .iter()
+            .filter_map(|(k, e)| e.state.as_ref().map(|s| (k, s)))
+    }
+
+    /// How many keys (live and graves) the partition remembers.
+    #[cfg(test)]
+    pub(crate) fn remembered(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+#[cfg(test)]
+#[path = "fold_core_tests.rs"]
+mod tests;
