@@ -108,3 +108,8 @@ pub mod fuzz_harness;
 
 #[cfg(test)]
 mod bad_input_tests;
+
+// The README's Rust examples compile as doctests, so the first code a user copies cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
