@@ -321,7 +321,7 @@ fn unreachable_detail(what: &str, bootstrap: &str, err: &NetError) -> String {
 }
 
 /// The text printed after `error: `: `e`, then each cause in its `source()` chain that the text so far
-/// does not already contain, each fact said once (see [`say_once`]).
+/// does not already contain, each fact said once (see `say_once`).
 ///
 /// Most errors here and in the library embed their source in their own message (`"... failed: {source}"`)
 /// and also return it from `source()`, so a cause is usually already in the text and is skipped; one that
