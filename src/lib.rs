@@ -95,6 +95,7 @@ pub(crate) mod wire;
 /// Spawned tasks whose panics and cancellations are reported to their owners (crate-internal).
 mod supervise;
 
+#[doc(no_inline)]
 pub use bytes::Bytes;
 pub use group_metadata::{GroupMetadata, NotJoined};
 pub use net::{Client, ClientConfig, NetError};
