@@ -115,7 +115,15 @@ fn peer(args: &[String]) -> i32 {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(ours::run(work)) {
+    // The workload runs in a task, as application code does (a flow's flush, a request handler), not on
+    // block_on's thread: tasks a worker spawns start when it yields, while those spawned from outside the
+    // workers start at once on an idle one (the group commit's drain among them).
+    let outcome = runtime.block_on(async {
+        tokio::spawn(ours::run(work))
+            .await
+            .unwrap_or_else(|e| Err(format!("the workload task failed: {e}").into()))
+    });
+    match outcome {
         Ok(outcome) => {
             println!("{outcome}");
             0

@@ -3,7 +3,6 @@
 //!
 //! Every workload prints one `RESULT` line (see [`crate::workload::Outcome`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -210,8 +209,7 @@ async fn plain(
 }
 
 /// Seed experiments A(b), A(c) and B: writes through the snapshot store's group commit, each transaction
-/// fenced by a real classic group's generation. Transactions are counted where the group commit reads the
-/// group metadata, which it does once per transaction.
+/// fenced by a real classic group's generation. Transactions are the store's own count of those it began.
 async fn group_commit(
     txn: crate::workload::TxnArgs,
     n: usize,
@@ -221,12 +219,7 @@ async fn group_commit(
 ) -> Result<Outcome, Error> {
     let client = connect(&txn.bootstrap).await?;
     let group = GroupMetadata::new(&txn.group, txn.generation, &txn.member, None)?;
-    let transactions = Arc::new(AtomicU64::new(0));
-    let counter = Arc::clone(&transactions);
-    let metadata: Arc<dyn MetadataSource> = Arc::new(move || {
-        counter.fetch_add(1, Ordering::Relaxed);
-        Some(group.clone())
-    });
+    let metadata: Arc<dyn MetadataSource> = Arc::new(move || Some(group.clone()));
     let mut config = SnapshotConfig::new(&txn.topic, &txn.txn_id);
     config.max_writes_per_transaction = cap;
     let assignment = Assignment {
@@ -237,7 +230,7 @@ async fn group_commit(
     let store = SnapshotStore::acquire(client, config, assignment).await?;
     // Warm-up: coordinators found, partition and group added once, connections open.
     store.write(key(n), Some(value(size, n))).await?;
-    transactions.store(0, Ordering::Relaxed);
+    let warm_up = store.transactions();
     let began = Instant::now();
     if burst {
         let mut pending = Vec::with_capacity(n);
@@ -257,10 +250,11 @@ async fn group_commit(
         }
     }
     let elapsed = began.elapsed();
+    let transactions = store.transactions() - warm_up;
     store.close().await;
     Ok(Outcome {
         ms: ms(elapsed),
-        txns: Some(transactions.load(Ordering::Relaxed)),
+        txns: Some(transactions),
         records: n as u64,
         ..Outcome::default()
     })

@@ -264,6 +264,77 @@ async fn concurrent_writes_all_commit() {
     }
 }
 
+/// The high watermark once every commit marker is written (the last stable offset has reached it: the
+/// markers follow a commit asynchronously).
+async fn settled_log_end(client: &Client, topic: &str) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (hw, lso) = offsets(client, topic).await;
+        if hw == lso {
+            return hw;
+        }
+        assert!(Instant::now() < deadline, "the markers were never written");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A burst of writes issued together runs ceil(n / cap) transactions and not one more (the writes after
+/// the first join the transaction the first one began). Counted by the store and on the broker: each
+/// committed transaction leaves one commit marker in the snapshot partition, so once the markers are
+/// written (the last stable offset reaches the high watermark) the log has grown by n + transactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_runs_ceil_n_over_cap_transactions() {
+    for spec in specs() {
+        let kafka = cluster(spec).await;
+        for (cap, n) in [(256usize, 2000usize), (2000, 2000)] {
+            let s = setup(&kafka).await;
+            let store = SnapshotStore::acquire(
+                s.client.clone(),
+                config(&s, cap),
+                assignment(&s, Arc::new(s.member.group_metadata())),
+            )
+            .await
+            .unwrap();
+            // Warm-up: coordinators found, connections open, as in the benchmark.
+            store.write(b("warm-up"), Some(b("w"))).await.unwrap();
+            let began = store.transactions();
+            let log_before = settled_log_end(&s.client, &s.snapshots).await;
+            // Issued from a task, as an application's flush runs: the drain the first write starts then
+            // waits for this task to yield (see group_commit's `supervise`), by which time all are queued.
+            let store = Arc::new(store);
+            let burst = {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let value = Bytes::from(vec![b'v'; 1024]);
+                    let pending: Vec<_> = (0..n)
+                        .map(|i| {
+                            store
+                                .try_write(b(&format!("key-{i}")), Some(value.clone()))
+                                .expect("the queue has room")
+                        })
+                        .collect();
+                    for p in pending {
+                        p.await.unwrap();
+                    }
+                })
+            };
+            burst.await.unwrap();
+            let store = Arc::try_unwrap(store).expect("the burst task is done");
+            let txns = store.transactions() - began;
+            let ctx = format!("{} cap {cap}", kafka.version());
+            assert_eq!(txns, n.div_ceil(cap) as u64, "{ctx}");
+            let log_end = settled_log_end(&s.client, &s.snapshots).await;
+            assert_eq!(
+                (log_end - log_before) as u64,
+                n as u64 + txns,
+                "one commit marker per transaction: {ctx}"
+            );
+            store.close().await;
+            assert_eq!(recovered(&s).await.len(), n + 1, "{ctx}");
+        }
+    }
+}
+
 /// Takeover after a crash: the previous owner's transaction is left open (its producer never closes, and
 /// its timeout is long); the next owner's acquire aborts it, so the LSO is back at the high watermark right
 /// after acquire — long before any timeout — and recovery sees only committed snapshots.

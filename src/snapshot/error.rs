@@ -148,6 +148,17 @@ pub enum SnapshotError {
         /// The snapshot partition.
         partition: i32,
     },
+    /// The task that runs the partition's group-commit transactions died (it panicked). Every write and
+    /// offset commit waiting on it fails with this, and the store refuses new ones: the producer's state
+    /// after the panic is unknown, so nothing more is sent on it. Whether the transaction in flight
+    /// committed is unknown too (as for [`FailureKind::OutcomeUnknown`]): acquire the partition again.
+    #[error("snapshot partition {partition}: the group-commit task died: {message}")]
+    DrainDied {
+        /// The snapshot partition.
+        partition: i32,
+        /// The panic message.
+        message: String,
+    },
     /// Invalid configuration.
     #[error("invalid snapshot configuration: {0}")]
     Config(String),

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::*;
 use crate::records::{Record, TimestampType};
-use crate::snapshot::{FailureKind, TxnBatch, TxnFailure};
+use crate::snapshot::{FailureKind, SnapshotWrite, TxnFailure};
 use crate::GroupMetadata;
 
 /// Counts events per key, in place.
@@ -34,7 +34,19 @@ struct FakeRunner {
 }
 
 impl TransactionRunner for FakeRunner {
-    async fn run(&mut self, _batch: TxnBatch) -> Result<(), TxnFailure> {
+    fn begin(&mut self) -> Result<(), TxnFailure> {
+        Ok(())
+    }
+
+    async fn send(&mut self, _write: SnapshotWrite) -> Result<(), TxnFailure> {
+        Ok(())
+    }
+
+    async fn settle(&mut self) -> Result<(), TxnFailure> {
+        Ok(())
+    }
+
+    async fn commit(&mut self, _offset: i64, _metadata: GroupMetadata) -> Result<(), TxnFailure> {
         tokio::time::sleep(self.delay).await;
         self.transactions.fetch_add(1, Ordering::Relaxed);
         if self.fenced {
@@ -43,6 +55,10 @@ impl TransactionRunner for FakeRunner {
                 std::io::Error::other("ILLEGAL_GENERATION"),
             ));
         }
+        Ok(())
+    }
+
+    async fn abort(&mut self) -> Result<(), TxnFailure> {
         Ok(())
     }
 }

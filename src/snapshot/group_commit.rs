@@ -1,31 +1,43 @@
 //! Group commit: many concurrent snapshot writes of one partition share one transaction.
 //!
 //! A producer runs one transaction at a time, while a flow flushes a partition's keys concurrently. So a
-//! write is queued, and whoever finds no transaction running starts a drain: it takes up to
-//! `max_writes_per_transaction` queued writes (offset commits ride along without counting against the cap),
-//! runs them as one transaction that also commits the partition's committable offset with the consumer's
-//! group metadata read *at that moment*, and hands the outcome to every waiter in the batch. It then drains
-//! again until the queue is empty. There is no batching delay: a lone write commits at once, and a batch is
-//! whatever queued up while the previous transaction was in flight.
+//! write is queued, and whoever finds no transaction running starts a drain task. The drain begins a
+//! transaction with whatever is queued, and while that transaction is still producing, writes that arrive
+//! join it, up to `max_writes_per_transaction`. When nothing more can join, the transaction is sealed: it
+//! commits the partition's committable offset with the consumer's group metadata read *at that moment*
+//! (the fence), then commits, and every waiter in it gets the outcome. Offset commits ride along without
+//! counting against the cap. The drain then begins the next transaction, until the queue is empty.
+//!
+//! There is no batching delay: a lone write begins its transaction at once and seals it as soon as it is
+//! sent. A burst fills the transaction it started, instead of leaving it with one write and queueing the
+//! rest behind it (which cost one transaction more per burst than the cap requires): while writes keep
+//! joining, the transaction waits for what it has sent to be acknowledged before it fixes its offset
+//! (the commit waits for those acknowledgements anyway), so a burst's stragglers still join.
+//!
+//! What goes into which transaction, and which offset each commits, is decided by [`queue::Queue`], a
+//! state machine without I/O; this module is its driver: the public handle, the drain loop that feeds the
+//! queue's steps to a [`TransactionRunner`], and the supervision of that loop.
 //!
 //! Only one drain runs per partition. The "is a drain running" flag lives under the same lock as the queue,
 //! so the drain's final "queue empty, stop" and a writer's "queue a write, is someone draining?" cannot
 //! interleave into a stranded write:
 //!
-//! 1. drain: lock, queue empty → clear flag, unlock, exit.
+//! 1. drain: lock, nothing to begin → clear flag, unlock, exit.
 //! 2. writer: lock, push, flag clear → set flag, spawn a drain, unlock.
 //!
-//! Either the drain sees the write (step 2 happened first) or the writer sees the cleared flag.
+//! Either the drain sees the write (step 2 happened first) or the writer sees the cleared flag. The same
+//! lock makes "join the open transaction" and "seal it" atomic against a writer's push: a write is either
+//! in the transaction before its offset is fixed, or queued for the next one.
 //!
-//! The offset committed by a transaction is the committable offset the flow scheduled, seeded with the
-//! offset the partition was assigned at, so the very first write is already gated by the generation.
-//! An offset commit scheduled after some writes rides only in a transaction that carries all of those
-//! writes, so the committed offset never gets ahead of writes queued before it.
+//! The drain runs under [`crate::supervise`]: if it panics, every waiter (the transaction in flight
+//! included) fails with [`SnapshotError::DrainDied`] and the queue closes, so no later write waits for a
+//! drain that is gone.
 //!
 //! # References
 //! - KIP-98 (transactions), KIP-447 (TxnOffsetCommit carries the consumer's generation and member id)
 
-use std::collections::VecDeque;
+mod queue;
+
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +47,7 @@ use tracing::Instrument;
 
 use super::error::{FailureKind, SnapshotError, TxnFailure};
 use crate::GroupMetadata;
+use queue::{Queue, Step};
 
 /// One snapshot write: a key and its new snapshot, or `None` to delete the key (a tombstone).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,28 +58,48 @@ pub struct SnapshotWrite {
     pub value: Option<Bytes>,
 }
 
-/// What one transaction must carry: the writes, the input offset to commit and the fencing token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TxnBatch {
-    /// The snapshot writes, in queue order (at most the cap).
-    pub writes: Vec<SnapshotWrite>,
-    /// The input partition's committable offset (the next offset to consume).
-    pub offset: i64,
-    /// The group metadata read for this transaction.
-    pub metadata: GroupMetadata,
-}
-
-/// Runs one transaction: begin, send every write and await their acknowledgements, commit `offset` for the
-/// input partition with `metadata` (TxnOffsetCommit), commit; on any failure abort and report the class.
+/// The producer side of the group commit: the steps of one transaction, driven one at a time.
 ///
-/// Implemented over the transactional producer behind [`SnapshotStore`](super::SnapshotStore); tests use a recording fake.
+/// The group commit calls, for each transaction: [`begin`](Self::begin); [`send`](Self::send) for every
+/// write, in queue order, including writes that joined after the transaction began, with
+/// [`settle`](Self::settle) in between while a burst is still arriving; then once
+/// [`commit`](Self::commit) with the offset and the group metadata (the fence). When a step fails with
+/// [`FailureKind::Fenced`] or [`FailureKind::Aborted`], or the group metadata is gone at the seal, it calls
+/// [`abort`](Self::abort); after [`FailureKind::Fatal`] or [`FailureKind::OutcomeUnknown`] it calls nothing
+/// more. Never two calls at once.
+///
+/// Implemented over the transactional producer behind [`SnapshotStore`](super::SnapshotStore); tests use a
+/// recording fake.
 pub trait TransactionRunner: Send + 'static {
-    /// Runs `batch` as one transaction. Must leave no transaction open when it returns an error other
-    /// than [`FailureKind::OutcomeUnknown`] or [`FailureKind::Fatal`].
-    fn run(&mut self, batch: TxnBatch) -> impl Future<Output = Result<(), TxnFailure>> + Send;
+    /// Opens a transaction. Sends nothing.
+    fn begin(&mut self) -> Result<(), TxnFailure>;
+
+    /// Adds one write to the open transaction; returns once it is buffered (its acknowledgement is
+    /// [`commit`](Self::commit)'s to check).
+    fn send(&mut self, write: SnapshotWrite)
+        -> impl Future<Output = Result<(), TxnFailure>> + Send;
+
+    /// Waits until every write sent so far in the transaction is acknowledged by the broker (sending
+    /// what lingers in the buffer at once). Called while a burst's writes are still joining, so the rest
+    /// of the burst can queue instead of starting a transaction of its own.
+    fn settle(&mut self) -> impl Future<Output = Result<(), TxnFailure>> + Send;
+
+    /// Commits `offset` for the input partition with `metadata` (TxnOffsetCommit, where the group
+    /// coordinator checks the generation), then the transaction. Succeeds only if every write sent in
+    /// the transaction was acknowledged and the transaction committed.
+    fn commit(
+        &mut self,
+        offset: i64,
+        metadata: GroupMetadata,
+    ) -> impl Future<Output = Result<(), TxnFailure>> + Send;
+
+    /// Aborts the open transaction: nothing of it lands. An error here leaves the producer's state unknown
+    /// and closes the queue.
+    fn abort(&mut self) -> impl Future<Output = Result<(), TxnFailure>> + Send;
 }
 
-/// A live reader of the consumer's group metadata, consulted once per transaction.
+/// A live reader of the consumer's group metadata, consulted when a transaction begins (to send nothing
+/// without it) and when it is sealed (the token its offset commit carries).
 pub trait MetadataSource: Send + Sync + 'static {
     /// The metadata as of the consumer's latest poll, or `None` before the first join completes.
     fn current(&self) -> Option<GroupMetadata>;
@@ -87,40 +120,47 @@ impl MetadataSource for crate::consumer::GroupMetadataHandle {
     }
 }
 
-type Reply = oneshot::Sender<Result<(), SnapshotError>>;
-
-struct QueuedWrite {
-    seq: u64,
-    write: SnapshotWrite,
-    reply: Reply,
-    _slot: OwnedSemaphorePermit,
+/// A waiter: where its outcome goes, and (for a write) its place in the bounded queue, given back when
+/// the ticket is dropped with the outcome.
+struct Ticket {
+    reply: oneshot::Sender<Result<(), SnapshotError>>,
+    _slot: Option<OwnedSemaphorePermit>,
 }
 
-struct QueuedOffset {
-    seq: u64,
-    offset: i64,
-    reply: Reply,
-}
-
-struct Queue {
-    writes: VecDeque<QueuedWrite>,
-    offsets: VecDeque<QueuedOffset>,
-    next_seq: u64,
+struct Shared {
+    queue: Queue<Ticket>,
+    /// A drain task is running (or about to).
     draining: bool,
-    /// The offset the next transaction commits unless a queued offset commit moves it: seeded with the
-    /// assigned offset, then the last offset a transaction committed.
-    committed: i64,
-    /// Set once a fatal or outcome-unknown failure makes the producer unusable.
-    closed: Option<SnapshotError>,
+}
+
+impl Shared {
+    fn deliver(&mut self) {
+        while let Some((ticket, outcome)) = self.queue.poll_outcome() {
+            let _ = ticket.reply.send(outcome);
+        }
+    }
 }
 
 struct Inner<R> {
     partition: i32,
-    cap: usize,
-    queue: Mutex<Queue>,
+    shared: Mutex<Shared>,
     runner: tokio::sync::Mutex<R>,
     metadata: Arc<dyn MetadataSource>,
     slots: Arc<Semaphore>,
+}
+
+impl<R> Inner<R> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        // The queue does no I/O and calls nothing foreign under this lock, so a panic while it is held is a
+        // bug in the queue; its fields hold their invariants between statements, so going on is sound.
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn closed_error(&self) -> SnapshotError {
+        SnapshotError::Closed {
+            partition: self.partition,
+        }
+    }
 }
 
 /// The group-commit queue of one snapshot partition. Cheap to clone; clones share the queue.
@@ -167,14 +207,9 @@ impl<R: TransactionRunner> GroupCommit<R> {
         Ok(GroupCommit {
             inner: Arc::new(Inner {
                 partition,
-                cap: max_writes_per_transaction,
-                queue: Mutex::new(Queue {
-                    writes: VecDeque::new(),
-                    offsets: VecDeque::new(),
-                    next_seq: 0,
+                shared: Mutex::new(Shared {
+                    queue: Queue::new(max_writes_per_transaction, assigned_offset),
                     draining: false,
-                    committed: assigned_offset,
-                    closed: None,
                 }),
                 runner: tokio::sync::Mutex::new(runner),
                 metadata,
@@ -190,7 +225,12 @@ impl<R: TransactionRunner> GroupCommit<R> {
 
     /// The offset the last successful transaction committed (or the assigned offset before any).
     pub fn committed_offset(&self) -> i64 {
-        self.lock().committed
+        self.inner.lock().queue.committed()
+    }
+
+    /// How many transactions this queue has begun (committed, failed or in flight).
+    pub fn transactions(&self) -> u64 {
+        self.inner.lock().queue.transactions()
     }
 
     /// Queues a write and waits until the transaction carrying it has committed or failed.
@@ -198,15 +238,15 @@ impl<R: TransactionRunner> GroupCommit<R> {
     /// Waits for queue space first when `max_queued` writes are already waiting.
     ///
     /// Cancel safety: dropping the future before it returns may or may not withdraw the write: once queued,
-    /// it rides in the next transaction regardless, and only its outcome is lost to the caller.
+    /// it rides in a transaction regardless, and only its outcome is lost to the caller.
     pub async fn write(&self, key: Bytes, value: Option<Bytes>) -> Result<(), SnapshotError> {
         let slot = Arc::clone(&self.inner.slots)
             .acquire_owned()
             .await
-            .map_err(|_| self.closed_error())?;
+            .map_err(|_| self.refused())?;
         self.enqueue_write(SnapshotWrite { key, value }, slot)?
             .await
-            .unwrap_or_else(|_| Err(self.closed_error()))
+            .unwrap_or_else(|_| Err(self.refused()))
     }
 
     /// Like [`Self::write`] but fails at once, handing the write back, when the queue is full.
@@ -221,70 +261,56 @@ impl<R: TransactionRunner> GroupCommit<R> {
         let write = SnapshotWrite { key, value };
         let slot = match Arc::clone(&self.inner.slots).try_acquire_owned() {
             Ok(slot) => slot,
-            Err(_) => return Err(TryWriteError::Full(write)),
+            Err(_) => {
+                if self.inner.lock().queue.is_closed() {
+                    return Err(TryWriteError::Failed(self.refused()));
+                }
+                return Err(TryWriteError::Full(write));
+            }
         };
         let rx = self
             .enqueue_write(write, slot)
             .map_err(TryWriteError::Failed)?;
-        let partition = self.inner.partition;
-        Ok(async move { rx.await.unwrap_or(Err(SnapshotError::Closed { partition })) })
+        let this = self.clone();
+        Ok(async move { rx.await.unwrap_or_else(|_| Err(this.refused())) })
     }
 
     /// Schedules `offset` as the partition's committable offset and waits until a transaction has committed
-    /// it. It rides with whatever writes are queued; with none queued it is an offset-only transaction.
+    /// it. It rides with the writes queued before it (joining the open transaction if all of them are in
+    /// it); with none queued it is an offset-only transaction. It never rides in a transaction that leaves
+    /// a write queued before it behind, and it fails if such a write's transaction failed.
     ///
-    /// The offset never moves backwards: a lower value than one already scheduled is kept at the higher.
+    /// The offset never moves backwards: a lower value than one already committed is kept at the higher.
     ///
     /// Cancel safety: as [`Self::write`].
     pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
         let (reply, rx) = oneshot::channel();
         {
-            let mut q = self.lock();
-            if let Some(err) = &q.closed {
-                return Err(err.clone());
-            }
-            let seq = q.next_seq;
-            q.next_seq += 1;
-            q.offsets.push_back(QueuedOffset { seq, offset, reply });
-            self.start_drain_locked(&mut q);
+            let mut s = self.inner.lock();
+            s.queue.push_offset(offset, Ticket { reply, _slot: None })?;
+            self.start_drain_locked(&mut s);
         }
-        rx.await.unwrap_or_else(|_| Err(self.closed_error()))
+        rx.await.unwrap_or_else(|_| Err(self.refused()))
     }
 
     /// Refuses new writes and waits for the transaction in flight (if any) to finish. Writes still queued
     /// are failed with [`SnapshotError::Closed`].
     pub async fn close(&self) {
-        let pending = {
-            let mut q = self.lock();
-            if q.closed.is_none() {
-                q.closed = Some(self.closed_error());
-            }
-            (
-                std::mem::take(&mut q.writes),
-                std::mem::take(&mut q.offsets),
-            )
-        };
-        for w in pending.0 {
-            let _ = w.reply.send(Err(self.closed_error()));
-        }
-        for o in pending.1 {
-            let _ = o.reply.send(Err(self.closed_error()));
+        {
+            let mut s = self.inner.lock();
+            s.queue.close(self.inner.closed_error());
+            s.deliver();
         }
         self.inner.slots.close();
         // The drain holds the runner for the whole transaction; taking it waits that transaction out.
         drop(self.inner.runner.lock().await);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        // A panic while holding this lock can only come from a bug in this module; the queue's invariants
-        // hold between statements, so continuing with the inner value is sound.
-        self.inner.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn closed_error(&self) -> SnapshotError {
-        SnapshotError::Closed {
-            partition: self.inner.partition,
-        }
+    /// Why the queue refuses work: the cause it closed with (a dead drain, a fatal failure), else Closed.
+    fn refused(&self) -> SnapshotError {
+        let s = self.inner.lock();
+        let probe = s.queue.refusal();
+        probe.unwrap_or_else(|| self.inner.closed_error())
     }
 
     fn enqueue_write(
@@ -293,26 +319,22 @@ impl<R: TransactionRunner> GroupCommit<R> {
         slot: OwnedSemaphorePermit,
     ) -> Result<oneshot::Receiver<Result<(), SnapshotError>>, SnapshotError> {
         let (reply, rx) = oneshot::channel();
-        let mut q = self.lock();
-        if let Some(err) = &q.closed {
-            return Err(err.clone());
-        }
-        let seq = q.next_seq;
-        q.next_seq += 1;
-        q.writes.push_back(QueuedWrite {
-            seq,
+        let mut s = self.inner.lock();
+        s.queue.push_write(
             write,
-            reply,
-            _slot: slot,
-        });
-        self.start_drain_locked(&mut q);
+            Ticket {
+                reply,
+                _slot: Some(slot),
+            },
+        )?;
+        self.start_drain_locked(&mut s);
         Ok(rx)
     }
 
-    fn start_drain_locked(&self, q: &mut Queue) {
-        if !q.draining {
-            q.draining = true;
-            tokio::spawn(drain(Arc::clone(&self.inner)));
+    fn start_drain_locked(&self, s: &mut Shared) {
+        if !s.draining {
+            s.draining = true;
+            supervise(Arc::clone(&self.inner));
         }
     }
 }
@@ -329,128 +351,272 @@ pub enum TryWriteError {
     Failed(SnapshotError),
 }
 
-struct Drained {
-    writes: Vec<QueuedWrite>,
-    offsets: Vec<QueuedOffset>,
-    offset: i64,
+/// Spawns the drain under [`crate::supervise`]: if it panics (or its task is dropped unfinished), every
+/// waiter, the transaction in flight included, fails with [`SnapshotError::DrainDied`] and the queue is
+/// closed, so no later write waits for a drain that is gone.
+///
+/// Spawning from a worker puts the task in that worker's LIFO slot, which other workers cannot steal: so
+/// the drain starts when the writer that spawned it yields, on its worker, not at once on an idle one. A
+/// caller queueing a burst with `try_write` in a loop has queued all of it by then, and the burst begins
+/// as one transaction; a lone `write` yields at once (it awaits its outcome), so it waits for nothing.
+fn supervise<R: TransactionRunner>(inner: Arc<Inner<R>>) {
+    let watched = Arc::clone(&inner);
+    crate::supervise::spawn(drain(inner), move |failure| {
+        let message = match failure {
+            crate::supervise::Failure::Panicked(message) => message,
+            cancelled => cancelled.to_string(),
+        };
+        tracing::error!(partition = watched.partition, %message, "the group-commit drain task died; the snapshot store is closed");
+        watched.slots.close();
+        // The queue lock is never held across a panic: the guard is dropped while unwinding, before this
+        // report runs.
+        let mut s = watched.lock();
+        s.queue.fail_all(SnapshotError::DrainDied {
+            partition: watched.partition,
+            message,
+        });
+        s.deliver();
+        s.draining = false;
+    });
 }
 
-/// Takes the next batch, or clears the draining flag and returns `None` when there is nothing to do.
-fn take_batch(q: &mut Queue, cap: usize) -> Option<Drained> {
-    if q.closed.is_some() || (q.writes.is_empty() && q.offsets.is_empty()) {
-        q.draining = false;
-        return None;
-    }
-    let n = q.writes.len().min(cap);
-    let writes: Vec<QueuedWrite> = q.writes.drain(..n).collect();
-    // An offset commit may ride only if no write queued before it is left behind.
-    let oldest_left = q.writes.front().map(|w| w.seq).unwrap_or(u64::MAX);
-    let mut offsets = Vec::new();
-    while q.offsets.front().is_some_and(|o| o.seq < oldest_left) {
-        offsets.extend(q.offsets.pop_front());
-    }
-    let offset = offsets.iter().map(|o| o.offset).fold(q.committed, i64::max);
-    Some(Drained {
-        writes,
-        offsets,
-        offset,
-    })
-}
-
+/// Runs transactions until the queue has nothing to begin.
 async fn drain<R: TransactionRunner>(inner: Arc<Inner<R>>) {
     let mut runner = inner.runner.lock().await;
     loop {
-        let batch = {
-            let mut q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
-            match take_batch(&mut q, inner.cap) {
-                Some(b) => b,
-                None => return,
-            }
-        };
-        let outcome = match inner.metadata.current() {
-            None => Err(SnapshotError::MissingGroupMetadata {
-                partition: inner.partition,
-            }),
-            Some(metadata) => {
-                let txn = TxnBatch {
-                    writes: batch.writes.iter().map(|w| w.write.clone()).collect(),
-                    offset: batch.offset,
-                    metadata,
-                };
-                let span = tracing::debug_span!(
-                    "group_commit",
-                    partition = inner.partition,
-                    writes = txn.writes.len(),
-                    offsets = batch.offsets.len(),
-                    offset = txn.offset
-                );
-                runner.run(txn).instrument(span).await.map_err(|failure| {
-                    SnapshotError::Transaction {
-                        partition: inner.partition,
-                        failure,
-                    }
-                })
-            }
-        };
-        {
-            let mut q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
-            match &outcome {
-                Ok(()) => q.committed = batch.offset,
-                Err(SnapshotError::Transaction { failure, .. })
-                    if matches!(
-                        failure.kind,
-                        FailureKind::Fatal | FailureKind::OutcomeUnknown
-                    ) =>
-                {
-                    // The producer is unusable (or the commit's fate unknown): nothing more may be sent on
-                    // it. Fail everything queued with the same cause.
-                    q.closed = Some(outcome.clone().unwrap_err());
-                    let err = outcome.clone().unwrap_err();
-                    for w in q.writes.drain(..) {
-                        let _ = w.reply.send(Err(err.clone()));
-                    }
-                    for o in q.offsets.drain(..) {
-                        let _ = o.reply.send(Err(err.clone()));
-                    }
+        let first = {
+            let mut s = inner.lock();
+            match s.queue.poll_begin() {
+                Some(step) => step,
+                None => {
+                    s.draining = false;
+                    return;
                 }
-                Err(_) => {}
             }
+        };
+        let span = tracing::debug_span!("group_commit", partition = inner.partition);
+        let outcome = transaction(&inner, &mut *runner, first)
+            .instrument(span)
+            .await;
+        let mut s = inner.lock();
+        s.queue.handle_outcome(outcome);
+        s.deliver();
+    }
+}
+
+/// One transaction: begin, feed it the queue's steps, commit; abort what failed abortably.
+async fn transaction<R: TransactionRunner>(
+    inner: &Inner<R>,
+    runner: &mut R,
+    first: Step,
+) -> Result<(), SnapshotError> {
+    let partition = inner.partition;
+    // Without a generation nothing is sent: a commit without one would skip the coordinator's fence.
+    if inner.metadata.current().is_none() {
+        return Err(SnapshotError::MissingGroupMetadata { partition });
+    }
+    let failure = match produce(inner, runner, first).await {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(missing)) => {
+            // The metadata went away between begin and seal: the writes are sent but not committed.
+            if let Err(f) = runner.abort().await {
+                return Err(escalate(partition, f));
+            }
+            return Err(missing);
         }
-        for w in batch.writes {
-            let _ = w.reply.send(outcome.clone());
+        Err(f) => f,
+    };
+    if matches!(failure.kind, FailureKind::Fenced | FailureKind::Aborted) {
+        // Nothing of the transaction may land: abort it. If the abort itself fails the producer's state is
+        // unknown, so the failure is escalated and the queue closes.
+        if let Err(abort) = runner.abort().await {
+            tracing::warn!(partition, error = %abort, cause = %failure, "abort after a failed snapshot transaction failed");
+            return Err(escalate(partition, abort));
         }
-        for o in batch.offsets {
-            let _ = o.reply.send(outcome.clone());
+    }
+    Err(SnapshotError::Transaction { partition, failure })
+}
+
+/// The producing part: sends what the queue hands out until it seals, then commits. The outer `Err` is a
+/// runner failure, the inner one metadata that vanished before the seal.
+async fn produce<R: TransactionRunner>(
+    inner: &Inner<R>,
+    runner: &mut R,
+    first: Step,
+) -> Result<Result<(), SnapshotError>, TxnFailure> {
+    runner.begin()?;
+    let mut step = first;
+    let mut sent = 0usize;
+    let offset = loop {
+        match step {
+            Step::Send(writes) => {
+                sent += writes.len();
+                for w in writes {
+                    runner.send(w).await?;
+                }
+            }
+            Step::Settle => runner.settle().await?,
+            Step::Commit { offset } => break offset,
         }
+        // One pass of the scheduler (not a timer): writers that are ready to run on this worker queue
+        // their writes now and join, instead of waiting out the whole transaction.
+        tokio::task::yield_now().await;
+        step = inner
+            .lock()
+            .queue
+            .poll_step()
+            .expect("the drain's transaction is open until it reports the outcome");
+    };
+    let Some(metadata) = inner.metadata.current() else {
+        return Ok(Err(SnapshotError::MissingGroupMetadata {
+            partition: inner.partition,
+        }));
+    };
+    tracing::debug!(
+        writes = sent,
+        offset,
+        generation = metadata.generation_id(),
+        "group commit sealed"
+    );
+    runner.commit(offset, metadata).await?;
+    Ok(Ok(()))
+}
+
+fn escalate(partition: i32, abort: TxnFailure) -> SnapshotError {
+    SnapshotError::Transaction {
+        partition,
+        failure: TxnFailure {
+            kind: FailureKind::Fatal,
+            source: abort.source,
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::VecDeque;
     use std::sync::atomic::{AtomicI32, Ordering};
+    use std::time::Duration;
 
-    /// A recording fake producer: every transaction it is asked to run, optionally held open until the test
-    /// releases it (so writes pile up behind it) and optionally failing with a scripted class.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Call {
+        Begin,
+        Send(Bytes),
+        Settle,
+        Commit { offset: i64, generation: i32 },
+        Abort,
+    }
+
+    /// A recording fake producer. It can hold a transaction at its sends or at its commit until the test
+    /// releases it (so writes pile up behind it), fail commits with a scripted class, fail its abort, or
+    /// panic at a step.
     #[derive(Clone, Default)]
     struct Recorder {
-        runs: Arc<Mutex<Vec<TxnBatch>>>,
-        hold: Option<Arc<Semaphore>>,
-        /// Outcome of each run in order; `None` or an exhausted script means success.
+        calls: Arc<Mutex<Vec<Call>>>,
+        hold_send: Option<Arc<Semaphore>>,
+        hold_settle: Option<Arc<Semaphore>>,
+        hold_commit: Option<Arc<Semaphore>>,
+        /// Outcome of each commit in order; `None` or an exhausted script means success.
         script: Arc<Mutex<VecDeque<Option<FailureKind>>>>,
+        abort_fails: bool,
+        panic_at: Option<&'static str>,
+    }
+
+    /// One transaction as the recorder saw it.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Seen {
+        writes: Vec<Bytes>,
+        commit: Option<(i64, i32)>,
+        aborted: bool,
+    }
+
+    impl Recorder {
+        fn record(&self, call: Call) {
+            self.calls.lock().unwrap().push(call);
+        }
+
+        fn txns(&self) -> Vec<Seen> {
+            let mut out: Vec<Seen> = Vec::new();
+            for c in self.calls.lock().unwrap().iter() {
+                match c {
+                    Call::Begin => out.push(Seen {
+                        writes: Vec::new(),
+                        commit: None,
+                        aborted: false,
+                    }),
+                    Call::Send(k) => out.last_mut().unwrap().writes.push(k.clone()),
+                    Call::Commit { offset, generation } => {
+                        out.last_mut().unwrap().commit = Some((*offset, *generation))
+                    }
+                    Call::Abort => out.last_mut().unwrap().aborted = true,
+                    Call::Settle => {}
+                }
+            }
+            out
+        }
+
+        /// (writes, committed offset) of each transaction.
+        fn shape(&self) -> Vec<(usize, Option<i64>)> {
+            self.txns()
+                .iter()
+                .map(|t| (t.writes.len(), t.commit.map(|c| c.0)))
+                .collect()
+        }
     }
 
     impl TransactionRunner for Recorder {
-        async fn run(&mut self, batch: TxnBatch) -> Result<(), TxnFailure> {
-            // Recorded on entry, so a transaction held in flight is already visible to the test.
-            self.runs.lock().unwrap().push(batch);
-            if let Some(hold) = &self.hold {
+        fn begin(&mut self) -> Result<(), TxnFailure> {
+            self.record(Call::Begin);
+            Ok(())
+        }
+
+        async fn send(&mut self, write: SnapshotWrite) -> Result<(), TxnFailure> {
+            // Recorded on entry, so a send held in flight is already visible to the test.
+            self.record(Call::Send(write.key));
+            if self.panic_at == Some("send") {
+                panic!("scripted panic in send");
+            }
+            if let Some(hold) = &self.hold_send {
                 hold.acquire().await.unwrap().forget();
+            }
+            Ok(())
+        }
+
+        async fn settle(&mut self) -> Result<(), TxnFailure> {
+            self.record(Call::Settle);
+            if let Some(hold) = &self.hold_settle {
+                hold.acquire().await.unwrap().forget();
+            }
+            Ok(())
+        }
+
+        async fn commit(&mut self, offset: i64, metadata: GroupMetadata) -> Result<(), TxnFailure> {
+            self.record(Call::Commit {
+                offset,
+                generation: metadata.generation_id(),
+            });
+            if let Some(hold) = &self.hold_commit {
+                hold.acquire().await.unwrap().forget();
+            }
+            if self.panic_at == Some("commit") {
+                panic!("scripted panic in commit");
             }
             match self.script.lock().unwrap().pop_front().flatten() {
                 Some(kind) => Err(TxnFailure::new(kind, "scripted failure")),
                 None => Ok(()),
             }
+        }
+
+        async fn abort(&mut self) -> Result<(), TxnFailure> {
+            self.record(Call::Abort);
+            if self.abort_fails {
+                return Err(TxnFailure::new(
+                    FailureKind::Aborted,
+                    "scripted abort failure",
+                ));
+            }
+            Ok(())
         }
     }
 
@@ -463,6 +629,10 @@ mod tests {
             let g = generation.load(Ordering::SeqCst);
             (g >= 0).then(|| meta(g))
         })
+    }
+
+    fn gen1() -> Arc<dyn MetadataSource> {
+        live(Arc::new(AtomicI32::new(1)))
     }
 
     /// Yields until `cond` holds; fails the test instead of spinning forever.
@@ -478,6 +648,23 @@ mod tests {
 
     fn key(i: usize) -> Bytes {
         Bytes::from(format!("k{i}"))
+    }
+
+    fn queued<R>(gc: &GroupCommit<R>) -> (usize, usize) {
+        let s = gc.inner.lock();
+        (s.queue.queued_writes(), s.queue.queued_offsets())
+    }
+
+    fn spawn_writes(
+        gc: &GroupCommit<Recorder>,
+        range: std::ops::Range<usize>,
+    ) -> Vec<tokio::task::JoinHandle<Result<(), SnapshotError>>> {
+        range
+            .map(|i| {
+                let gc = gc.clone();
+                tokio::spawn(async move { gc.write(key(i), None).await })
+            })
+            .collect()
     }
 
     /// A lone write commits at once, carrying the seeded (assigned) offset: the first write is gated.
@@ -496,147 +683,140 @@ mod tests {
         gc.write(key(1), Some(Bytes::from_static(b"v")))
             .await
             .unwrap();
-        let runs = rec.runs.lock().unwrap().clone();
-        assert_eq!(runs.len(), 1);
-        assert_eq!(runs[0].offset, 42);
-        assert_eq!(runs[0].metadata.generation_id(), 7);
         assert_eq!(
-            runs[0].writes,
-            vec![SnapshotWrite {
-                key: key(1),
-                value: Some(Bytes::from_static(b"v"))
+            rec.txns(),
+            vec![Seen {
+                writes: vec![key(1)],
+                commit: Some((42, 7)),
+                aborted: false
             }]
         );
+        assert_eq!(gc.transactions(), 1);
     }
 
-    async fn burst(cap: usize, n: usize) -> Vec<TxnBatch> {
-        let hold = Arc::new(Semaphore::new(0));
-        let rec = Recorder {
-            hold: Some(hold.clone()),
-            ..Default::default()
-        };
-        let gc = GroupCommit::new(
-            0,
-            rec.clone(),
-            live(Arc::new(AtomicI32::new(1))),
-            0,
-            cap,
-            10_000,
-        )
-        .unwrap();
-        let mut tasks = Vec::new();
-        for i in 0..n {
-            let gc = gc.clone();
-            tasks.push(tokio::spawn(async move {
-                gc.write(key(i), Some(Bytes::new())).await
-            }));
-        }
-        // Let every writer queue, then let transactions run one by one.
-        until(|| {
-            gc.lock().writes.len()
-                + rec
-                    .runs
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .map(|b| b.writes.len())
-                    .sum::<usize>()
-                == n
-        })
-        .await;
-        hold.add_permits(n + 1);
-        for t in tasks {
-            t.await.unwrap().unwrap();
-        }
-        let runs = rec.runs.lock().unwrap().clone();
-        runs
-    }
-
-    /// Every write is committed exactly once, and no transaction carries more than the cap.
+    /// A burst joins the transaction its first write began: writes queued while it is still producing
+    /// are sent in it, up to the cap, so the burst runs ceil(n / cap) transactions and not one more.
     #[tokio::test]
-    async fn burst_respects_cap_and_commits_each_write_once() {
-        for (cap, n) in [(1usize, 40usize), (16, 500), (256, 500)] {
-            let runs = burst(cap, n).await;
-            assert!(
-                runs.iter()
-                    .all(|b| !b.writes.is_empty() && b.writes.len() <= cap),
-                "cap {cap}"
-            );
-            let mut keys: Vec<Bytes> = runs
+    async fn a_burst_joins_the_transaction_its_first_write_began() {
+        for (cap, n) in [(1usize, 40usize), (16, 500), (256, 2000), (2000, 2000)] {
+            let hold = Arc::new(Semaphore::new(0));
+            let rec = Recorder {
+                hold_send: Some(hold.clone()),
+                ..Default::default()
+            };
+            let gc = GroupCommit::new(0, rec.clone(), gen1(), 0, cap, 10_000).unwrap();
+            // The first write begins a transaction and is held in its send; the rest queue meanwhile.
+            let first = spawn_writes(&gc, 0..1);
+            until(|| rec.calls.lock().unwrap().len() == 2).await;
+            let rest = spawn_writes(&gc, 1..n);
+            until(|| queued(&gc).0 == n - 1).await;
+            hold.add_permits(n);
+            for t in first.into_iter().chain(rest) {
+                t.await.unwrap().unwrap();
+            }
+            let txns = rec.txns();
+            assert_eq!(txns.len(), n.div_ceil(cap), "cap {cap}");
+            assert_eq!(gc.transactions(), n.div_ceil(cap) as u64);
+            assert!(txns
                 .iter()
-                .flat_map(|b| b.writes.iter().map(|w| w.key.clone()))
-                .collect();
+                .all(|t| !t.writes.is_empty() && t.writes.len() <= cap));
+            let mut keys: Vec<Bytes> = txns.iter().flat_map(|t| t.writes.clone()).collect();
             keys.sort();
             let mut want: Vec<Bytes> = (0..n).map(key).collect();
             want.sort();
-            assert_eq!(keys, want, "cap {cap}");
-            // All writes were queued before the first transaction ran, so the batches are as full as allowed.
-            assert_eq!(runs.len(), n.div_ceil(cap), "cap {cap}");
+            assert_eq!(keys, want, "every write is sent exactly once; cap {cap}");
         }
+    }
+
+    /// Writes that arrive while a burst's transaction waits for its acknowledgements (settles) still join
+    /// it: the burst is one transaction, sealed only once a settle finds nothing new.
+    #[tokio::test]
+    async fn writes_arriving_while_a_burst_settles_join_it() {
+        let send = Arc::new(Semaphore::new(0));
+        let settle = Arc::new(Semaphore::new(0));
+        let rec = Recorder {
+            hold_send: Some(send.clone()),
+            hold_settle: Some(settle.clone()),
+            ..Default::default()
+        };
+        let gc = GroupCommit::new(0, rec.clone(), gen1(), 0, 256, 64).unwrap();
+        let calls = |rec: &Recorder| rec.calls.lock().unwrap().clone();
+        let mut tasks = spawn_writes(&gc, 0..1);
+        until(|| calls(&rec).len() == 2).await;
+        tasks.extend(spawn_writes(&gc, 1..2));
+        until(|| queued(&gc).0 == 1).await;
+        send.add_permits(100);
+        until(|| calls(&rec).last() == Some(&Call::Settle)).await;
+        tasks.extend(spawn_writes(&gc, 2..6));
+        until(|| queued(&gc).0 == 4).await;
+        settle.add_permits(100);
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let want: Vec<Call> = [
+            Call::Begin,
+            Call::Send(key(0)),
+            Call::Send(key(1)),
+            Call::Settle,
+        ]
+        .into_iter()
+        .chain((2..6).map(|i| Call::Send(key(i))))
+        .chain([
+            Call::Settle,
+            Call::Commit {
+                offset: 0,
+                generation: 1,
+            },
+        ])
+        .collect();
+        assert_eq!(calls(&rec), want);
     }
 
     /// With nothing queued, an offset commit is an offset-only transaction; the next write re-commits it.
     #[tokio::test]
     async fn offset_only_transaction_then_write_recommits() {
         let rec = Recorder::default();
-        let gc = GroupCommit::new(
-            0,
-            rec.clone(),
-            live(Arc::new(AtomicI32::new(1))),
-            10,
-            256,
-            64,
-        )
-        .unwrap();
+        let gc = GroupCommit::new(0, rec.clone(), gen1(), 10, 256, 64).unwrap();
         gc.commit_offset(25).await.unwrap();
         assert_eq!(gc.committed_offset(), 25);
         gc.write(key(0), None).await.unwrap();
-        let runs = rec.runs.lock().unwrap().clone();
-        assert_eq!(runs.len(), 2);
-        assert!(runs[0].writes.is_empty());
-        assert_eq!(runs[0].offset, 25);
         assert_eq!(
-            runs[1].offset, 25,
+            rec.shape(),
+            vec![(0, Some(25)), (1, Some(25))],
             "a write re-commits the current offset, it never advances it"
-        );
-        assert_eq!(
-            runs[1].writes[0].value, None,
-            "a tombstone stays a tombstone"
         );
     }
 
-    /// An offset commit rides along free: it neither counts against the cap nor waits for its own transaction,
-    /// and it never rides ahead of a write queued before it.
+    /// An offset commit rides along free of the cap (a transaction of exactly `cap` writes carries it),
+    /// and never rides ahead of a write queued before it.
     #[tokio::test]
     async fn offset_rides_along_but_never_ahead_of_earlier_writes() {
         let hold = Arc::new(Semaphore::new(0));
         let rec = Recorder {
-            hold: Some(hold.clone()),
+            hold_commit: Some(hold.clone()),
             ..Default::default()
         };
-        let gc =
-            GroupCommit::new(0, rec.clone(), live(Arc::new(AtomicI32::new(1))), 0, 2, 64).unwrap();
-        // w0 starts a transaction that the fake holds open; w1..w3 and then the offset queue behind it.
-        let mut tasks = Vec::new();
-        for i in 0..4 {
-            let gc = gc.clone();
-            tasks.push(tokio::spawn(async move { gc.write(key(i), None).await }));
-            tokio::task::yield_now().await;
+        let gc = GroupCommit::new(0, rec.clone(), gen1(), 0, 2, 64).unwrap();
+        // w0 begins a transaction and seals it at once (nothing else queued); the fake holds its commit,
+        // and w1..w3 and then the offset queue behind it.
+        let mut tasks = spawn_writes(&gc, 0..1);
+        until(|| rec.shape() == vec![(1, Some(0))]).await;
+        for i in 1..4 {
+            tasks.extend(spawn_writes(&gc, i..i + 1));
+            until(|| queued(&gc).0 == i).await;
         }
         let off = {
             let gc = gc.clone();
             tokio::spawn(async move { gc.commit_offset(99).await })
         };
-        until(|| !gc.lock().offsets.is_empty()).await;
+        until(|| queued(&gc).1 == 1).await;
         hold.add_permits(10);
         for t in tasks {
             t.await.unwrap().unwrap();
         }
         off.await.unwrap().unwrap();
-        let runs = rec.runs.lock().unwrap().clone();
-        let shape: Vec<(usize, i64)> = runs.iter().map(|b| (b.writes.len(), b.offset)).collect();
-        // [w0] then [w1,w2] (w3 left behind, so the offset may not ride), then [w3] + offset 99.
-        assert_eq!(shape, vec![(1, 0), (2, 0), (1, 99)]);
+        // [w0], then [w1, w2] (w3 left behind, so the offset may not ride), then [w3] + 99.
+        assert_eq!(rec.shape(), vec![(1, Some(0)), (2, Some(0)), (1, Some(99))]);
     }
 
     /// The group metadata is read for each transaction, never cached: a generation bump between two
@@ -649,13 +829,7 @@ mod tests {
         gc.write(key(0), None).await.unwrap();
         generation.store(5, Ordering::SeqCst);
         gc.write(key(1), None).await.unwrap();
-        let gens: Vec<i32> = rec
-            .runs
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|b| b.metadata.generation_id())
-            .collect();
+        let gens: Vec<i32> = rec.txns().iter().map(|t| t.commit.unwrap().1).collect();
         assert_eq!(gens, vec![4, 5]);
     }
 
@@ -677,14 +851,41 @@ mod tests {
             matches!(err, SnapshotError::MissingGroupMetadata { partition: 6 }),
             "{err}"
         );
-        assert!(rec.runs.lock().unwrap().is_empty());
+        assert!(rec.calls.lock().unwrap().is_empty());
         let err = gc.commit_offset(5).await.unwrap_err();
         assert!(matches!(err, SnapshotError::MissingGroupMetadata { .. }));
         assert_eq!(gc.committed_offset(), 0, "a refused commit moves nothing");
     }
 
-    /// A fenced or aborted transaction fails only its own waiters and leaves the queue usable; a fatal one
-    /// closes the queue, so later writes are refused with the same cause instead of reaching a dead producer.
+    /// Group metadata that vanishes while the transaction is producing (the consumer left) aborts it at
+    /// the seal: the writes were sent but nothing is committed without a generation.
+    #[tokio::test]
+    async fn metadata_gone_at_the_seal_aborts() {
+        let hold = Arc::new(Semaphore::new(0));
+        let rec = Recorder {
+            hold_send: Some(hold.clone()),
+            ..Default::default()
+        };
+        let generation = Arc::new(AtomicI32::new(3));
+        let gc = GroupCommit::new(0, rec.clone(), live(generation.clone()), 0, 256, 64).unwrap();
+        let w = spawn_writes(&gc, 0..1);
+        until(|| rec.calls.lock().unwrap().len() == 2).await;
+        generation.store(-1, Ordering::SeqCst);
+        hold.add_permits(1);
+        let err = w.into_iter().next().unwrap().await.unwrap().unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::MissingGroupMetadata { .. }),
+            "{err}"
+        );
+        assert_eq!(
+            *rec.calls.lock().unwrap(),
+            vec![Call::Begin, Call::Send(key(0)), Call::Abort]
+        );
+    }
+
+    /// A fenced or aborted transaction is aborted and fails only its own waiters, leaving the queue usable;
+    /// a fatal one closes the queue, so later writes are refused with the same cause instead of reaching a
+    /// dead producer.
     #[tokio::test]
     async fn fenced_leaves_queue_usable_fatal_closes_it() {
         let rec = Recorder::default();
@@ -693,15 +894,7 @@ mod tests {
             None,
             Some(FailureKind::Fatal),
         ]);
-        let gc = GroupCommit::new(
-            0,
-            rec.clone(),
-            live(Arc::new(AtomicI32::new(1))),
-            0,
-            256,
-            64,
-        )
-        .unwrap();
+        let gc = GroupCommit::new(0, rec.clone(), gen1(), 0, 256, 64).unwrap();
         let e = gc.write(key(0), None).await.unwrap_err();
         assert!(e.is_fenced(), "{e}");
         assert_eq!(
@@ -711,18 +904,40 @@ mod tests {
         );
         gc.write(key(1), None).await.unwrap();
         let e = gc.write(key(2), None).await.unwrap_err();
-        assert!(
-            matches!(&e, SnapshotError::Transaction { failure, .. } if failure.kind == FailureKind::Fatal)
-        );
+        let fatal = |e: &SnapshotError| matches!(e, SnapshotError::Transaction { failure, .. } if failure.kind == FailureKind::Fatal);
+        assert!(fatal(&e), "{e}");
         let again = gc.write(key(3), None).await.unwrap_err();
-        assert!(
-            matches!(&again, SnapshotError::Transaction { failure, .. } if failure.kind == FailureKind::Fatal)
-        );
+        assert!(fatal(&again), "{again}");
+        let txns = rec.txns();
+        assert_eq!(txns.len(), 3, "nothing is sent after the fatal failure");
+        let aborted: Vec<bool> = txns.iter().map(|t| t.aborted).collect();
         assert_eq!(
-            rec.runs.lock().unwrap().len(),
-            3,
-            "nothing is sent after the fatal failure"
+            aborted,
+            vec![true, false, false],
+            "only the fenced one is aborted"
         );
+    }
+
+    /// An abort that fails leaves the producer's state unknown: the failure becomes fatal and the queue
+    /// closes.
+    #[tokio::test]
+    async fn a_failed_abort_closes_the_queue() {
+        let rec = Recorder {
+            abort_fails: true,
+            ..Default::default()
+        };
+        rec.script
+            .lock()
+            .unwrap()
+            .push_back(Some(FailureKind::Aborted));
+        let gc = GroupCommit::new(0, rec.clone(), gen1(), 0, 256, 64).unwrap();
+        let e = gc.write(key(0), None).await.unwrap_err();
+        assert!(
+            matches!(&e, SnapshotError::Transaction { failure, .. } if failure.kind == FailureKind::Fatal),
+            "{e}"
+        );
+        assert!(gc.write(key(1), None).await.is_err());
+        assert_eq!(rec.txns().len(), 1);
     }
 
     /// Every write that rode in a failed transaction gets the failure; writes in other transactions do not.
@@ -730,30 +945,20 @@ mod tests {
     async fn a_failed_batch_fails_all_its_writes() {
         let hold = Arc::new(Semaphore::new(0));
         let rec = Recorder {
-            hold: Some(hold.clone()),
+            hold_commit: Some(hold.clone()),
             ..Default::default()
         };
-        // The first transaction (w0 alone) commits; the second (w1..w3, queued behind it) aborts.
+        // The first transaction (w0 alone, sealed at once) commits; the second (w1..w3, queued behind it)
+        // aborts.
         rec.script
             .lock()
             .unwrap()
             .extend([None, Some(FailureKind::Aborted)]);
-        let gc = GroupCommit::new(
-            0,
-            rec.clone(),
-            live(Arc::new(AtomicI32::new(1))),
-            0,
-            256,
-            64,
-        )
-        .unwrap();
-        let mut tasks = Vec::new();
-        for i in 0..4 {
-            let gc = gc.clone();
-            tasks.push(tokio::spawn(async move { gc.write(key(i), None).await }));
-            tokio::task::yield_now().await;
-        }
-        until(|| gc.lock().writes.len() == 3).await;
+        let gc = GroupCommit::new(0, rec.clone(), gen1(), 0, 256, 64).unwrap();
+        let mut tasks = spawn_writes(&gc, 0..1);
+        until(|| rec.shape() == vec![(1, Some(0))]).await;
+        tasks.extend(spawn_writes(&gc, 1..4));
+        until(|| queued(&gc).0 == 3).await;
         hold.add_permits(10);
         let mut outcomes = Vec::new();
         for t in tasks {
@@ -762,21 +967,109 @@ mod tests {
                 other => panic!("unexpected {other}"),
             }));
         }
-        let shape: Vec<usize> = rec
-            .runs
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|b| b.writes.len())
-            .collect();
-        assert_eq!(shape, vec![1, 3]);
+        assert_eq!(rec.shape(), vec![(1, Some(0)), (3, Some(0))]);
         let aborted = Err(FailureKind::Aborted);
         assert_eq!(outcomes, vec![Ok(()), aborted, aborted, aborted]);
     }
 
+    /// A drain that panics reaches its waiters as a typed error with the panic message, the transaction
+    /// in flight and the writes queued behind it alike, and no later write or offset commit waits for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_runner_fails_every_waiter_and_nothing_waits_forever() {
+        for at in ["send", "commit"] {
+            let hold = Arc::new(Semaphore::new(0));
+            let rec = Recorder {
+                hold_commit: Some(hold.clone()),
+                panic_at: Some(at),
+                ..Default::default()
+            };
+            let gc = GroupCommit::new(2, rec.clone(), gen1(), 0, 256, 64).unwrap();
+            let mut tasks = spawn_writes(&gc, 0..1);
+            if at == "commit" {
+                // The first transaction is held at its commit while more writes queue behind it.
+                until(|| rec.shape() == vec![(1, Some(0))]).await;
+                tasks.extend(spawn_writes(&gc, 1..4));
+                until(|| queued(&gc).0 == 3).await;
+            }
+            hold.add_permits(10);
+            let within = Duration::from_secs(10);
+            for t in tasks {
+                let e = tokio::time::timeout(within, t)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap_err();
+                match e {
+                    SnapshotError::DrainDied { partition, message } => {
+                        assert_eq!(partition, 2);
+                        assert!(
+                            message.contains(&format!("scripted panic in {at}")),
+                            "{message}"
+                        );
+                    }
+                    other => panic!("{at}: unexpected {other}"),
+                }
+            }
+            let later = tokio::time::timeout(within, gc.write(key(9), None))
+                .await
+                .unwrap();
+            assert!(
+                matches!(later, Err(SnapshotError::DrainDied { .. })),
+                "{later:?}"
+            );
+            let off = tokio::time::timeout(within, gc.commit_offset(5))
+                .await
+                .unwrap();
+            assert!(
+                matches!(off, Err(SnapshotError::DrainDied { .. })),
+                "{off:?}"
+            );
+            assert!(matches!(
+                gc.try_write(key(10), None),
+                Err(TryWriteError::Failed(SnapshotError::DrainDied { .. }))
+            ));
+            tokio::time::timeout(within, gc.close()).await.unwrap();
+        }
+    }
+
+    /// Closing fails the writes still queued and waits for the transaction in flight, which completes.
+    #[tokio::test]
+    async fn close_fails_the_queued_and_waits_for_the_one_in_flight() {
+        let hold = Arc::new(Semaphore::new(0));
+        let rec = Recorder {
+            hold_commit: Some(hold.clone()),
+            ..Default::default()
+        };
+        let gc = GroupCommit::new(4, rec.clone(), gen1(), 0, 256, 64).unwrap();
+        let first = spawn_writes(&gc, 0..1);
+        until(|| rec.shape() == vec![(1, Some(0))]).await;
+        let second = spawn_writes(&gc, 1..2);
+        until(|| queued(&gc).0 == 1).await;
+        let closing = {
+            let gc = gc.clone();
+            tokio::spawn(async move { gc.close().await })
+        };
+        let e = second
+            .into_iter()
+            .next()
+            .unwrap()
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, SnapshotError::Closed { partition: 4 }), "{e}");
+        assert!(!closing.is_finished());
+        hold.add_permits(1);
+        closing.await.unwrap();
+        first.into_iter().next().unwrap().await.unwrap().unwrap();
+        assert!(matches!(
+            gc.write(key(5), None).await,
+            Err(SnapshotError::Closed { .. })
+        ));
+    }
+
     #[tokio::test]
     async fn configuration_is_checked() {
-        let m = live(Arc::new(AtomicI32::new(1)));
+        let m = gen1();
         assert!(matches!(
             GroupCommit::new(0, Recorder::default(), m.clone(), 0, 0, 8),
             Err(SnapshotError::Config(_))
@@ -793,11 +1086,10 @@ mod tests {
     async fn try_write_fails_fast_when_full() {
         let hold = Arc::new(Semaphore::new(0));
         let rec = Recorder {
-            hold: Some(hold.clone()),
+            hold_commit: Some(hold.clone()),
             ..Default::default()
         };
-        let gc =
-            GroupCommit::new(0, rec.clone(), live(Arc::new(AtomicI32::new(1))), 0, 256, 2).unwrap();
+        let gc = GroupCommit::new(0, rec.clone(), gen1(), 0, 256, 2).unwrap();
         let a = gc.try_write(key(0), None).ok().unwrap();
         let b = gc.try_write(key(1), None).ok().unwrap();
         match gc.try_write(key(2), None) {

@@ -32,7 +32,7 @@ pub use flow::{
     BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, PersistenceMode, SystemClock,
 };
 pub use group_commit::{
-    GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError, TxnBatch,
+    GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError,
 };
 pub use log::PartitionLog;
 pub use recovery::{

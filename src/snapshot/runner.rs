@@ -1,33 +1,47 @@
-//! The group commit's transaction, run by the transactional producer.
+//! The group commit's transactions, run by the transactional producer.
 
 use std::sync::Arc;
 
 use super::error::{FailureKind, TxnFailure};
-use super::group_commit::{TransactionRunner, TxnBatch};
+use super::group_commit::{SnapshotWrite, TransactionRunner};
 use crate::producer::{
-    ErrorClass, ProducerError, ProducerRecord, TopicPartition, TransactionalProducer,
+    Delivery, ErrorClass, ProducerError, ProducerRecord, TopicPartition, TransactionalProducer,
 };
+use crate::GroupMetadata;
 
-/// Runs each [`TxnBatch`] as one Kafka transaction of a snapshot partition's transactional producer:
-/// begin; send every write to the snapshot partition; TxnOffsetCommit of the input partition's offset with
-/// the batch's group metadata (the fence); commit. Any failure before the commit aborts.
+/// Runs the group commit's transactions on a snapshot partition's transactional producer: begin; send
+/// every write to the snapshot partition; TxnOffsetCommit of the input partition's offset with the group
+/// metadata (the fence); commit. The group commit aborts after an abortable failure.
 pub(crate) struct ProducerRunner {
     pub(crate) producer: TransactionalProducer,
     pub(crate) snapshot_topic: Arc<str>,
     pub(crate) partition: i32,
     pub(crate) input: TopicPartition,
+    /// The deliveries of the open transaction's records, checked once it committed.
+    pub(crate) deliveries: Vec<Delivery>,
 }
 
 impl ProducerRunner {
-    async fn attempt(&mut self, batch: &TxnBatch) -> Result<(), ProducerError> {
-        self.producer.begin()?;
-        let mut deliveries = Vec::with_capacity(batch.writes.len());
-        for w in &batch.writes {
-            let record = ProducerRecord::new(Arc::clone(&self.snapshot_topic), w.value.clone())
-                .key(w.key.clone())
-                .partition(self.partition);
-            deliveries.push(self.producer.send(record).await?);
+    pub(crate) fn new(
+        producer: TransactionalProducer,
+        snapshot_topic: Arc<str>,
+        partition: i32,
+        input: TopicPartition,
+    ) -> Self {
+        ProducerRunner {
+            producer,
+            snapshot_topic,
+            partition,
+            input,
+            deliveries: Vec::new(),
         }
+    }
+
+    async fn attempt_commit(
+        &mut self,
+        offset: i64,
+        metadata: &GroupMetadata,
+    ) -> Result<(), ProducerError> {
         // Every write of the transaction is queued: lingering would only hold the last, partly filled
         // batch back (by `linger`, 5 ms by default, per transaction: a fifth of a 2.6 MB transaction's
         // time on one local broker).
@@ -35,12 +49,12 @@ impl ProducerRunner {
         // The fence: the group coordinator checks generation (or member epoch) and member id here. It runs
         // while the records are in flight, so it costs no extra round trip on the critical path.
         self.producer
-            .send_offsets([(self.input.clone(), batch.offset.into())], &batch.metadata)
+            .send_offsets([(self.input.clone(), offset.into())], metadata)
             .await?;
         self.producer.commit().await?;
         // Commit waited for every acknowledgement; a failed record would have failed the commit, so these
         // are settled. Checked anyway so a lost record can never be reported as committed.
-        for d in deliveries {
+        for d in std::mem::take(&mut self.deliveries) {
             d.await?;
         }
         Ok(())
@@ -58,30 +72,55 @@ fn kind_of(e: &ProducerError) -> FailureKind {
     }
 }
 
+fn failure(e: ProducerError) -> TxnFailure {
+    TxnFailure::new(kind_of(&e), e)
+}
+
 impl TransactionRunner for ProducerRunner {
-    async fn run(&mut self, batch: TxnBatch) -> Result<(), TxnFailure> {
-        let err = match self.attempt(&batch).await {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
-        let kind = kind_of(&err);
-        if matches!(kind, FailureKind::Fenced | FailureKind::Aborted) {
-            // Nothing of the transaction may land: abort it. If the abort itself fails the producer's
-            // state is unknown, so the failure is escalated and the store closes.
-            if let Err(abort_err) = self.producer.abort().await {
-                tracing::warn!(partition = self.partition, error = %abort_err, cause = %err, "abort after a failed snapshot transaction failed");
-                return Err(TxnFailure::new(FailureKind::Fatal, abort_err));
+    fn begin(&mut self) -> Result<(), TxnFailure> {
+        self.deliveries.clear();
+        self.producer.begin().map_err(failure)
+    }
+
+    async fn send(&mut self, write: SnapshotWrite) -> Result<(), TxnFailure> {
+        let record = ProducerRecord::new(Arc::clone(&self.snapshot_topic), write.value)
+            .key(write.key)
+            .partition(self.partition);
+        let delivery = self.producer.send(record).await.map_err(failure)?;
+        self.deliveries.push(delivery);
+        Ok(())
+    }
+
+    async fn settle(&mut self) -> Result<(), TxnFailure> {
+        self.producer.send_buffered();
+        for d in std::mem::take(&mut self.deliveries) {
+            d.await.map_err(failure)?;
+        }
+        Ok(())
+    }
+
+    async fn commit(&mut self, offset: i64, metadata: GroupMetadata) -> Result<(), TxnFailure> {
+        let result = self.attempt_commit(offset, &metadata).await;
+        self.deliveries.clear();
+        result.map_err(|e| {
+            if e.is_commit_fenced() {
+                tracing::warn!(
+                    partition = self.partition,
+                    group = metadata.group_id(),
+                    generation = metadata.generation_id(),
+                    member = metadata.member_id(),
+                    "snapshot transaction fenced by the group coordinator: this owner is stale; nothing was written"
+                );
             }
-        }
-        if kind == FailureKind::Fenced {
-            tracing::warn!(
-                partition = self.partition,
-                group = batch.metadata.group_id(),
-                generation = batch.metadata.generation_id(),
-                member = batch.metadata.member_id(),
-                "snapshot transaction fenced by the group coordinator: this owner is stale; nothing was written"
-            );
-        }
-        Err(TxnFailure::new(kind, err))
+            failure(e)
+        })
+    }
+
+    async fn abort(&mut self) -> Result<(), TxnFailure> {
+        self.deliveries.clear();
+        self.producer
+            .abort()
+            .await
+            .map_err(|e| TxnFailure::new(FailureKind::Fatal, e))
     }
 }

@@ -209,12 +209,12 @@ impl SnapshotStore {
                 return Err(e);
             }
         };
-        let runner = ProducerRunner {
+        let runner = ProducerRunner::new(
             producer,
-            snapshot_topic: Arc::from(config.snapshot_topic.as_str()),
+            Arc::from(config.snapshot_topic.as_str()),
             partition,
-            input: input.clone(),
-        };
+            input.clone(),
+        );
         let commits = GroupCommit::new(
             partition,
             runner,
@@ -249,6 +249,12 @@ impl SnapshotStore {
     /// The input offset the last successful transaction committed (the assigned offset before any).
     pub fn committed_offset(&self) -> i64 {
         self.commits.committed_offset()
+    }
+
+    /// How many transactions the store has begun (committed, failed or in flight). A burst of writes
+    /// issued together runs as ceil(writes / `max_writes_per_transaction`) of them.
+    pub fn transactions(&self) -> u64 {
+        self.commits.transactions()
     }
 
     /// Writes a snapshot (`Some`) or deletes the key (`None`), and waits until the transaction carrying it
