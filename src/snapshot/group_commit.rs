@@ -1067,6 +1067,7 @@ mod tests {
         ));
     }
 
+    /// A cap below 1 or a negative assigned offset is refused up front, never discovered by a transaction.
     #[tokio::test]
     async fn configuration_is_checked() {
         let m = gen1();
