@@ -6,68 +6,35 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResult,
 };
 use kafka_protocol::messages::describe_producers_response::{
     PartitionResponse, ProducerState as WireProducer, TopicResponse,
 };
-use kafka_protocol::messages::metadata_response::{
-    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
-};
 use kafka_protocol::messages::{
-    ApiVersionsResponse, BrokerId, DescribeConfigsResponse, DescribeProducersResponse,
-    MetadataResponse, ProducerId, TopicName,
+    DescribeConfigsResponse, DescribeProducersResponse, ProducerId, TopicName,
 };
-use tokio::net::TcpListener;
 
 use super::{describe_configs, describe_producers_on, ConfigResource, ConfigSource};
-use crate::net::testing::Peer;
+use crate::net::testing::{api_versions, loopback, one_node_metadata, Peer};
 use crate::{Client, ClientConfig, ErrorCode};
 
 async fn stub() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        loop {
-            let (socket, _) = listener.accept().await.unwrap();
-            tokio::spawn(serve(Peer::over_tcp(socket), addr));
-        }
-    });
-    (addr, task)
+    loopback(serve).await
 }
 
 async fn serve(mut peer: Peer, addr: SocketAddr) {
-    let name = || TopicName("t".into());
     while let Some(request) = peer.next_request().await {
         let id = request.header.correlation_id;
         let version = request.header.request_api_version;
         match request.header.request_api_key {
             18 => {
-                let keys = [(18, 0, 3), (3, 1, 12), (32, 1, 4), (61, 0, 0)].map(|(k, min, max)| {
-                    ApiVersion::default()
-                        .with_api_key(k)
-                        .with_min_version(min)
-                        .with_max_version(max)
-                });
-                let answer = ApiVersionsResponse::default().with_api_keys(keys.to_vec());
+                let answer = api_versions(&[(18, 0, 3), (3, 1, 12), (32, 1, 4), (61, 0, 0)]);
                 peer.respond(id, &answer, version.min(3)).await;
             }
             3 => {
-                let partition = |p| {
-                    MetadataResponsePartition::default()
-                        .with_partition_index(p)
-                        .with_leader_id(BrokerId(1))
-                };
-                let answer = MetadataResponse::default()
-                    .with_brokers(vec![MetadataResponseBroker::default()
-                        .with_node_id(BrokerId(1))
-                        .with_host("127.0.0.1".into())
-                        .with_port(i32::from(addr.port()))])
-                    .with_topics(vec![MetadataResponseTopic::default()
-                        .with_name(Some(name()))
-                        .with_partitions(vec![partition(0), partition(1)])]);
+                let answer = one_node_metadata(addr, &[("t", 2)]);
                 peer.respond(id, &answer, version).await;
             }
             32 => {
@@ -100,7 +67,7 @@ async fn serve(mut peer: Peer, addr: SocketAddr) {
                 let answer =
                     DescribeProducersResponse::default().with_topics(vec![TopicResponse::default(
                     )
-                    .with_name(name())
+                    .with_name(TopicName("t".into()))
                     .with_partitions(vec![
                         PartitionResponse::default()
                             .with_partition_index(0)

@@ -11,75 +11,34 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::consumer_group_heartbeat_response::Assignment;
-use kafka_protocol::messages::find_coordinator_response::Coordinator;
-use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
-use kafka_protocol::messages::{
-    ApiVersionsResponse, BrokerId, ConsumerGroupHeartbeatResponse, FindCoordinatorResponse,
-    MetadataResponse,
-};
-use tokio::net::TcpListener;
+use kafka_protocol::messages::ConsumerGroupHeartbeatResponse;
 
 use super::{GroupConfig, GroupConsumer, GroupConsumerConfig, GroupProtocol};
-use crate::net::testing::Peer;
+use crate::net::testing::{api_versions, coordinator_is_self, loopback, one_node_metadata, Peer};
 use crate::net::{Client, ClientConfig};
 
 /// Serves ApiVersions, Metadata (one broker, node 1, itself), FindCoordinator (itself) and
 /// ConsumerGroupHeartbeat (member epoch 1, nothing assigned, heartbeat every 500 ms).
 pub(super) async fn idle_coordinator() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let mut connections = tokio::task::JoinSet::new();
-        loop {
-            let (socket, _) = listener.accept().await.unwrap();
-            connections.spawn(serve(Peer::over_tcp(socket), addr));
-        }
-    });
-    (addr, task)
+    loopback(serve).await
 }
 
 async fn serve(mut peer: Peer, addr: SocketAddr) {
-    let port = i32::from(addr.port());
     while let Some(request) = peer.next_request().await {
         let id = request.header.correlation_id;
         let version = request.header.request_api_version;
         match request.header.request_api_key {
             18 => {
-                let keys = [(18, 0, 3), (3, 1, 12), (10, 0, 4), (68, 0, 1)].map(|(k, min, max)| {
-                    ApiVersion::default()
-                        .with_api_key(k)
-                        .with_min_version(min)
-                        .with_max_version(max)
-                });
-                let answer = ApiVersionsResponse::default().with_api_keys(keys.to_vec());
+                let answer = api_versions(&[(18, 0, 3), (3, 1, 12), (10, 0, 4), (68, 0, 1)]);
                 peer.respond(id, &answer, version.min(3)).await;
             }
             3 => {
-                let answer = MetadataResponse::default()
-                    .with_brokers(vec![MetadataResponseBroker::default()
-                        .with_node_id(BrokerId(1))
-                        .with_host("127.0.0.1".into())
-                        .with_port(port)])
-                    .with_controller_id(BrokerId(1));
-                peer.respond(id, &answer, version).await;
+                peer.respond(id, &one_node_metadata(addr, &[]), version)
+                    .await
             }
             10 => {
-                let answer = if version >= 4 {
-                    FindCoordinatorResponse::default().with_coordinators(vec![
-                        Coordinator::default()
-                            .with_key("idle-group".into())
-                            .with_node_id(BrokerId(1))
-                            .with_host("127.0.0.1".into())
-                            .with_port(port),
-                    ])
-                } else {
-                    FindCoordinatorResponse::default()
-                        .with_node_id(BrokerId(1))
-                        .with_host("127.0.0.1".into())
-                        .with_port(port)
-                };
+                let answer = coordinator_is_self(addr, "idle-group", version);
                 peer.respond(id, &answer, version).await;
             }
             68 => {

@@ -7,20 +7,12 @@
 
 use std::time::Duration;
 
-use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::metadata_response::{
-    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
-};
-use kafka_protocol::messages::{ApiVersionsResponse, BrokerId, MetadataResponse, TopicName};
-use kafka_protocol::protocol::StrBytes;
-use tokio::net::TcpListener;
-
 use super::idle_tests::idle_coordinator;
 use super::{
     ConsumerError, GroupConfig, GroupConsumer, GroupConsumerConfig, GroupProtocol, PartitionReader,
     ReaderConfig, StartAt, TopicPartition,
 };
-use crate::net::testing::Peer;
+use crate::net::testing::{api_versions, loopback, one_node_metadata, Peer};
 use crate::net::{Client, ClientConfig};
 
 /// Long enough for a join against a loopback stub many times over.
@@ -94,53 +86,24 @@ async fn a_dead_membership_task_fails_the_next_poll() {
 
 /// One broker (node 1, itself) leading partition 0 of topic `t`; ApiVersions and Metadata only.
 async fn leader_stub() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let mut connections = tokio::task::JoinSet::new();
-        loop {
-            let (socket, _) = listener.accept().await.unwrap();
-            connections.spawn(async move {
-                let mut peer = Peer::over_tcp(socket);
-                let port = i32::from(addr.port());
-                while let Some(request) = peer.next_request().await {
-                    let id = request.header.correlation_id;
-                    let version = request.header.request_api_version;
-                    match request.header.request_api_key {
-                        18 => {
-                            let keys = [(1, 4, 12), (2, 1, 6), (3, 1, 12), (18, 0, 3)].map(
-                                |(k, min, max)| {
-                                    ApiVersion::default()
-                                        .with_api_key(k)
-                                        .with_min_version(min)
-                                        .with_max_version(max)
-                                },
-                            );
-                            let answer =
-                                ApiVersionsResponse::default().with_api_keys(keys.to_vec());
-                            peer.respond(id, &answer, version.min(3)).await;
-                        }
-                        3 => {
-                            let answer = MetadataResponse::default()
-                                .with_brokers(vec![MetadataResponseBroker::default()
-                                    .with_node_id(BrokerId(1))
-                                    .with_host("127.0.0.1".into())
-                                    .with_port(port)])
-                                .with_controller_id(BrokerId(1))
-                                .with_topics(vec![MetadataResponseTopic::default()
-                                    .with_name(Some(TopicName(StrBytes::from_static_str("t"))))
-                                    .with_partitions(vec![MetadataResponsePartition::default()
-                                        .with_partition_index(0)
-                                        .with_leader_id(BrokerId(1))])]);
-                            peer.respond(id, &answer, version).await;
-                        }
-                        other => panic!("the leader stub does not serve api key {other}"),
-                    }
+    loopback(|mut peer: Peer, addr| async move {
+        while let Some(request) = peer.next_request().await {
+            let id = request.header.correlation_id;
+            let version = request.header.request_api_version;
+            match request.header.request_api_key {
+                18 => {
+                    let answer = api_versions(&[(1, 4, 12), (2, 1, 6), (3, 1, 12), (18, 0, 3)]);
+                    peer.respond(id, &answer, version.min(3)).await;
                 }
-            });
+                3 => {
+                    let answer = one_node_metadata(addr, &[("t", 1)]);
+                    peer.respond(id, &answer, version).await;
+                }
+                other => panic!("the leader stub does not serve api key {other}"),
+            }
         }
-    });
-    (addr, task)
+    })
+    .await
 }
 
 /// A read whose per-leader fetch task panics fails with a typed error naming the task, and moves no

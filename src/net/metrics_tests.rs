@@ -11,15 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
 use kafka_protocol::messages::{
-    ApiVersionsResponse, BrokerId, MetadataRequest, MetadataResponse, SaslAuthenticateResponse,
-    SaslHandshakeResponse,
+    ApiVersionsResponse, MetadataRequest, SaslAuthenticateResponse, SaslHandshakeResponse,
 };
-use tokio::net::TcpListener;
 
-use super::testing::Peer;
+use super::testing::{api_versions, loopback, one_node_metadata, Peer};
 use super::{CallOptions, Client, ClientConfig, NetError, SaslConfig, SaslMechanism, Target};
 use crate::net::Verdict;
 use crate::telemetry::recording::Recording;
@@ -52,17 +48,10 @@ impl Drop for Stub {
 }
 
 async fn stub(misbehave: Misbehave) -> Stub {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    // Metadata requests counted over every connection, so a misbehaviour can pick one.
     let metadata_seen = Arc::new(AtomicUsize::new(0));
-    let task = tokio::spawn(async move {
-        let mut connections = tokio::task::JoinSet::new();
-        loop {
-            let (socket, _) = listener.accept().await.unwrap();
-            let seen = metadata_seen.clone();
-            connections.spawn(serve(Peer::over_tcp(socket), addr, seen, misbehave));
-        }
-    });
+    let (addr, task) =
+        loopback(move |peer, addr| serve(peer, addr, metadata_seen.clone(), misbehave)).await;
     Stub { addr, task }
 }
 
@@ -72,22 +61,11 @@ async fn serve(mut peer: Peer, addr: SocketAddr, seen: Arc<AtomicUsize>, misbeha
         let version = request.header.request_api_version;
         match request.header.request_api_key {
             18 => {
-                let keys = [(18, 0, 3), (3, 0, 12), (17, 0, 1), (36, 0, 2)].map(|(k, min, max)| {
-                    ApiVersion::default()
-                        .with_api_key(k)
-                        .with_min_version(min)
-                        .with_max_version(max)
-                });
-                let answer = ApiVersionsResponse::default().with_api_keys(keys.to_vec());
+                let answer = api_versions(&[(18, 0, 3), (3, 0, 12), (17, 0, 1), (36, 0, 2)]);
                 peer.respond(id, &answer, version.min(3)).await;
             }
             3 => {
-                let answer = MetadataResponse::default()
-                    .with_brokers(vec![MetadataResponseBroker::default()
-                        .with_node_id(BrokerId(1))
-                        .with_host("127.0.0.1".into())
-                        .with_port(i32::from(addr.port()))])
-                    .with_controller_id(BrokerId(1));
+                let answer = one_node_metadata(addr, &[]);
                 let n = seen.fetch_add(1, Ordering::SeqCst);
                 let id = match misbehave {
                     Misbehave::WrongCorrelationIdAt(at) if at == n => id + 1000,

@@ -12,15 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
-use kafka_protocol::messages::{
-    ApiVersionsResponse, BrokerId, MetadataRequest, MetadataResponse, ResponseHeader,
-};
+use kafka_protocol::messages::{MetadataRequest, MetadataResponse, ResponseHeader};
 use kafka_protocol::protocol::{Encodable, HeaderVersion};
-use tokio::net::TcpListener;
 
-use super::testing::Peer;
+use super::testing::{api_versions, loopback, one_node_metadata, Peer};
 use super::{Client, ClientConfig, ConnectionFailure, NetError, Target};
 
 /// How the stub spoils the one Metadata request it was told to spoil.
@@ -48,20 +43,14 @@ impl Drop for Stub {
 /// Serves ApiVersions and Metadata (one broker, node 1, at the stub's own address) on every
 /// connection, and spoils the Metadata request numbered `spoil_at` (counted over all connections).
 async fn stub(spoil_at: usize, spoil: Spoil) -> Stub {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicUsize::new(0));
     let metadata_seen = Arc::new(AtomicUsize::new(0));
     let counter = accepted.clone();
-    let task = tokio::spawn(async move {
-        let mut connections = tokio::task::JoinSet::new();
-        loop {
-            let (socket, _) = listener.accept().await.unwrap();
-            counter.fetch_add(1, Ordering::SeqCst);
-            let seen = metadata_seen.clone();
-            connections.spawn(serve(Peer::over_tcp(socket), addr, seen, spoil_at, spoil));
-        }
-    });
+    let (addr, task) = loopback(move |peer, addr| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        serve(peer, addr, metadata_seen.clone(), spoil_at, spoil)
+    })
+    .await;
     Stub {
         addr,
         accepted,
@@ -81,22 +70,11 @@ async fn serve(
         let version = request.header.request_api_version;
         match request.header.request_api_key {
             18 => {
-                let keys = [(18, 0, 3), (3, 0, 12)].map(|(k, min, max)| {
-                    ApiVersion::default()
-                        .with_api_key(k)
-                        .with_min_version(min)
-                        .with_max_version(max)
-                });
-                let answer = ApiVersionsResponse::default().with_api_keys(keys.to_vec());
+                let answer = api_versions(&[(18, 0, 3), (3, 0, 12)]);
                 peer.respond(id, &answer, version.min(3)).await;
             }
             3 => {
-                let answer = MetadataResponse::default()
-                    .with_brokers(vec![MetadataResponseBroker::default()
-                        .with_node_id(BrokerId(1))
-                        .with_host("127.0.0.1".into())
-                        .with_port(i32::from(addr.port()))])
-                    .with_controller_id(BrokerId(1));
+                let answer = one_node_metadata(addr, &[]);
                 if metadata_seen.fetch_add(1, Ordering::SeqCst) != spoil_at {
                     peer.respond(id, &answer, version).await;
                     continue;

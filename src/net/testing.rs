@@ -135,3 +135,108 @@ impl Peer {
         }
     }
 }
+
+// ---- a one-node loopback stub, for logic tests that need a client to get past its handshake ----------
+//
+// Each test keeps its own `serve` loop (what it answers, and how it misbehaves, is the test); these
+// build the answers every such stub gives the same way, and the accept loop they all share.
+
+/// Accepts loopback connections and runs `serve(peer, its own address)` for each, until the returned
+/// task is aborted.
+pub(crate) async fn loopback<F, Fut>(
+    serve: F,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>)
+where
+    F: Fn(Peer, std::net::SocketAddr) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            connections.spawn(serve(Peer::over_tcp(socket), addr));
+        }
+    });
+    (addr, task)
+}
+
+/// ApiVersions advertising `(api key, min, max)` for each of `keys`.
+pub(crate) fn api_versions(
+    keys: &[(i16, i16, i16)],
+) -> kafka_protocol::messages::ApiVersionsResponse {
+    use kafka_protocol::messages::api_versions_response::ApiVersion;
+    kafka_protocol::messages::ApiVersionsResponse::default().with_api_keys(
+        keys.iter()
+            .map(|&(k, min, max)| {
+                ApiVersion::default()
+                    .with_api_key(k)
+                    .with_min_version(min)
+                    .with_max_version(max)
+            })
+            .collect(),
+    )
+}
+
+/// Metadata of a one-node cluster: node 1 at `addr`, the controller, leading (and the only replica of)
+/// every partition of `topics` (name, partition count).
+pub(crate) fn one_node_metadata(
+    addr: std::net::SocketAddr,
+    topics: &[(&str, i32)],
+) -> kafka_protocol::messages::MetadataResponse {
+    use kafka_protocol::messages::metadata_response::{
+        MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+    };
+    use kafka_protocol::messages::{BrokerId, MetadataResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let topics = topics
+        .iter()
+        .map(|&(name, partitions)| {
+            MetadataResponseTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_string(name.to_owned()))))
+                .with_partitions(
+                    (0..partitions)
+                        .map(|p| {
+                            MetadataResponsePartition::default()
+                                .with_partition_index(p)
+                                .with_leader_id(BrokerId(1))
+                                .with_replica_nodes(vec![BrokerId(1)])
+                                .with_isr_nodes(vec![BrokerId(1)])
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(1))
+            .with_host("127.0.0.1".into())
+            .with_port(i32::from(addr.port()))])
+        .with_controller_id(BrokerId(1))
+        .with_topics(topics)
+}
+
+/// FindCoordinator naming node 1 at `addr` as the coordinator of `key`, in the shape of `version` (a
+/// list of coordinators from v4 on).
+pub(crate) fn coordinator_is_self(
+    addr: std::net::SocketAddr,
+    key: &str,
+    version: i16,
+) -> kafka_protocol::messages::FindCoordinatorResponse {
+    use kafka_protocol::messages::find_coordinator_response::Coordinator;
+    use kafka_protocol::messages::{BrokerId, FindCoordinatorResponse};
+    let port = i32::from(addr.port());
+    if version >= 4 {
+        FindCoordinatorResponse::default().with_coordinators(vec![Coordinator::default()
+            .with_key(key.to_owned().into())
+            .with_node_id(BrokerId(1))
+            .with_host("127.0.0.1".into())
+            .with_port(port)])
+    } else {
+        FindCoordinatorResponse::default()
+            .with_node_id(BrokerId(1))
+            .with_host("127.0.0.1".into())
+            .with_port(port)
+    }
+}

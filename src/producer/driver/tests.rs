@@ -9,21 +9,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::find_coordinator_response::Coordinator;
-use kafka_protocol::messages::metadata_response::{
-    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
-};
-use kafka_protocol::messages::{
-    ApiVersionsResponse, BrokerId, FindCoordinatorResponse, InitProducerIdResponse,
-    MetadataResponse, ProducerId, TopicName,
-};
-use kafka_protocol::protocol::StrBytes;
-use tokio::net::TcpListener;
+use kafka_protocol::messages::{InitProducerIdResponse, ProducerId};
 use tokio::time::timeout;
 
 use super::Inner;
-use crate::net::testing::Peer;
+use crate::net::testing::{api_versions, coordinator_is_self, loopback, one_node_metadata, Peer};
 use crate::net::{Client, ClientConfig};
 use crate::producer::{
     Producer, ProducerConfig, ProducerError, ProducerRecord, TransactionalConfig,
@@ -35,27 +25,17 @@ use crate::producer::{
 const PATIENCE: Duration = Duration::from_secs(10);
 
 async fn stub_broker() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let mut connections = tokio::task::JoinSet::new();
-        loop {
-            let (socket, _) = listener.accept().await.unwrap();
-            connections.spawn(serve(Peer::over_tcp(socket), addr));
-        }
-    });
-    (addr, task)
+    loopback(serve).await
 }
 
 /// One broker (node 1, itself), topic `t` with one partition it leads, coordinator for everything.
 async fn serve(mut peer: Peer, addr: SocketAddr) {
-    let port = i32::from(addr.port());
     while let Some(request) = peer.next_request().await {
         let id = request.header.correlation_id;
         let version = request.header.request_api_version;
         match request.header.request_api_key {
             18 => {
-                let keys = [
+                let answer = api_versions(&[
                     (0, 3, 11),
                     (3, 1, 12),
                     (10, 0, 4),
@@ -65,48 +45,15 @@ async fn serve(mut peer: Peer, addr: SocketAddr) {
                     (25, 0, 3),
                     (26, 0, 3),
                     (28, 0, 3),
-                ]
-                .map(|(k, min, max)| {
-                    ApiVersion::default()
-                        .with_api_key(k)
-                        .with_min_version(min)
-                        .with_max_version(max)
-                });
-                let answer = ApiVersionsResponse::default().with_api_keys(keys.to_vec());
+                ]);
                 peer.respond(id, &answer, version.min(3)).await;
             }
             3 => {
-                let partition = MetadataResponsePartition::default()
-                    .with_partition_index(0)
-                    .with_leader_id(BrokerId(1))
-                    .with_replica_nodes(vec![BrokerId(1)])
-                    .with_isr_nodes(vec![BrokerId(1)]);
-                let answer = MetadataResponse::default()
-                    .with_brokers(vec![MetadataResponseBroker::default()
-                        .with_node_id(BrokerId(1))
-                        .with_host("127.0.0.1".into())
-                        .with_port(port)])
-                    .with_controller_id(BrokerId(1))
-                    .with_topics(vec![MetadataResponseTopic::default()
-                        .with_name(Some(TopicName(StrBytes::from_static_str("t"))))
-                        .with_partitions(vec![partition])]);
+                let answer = one_node_metadata(addr, &[("t", 1)]);
                 peer.respond(id, &answer, version).await;
             }
             10 => {
-                let answer = if version >= 4 {
-                    FindCoordinatorResponse::default().with_coordinators(vec![
-                        Coordinator::default()
-                            .with_key("tx".into())
-                            .with_node_id(BrokerId(1))
-                            .with_host("127.0.0.1".into())
-                            .with_port(port),
-                    ])
-                } else {
-                    FindCoordinatorResponse::default()
-                        .with_node_id(BrokerId(1))
-                        .with_host("127.0.0.1".into())
-                        .with_port(port)
-                };
+                let answer = coordinator_is_self(addr, "tx", version);
                 peer.respond(id, &answer, version).await;
             }
             22 => {
