@@ -325,14 +325,50 @@ pub enum SnapshotError {
     /// Invalid configuration.
     #[error("invalid snapshot configuration: {0}")]
     Config(String),
-    /// An error from the layers below (reading, the broker, the consumer).
+    /// Taking the partition over (the transactional producer's init) failed.
     #[error("snapshot partition {partition}: {source}")]
-    Io {
+    Acquire {
         /// The snapshot partition.
         partition: i32,
-        /// The cause.
+        /// The producer's error.
         #[source]
-        source: Arc<dyn std::error::Error + Send + Sync>,
+        source: ProducerError,
+    },
+    /// Reading the snapshot log (the recovery read) failed.
+    #[error("snapshot partition {partition}: {source}")]
+    Read {
+        /// The snapshot partition.
+        partition: i32,
+        /// The read's error (shared: the snapshot errors are `Clone`).
+        #[source]
+        source: Arc<crate::snapshot::LogError>,
+    },
+    /// Looking up the partition's starting offset failed.
+    #[error("snapshot partition {partition}: {source}")]
+    Consumer {
+        /// The snapshot partition.
+        partition: i32,
+        /// The consumer's error.
+        #[source]
+        source: Arc<crate::consumer::ConsumerError>,
+    },
+    /// Connecting the partition's own client failed.
+    #[error("snapshot partition {partition}: {source}")]
+    Net {
+        /// The snapshot partition.
+        partition: i32,
+        /// The network layer's error.
+        #[source]
+        source: Arc<crate::net::NetError>,
+    },
+    /// The task serving the partition panicked or was cancelled.
+    #[error("snapshot partition {partition}: {source}")]
+    PartitionTask {
+        /// The snapshot partition (-1 when it is not known).
+        partition: i32,
+        /// How the task ended.
+        #[source]
+        source: Arc<tokio::task::JoinError>,
     },
 }
 

@@ -576,7 +576,7 @@ where
     let mut first_err = None;
     while let Some(joined) = set.join_next().await {
         let result = joined.unwrap_or_else(|e| {
-            Err(SnapshotError::Io {
+            Err(SnapshotError::PartitionTask {
                 partition: partitions.get(&e.id()).copied().unwrap_or(-1),
                 source: Arc::new(e),
             }
@@ -645,7 +645,7 @@ impl<F: Fold> Shared<F> {
     /// The offset `tp` is assigned at, and whether the group had none committed (then the caller commits
     /// it, see [`FlowConfig`]): the group's committed offset, else per `initial_offset`. This is the
     /// only place that decides where a partition without a committed offset starts.
-    async fn assigned_offset(&self, tp: &TopicPartition) -> Result<(i64, bool), FlowError> {
+    async fn assigned_offset(&self, tp: &TopicPartition) -> Result<(i64, bool), ConsumerError> {
         let committed = committed_offsets(
             &self.client,
             &self.config.consumer.group.group_id,
@@ -664,8 +664,7 @@ impl<F: Fold> Shared<F> {
                     _ => {
                         return Err(ConsumerError::NoCommittedOffset {
                             partition: tp.clone(),
-                        }
-                        .into())
+                        })
                     }
                 };
                 let offset = list_offsets(
@@ -693,7 +692,7 @@ impl<F: Fold> Shared<F> {
         config.client_id = format!("{}-p{partition}", config.client_id);
         Client::connect(config)
             .await
-            .map_err(|e| SnapshotError::Io {
+            .map_err(|e| SnapshotError::Net {
                 partition,
                 source: Arc::new(e),
             })
@@ -721,7 +720,7 @@ impl<F: Fold> Shared<F> {
                     let (offset, was_fresh) =
                         self.assigned_offset(tp)
                             .await
-                            .map_err(|e| SnapshotError::Io {
+                            .map_err(|e| SnapshotError::Consumer {
                                 partition,
                                 source: Arc::new(e),
                             })?;
