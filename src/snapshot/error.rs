@@ -72,13 +72,7 @@ impl FailureKind {
     /// fence's error code) to a [`FailureKind`].
     pub fn of(e: &ProducerError) -> FailureKind {
         match e {
-            ProducerError::CommitFenced { code, .. } => match code {
-                ErrorCode::UnknownMemberId => FailureKind::Evicted,
-                ErrorCode::FencedInstanceId => FailureKind::InstanceFenced,
-                // ILLEGAL_GENERATION, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH and anything else the
-                // coordinator fences a commit with: the member may still own the partition.
-                _ => FailureKind::Fenced,
-            },
+            ProducerError::CommitFenced { code, .. } => FailureKind::of_group_fence(*code),
             ProducerError::Fenced { .. } => FailureKind::ProducerFenced,
             // The state an earlier error left the producer in: classify by that error.
             ProducerError::MustAbort { cause } | ProducerError::Defunct { cause } => {
@@ -88,6 +82,18 @@ impl FailureKind {
                 }
             }
             _ => FailureKind::of_class(e),
+        }
+    }
+
+    /// The kind of a commit the group coordinator fenced with `code`, in a transaction or (for the
+    /// flow's unfenced commits) on the consumer's OffsetCommit.
+    pub fn of_group_fence(code: ErrorCode) -> FailureKind {
+        match code {
+            ErrorCode::UnknownMemberId => FailureKind::Evicted,
+            ErrorCode::FencedInstanceId => FailureKind::InstanceFenced,
+            // ILLEGAL_GENERATION, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH and anything else the
+            // coordinator fences a commit with: the member may still own the partition.
+            _ => FailureKind::Fenced,
         }
     }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::task::JoinSet;
 
-use super::error::SnapshotError;
+use super::error::{FailureKind, Response, SnapshotError};
 #[cfg(test)]
 use super::fold_core::{envelope, open_envelope, Opened};
 #[cfg(not(test))]
@@ -302,19 +302,35 @@ pub enum FlowError {
 }
 
 impl FlowError {
-    /// `true` when the group coordinator fenced this owner: it is stale and must stop.
-    pub fn is_fenced(&self) -> bool {
+    /// The class of a failed commit (a snapshot transaction's, or the consumer's fenced offset commit),
+    /// `None` for the other errors. Classified once, by [`FailureKind::of`] and
+    /// [`FailureKind::of_group_fence`].
+    pub fn failure_kind(&self) -> Option<FailureKind> {
         match self {
-            FlowError::Snapshot(e) => e.is_fenced(),
-            FlowError::Consumer(ConsumerError::CommitFenced { .. }) => true,
-            _ => false,
+            FlowError::Snapshot(e) => e.failure_kind(),
+            FlowError::Consumer(ConsumerError::CommitFenced { code, .. }) => {
+                Some(FailureKind::of_group_fence(*code))
+            }
+            _ => None,
         }
+    }
+
+    /// What the runtime does about this error ([`FailureKind::response`]), `None` when it is not a
+    /// failed commit.
+    pub fn response(&self) -> Option<Response> {
+        self.failure_kind().map(FailureKind::response)
+    }
+
+    /// `true` when the group coordinator fenced this owner's commit: nothing of it landed, and this
+    /// owner is stale (see [`FlowError::response`] for whether it may recover in place).
+    pub fn is_fenced(&self) -> bool {
+        self.failure_kind().is_some_and(FailureKind::is_group_fence)
     }
 
     /// `true` when the partition's producer was fenced by a newer epoch on its transactional id (see
     /// [`SnapshotError::is_producer_fenced`]): this owner must stop writing the partition.
     pub fn is_producer_fenced(&self) -> bool {
-        matches!(self, FlowError::Snapshot(e) if e.is_producer_fenced())
+        self.failure_kind() == Some(FailureKind::ProducerFenced)
     }
 }
 

@@ -156,6 +156,52 @@ async fn a_fence_keeps_its_typed_cause_up_to_the_flow() {
     }
     assert_eq!(chain, [failure.to_string(), cause.to_string()]);
     assert!(chain[1].contains("ILLEGAL_GENERATION"), "{chain:?}");
+    assert_eq!(
+        err.response(),
+        Some(crate::snapshot::Response::RecoverInPlace)
+    );
+}
+
+/// The consumer's fenced offset commit is classified by the same table as the transaction's.
+#[test]
+fn the_consumers_fence_reads_the_same_table() {
+    use crate::snapshot::Response;
+    use crate::wire::ErrorCode;
+    for (code, kind, response) in [
+        (
+            ErrorCode::IllegalGeneration,
+            FailureKind::Fenced,
+            Response::RecoverInPlace,
+        ),
+        (
+            ErrorCode::StaleMemberEpoch,
+            FailureKind::Fenced,
+            Response::RecoverInPlace,
+        ),
+        (
+            ErrorCode::UnknownMemberId,
+            FailureKind::Evicted,
+            Response::Rejoin,
+        ),
+        (
+            ErrorCode::FencedInstanceId,
+            FailureKind::InstanceFenced,
+            Response::Stop,
+        ),
+    ] {
+        let err = FlowError::Consumer(ConsumerError::CommitFenced {
+            group: "g".into(),
+            code,
+        });
+        assert_eq!(err.failure_kind(), Some(kind), "{code}");
+        assert_eq!(err.response(), Some(response), "{code}");
+        assert!(err.is_fenced() && !err.is_producer_fenced(), "{code}");
+    }
+    let other = FlowError::Consumer(ConsumerError::NoCommittedOffset {
+        partition: TopicPartition::new("in", 0),
+    });
+    assert_eq!(other.response(), None);
+    assert!(!other.is_fenced());
 }
 
 /// Folding into a partition while its wave is in flight is not blocked by the wave, and a slow partition
