@@ -74,13 +74,17 @@ impl FailureKind {
         match e {
             ProducerError::CommitFenced { code, .. } => FailureKind::of_group_fence(*code),
             ProducerError::Fenced { .. } => FailureKind::ProducerFenced,
-            // The state an earlier error left the producer in: classify by that error.
-            ProducerError::MustAbort { cause } | ProducerError::Defunct { cause } => {
-                match FailureKind::of(cause) {
-                    FailureKind::Aborted | FailureKind::OutcomeUnknown => FailureKind::of_class(e),
-                    kind => kind,
-                }
-            }
+            // The state an earlier error left the producer in: a fence behind it is the news (a
+            // transaction made abortable by the group's fence, a producer made unusable by a newer
+            // epoch); otherwise the state's own class decides.
+            ProducerError::MustAbort { cause } => match FailureKind::of(cause) {
+                kind if kind.is_group_fence() => kind,
+                _ => FailureKind::of_class(e),
+            },
+            ProducerError::Defunct { cause } => match FailureKind::of(cause) {
+                FailureKind::ProducerFenced => FailureKind::ProducerFenced,
+                _ => FailureKind::of_class(e),
+            },
             _ => FailureKind::of_class(e),
         }
     }
@@ -445,6 +449,26 @@ mod tests {
                 K::Fenced,
                 R::RecoverInPlace,
                 true,
+            ),
+            (
+                "must abort after UNKNOWN_MEMBER_ID",
+                ProducerError::MustAbort {
+                    cause: Arc::new(commit_fenced(ErrorCode::UnknownMemberId)),
+                },
+                K::Evicted,
+                R::Rejoin,
+                true,
+            ),
+            (
+                "defunct after an unsupported version",
+                ProducerError::Defunct {
+                    cause: Arc::new(ProducerError::Unsupported {
+                        what: "TxnOffsetCommit v3".into(),
+                    }),
+                },
+                K::Fatal,
+                R::Stop,
+                false,
             ),
             (
                 "FENCED_MEMBER_EPOCH",
