@@ -1,23 +1,44 @@
-//! The snapshot layer's errors.
+//! The snapshot layer's errors, and the one mapping from a failed transaction to what the runtime does.
 
 use std::sync::Arc;
 
+use crate::producer::{ErrorClass, ProducerError};
+use crate::wire::ErrorCode;
+
 /// Why a transaction that carried snapshot writes did not commit.
 ///
-/// The classes decide what the owner of the partition does next:
-/// - [`FailureKind::Fenced`]: the group coordinator refused the offset commit (stale generation or member
-///   epoch, unknown member, fenced static instance). This owner is stale and must stop; the transaction was
-///   aborted and none of its writes landed.
-/// - [`FailureKind::Fatal`]: the producer is unusable (producer fenced by a newer owner's init, authorization,
-///   unsupported version). The store is closed; a new acquisition is needed.
+/// [`FailureKind::of`] is the only place a [`ProducerError`] is classified for the snapshot layer, and
+/// [`FailureKind::response`] the only place a class is turned into what the runtime does about it. The
+/// group commit reads [`FailureKind::aborts`] and [`FailureKind::closes_store`]; the flow's
+/// [`is_fenced`](SnapshotError::is_fenced) and [`is_producer_fenced`](SnapshotError::is_producer_fenced)
+/// are views of the same kinds. Nothing else looks at the producer's error to decide.
+///
+/// - [`FailureKind::Fenced`]: the group coordinator refused the offset commit for a stale generation or
+///   member epoch (`ILLEGAL_GENERATION`, `FENCED_MEMBER_EPOCH`, `STALE_MEMBER_EPOCH`). The transaction was
+///   aborted and nothing landed; the member may still own the partition (a rebalance it has not seen yet).
+/// - [`FailureKind::Evicted`]: the coordinator no longer knows the member (`UNKNOWN_MEMBER_ID`). Aborted,
+///   nothing landed; the member must rejoin as a new one.
+/// - [`FailureKind::InstanceFenced`]: another process joined with this static member's instance id
+///   (`FENCED_INSTANCE_ID`). Aborted, nothing landed; rejoining would fence the other process back, so stop.
+/// - [`FailureKind::ProducerFenced`]: the partition's producer was fenced by a newer epoch on its
+///   transactional id (`PRODUCER_FENCED`, `INVALID_PRODUCER_EPOCH`): a newer owner acquired the partition,
+///   or the coordinator timed the transaction out. The store is closed.
+/// - [`FailureKind::Fatal`]: the producer is unusable for another reason (authorization, unsupported
+///   version, a failed abort). The store is closed.
 /// - [`FailureKind::Aborted`]: the transaction was aborted and nothing in it landed; retrying is safe.
 /// - [`FailureKind::OutcomeUnknown`]: a commit was sent and no answer came. The writes may or may not be
 ///   visible. The store is closed: re-acquiring (InitProducerId) settles the outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum FailureKind {
-    /// The consumer-group fence rejected the commit.
+    /// The group coordinator refused the commit for a stale generation or member epoch.
     Fenced,
+    /// The group coordinator does not know the member any more.
+    Evicted,
+    /// Another process took this static member's instance id.
+    InstanceFenced,
+    /// A newer producer epoch on the transactional id fenced this one.
+    ProducerFenced,
     /// The producer can no longer be used.
     Fatal,
     /// Aborted; nothing landed; safe to retry.
@@ -26,27 +47,179 @@ pub enum FailureKind {
     OutcomeUnknown,
 }
 
-/// A transaction failure, shared by every write that rode in the transaction (hence `Clone`).
+/// What the runtime does after a failed snapshot transaction: the answer to [`FailureKind::response`].
+///
+/// This is the one place the recovery after a fence reads from: a refused transaction wrote nothing, so
+/// a member that still owns its partition may re-acquire it in place; a member that was evicted, or whose
+/// producer a newer owner fenced, rejoins as a new member; a fatal failure stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Response {
+    /// Nothing landed and the store is still usable: the group commit retries on its own.
+    Retry,
+    /// The partition's store must be acquired again (InitProducerId, recovery read) by the same member,
+    /// if the member still owns the partition after its next heartbeat: a generation fence the member may
+    /// not have seen yet (spurious), or a commit whose outcome the new acquisition settles.
+    RecoverInPlace,
+    /// The member is gone or superseded: leave the group and join again as a new member.
+    Rejoin,
+    /// Stop: retrying cannot help or would fight another owner.
+    Stop,
+}
+
+impl FailureKind {
+    /// The snapshot layer's class of a producer error: the one mapping from [`ErrorClass`] (and the
+    /// fence's error code) to a [`FailureKind`].
+    pub fn of(e: &ProducerError) -> FailureKind {
+        match e {
+            ProducerError::CommitFenced { code, .. } => FailureKind::of_group_fence(*code),
+            ProducerError::Fenced { .. } => FailureKind::ProducerFenced,
+            // The state an earlier error left the producer in: a fence behind it is the news (a
+            // transaction made abortable by the group's fence, a producer made unusable by a newer
+            // epoch); otherwise the state's own class decides.
+            ProducerError::MustAbort { cause } => match FailureKind::of(cause) {
+                kind if kind.is_group_fence() => kind,
+                _ => FailureKind::of_class(e),
+            },
+            ProducerError::Defunct { cause } => match FailureKind::of(cause) {
+                FailureKind::ProducerFenced => FailureKind::ProducerFenced,
+                _ => FailureKind::of_class(e),
+            },
+            _ => FailureKind::of_class(e),
+        }
+    }
+
+    /// The kind of a commit the group coordinator fenced with `code`, in a transaction or (for the
+    /// flow's unfenced commits) on the consumer's OffsetCommit.
+    pub fn of_group_fence(code: ErrorCode) -> FailureKind {
+        match code {
+            ErrorCode::UnknownMemberId => FailureKind::Evicted,
+            ErrorCode::FencedInstanceId => FailureKind::InstanceFenced,
+            // ILLEGAL_GENERATION, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH and anything else the
+            // coordinator fences a commit with: the member may still own the partition.
+            _ => FailureKind::Fenced,
+        }
+    }
+
+    fn of_class(e: &ProducerError) -> FailureKind {
+        match e.class() {
+            ErrorClass::Fatal => FailureKind::Fatal,
+            ErrorClass::OutcomeUnknown => FailureKind::OutcomeUnknown,
+            _ => FailureKind::Aborted,
+        }
+    }
+
+    /// What the runtime does about a failure of this kind.
+    pub fn response(self) -> Response {
+        match self {
+            FailureKind::Aborted => Response::Retry,
+            FailureKind::Fenced | FailureKind::OutcomeUnknown => Response::RecoverInPlace,
+            FailureKind::Evicted | FailureKind::ProducerFenced => Response::Rejoin,
+            FailureKind::InstanceFenced | FailureKind::Fatal => Response::Stop,
+        }
+    }
+
+    /// Whether the group commit aborts the failed transaction: the producer is still usable and nothing
+    /// of the transaction may land.
+    pub fn aborts(self) -> bool {
+        matches!(
+            self,
+            FailureKind::Fenced
+                | FailureKind::Evicted
+                | FailureKind::InstanceFenced
+                | FailureKind::Aborted
+        )
+    }
+
+    /// Whether the producer is unusable after this failure, so the store closes (the complement of
+    /// [`aborts`](Self::aborts)).
+    pub fn closes_store(self) -> bool {
+        !self.aborts()
+    }
+
+    /// Whether the group coordinator's fence refused the commit (any of its three kinds).
+    pub fn is_group_fence(self) -> bool {
+        matches!(
+            self,
+            FailureKind::Fenced | FailureKind::Evicted | FailureKind::InstanceFenced
+        )
+    }
+}
+
+/// A transaction failure, shared by every write that rode in the transaction (hence `Clone`, and the
+/// cause behind an `Arc`).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{kind:?}: {source}")]
 pub struct TxnFailure {
     /// What the caller must do about it.
     pub kind: FailureKind,
-    /// The underlying cause.
+    /// The producer's error.
     #[source]
-    pub source: Arc<dyn std::error::Error + Send + Sync>,
+    pub source: Arc<ProducerError>,
 }
 
 impl TxnFailure {
-    /// Wraps a cause with its class.
-    pub fn new(
-        kind: FailureKind,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
+    /// Wraps a cause with a class chosen by the caller (e.g. a failed abort, which is fatal whatever the
+    /// producer said). Most failures come through `From<ProducerError>`, which classifies with
+    /// [`FailureKind::of`].
+    pub fn new(kind: FailureKind, source: ProducerError) -> Self {
         TxnFailure {
             kind,
-            source: Arc::from(source.into()),
+            source: Arc::new(source),
         }
+    }
+
+    /// The broker's error code behind a fence, when the failure is one.
+    pub fn fence_code(&self) -> Option<ErrorCode> {
+        fence_code(&self.source)
+    }
+}
+
+fn fence_code(e: &ProducerError) -> Option<ErrorCode> {
+    match e {
+        ProducerError::CommitFenced { code, .. } | ProducerError::Fenced { code, .. } => {
+            Some(*code)
+        }
+        ProducerError::MustAbort { cause } | ProducerError::Defunct { cause } => fence_code(cause),
+        _ => None,
+    }
+}
+
+impl From<ProducerError> for TxnFailure {
+    fn from(e: ProducerError) -> Self {
+        TxnFailure::new(FailureKind::of(&e), e)
+    }
+}
+
+/// A producer error of each kind, for scripted runners in tests: `FailureKind::of` gives `kind` back.
+#[cfg(test)]
+pub(crate) fn example(kind: FailureKind) -> ProducerError {
+    let commit_fenced = |code| ProducerError::CommitFenced {
+        group_id: "g".into(),
+        code,
+    };
+    match kind {
+        FailureKind::Fenced => commit_fenced(ErrorCode::IllegalGeneration),
+        FailureKind::Evicted => commit_fenced(ErrorCode::UnknownMemberId),
+        FailureKind::InstanceFenced => commit_fenced(ErrorCode::FencedInstanceId),
+        FailureKind::ProducerFenced => ProducerError::Fenced {
+            transactional_id: "t-0".into(),
+            code: ErrorCode::ProducerFenced,
+        },
+        FailureKind::Fatal => ProducerError::Closed,
+        FailureKind::Aborted => ProducerError::TransactionAborted,
+        FailureKind::OutcomeUnknown => ProducerError::CommitOutcomeUnknown {
+            transactional_id: "t-0".into(),
+            reason: "scripted".into(),
+        },
+    }
+}
+
+#[cfg(test)]
+impl TxnFailure {
+    /// A failure of `kind` with a matching producer error, for scripted runners.
+    pub(crate) fn scripted(kind: FailureKind) -> Self {
+        TxnFailure::new(kind, example(kind))
     }
 }
 
@@ -162,21 +335,72 @@ pub enum SnapshotError {
     /// Invalid configuration.
     #[error("invalid snapshot configuration: {0}")]
     Config(String),
-    /// An error from the layers below (reading, the broker, the consumer).
+    /// Taking the partition over (the transactional producer's init) failed.
     #[error("snapshot partition {partition}: {source}")]
-    Io {
+    Acquire {
         /// The snapshot partition.
         partition: i32,
-        /// The cause.
+        /// The producer's error.
         #[source]
-        source: Arc<dyn std::error::Error + Send + Sync>,
+        source: ProducerError,
+    },
+    /// Reading the snapshot log (the recovery read) failed.
+    #[error("snapshot partition {partition}: {source}")]
+    Read {
+        /// The snapshot partition.
+        partition: i32,
+        /// The read's error (shared: the snapshot errors are `Clone`).
+        #[source]
+        source: Arc<crate::snapshot::LogError>,
+    },
+    /// Looking up the partition's starting offset failed.
+    #[error("snapshot partition {partition}: {source}")]
+    Consumer {
+        /// The snapshot partition.
+        partition: i32,
+        /// The consumer's error.
+        #[source]
+        source: Arc<crate::consumer::ConsumerError>,
+    },
+    /// Connecting the partition's own client failed.
+    #[error("snapshot partition {partition}: {source}")]
+    Net {
+        /// The snapshot partition.
+        partition: i32,
+        /// The network layer's error.
+        #[source]
+        source: Arc<crate::net::NetError>,
+    },
+    /// The task serving the partition panicked or was cancelled.
+    #[error("snapshot partition {partition}: {source}")]
+    PartitionTask {
+        /// The snapshot partition (-1 when it is not known).
+        partition: i32,
+        /// How the task ended.
+        #[source]
+        source: Arc<tokio::task::JoinError>,
     },
 }
 
 impl SnapshotError {
-    /// `true` when the consumer-group fence rejected this owner's commit: the owner is stale and must stop.
+    /// The class of a failed transaction, `None` for the other errors.
+    pub fn failure_kind(&self) -> Option<FailureKind> {
+        match self {
+            SnapshotError::Transaction { failure, .. } => Some(failure.kind),
+            _ => None,
+        }
+    }
+
+    /// What the runtime does about a failed transaction ([`FailureKind::response`]), `None` for the other
+    /// errors.
+    pub fn response(&self) -> Option<Response> {
+        self.failure_kind().map(FailureKind::response)
+    }
+
+    /// `true` when the consumer-group fence rejected this owner's commit (a stale generation or member
+    /// epoch, an unknown member, a fenced static instance): nothing of the transaction landed.
     pub fn is_fenced(&self) -> bool {
-        matches!(self, SnapshotError::Transaction { failure, .. } if failure.kind == FailureKind::Fenced)
+        self.failure_kind().is_some_and(FailureKind::is_group_fence)
     }
 
     /// `true` when the transaction failed because the partition's producer was fenced by a newer epoch
@@ -184,50 +408,240 @@ impl SnapshotError {
     /// came first, or the coordinator timed the transaction out. Either way the store is closed and this
     /// owner must stop writing; a later owner re-acquires. [`SnapshotError::is_fenced`] is the other fence.
     pub fn is_producer_fenced(&self) -> bool {
-        matches!(
-            self,
-            SnapshotError::Transaction { failure, .. }
-                if matches!(
-                    failure.source.downcast_ref::<crate::producer::ProducerError>(),
-                    Some(crate::producer::ProducerError::Fenced { .. })
-                )
-        )
+        self.failure_kind() == Some(FailureKind::ProducerFenced)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::producer::ProducerError;
-    use crate::wire::ErrorCode;
 
-    fn failed(kind: FailureKind, cause: ProducerError) -> SnapshotError {
+    fn failed(cause: ProducerError) -> SnapshotError {
         SnapshotError::Transaction {
             partition: 0,
-            failure: TxnFailure::new(kind, cause),
+            failure: cause.into(),
+        }
+    }
+
+    /// The one mapping, row by row: the producer's error (and the fence's code) to the snapshot layer's
+    /// kind, to what the runtime does, to what the group commit does with the transaction.
+    #[test]
+    fn the_mapping_table() {
+        use FailureKind as K;
+        use Response as R;
+        let commit_fenced = |code| ProducerError::CommitFenced {
+            group_id: "g".into(),
+            code,
+        };
+        let producer_fenced = |code| ProducerError::Fenced {
+            transactional_id: "t-0".into(),
+            code,
+        };
+        let broker = |class| ProducerError::Broker {
+            api: "EndTxn",
+            code: ErrorCode::UnknownServerError,
+            class,
+        };
+        let rows: Vec<(&str, ProducerError, K, R, bool)> = vec![
+            (
+                "ILLEGAL_GENERATION",
+                commit_fenced(ErrorCode::IllegalGeneration),
+                K::Fenced,
+                R::RecoverInPlace,
+                true,
+            ),
+            (
+                "must abort after UNKNOWN_MEMBER_ID",
+                ProducerError::MustAbort {
+                    cause: Arc::new(commit_fenced(ErrorCode::UnknownMemberId)),
+                },
+                K::Evicted,
+                R::Rejoin,
+                true,
+            ),
+            (
+                "defunct after an unsupported version",
+                ProducerError::Defunct {
+                    cause: Arc::new(ProducerError::Unsupported {
+                        what: "TxnOffsetCommit v3".into(),
+                    }),
+                },
+                K::Fatal,
+                R::Stop,
+                false,
+            ),
+            (
+                "FENCED_MEMBER_EPOCH",
+                commit_fenced(ErrorCode::FencedMemberEpoch),
+                K::Fenced,
+                R::RecoverInPlace,
+                true,
+            ),
+            (
+                "STALE_MEMBER_EPOCH",
+                commit_fenced(ErrorCode::StaleMemberEpoch),
+                K::Fenced,
+                R::RecoverInPlace,
+                true,
+            ),
+            (
+                "UNKNOWN_MEMBER_ID",
+                commit_fenced(ErrorCode::UnknownMemberId),
+                K::Evicted,
+                R::Rejoin,
+                true,
+            ),
+            (
+                "FENCED_INSTANCE_ID",
+                commit_fenced(ErrorCode::FencedInstanceId),
+                K::InstanceFenced,
+                R::Stop,
+                true,
+            ),
+            (
+                "must abort after ILLEGAL_GENERATION",
+                ProducerError::MustAbort {
+                    cause: Arc::new(commit_fenced(ErrorCode::IllegalGeneration)),
+                },
+                K::Fenced,
+                R::RecoverInPlace,
+                true,
+            ),
+            (
+                "PRODUCER_FENCED",
+                producer_fenced(ErrorCode::ProducerFenced),
+                K::ProducerFenced,
+                R::Rejoin,
+                false,
+            ),
+            (
+                "INVALID_PRODUCER_EPOCH",
+                producer_fenced(ErrorCode::InvalidProducerEpoch),
+                K::ProducerFenced,
+                R::Rejoin,
+                false,
+            ),
+            (
+                "defunct after PRODUCER_FENCED",
+                ProducerError::Defunct {
+                    cause: Arc::new(producer_fenced(ErrorCode::ProducerFenced)),
+                },
+                K::ProducerFenced,
+                R::Rejoin,
+                false,
+            ),
+            (
+                "fatal class",
+                broker(ErrorClass::Fatal),
+                K::Fatal,
+                R::Stop,
+                false,
+            ),
+            ("closed", ProducerError::Closed, K::Fatal, R::Stop, false),
+            (
+                "abortable class",
+                broker(ErrorClass::Abortable),
+                K::Aborted,
+                R::Retry,
+                true,
+            ),
+            (
+                "transaction aborted",
+                ProducerError::TransactionAborted,
+                K::Aborted,
+                R::Retry,
+                true,
+            ),
+            (
+                "must abort after an abortable error",
+                ProducerError::MustAbort {
+                    cause: Arc::new(ProducerError::TransactionAborted),
+                },
+                K::Aborted,
+                R::Retry,
+                true,
+            ),
+            (
+                "retriable class",
+                broker(ErrorClass::Retriable),
+                K::Aborted,
+                R::Retry,
+                true,
+            ),
+            (
+                "refused class",
+                broker(ErrorClass::Refused),
+                K::Aborted,
+                R::Retry,
+                true,
+            ),
+            (
+                "outcome unknown class",
+                broker(ErrorClass::OutcomeUnknown),
+                K::OutcomeUnknown,
+                R::RecoverInPlace,
+                false,
+            ),
+            (
+                "commit outcome unknown",
+                ProducerError::CommitOutcomeUnknown {
+                    transactional_id: "t-0".into(),
+                    reason: "timeout".into(),
+                },
+                K::OutcomeUnknown,
+                R::RecoverInPlace,
+                false,
+            ),
+        ];
+        for (name, cause, kind, response, aborts) in rows {
+            assert_eq!(FailureKind::of(&cause), kind, "{name}");
+            assert_eq!(kind.response(), response, "{name}");
+            assert_eq!(kind.aborts(), aborts, "{name}");
+            assert_eq!(kind.closes_store(), !aborts, "{name}");
+            let err = failed(cause);
+            assert_eq!(err.response(), Some(response), "{name}");
+            assert_eq!(err.is_fenced(), kind.is_group_fence(), "{name}");
+            assert_eq!(
+                err.is_producer_fenced(),
+                kind == K::ProducerFenced,
+                "{name}"
+            );
+        }
+        for kind in [
+            K::Fenced,
+            K::Evicted,
+            K::InstanceFenced,
+            K::ProducerFenced,
+            K::Fatal,
+            K::Aborted,
+            K::OutcomeUnknown,
+        ] {
+            assert_eq!(
+                FailureKind::of(&example(kind)),
+                kind,
+                "the scripted example of {kind:?}"
+            );
         }
     }
 
     /// A zombie refused by a newer owner's producer epoch is recognisable as such, and stays distinct from
-    /// the group coordinator's fence.
+    /// the group coordinator's fence; the code behind either is read from the typed source.
     #[test]
     fn the_two_fences_are_told_apart() {
-        let epoch = failed(
-            FailureKind::Fatal,
-            ProducerError::Fenced {
-                transactional_id: "t-0".into(),
-                code: ErrorCode::InvalidProducerEpoch,
-            },
-        );
+        let epoch = failed(ProducerError::Fenced {
+            transactional_id: "t-0".into(),
+            code: ErrorCode::InvalidProducerEpoch,
+        });
         assert!(epoch.is_producer_fenced() && !epoch.is_fenced());
-        let generation = failed(
-            FailureKind::Fenced,
-            ProducerError::CommitFenced {
-                group_id: "g".into(),
-                code: ErrorCode::IllegalGeneration,
-            },
-        );
+        let generation = failed(ProducerError::CommitFenced {
+            group_id: "g".into(),
+            code: ErrorCode::IllegalGeneration,
+        });
         assert!(generation.is_fenced() && !generation.is_producer_fenced());
-        assert!(!failed(FailureKind::Fatal, ProducerError::Closed).is_producer_fenced());
+        assert!(!failed(ProducerError::Closed).is_producer_fenced());
+        let SnapshotError::Transaction { failure, .. } = &generation else {
+            unreachable!()
+        };
+        assert_eq!(failure.fence_code(), Some(ErrorCode::IllegalGeneration));
     }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::task::JoinSet;
 
-use super::error::SnapshotError;
+use super::error::{FailureKind, Response, SnapshotError};
 #[cfg(test)]
 use super::fold_core::{envelope, open_envelope, Opened};
 #[cfg(not(test))]
@@ -302,19 +302,35 @@ pub enum FlowError {
 }
 
 impl FlowError {
-    /// `true` when the group coordinator fenced this owner: it is stale and must stop.
-    pub fn is_fenced(&self) -> bool {
+    /// The class of a failed commit (a snapshot transaction's, or the consumer's fenced offset commit),
+    /// `None` for the other errors. Classified once, by [`FailureKind::of`] and
+    /// [`FailureKind::of_group_fence`].
+    pub fn failure_kind(&self) -> Option<FailureKind> {
         match self {
-            FlowError::Snapshot(e) => e.is_fenced(),
-            FlowError::Consumer(ConsumerError::CommitFenced { .. }) => true,
-            _ => false,
+            FlowError::Snapshot(e) => e.failure_kind(),
+            FlowError::Consumer(ConsumerError::CommitFenced { code, .. }) => {
+                Some(FailureKind::of_group_fence(*code))
+            }
+            _ => None,
         }
+    }
+
+    /// What the runtime does about this error ([`FailureKind::response`]), `None` when it is not a
+    /// failed commit.
+    pub fn response(&self) -> Option<Response> {
+        self.failure_kind().map(FailureKind::response)
+    }
+
+    /// `true` when the group coordinator fenced this owner's commit: nothing of it landed, and this
+    /// owner is stale (see [`FlowError::response`] for whether it may recover in place).
+    pub fn is_fenced(&self) -> bool {
+        self.failure_kind().is_some_and(FailureKind::is_group_fence)
     }
 
     /// `true` when the partition's producer was fenced by a newer epoch on its transactional id (see
     /// [`SnapshotError::is_producer_fenced`]): this owner must stop writing the partition.
     pub fn is_producer_fenced(&self) -> bool {
-        matches!(self, FlowError::Snapshot(e) if e.is_producer_fenced())
+        self.failure_kind() == Some(FailureKind::ProducerFenced)
     }
 }
 
@@ -576,7 +592,7 @@ where
     let mut first_err = None;
     while let Some(joined) = set.join_next().await {
         let result = joined.unwrap_or_else(|e| {
-            Err(SnapshotError::Io {
+            Err(SnapshotError::PartitionTask {
                 partition: partitions.get(&e.id()).copied().unwrap_or(-1),
                 source: Arc::new(e),
             }
@@ -645,7 +661,7 @@ impl<F: Fold> Shared<F> {
     /// The offset `tp` is assigned at, and whether the group had none committed (then the caller commits
     /// it, see [`FlowConfig`]): the group's committed offset, else per `initial_offset`. This is the
     /// only place that decides where a partition without a committed offset starts.
-    async fn assigned_offset(&self, tp: &TopicPartition) -> Result<(i64, bool), FlowError> {
+    async fn assigned_offset(&self, tp: &TopicPartition) -> Result<(i64, bool), ConsumerError> {
         let committed = committed_offsets(
             &self.client,
             &self.config.consumer.group.group_id,
@@ -664,8 +680,7 @@ impl<F: Fold> Shared<F> {
                     _ => {
                         return Err(ConsumerError::NoCommittedOffset {
                             partition: tp.clone(),
-                        }
-                        .into())
+                        })
                     }
                 };
                 let offset = list_offsets(
@@ -693,7 +708,7 @@ impl<F: Fold> Shared<F> {
         config.client_id = format!("{}-p{partition}", config.client_id);
         Client::connect(config)
             .await
-            .map_err(|e| SnapshotError::Io {
+            .map_err(|e| SnapshotError::Net {
                 partition,
                 source: Arc::new(e),
             })
@@ -721,7 +736,7 @@ impl<F: Fold> Shared<F> {
                     let (offset, was_fresh) =
                         self.assigned_offset(tp)
                             .await
-                            .map_err(|e| SnapshotError::Io {
+                            .map_err(|e| SnapshotError::Consumer {
                                 partition,
                                 source: Arc::new(e),
                             })?;

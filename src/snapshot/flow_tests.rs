@@ -50,10 +50,7 @@ impl TransactionRunner for FakeRunner {
         tokio::time::sleep(self.delay).await;
         self.transactions.fetch_add(1, Ordering::Relaxed);
         if self.fenced {
-            return Err(TxnFailure::new(
-                FailureKind::Fenced,
-                std::io::Error::other("ILLEGAL_GENERATION"),
-            ));
+            return Err(TxnFailure::scripted(FailureKind::Fenced));
         }
         Ok(())
     }
@@ -122,6 +119,89 @@ async fn a_fenced_partition_does_not_stop_the_others() {
         persist_lane(&Count, &stale).await.is_ok(),
         "nothing more to write"
     );
+}
+
+/// A fenced transaction's error reaches the flow with its producer error typed: readable as a
+/// `ProducerError` field, and on the `source()` chain, with no downcast anywhere.
+#[tokio::test]
+async fn a_fence_keeps_its_typed_cause_up_to_the_flow() {
+    use crate::producer::ProducerError;
+    use crate::wire::ErrorCode;
+    use std::error::Error as _;
+
+    let (stale, _) = lane(1, Duration::from_millis(1), true, 3);
+    let err = persist_all(&[stale], 8).await.unwrap_err();
+    assert!(err.is_fenced() && !err.is_producer_fenced(), "{err}");
+    let FlowError::Snapshot(SnapshotError::Transaction { failure, .. }) = &err else {
+        panic!("not a failed transaction: {err:?}");
+    };
+    let cause: &ProducerError = &failure.source;
+    assert!(
+        matches!(
+            cause,
+            ProducerError::CommitFenced {
+                code: ErrorCode::IllegalGeneration,
+                ..
+            }
+        ),
+        "{cause:?}"
+    );
+    assert_eq!(failure.fence_code(), Some(ErrorCode::IllegalGeneration));
+    // FlowError -> (transparent) SnapshotError -> TxnFailure -> ProducerError.
+    let mut chain = Vec::new();
+    let mut next = err.source();
+    while let Some(e) = next {
+        chain.push(e.to_string());
+        next = e.source();
+    }
+    assert_eq!(chain, [failure.to_string(), cause.to_string()]);
+    assert!(chain[1].contains("ILLEGAL_GENERATION"), "{chain:?}");
+    assert_eq!(
+        err.response(),
+        Some(crate::snapshot::Response::RecoverInPlace)
+    );
+}
+
+/// The consumer's fenced offset commit is classified by the same table as the transaction's.
+#[test]
+fn the_consumers_fence_reads_the_same_table() {
+    use crate::snapshot::Response;
+    use crate::wire::ErrorCode;
+    for (code, kind, response) in [
+        (
+            ErrorCode::IllegalGeneration,
+            FailureKind::Fenced,
+            Response::RecoverInPlace,
+        ),
+        (
+            ErrorCode::StaleMemberEpoch,
+            FailureKind::Fenced,
+            Response::RecoverInPlace,
+        ),
+        (
+            ErrorCode::UnknownMemberId,
+            FailureKind::Evicted,
+            Response::Rejoin,
+        ),
+        (
+            ErrorCode::FencedInstanceId,
+            FailureKind::InstanceFenced,
+            Response::Stop,
+        ),
+    ] {
+        let err = FlowError::Consumer(ConsumerError::CommitFenced {
+            group: "g".into(),
+            code,
+        });
+        assert_eq!(err.failure_kind(), Some(kind), "{code}");
+        assert_eq!(err.response(), Some(response), "{code}");
+        assert!(err.is_fenced() && !err.is_producer_fenced(), "{code}");
+    }
+    let other = FlowError::Consumer(ConsumerError::NoCommittedOffset {
+        partition: TopicPartition::new("in", 0),
+    });
+    assert_eq!(other.response(), None);
+    assert!(!other.is_fenced());
 }
 
 /// Folding into a partition while its wave is in flight is not blocked by the wave, and a slow partition

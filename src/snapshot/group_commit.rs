@@ -426,7 +426,7 @@ async fn transaction<R: TransactionRunner>(
         }
         Err(f) => f,
     };
-    if matches!(failure.kind, FailureKind::Fenced | FailureKind::Aborted) {
+    if failure.kind.aborts() {
         // Nothing of the transaction may land: abort it. If the abort itself fails the producer's state is
         // unknown, so the failure is escalated and the queue closes.
         if let Err(abort) = runner.abort().await {
@@ -482,11 +482,17 @@ async fn produce<R: TransactionRunner>(
     Ok(Ok(()))
 }
 
+/// A failed abort leaves the producer in an unknown state: fatal, unless the abort was refused because a
+/// newer producer epoch fenced this one (then the newer owner is the news).
 fn escalate(partition: i32, abort: TxnFailure) -> SnapshotError {
+    let kind = match abort.kind {
+        FailureKind::ProducerFenced => FailureKind::ProducerFenced,
+        _ => FailureKind::Fatal,
+    };
     SnapshotError::Transaction {
         partition,
         failure: TxnFailure {
-            kind: FailureKind::Fatal,
+            kind,
             source: abort.source,
         },
     }
@@ -603,7 +609,7 @@ mod tests {
                 panic!("scripted panic in commit");
             }
             match self.script.lock().unwrap().pop_front().flatten() {
-                Some(kind) => Err(TxnFailure::new(kind, "scripted failure")),
+                Some(kind) => Err(TxnFailure::scripted(kind)),
                 None => Ok(()),
             }
         }
@@ -611,10 +617,7 @@ mod tests {
         async fn abort(&mut self) -> Result<(), TxnFailure> {
             self.record(Call::Abort);
             if self.abort_fails {
-                return Err(TxnFailure::new(
-                    FailureKind::Aborted,
-                    "scripted abort failure",
-                ));
+                return Err(TxnFailure::scripted(FailureKind::Aborted));
             }
             Ok(())
         }

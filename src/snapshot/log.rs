@@ -52,7 +52,7 @@ impl PartitionLog {
         offsets
             .get(&self.partition)
             .copied()
-            .ok_or_else(|| format!("no offset returned for {}", self.partition).into())
+            .ok_or_else(|| LogError::NoOffset(self.partition.clone()))
     }
 }
 

@@ -27,7 +27,7 @@ mod state;
 mod store;
 mod topic;
 
-pub use error::{FailureKind, SnapshotError, StallDiagnosis, TxnFailure};
+pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure};
 pub use flow::{
     BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, PersistenceMode, SystemClock,
 };

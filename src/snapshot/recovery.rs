@@ -25,8 +25,17 @@ use tokio::time::Instant;
 use super::error::{SnapshotError, StallDiagnosis};
 use super::state::RecoveredState;
 
-/// A boxed error from the layer that reads the log.
-pub type LogError = Box<dyn std::error::Error + Send + Sync>;
+/// Why reading the snapshot log failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// The consumer's read or offset lookup failed.
+    #[error(transparent)]
+    Consumer(#[from] crate::consumer::ConsumerError),
+    /// The broker's offset answer left the partition out.
+    #[error("no offset returned for {0}")]
+    NoOffset(crate::producer::TopicPartition),
+}
 
 /// What one read_committed fetch delivered.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -136,9 +145,9 @@ pub async fn read_to_target<L: SnapshotLog>(
     config: &RecoveryConfig,
     mut fold: impl FnMut(&[u8], Option<&[u8]>),
 ) -> Result<RecoveryStats, SnapshotError> {
-    let io = |e: LogError| SnapshotError::Io {
+    let io = |e: LogError| SnapshotError::Read {
         partition,
-        source: e.into(),
+        source: std::sync::Arc::new(e),
     };
     let began = Instant::now();
     let target = log.high_watermark().await.map_err(io)?;
@@ -332,7 +341,9 @@ mod tests {
             let mut w = self.0.lock().unwrap();
             w.hw_reads += 1;
             if w.fail_hw_after.is_some_and(|n| w.hw_reads > n) {
-                return Err("broker unreachable".into());
+                return Err(LogError::Consumer(crate::consumer::ConsumerError::Net(
+                    crate::net::NetError::Config("broker unreachable".into()),
+                )));
             }
             Ok(w.hw)
         }

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use super::error::{FailureKind, TxnFailure};
+use super::error::TxnFailure;
 use super::group_commit::{SnapshotWrite, TransactionRunner};
 use crate::producer::{
-    Delivery, ErrorClass, ProducerError, ProducerRecord, TopicPartition, TransactionalProducer,
+    Delivery, ProducerError, ProducerRecord, TopicPartition, TransactionalProducer,
 };
 use crate::GroupMetadata;
 
@@ -61,19 +61,9 @@ impl ProducerRunner {
     }
 }
 
-fn kind_of(e: &ProducerError) -> FailureKind {
-    if e.is_commit_fenced() {
-        return FailureKind::Fenced;
-    }
-    match e.class() {
-        ErrorClass::Fatal => FailureKind::Fatal,
-        ErrorClass::OutcomeUnknown => FailureKind::OutcomeUnknown,
-        _ => FailureKind::Aborted,
-    }
-}
-
+/// Classifies with the one mapping, [`FailureKind::of`](super::FailureKind::of).
 fn failure(e: ProducerError) -> TxnFailure {
-    TxnFailure::new(kind_of(&e), e)
+    TxnFailure::from(e)
 }
 
 impl TransactionRunner for ProducerRunner {
@@ -121,6 +111,8 @@ impl TransactionRunner for ProducerRunner {
         self.producer
             .abort()
             .await
-            .map_err(|e| TxnFailure::new(FailureKind::Fatal, e))
+            // Classified like any other failure; the group commit escalates a failed abort (see
+            // `escalate`).
+            .map_err(failure)
     }
 }

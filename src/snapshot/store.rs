@@ -191,10 +191,7 @@ impl SnapshotStore {
         txn.producer = config.producer.clone();
         let producer = TransactionalProducer::init(client, txn)
             .await
-            .map_err(|e| SnapshotError::Io {
-                partition,
-                source: Arc::new(e),
-            })?;
+            .map_err(|source| SnapshotError::Acquire { partition, source })?;
         let acquired_in = began.elapsed();
         tracing::info!(
             partition,

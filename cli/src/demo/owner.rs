@@ -34,7 +34,6 @@ use snapfence::consumer::ConsumerError;
 use snapfence::net::{Client, ClientConfig};
 
 use crate::security::SecurityArgs;
-use snapfence::producer::ProducerError;
 use snapfence::snapshot::{Flow, FlowError, SnapshotError};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -102,14 +101,12 @@ impl Fence {
     /// Which fence refused `e`, and the broker's error code when there is one.
     fn of(e: &FlowError) -> (Fence, Option<&'static str>) {
         if let FlowError::Snapshot(SnapshotError::Transaction { failure, .. }) = e {
-            match failure.source.downcast_ref::<ProducerError>() {
-                Some(ProducerError::CommitFenced { code, .. }) => {
-                    return (Fence::Generation, Some(code.name()))
-                }
-                Some(ProducerError::Fenced { code, .. }) => {
-                    return (Fence::ProducerEpoch, Some(code.name()))
-                }
-                _ => {}
+            let code = failure.fence_code().map(|c| c.name());
+            if e.is_fenced() {
+                return (Fence::Generation, code);
+            }
+            if e.is_producer_fenced() {
+                return (Fence::ProducerEpoch, code);
             }
         }
         if let FlowError::Consumer(ConsumerError::CommitFenced { code, .. }) = e {

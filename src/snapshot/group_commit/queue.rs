@@ -54,7 +54,7 @@
 use std::collections::VecDeque;
 
 use super::SnapshotWrite;
-use crate::snapshot::error::{FailureKind, SnapshotError};
+use crate::snapshot::error::SnapshotError;
 
 /// What the driver does next in the open transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -376,12 +376,7 @@ impl<T> Queue<T> {
 /// Whether a transaction failure leaves the producer unusable, so the queue must close.
 fn closes(err: &SnapshotError) -> bool {
     match err {
-        SnapshotError::Transaction { failure, .. } => {
-            matches!(
-                failure.kind,
-                FailureKind::Fatal | FailureKind::OutcomeUnknown
-            )
-        }
+        SnapshotError::Transaction { failure, .. } => failure.kind.closes_store(),
         SnapshotError::DrainDied { .. } | SnapshotError::Closed { .. } => true,
         _ => false,
     }
@@ -390,7 +385,7 @@ fn closes(err: &SnapshotError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::error::TxnFailure;
+    use crate::snapshot::error::{FailureKind, TxnFailure};
     use bytes::Bytes;
     use std::collections::BTreeMap;
 
@@ -406,7 +401,7 @@ mod tests {
     fn failed(kind: FailureKind) -> SnapshotError {
         SnapshotError::Transaction {
             partition: 0,
-            failure: TxnFailure::new(kind, "scripted"),
+            failure: TxnFailure::scripted(kind),
         }
     }
 
