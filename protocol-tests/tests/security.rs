@@ -584,7 +584,7 @@ mod tls {
 
     async fn topic(client: &Client) -> String {
         let t = unique("sec-tls");
-        snapfence::admin::create_topic(&client, &t, 1, -1, &[])
+        snapfence::admin::create_topic(client, &t, 1, -1, &[])
             .await
             .unwrap();
         t
