@@ -671,10 +671,18 @@ pub(crate) mod recording {
 
 /// A tracing layer that keeps every event with the fields of the spans it happened in, for tests that
 /// check a log line is printed (and in which span).
+///
+/// It is installed once as the test binary's global subscriber and keeps what happens on a thread only
+/// while a [`capture`] runs there. Why not a scoped subscriber per test (`with_default`): tracing caches
+/// per call site whether anyone listens, and a call site first reached on another test's thread while no
+/// scoped subscriber exists yet can be cached as "nobody" just as a capture starts, and then a line the
+/// capture expects is never emitted (seen with two capturing tests running in parallel). With a global
+/// subscriber every call site is always listened to.
 #[cfg(test)]
 pub(crate) mod capture {
+    use std::cell::RefCell;
     use std::collections::BTreeMap;
-    use std::sync::{Arc, Mutex};
+    use std::sync::{Arc, Mutex, Once};
 
     use tracing::field::{Field, Visit};
     use tracing::span::{Attributes, Id, Record};
@@ -742,7 +750,12 @@ pub(crate) mod capture {
 
     struct SpanFields(Fields);
 
-    struct Capture(Captured);
+    thread_local! {
+        /// Where this thread's events go while a capture runs on it.
+        static ACTIVE: RefCell<Option<Captured>> = const { RefCell::new(None) };
+    }
+
+    struct Capture;
 
     impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
         fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
@@ -764,6 +777,9 @@ pub(crate) mod capture {
         }
 
         fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            let Some(captured) = ACTIVE.with(|a| a.borrow().clone()) else {
+                return;
+            };
             let mut v = Visitor::default();
             event.record(&mut v);
             let spans = ctx
@@ -781,7 +797,7 @@ pub(crate) mod capture {
                         .collect()
                 })
                 .unwrap_or_default();
-            self.0 .0.lock().unwrap().push(Line {
+            captured.0.lock().unwrap().push(Line {
                 level: *event.metadata().level(),
                 fields: v.0,
                 spans,
@@ -790,11 +806,24 @@ pub(crate) mod capture {
     }
 
     /// Runs `f` with every event of this thread captured (all levels), and returns what it printed.
+    /// Tasks `f` runs on a current-thread runtime are on this thread too.
     pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, Captured) {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            let subscriber = tracing_subscriber::registry().with(Capture);
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("nothing else in the test binary installs a global subscriber");
+        });
         let captured = Captured::default();
-        let subscriber = tracing_subscriber::registry().with(Capture(captured.clone()));
-        let out = tracing::subscriber::with_default(subscriber, f);
-        (out, captured)
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                ACTIVE.with(|a| *a.borrow_mut() = None);
+            }
+        }
+        ACTIVE.with(|a| *a.borrow_mut() = Some(captured.clone()));
+        let _reset = Reset;
+        (f(), captured)
     }
 }
 
