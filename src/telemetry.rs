@@ -480,9 +480,54 @@ impl RecoveryMetrics {
     }
 }
 
-/// The lag gauge of one partition a reader fetches, registered on its first fetch answer.
-pub(crate) fn lag_gauge(topic: &str, partition: i32) -> Gauge {
-    metrics::gauge!(CONSUMER_LAG.name, "topic" => topic.to_owned(), "partition" => partition.to_string())
+/// A rebalance event (`assign`, `revoke`, `lost`) of `group` was handed to the listener; the member
+/// now holds `held` partitions.
+pub(crate) fn rebalance_event(group: &str, event: &'static str, held: usize) {
+    metrics::counter!(REBALANCES.name, "group" => group.to_owned(), "event" => event).increment(1);
+    metrics::gauge!(ASSIGNED_PARTITIONS.name, "group" => group.to_owned()).set(held as f64);
+}
+
+/// A member of `group` got partitions again after holding none for `unassigned`.
+pub(crate) fn assigned_after(group: &str, unassigned: Duration) {
+    metrics::histogram!(UNASSIGNED.name, "group" => group.to_owned())
+        .record(unassigned.as_secs_f64());
+}
+
+/// The group metadata of `group` was published with a new generation or member epoch.
+pub(crate) fn generation_changed(group: &str) {
+    metrics::counter!(GENERATION_CHANGES.name, "group" => group.to_owned()).increment(1);
+}
+
+/// The lag gauges of the partitions one reader fetches, each registered on its partition's first fetch
+/// answer (a reader answers many fetches a second; the labels are built once).
+#[derive(Default)]
+pub(crate) struct LagGauges(std::collections::HashMap<crate::net::TopicPartition, Gauge>);
+
+impl std::fmt::Debug for LagGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl LagGauges {
+    /// `tp` is `lag` offsets behind the end its reader may read to.
+    pub(crate) fn set(&mut self, tp: &crate::net::TopicPartition, lag: i64) {
+        self.0
+            .entry(tp.clone())
+            .or_insert_with(|| {
+                metrics::gauge!(
+                    CONSUMER_LAG.name,
+                    "topic" => tp.topic.to_string(),
+                    "partition" => tp.partition.to_string()
+                )
+            })
+            .set(lag.max(0) as f64);
+    }
+
+    /// The reader stopped reading `tp`: its handle goes (the exporter keeps the last value).
+    pub(crate) fn forget(&mut self, tp: &crate::net::TopicPartition) {
+        self.0.remove(tp);
+    }
 }
 
 /// API keys below this get a latency handle of their own; anything else shares `unknown`.
