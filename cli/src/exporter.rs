@@ -34,6 +34,10 @@ const SECONDS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0,
 ];
+/// Bucket bounds of `_writes` histograms (writes per transaction): powers of two up to 4096.
+const COUNTS: &[f64] = &[
+    0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
 /// Bucket bounds of any other histogram (sizes): powers of four from 64 bytes to 64 MiB.
 const SIZES: &[f64] = &[
     64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0,
@@ -98,6 +102,8 @@ impl HistogramCell {
     fn new(name: &str) -> HistogramCell {
         let bounds = if name.ends_with("_seconds") {
             SECONDS
+        } else if name.ends_with("_writes") {
+            COUNTS
         } else {
             SIZES
         };
@@ -134,7 +140,7 @@ impl Series {
 }
 
 /// A metric's label pairs, in the order they were given.
-type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
 /// Everything recorded in this process, by name and then by label set.
 #[derive(Default)]
@@ -167,6 +173,21 @@ impl Registry {
 
     fn describe(&self, key: KeyName, help: SharedString) {
         lock(&self.help).insert(key.as_str().to_owned(), help.to_string());
+    }
+
+    /// Every series of the counter `name` recorded so far, with its value.
+    pub(crate) fn counter_values(&self, name: &str) -> Vec<(Labels, u64)> {
+        let series = lock(&self.series);
+        let Some(by_labels) = series.get(name) else {
+            return Vec::new();
+        };
+        by_labels
+            .iter()
+            .filter_map(|(labels, s)| match s {
+                Series::Counter(c) => Some((labels.clone(), c.0.load(Ordering::Relaxed))),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The text exposition format of everything recorded so far.
