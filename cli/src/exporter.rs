@@ -498,6 +498,34 @@ mod tests {
         );
     }
 
+    /// A count histogram (writes per transaction) gets buckets for counts, starting at 0 (an
+    /// offset-only transaction), not the byte sizes' 64 and up; counter values are read back by name,
+    /// one per label set.
+    #[test]
+    fn count_histograms_and_counter_values() {
+        let registry = Arc::new(Registry::default());
+        let r = Installed(registry.clone());
+        let meta = Metadata::new("t", metrics::Level::INFO, None);
+        let h = r.register_histogram(&key("x_writes", &[]), &meta);
+        h.record(0.0);
+        h.record(3.0);
+        let text = registry.render();
+        assert!(text.contains("x_writes_bucket{le=\"0\"} 1\n"), "{text}");
+        assert!(text.contains("x_writes_bucket{le=\"4\"} 2\n"), "{text}");
+        for (labels, n) in [
+            (&[("class", "fatal")][..], 2),
+            (&[("class", "abortable")][..], 5),
+        ] {
+            r.register_counter(&key("x_total", labels), &meta)
+                .increment(n);
+        }
+        let mut values = registry.counter_values("x_total");
+        values.sort();
+        let class = |v: &str| vec![("class".to_owned(), v.to_owned())];
+        assert_eq!(values, vec![(class("abortable"), 5), (class("fatal"), 2)]);
+        assert!(registry.counter_values("missing_total").is_empty());
+    }
+
     /// A scrape over a real socket gets the rendered text; anything else gets a 404.
     #[tokio::test]
     async fn serves_metrics_over_http() {
