@@ -1,6 +1,7 @@
 //! What snapfence's metrics and spans say about real transactions on a real broker: a fenced write is
 //! counted under the fence of its kind and the abort of its class, a committed one as a commit, a
-//! recovery read under its keys and bytes, and each transaction's span names its producer.
+//! recovery read under its keys and bytes, a member's first join as one assignment and one generation,
+//! and each transaction's span names its producer.
 //!
 //! The test runs on a current-thread runtime with a recorder installed for its thread only
 //! (`metrics::with_local_recorder`), so every task it spawns records into that recorder and no other
@@ -199,7 +200,7 @@ fn fences_aborts_commits_and_recovery_are_counted() {
     let spans = Spans::default();
     let subscriber = tracing_subscriber::registry().with(spans.clone());
     let prefix = unique("txn");
-    tracing::subscriber::with_default(subscriber, || {
+    let group = tracing::subscriber::with_default(subscriber, || {
         metrics::with_local_recorder(&rec, || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -241,6 +242,22 @@ fn fences_aborts_commits_and_recovery_are_counted() {
     );
     assert_eq!(rec.samples("snapfence_recovery_duration_seconds", &p), 1);
 
+    // The member that joined once: one assignment handed to its (empty) listener, one generation.
+    let event = |e| {
+        rec.counter(
+            "snapfence_consumer_rebalance_events_total",
+            &[("group", group.as_str()), ("event", e)],
+        )
+    };
+    assert_eq!((event("assign"), event("revoke"), event("lost")), (1, 0, 0));
+    assert_eq!(
+        rec.counter(
+            "snapfence_consumer_generation_changes_total",
+            &[("group", group.as_str())]
+        ),
+        1
+    );
+
     let spans = spans.0.lock().unwrap();
     assert_eq!(spans.len(), 4, "one span per transaction: {spans:?}");
     for s in spans.iter() {
@@ -259,7 +276,8 @@ fn fences_aborts_commits_and_recovery_are_counted() {
     }
 }
 
-async fn scenario(prefix: &str) {
+/// Runs the story; returns the consumer group's name.
+async fn scenario(prefix: &str) -> String {
     let kafka = cluster(ClusterSpec::kafka4()).await;
     let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
         .await
@@ -331,4 +349,5 @@ async fn scenario(prefix: &str) {
     let (state, _) = recover(&mut log, 0, &cfg).await.unwrap();
     assert_eq!(state.get(b("k")), Some(&*b("live")));
     drop(member);
+    group
 }
