@@ -22,6 +22,7 @@ use std::time::Duration;
 use metrics::{Counter, Gauge, Histogram, Unit};
 
 use crate::net::ConnectionFailure;
+use crate::snapshot::FailureKind;
 
 /// What kind of metric a name is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +63,7 @@ impl Metric {
             Some(Unit::Seconds)
         } else if self.name.ends_with("_bytes_total") || self.name.ends_with("_bytes") {
             Some(Unit::Bytes)
-        } else if self.kind == Kind::Counter {
+        } else if self.kind == Kind::Counter || self.name.ends_with("_writes") {
             Some(Unit::Count)
         } else {
             None
@@ -135,6 +136,148 @@ pub(crate) const AUTHENTICATION_FAILURES: Metric = Metric {
     help: "SASL logins refused by the broker or failed by the client, per mechanism",
 };
 
+// ---- the transactional producer -----------------------------------------------------------------
+
+pub(crate) const CONCURRENT_TRANSACTIONS_RETRIES: Metric = Metric {
+    name: "snapfence_concurrent_transactions_retries_total",
+    kind: Kind::Counter,
+    labels: &["api"],
+    help: "Transaction requests answered CONCURRENT_TRANSACTIONS (the coordinator still busy with the transactional id) and retried, per Kafka API",
+};
+
+// ---- snapshot transactions (the group commit) ---------------------------------------------------
+
+pub(crate) const TRANSACTION_DURATION: Metric = Metric {
+    name: "snapfence_transaction_duration_seconds",
+    kind: Kind::Histogram,
+    labels: &["partition"],
+    help:
+        "Snapshot transactions from begin to outcome, committed or failed, per snapshot partition",
+};
+
+pub(crate) const TRANSACTION_WRITES: Metric = Metric {
+    name: "snapfence_transaction_writes",
+    kind: Kind::Histogram,
+    labels: &["partition"],
+    help: "Snapshot writes each begun transaction carried (0 for an offset-only transaction)",
+};
+
+pub(crate) const TRANSACTIONS_COMMITTED: Metric = Metric {
+    name: "snapfence_transactions_committed_total",
+    kind: Kind::Counter,
+    labels: &["partition"],
+    help: "Snapshot transactions committed, their input offset commit included",
+};
+
+pub(crate) const TRANSACTIONS_ABORTED: Metric = Metric {
+    name: "snapfence_transactions_aborted_total",
+    kind: Kind::Counter,
+    labels: &["partition", "class"],
+    help: "Snapshot transactions that failed after they began; class: abortable (aborted, the store goes on), fatal (the store closes), outcome_unknown (a commit went unanswered: it may have landed)",
+};
+
+pub(crate) const TRANSACTION_FENCES: Metric = Metric {
+    name: "snapfence_transaction_fences_total",
+    kind: Kind::Counter,
+    labels: &["partition", "kind"],
+    help: "Snapshot transactions refused by a fence; kind: generation (stale generation or member epoch), member (unknown or replaced member), producer_epoch (a newer producer owns the transactional id)",
+};
+
+pub(crate) const GROUP_COMMIT_QUEUED: Metric = Metric {
+    name: "snapfence_group_commit_queued_writes",
+    kind: Kind::Gauge,
+    labels: &["partition"],
+    help: "Snapshot writes queued and not yet taken into a transaction",
+};
+
+pub(crate) const GROUP_COMMIT_WAIT: Metric = Metric {
+    name: "snapfence_group_commit_queue_wait_seconds",
+    kind: Kind::Histogram,
+    labels: &["partition"],
+    help: "Time a snapshot write waited in the queue before a transaction took it",
+};
+
+// ---- the recovery read --------------------------------------------------------------------------
+
+pub(crate) const RECOVERY_DURATION: Metric = Metric {
+    name: "snapfence_recovery_duration_seconds",
+    kind: Kind::Histogram,
+    labels: &["partition"],
+    help: "Completed recovery reads, from capturing the target to reaching it",
+};
+
+pub(crate) const RECOVERY_BYTES: Metric = Metric {
+    name: "snapfence_recovery_read_bytes_total",
+    kind: Kind::Counter,
+    labels: &["partition"],
+    help: "Key and value bytes of the records recovery reads folded",
+};
+
+pub(crate) const RECOVERY_KEYS: Metric = Metric {
+    name: "snapfence_recovery_read_keys_total",
+    kind: Kind::Counter,
+    labels: &["partition"],
+    help: "Keyed records (snapshots and tombstones) recovery reads folded",
+};
+
+pub(crate) const RECOVERY_WAITED: Metric = Metric {
+    name: "snapfence_recovery_waited_total",
+    kind: Kind::Counter,
+    labels: &["partition"],
+    help: "Recovery reads that began with the last stable offset below their target, so they waited for open transactions",
+};
+
+pub(crate) const RECOVERY_LSO_GAP: Metric = Metric {
+    name: "snapfence_recovery_start_lso_gap",
+    kind: Kind::Gauge,
+    labels: &["partition"],
+    help: "High watermark minus last stable offset when the latest recovery read of the partition began",
+};
+
+pub(crate) const RECOVERY_STALLS: Metric = Metric {
+    name: "snapfence_recovery_stalls_total",
+    kind: Kind::Counter,
+    labels: &["partition"],
+    help: "Times a recovery read made no progress for its progress interval (5 s by default), counted once per stall",
+};
+
+// ---- the consumer -------------------------------------------------------------------------------
+
+pub(crate) const CONSUMER_LAG: Metric = Metric {
+    name: "snapfence_consumer_lag",
+    kind: Kind::Gauge,
+    labels: &["topic", "partition"],
+    help: "Offsets between a partition reader's position and the end it may read to (the last stable offset at read_committed, the high watermark otherwise), as of its latest fetch",
+};
+
+pub(crate) const REBALANCES: Metric = Metric {
+    name: "snapfence_consumer_rebalance_events_total",
+    kind: Kind::Counter,
+    labels: &["group", "event"],
+    help: "Rebalance events handed to the listener; event: assign, revoke, lost",
+};
+
+pub(crate) const GENERATION_CHANGES: Metric = Metric {
+    name: "snapfence_consumer_generation_changes_total",
+    kind: Kind::Counter,
+    labels: &["group"],
+    help: "Times the published group metadata moved to a new generation (classic) or member epoch (KIP-848), the first join included",
+};
+
+pub(crate) const ASSIGNED_PARTITIONS: Metric = Metric {
+    name: "snapfence_consumer_assigned_partitions",
+    kind: Kind::Gauge,
+    labels: &["group"],
+    help: "Partitions the application holds: assigned, and not yet revoked or lost",
+};
+
+pub(crate) const UNASSIGNED: Metric = Metric {
+    name: "snapfence_consumer_unassigned_seconds",
+    kind: Kind::Histogram,
+    labels: &["group"],
+    help: "Periods a member held no partition, from subscribing or losing its last one to its next assignment",
+};
+
 /// Every metric snapfence records. A metric recorded anywhere is listed here and in `docs/metrics.md`.
 pub(crate) const ALL: &[Metric] = &[
     REQUEST_DURATION,
@@ -146,6 +289,25 @@ pub(crate) const ALL: &[Metric] = &[
     SENT_BYTES,
     RECEIVED_BYTES,
     AUTHENTICATION_FAILURES,
+    CONCURRENT_TRANSACTIONS_RETRIES,
+    TRANSACTION_DURATION,
+    TRANSACTION_WRITES,
+    TRANSACTIONS_COMMITTED,
+    TRANSACTIONS_ABORTED,
+    TRANSACTION_FENCES,
+    GROUP_COMMIT_QUEUED,
+    GROUP_COMMIT_WAIT,
+    RECOVERY_DURATION,
+    RECOVERY_BYTES,
+    RECOVERY_KEYS,
+    RECOVERY_WAITED,
+    RECOVERY_LSO_GAP,
+    RECOVERY_STALLS,
+    CONSUMER_LAG,
+    REBALANCES,
+    GENERATION_CHANGES,
+    ASSIGNED_PARTITIONS,
+    UNASSIGNED,
 ];
 
 /// Tells the installed recorder the unit and description of every metric snapfence records, so an
@@ -193,6 +355,178 @@ pub(crate) fn count(metric: &Metric, label: Option<&'static str>) {
     match (metric.labels.first(), label) {
         (Some(&key), Some(value)) => metrics::counter!(metric.name, key => value).increment(1),
         _ => metrics::counter!(metric.name).increment(1),
+    }
+}
+
+/// The `class` label of [`TRANSACTIONS_ABORTED`] for a failed snapshot transaction: read off the
+/// snapshot layer's own classification ([`FailureKind::aborts`], [`FailureKind::OutcomeUnknown`]), not
+/// a second one. `None` is a transaction aborted for want of group metadata at its seal, which the
+/// producer never saw fail.
+pub(crate) fn abort_class(kind: Option<FailureKind>) -> &'static str {
+    match kind {
+        None => "abortable",
+        Some(k) if k.aborts() => "abortable",
+        Some(FailureKind::OutcomeUnknown) => "outcome_unknown",
+        Some(_) => "fatal",
+    }
+}
+
+/// The `kind` label of [`TRANSACTION_FENCES`], or `None` for a failure that is not a fence. Every
+/// [`FailureKind`] is named, so a new one must be placed here to compile.
+pub(crate) fn fence_kind(kind: FailureKind) -> Option<&'static str> {
+    match kind {
+        FailureKind::Fenced => Some("generation"),
+        FailureKind::Evicted | FailureKind::InstanceFenced => Some("member"),
+        FailureKind::ProducerFenced => Some("producer_epoch"),
+        FailureKind::Fatal | FailureKind::Aborted | FailureKind::OutcomeUnknown => None,
+    }
+}
+
+/// The handles one snapshot partition's group commit records into, registered when the group commit
+/// is built: a transaction ends, and writes are queued and taken, many times a second.
+pub(crate) struct TxnMetrics {
+    partition: String,
+    duration: Histogram,
+    writes: Histogram,
+    committed: Counter,
+    queued: Gauge,
+    wait: Histogram,
+}
+
+impl TxnMetrics {
+    pub(crate) fn new(partition: i32) -> TxnMetrics {
+        let p = partition.to_string();
+        TxnMetrics {
+            duration: metrics::histogram!(TRANSACTION_DURATION.name, "partition" => p.clone()),
+            writes: metrics::histogram!(TRANSACTION_WRITES.name, "partition" => p.clone()),
+            committed: metrics::counter!(TRANSACTIONS_COMMITTED.name, "partition" => p.clone()),
+            queued: metrics::gauge!(GROUP_COMMIT_QUEUED.name, "partition" => p.clone()),
+            wait: metrics::histogram!(GROUP_COMMIT_WAIT.name, "partition" => p.clone()),
+            partition: p,
+        }
+    }
+
+    /// A begun transaction ended after `elapsed`, carrying `writes`: committed (`Ok`), or failed with
+    /// the producer's failure (`Err(Some)`) or for want of group metadata at the seal (`Err(None)`).
+    pub(crate) fn ended(
+        &self,
+        elapsed: Duration,
+        writes: usize,
+        outcome: Result<(), Option<FailureKind>>,
+    ) {
+        self.duration.record(elapsed.as_secs_f64());
+        self.writes.record(writes as f64);
+        let kind = match outcome {
+            Ok(()) => return self.committed.increment(1),
+            Err(kind) => kind,
+        };
+        let p = self.partition.clone();
+        metrics::counter!(TRANSACTIONS_ABORTED.name, "partition" => p, "class" => abort_class(kind))
+            .increment(1);
+        if let Some(fence) = kind.and_then(fence_kind) {
+            let p = self.partition.clone();
+            metrics::counter!(TRANSACTION_FENCES.name, "partition" => p, "kind" => fence)
+                .increment(1);
+        }
+    }
+
+    /// The queue now holds `depth` writes not yet in a transaction.
+    pub(crate) fn queue_depth(&self, depth: usize) {
+        self.queued.set(depth as f64);
+    }
+
+    /// A write waited `waited` before a transaction took it.
+    pub(crate) fn waited(&self, waited: Duration) {
+        self.wait.record(waited.as_secs_f64());
+    }
+}
+
+/// What one recovery read of a snapshot partition saw, recorded when it starts, stalls and ends.
+pub(crate) struct RecoveryMetrics {
+    partition: String,
+}
+
+impl RecoveryMetrics {
+    pub(crate) fn new(partition: i32) -> RecoveryMetrics {
+        RecoveryMetrics {
+            partition: partition.to_string(),
+        }
+    }
+
+    /// The read begins towards `target` with the last stable offset at `lso` (if it could be read).
+    pub(crate) fn started(&self, target: i64, lso: Option<i64>) {
+        let Some(lso) = lso else { return };
+        let gap = (target - lso).max(0);
+        metrics::gauge!(RECOVERY_LSO_GAP.name, "partition" => self.partition.clone())
+            .set(gap as f64);
+        if gap > 0 {
+            metrics::counter!(RECOVERY_WAITED.name, "partition" => self.partition.clone())
+                .increment(1);
+        }
+    }
+
+    /// The read has made no progress for a whole progress interval (once per stall).
+    pub(crate) fn stalled(&self) {
+        metrics::counter!(RECOVERY_STALLS.name, "partition" => self.partition.clone()).increment(1);
+    }
+
+    /// The read reached its target after `elapsed`, having folded `keys` keyed records of `bytes`.
+    pub(crate) fn completed(&self, elapsed: Duration, keys: u64, bytes: u64) {
+        let p = || self.partition.clone();
+        metrics::histogram!(RECOVERY_DURATION.name, "partition" => p())
+            .record(elapsed.as_secs_f64());
+        metrics::counter!(RECOVERY_KEYS.name, "partition" => p()).increment(keys);
+        metrics::counter!(RECOVERY_BYTES.name, "partition" => p()).increment(bytes);
+    }
+}
+
+/// A rebalance event (`assign`, `revoke`, `lost`) of `group` was handed to the listener; the member
+/// now holds `held` partitions.
+pub(crate) fn rebalance_event(group: &str, event: &'static str, held: usize) {
+    metrics::counter!(REBALANCES.name, "group" => group.to_owned(), "event" => event).increment(1);
+    metrics::gauge!(ASSIGNED_PARTITIONS.name, "group" => group.to_owned()).set(held as f64);
+}
+
+/// A member of `group` got partitions again after holding none for `unassigned`.
+pub(crate) fn assigned_after(group: &str, unassigned: Duration) {
+    metrics::histogram!(UNASSIGNED.name, "group" => group.to_owned())
+        .record(unassigned.as_secs_f64());
+}
+
+/// The group metadata of `group` was published with a new generation or member epoch.
+pub(crate) fn generation_changed(group: &str) {
+    metrics::counter!(GENERATION_CHANGES.name, "group" => group.to_owned()).increment(1);
+}
+
+/// The lag gauges of the partitions one reader fetches, each registered on its partition's first fetch
+/// answer (a reader answers many fetches a second; the labels are built once).
+#[derive(Default)]
+pub(crate) struct LagGauges(std::collections::HashMap<crate::net::TopicPartition, Gauge>);
+
+impl std::fmt::Debug for LagGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl LagGauges {
+    /// `tp` is `lag` offsets behind the end its reader may read to.
+    pub(crate) fn set(&mut self, tp: &crate::net::TopicPartition, lag: i64) {
+        self.0
+            .entry(tp.clone())
+            .or_insert_with(|| {
+                metrics::gauge!(
+                    CONSUMER_LAG.name,
+                    "topic" => tp.topic.to_string(),
+                    "partition" => tp.partition.to_string()
+                )
+            })
+            .set(lag.max(0) as f64);
+    }
+
+    /// The reader stopped reading `tp`: its handle goes (the exporter keeps the last value).
+    pub(crate) fn forget(&mut self, tp: &crate::net::TopicPartition) {
+        self.0.remove(tp);
     }
 }
 
@@ -347,7 +681,11 @@ pub(crate) mod recording {
         }
 
         pub(crate) fn gauge(&self, name: &str) -> f64 {
-            self.find(name, &[])
+            self.gauge_at(name, &[])
+        }
+
+        pub(crate) fn gauge_at(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+            self.find(name, labels)
                 .map_or(0.0, |c| *c.gauge.lock().unwrap())
         }
 
@@ -373,6 +711,164 @@ pub(crate) mod recording {
         fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
             Histogram::from_arc(self.cell(key))
         }
+    }
+}
+
+/// A tracing layer that keeps every event with the fields of the spans it happened in, for tests that
+/// check a log line is printed (and in which span).
+///
+/// It is installed once as the test binary's global subscriber and keeps what happens on a thread only
+/// while a [`capture`] runs there. Why not a scoped subscriber per test (`with_default`): tracing caches
+/// per call site whether anyone listens, and a call site first reached on another test's thread while no
+/// scoped subscriber exists yet can be cached as "nobody" just as a capture starts, and then a line the
+/// capture expects is never emitted (seen with two capturing tests running in parallel). With a global
+/// subscriber every call site is always listened to.
+#[cfg(test)]
+pub(crate) mod capture {
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex, Once};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+
+    /// Field name to its value as `Debug` prints it (strings without quotes).
+    pub(crate) type Fields = BTreeMap<String, String>;
+
+    #[derive(Default)]
+    struct Visitor(Fields);
+
+    impl Visit for Visitor {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.insert(field.name().to_owned(), value.to_owned());
+        }
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.insert(field.name().to_owned(), format!("{value:?}"));
+        }
+    }
+
+    /// One captured event.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Line {
+        pub level: Level,
+        /// The event's own fields; the text is under `message`.
+        pub fields: Fields,
+        /// The spans it happened in, innermost first: name and fields as last recorded.
+        pub spans: Vec<(&'static str, Fields)>,
+    }
+
+    impl Line {
+        pub(crate) fn message(&self) -> &str {
+            self.fields.get("message").map_or("", String::as_str)
+        }
+
+        pub(crate) fn field(&self, name: &str) -> Option<&str> {
+            self.fields.get(name).map(String::as_str)
+        }
+
+        /// The fields of the innermost span called `name` around the event.
+        pub(crate) fn span(&self, name: &str) -> Option<&Fields> {
+            self.spans.iter().find(|s| s.0 == name).map(|s| &s.1)
+        }
+    }
+
+    /// What a test captured.
+    #[derive(Clone, Default)]
+    pub(crate) struct Captured(Arc<Mutex<Vec<Line>>>);
+
+    impl Captured {
+        pub(crate) fn lines(&self) -> Vec<Line> {
+            self.0.lock().unwrap().clone()
+        }
+
+        /// The lines whose message contains `text`.
+        pub(crate) fn containing(&self, text: &str) -> Vec<Line> {
+            self.lines()
+                .into_iter()
+                .filter(|l| l.message().contains(text))
+                .collect()
+        }
+    }
+
+    struct SpanFields(Fields);
+
+    thread_local! {
+        /// Where this thread's events go while a capture runs on it.
+        static ACTIVE: RefCell<Option<Captured>> = const { RefCell::new(None) };
+    }
+
+    struct Capture;
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let mut v = Visitor::default();
+            attrs.record(&mut v);
+            if let Some(span) = ctx.span(id) {
+                span.extensions_mut().insert(SpanFields(v.0));
+            }
+        }
+
+        fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+            let Some(span) = ctx.span(id) else { return };
+            let mut ext = span.extensions_mut();
+            if let Some(fields) = ext.get_mut::<SpanFields>() {
+                let mut v = Visitor(std::mem::take(&mut fields.0));
+                values.record(&mut v);
+                fields.0 = v.0;
+            }
+        }
+
+        fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            let Some(captured) = ACTIVE.with(|a| a.borrow().clone()) else {
+                return;
+            };
+            let mut v = Visitor::default();
+            event.record(&mut v);
+            let spans = ctx
+                .event_scope(event)
+                .map(|scope| {
+                    scope
+                        .map(|span| {
+                            let fields = span
+                                .extensions()
+                                .get::<SpanFields>()
+                                .map(|f| f.0.clone())
+                                .unwrap_or_default();
+                            (span.name(), fields)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            captured.0.lock().unwrap().push(Line {
+                level: *event.metadata().level(),
+                fields: v.0,
+                spans,
+            });
+        }
+    }
+
+    /// Runs `f` with every event of this thread captured (all levels), and returns what it printed.
+    /// Tasks `f` runs on a current-thread runtime are on this thread too.
+    pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, Captured) {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            let subscriber = tracing_subscriber::registry().with(Capture);
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("nothing else in the test binary installs a global subscriber");
+        });
+        let captured = Captured::default();
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                ACTIVE.with(|a| *a.borrow_mut() = None);
+            }
+        }
+        ACTIVE.with(|a| *a.borrow_mut() = Some(captured.clone()));
+        let _reset = Reset;
+        (f(), captured)
     }
 }
 
@@ -437,8 +933,11 @@ mod tests {
                 m.name
             );
             if m.kind == Kind::Histogram {
+                // A histogram of a count names what it counts (`_writes`), as a unit.
                 assert!(
-                    m.name.ends_with("_seconds") || m.name.ends_with("_bytes"),
+                    m.name.ends_with("_seconds")
+                        || m.name.ends_with("_bytes")
+                        || m.name.ends_with("_writes"),
                     "{}",
                     m.name
                 );

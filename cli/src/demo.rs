@@ -25,6 +25,7 @@
 //!   `docs/fencing.md`
 
 mod owner;
+mod tally;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -177,6 +178,9 @@ pub(crate) async fn run(
     }
     // Before any broker starts: owner A is this executable, started again.
     let exe = owner::own_executable()?;
+    // Before connecting: the closing summary reads what snapfence's metrics counted. Without a recorder
+    // (another one is installed) the summary says so and the story is the same.
+    let registry = crate::exporter::install().ok();
     let out = &mut *io.out;
     writeln!(
         out,
@@ -211,13 +215,31 @@ pub(crate) async fn run(
             (Some(kafka), bootstrap)
         }
     };
-    let told = tell(&bootstrap, security, &exe, args, local.is_none(), out).await;
+    let told = tell(
+        &bootstrap,
+        security,
+        &exe,
+        args,
+        local.is_none(),
+        registry,
+        out,
+    )
+    .await;
     if let Some(kafka) = local {
         // Dropping the cluster kills the JVM and deletes its data; both block.
         let _ = tokio::task::spawn_blocking(move || drop(kafka)).await;
         writeln!(out, "(the local broker is stopped and its data deleted)\n")?;
     }
     let (fenced, unfenced) = told?;
+    // The verdict stays the last line (CI and scripts read it there).
+    write!(
+        out,
+        "{}",
+        tally::summary(&[
+            ("run 1, fenced", &fenced.tally),
+            ("run 2, unfenced", &unfenced.tally)
+        ])
+    )?;
     verdict(&fenced, &unfenced, out)
 }
 
@@ -270,6 +292,7 @@ async fn tell(
     exe: &std::path::Path,
     args: &DemoArgs,
     users_cluster: bool,
+    registry: Option<std::sync::Arc<crate::exporter::Registry>>,
     out: &mut dyn Write,
 ) -> Result<(Ending, Ending), CliError> {
     let client = Client::connect(security.client_config(ClientConfig {
@@ -289,6 +312,7 @@ async fn tell(
         exe: exe.to_owned(),
         session,
         security: security.clone(),
+        registry,
     };
     writeln!(
         out,
@@ -386,6 +410,8 @@ struct Setting {
     session: Duration,
     /// How owner A's process must connect: as the demo itself does.
     security: SecurityArgs,
+    /// This process's metrics, for the closing summary (`None` if no recorder could be installed).
+    registry: Option<std::sync::Arc<crate::exporter::Registry>>,
 }
 
 /// The names one run uses, apart from every other run on the cluster.
@@ -533,6 +559,8 @@ struct Ending {
     /// A's write after B's takeover.
     late_write: LateWrite,
     rows: Vec<Row>,
+    /// What snapfence's metrics counted during the run.
+    tally: tally::RunTally,
 }
 
 impl Ending {
@@ -795,6 +823,7 @@ impl<'a> Story<'a> {
             "unfenced: plain idempotent snapshot writes, offsets committed by the consumer"
         };
         writeln!(self.out, "== Run {number} of 2, {title} ==")?;
+        let counted_before = self.setting.registry.as_deref().map(tally::TxnTally::read);
         self.say(&format!(
             "Topics: input {} and snapshots {} (compacted), one partition each.",
             self.names.input, self.names.snapshots
@@ -924,6 +953,7 @@ impl<'a> Story<'a> {
                 "B has taken over, and B's snapshot of alice is newer than what A holds.",
             )
             .await?;
+        let owner_a = a.metrics().await;
         // A's process ends here, as a stale owner's does after its fence.
         a.quit().await;
         match &late_write {
@@ -1005,10 +1035,18 @@ impl<'a> Story<'a> {
                 }
             );
         }
+        let here = self
+            .setting
+            .registry
+            .as_deref()
+            .map(tally::TxnTally::read)
+            .zip(counted_before)
+            .map(|(now, before)| now.since(&before));
         let ending = Ending {
             evicted_write,
             late_write,
             rows,
+            tally: tally::RunTally { here, owner_a },
         };
         if ending.correct() {
             table.push_str("Correct: the recovered state equals a fold of all input.");
@@ -1193,11 +1231,13 @@ mod tests {
             evicted_write: None,
             late_write: landed(),
             rows: rows(10),
+            tally: Default::default(),
         };
         let fenced = |evicted, late| Ending {
             evicted_write: Some(evicted),
             late_write: late,
             rows: rows(15),
+            tally: Default::default(),
         };
         let mut out = Vec::new();
         let good = fenced(refused(Fence::Generation), refused(Fence::ProducerEpoch));
@@ -1216,6 +1256,7 @@ mod tests {
             evicted_write: None,
             late_write: landed(),
             rows: rows(15),
+            tally: Default::default(),
         };
         assert!(verdict(&good, &undamaged, &mut Vec::new()).is_err());
     }

@@ -34,6 +34,10 @@ const SECONDS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0,
 ];
+/// Bucket bounds of `_writes` histograms (writes per transaction): powers of two up to 4096.
+const COUNTS: &[f64] = &[
+    0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
 /// Bucket bounds of any other histogram (sizes): powers of four from 64 bytes to 64 MiB.
 const SIZES: &[f64] = &[
     64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0,
@@ -98,6 +102,8 @@ impl HistogramCell {
     fn new(name: &str) -> HistogramCell {
         let bounds = if name.ends_with("_seconds") {
             SECONDS
+        } else if name.ends_with("_writes") {
+            COUNTS
         } else {
             SIZES
         };
@@ -134,7 +140,7 @@ impl Series {
 }
 
 /// A metric's label pairs, in the order they were given.
-type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
 /// Everything recorded in this process, by name and then by label set.
 #[derive(Default)]
@@ -167,6 +173,21 @@ impl Registry {
 
     fn describe(&self, key: KeyName, help: SharedString) {
         lock(&self.help).insert(key.as_str().to_owned(), help.to_string());
+    }
+
+    /// Every series of the counter `name` recorded so far, with its value.
+    pub(crate) fn counter_values(&self, name: &str) -> Vec<(Labels, u64)> {
+        let series = lock(&self.series);
+        let Some(by_labels) = series.get(name) else {
+            return Vec::new();
+        };
+        by_labels
+            .iter()
+            .filter_map(|(labels, s)| match s {
+                Series::Counter(c) => Some((labels.clone(), c.0.load(Ordering::Relaxed))),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The text exposition format of everything recorded so far.
@@ -475,6 +496,34 @@ mod tests {
             text.contains("x_seconds_sum{api=\"Fe\\\"tch\"} 1000.2007"),
             "{text}"
         );
+    }
+
+    /// A count histogram (writes per transaction) gets buckets for counts, starting at 0 (an
+    /// offset-only transaction), not the byte sizes' 64 and up; counter values are read back by name,
+    /// one per label set.
+    #[test]
+    fn count_histograms_and_counter_values() {
+        let registry = Arc::new(Registry::default());
+        let r = Installed(registry.clone());
+        let meta = Metadata::new("t", metrics::Level::INFO, None);
+        let h = r.register_histogram(&key("x_writes", &[]), &meta);
+        h.record(0.0);
+        h.record(3.0);
+        let text = registry.render();
+        assert!(text.contains("x_writes_bucket{le=\"0\"} 1\n"), "{text}");
+        assert!(text.contains("x_writes_bucket{le=\"4\"} 2\n"), "{text}");
+        for (labels, n) in [
+            (&[("class", "fatal")][..], 2),
+            (&[("class", "abortable")][..], 5),
+        ] {
+            r.register_counter(&key("x_total", labels), &meta)
+                .increment(n);
+        }
+        let mut values = registry.counter_values("x_total");
+        values.sort();
+        let class = |v: &str| vec![("class".to_owned(), v.to_owned())];
+        assert_eq!(values, vec![(class("abortable"), 5), (class("fatal"), 2)]);
+        assert!(registry.counter_values("missing_total").is_empty());
     }
 
     /// A scrape over a real socket gets the rendered text; anything else gets a 404.

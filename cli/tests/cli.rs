@@ -1362,6 +1362,30 @@ async fn the_demo_refuses_the_stale_write_fenced_and_shows_the_damage_unfenced()
         run.out
     );
     assert!(text.contains("A's late write LANDED"), "{}", run.out);
+    // The closing summary reads snapfence's metrics, and they saw what the story told: owner A's two
+    // refused writes in the fenced run, one per fence, and no transactions at all in the unfenced one.
+    let owner_a = |run_title: &str| {
+        run.out
+            .lines()
+            .skip_while(|l| l.trim() != run_title)
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let fenced_a = owner_a("run 1, fenced:");
+    assert!(
+        fenced_a.contains("owner A:")
+            && fenced_a.contains("2 failed")
+            && fenced_a.contains("1 producer_epoch")
+            && (fenced_a.contains("1 member") || fenced_a.contains("1 generation")),
+        "{}",
+        run.out
+    );
+    assert!(
+        owner_a("run 2, unfenced:").contains("owner A:        no snapshot transactions"),
+        "{}",
+        run.out
+    );
     assert!(
         run.out.contains("WRONG: lost 5 deposit(s): #16-#20"),
         "{}",

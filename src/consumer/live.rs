@@ -91,6 +91,10 @@ impl GroupMetadataPublisher {
             if current.as_ref() == Some(&latest) {
                 false
             } else {
+                let before = current.as_ref().map(GroupMetadata::generation_id);
+                if before != Some(latest.generation_id()) {
+                    crate::telemetry::generation_changed(latest.group_id());
+                }
                 *current = Some(latest);
                 true
             }

@@ -129,6 +129,7 @@ pub struct PartitionReader {
     client: Client,
     config: ReaderConfig,
     fetcher: Fetcher,
+    lag: crate::telemetry::LagGauges,
     /// Points inside the per-leader tasks that a test can make panic.
     #[cfg(test)]
     pub(crate) faults: std::sync::Arc<crate::supervise::Faults>,
@@ -142,6 +143,7 @@ impl PartitionReader {
             client,
             config,
             fetcher,
+            lag: Default::default(),
             #[cfg(test)]
             faults: std::sync::Arc::default(),
         }
@@ -159,6 +161,7 @@ impl PartitionReader {
 
     /// Stops reading `partition`. Returns whether it was assigned.
     pub fn unassign(&mut self, partition: &TopicPartition) -> bool {
+        self.lag.forget(partition);
         self.fetcher.unassign(partition)
     }
 
@@ -338,6 +341,12 @@ impl PartitionReader {
                             guard
                                 .fetcher
                                 .fetched(now, &p.tp, p.fetch_offset, &decoded.fetched);
+                        if outcome == Outcome::Deliver {
+                            if let Some(position) = guard.fetcher.position(&p.tp) {
+                                let end = lag_end(isolation, &decoded.fetched);
+                                self.lag.set(&p.tp, end - position);
+                            }
+                        }
                         if outcome == Outcome::Deliver && !decoded.records.is_empty() {
                             out.push(PartitionRecords {
                                 partition: p.tp.clone(),
@@ -372,6 +381,15 @@ impl PartitionReader {
             }
             None => Ok(out),
         }
+    }
+}
+
+/// The end a reader at `isolation` may read to, as a fetch answer reports it: the last stable offset
+/// at read_committed (when the broker sent one), the high watermark otherwise.
+fn lag_end(isolation: IsolationLevel, f: &Fetched) -> i64 {
+    match isolation {
+        IsolationLevel::ReadCommitted if f.last_stable_offset >= 0 => f.last_stable_offset,
+        _ => f.high_watermark,
     }
 }
 
@@ -711,4 +729,101 @@ async fn collect<T: 'static>(set: &mut tokio::task::JoinSet<T>) -> (Vec<T>, Opti
         }
     }
     (out, failure)
+}
+
+#[cfg(test)]
+mod lag_tests {
+    //! The lag gauge against a loopback stub that answers every Fetch with no records and fixed
+    //! watermarks: a fake peer for the reader's own bookkeeping, claiming nothing about a broker.
+
+    use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+    use kafka_protocol::messages::{FetchResponse, TopicName};
+
+    use super::*;
+    use crate::net::testing::{api_versions, loopback, one_node_metadata, Peer};
+    use crate::net::ClientConfig;
+    use crate::telemetry::recording::Recording;
+    use crate::telemetry::CONSUMER_LAG;
+
+    const HW: i64 = 20;
+    const LSO: i64 = 15;
+
+    async fn stub() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        loopback(|mut peer: Peer, addr| async move {
+            while let Some(request) = peer.next_request().await {
+                let id = request.header.correlation_id;
+                let version = request.header.request_api_version;
+                match request.header.request_api_key {
+                    18 => {
+                        let answer = api_versions(&[(1, 4, 12), (3, 1, 12), (18, 0, 3)]);
+                        peer.respond(id, &answer, version.min(3)).await;
+                    }
+                    3 => {
+                        let answer = one_node_metadata(addr, &[("t", 2)]);
+                        peer.respond(id, &answer, version).await;
+                    }
+                    1 => {
+                        let partitions = (0..2)
+                            .map(|p| {
+                                PartitionData::default()
+                                    .with_partition_index(p)
+                                    .with_high_watermark(HW)
+                                    .with_last_stable_offset(LSO)
+                                    .with_log_start_offset(0)
+                                    .with_records(None)
+                            })
+                            .collect();
+                        let answer = FetchResponse::default().with_responses(vec![
+                            FetchableTopicResponse::default()
+                                .with_topic(TopicName("t".into()))
+                                .with_partitions(partitions),
+                        ]);
+                        peer.respond(id, &answer, version).await;
+                    }
+                    other => panic!("the stub does not serve api key {other}"),
+                }
+            }
+        })
+        .await
+    }
+
+    /// The lag of each fetched partition is its distance to the end its isolation level may read to:
+    /// the LSO at read_committed, the high watermark at read_uncommitted.
+    #[test]
+    fn lag_is_measured_to_the_end_the_isolation_level_reads_to() {
+        let rec = Recording::default();
+        rec.run(async {
+            let (addr, stub) = stub().await;
+            let client = Client::connect(ClientConfig::new(&addr.to_string()))
+                .await
+                .unwrap();
+            client.metadata(&["t"]).await.unwrap();
+            for (isolation, at) in [
+                (IsolationLevel::ReadCommitted, 5),
+                (IsolationLevel::ReadUncommitted, 8),
+            ] {
+                let config = ReaderConfig {
+                    isolation,
+                    max_wait: Duration::from_millis(1),
+                    ..ReaderConfig::default()
+                };
+                let mut reader = PartitionReader::new(client.clone(), config);
+                let p = if isolation == IsolationLevel::ReadCommitted {
+                    0
+                } else {
+                    1
+                };
+                reader.assign(TopicPartition::new("t", p), StartAt::Offset(at));
+                reader.fetch().await.unwrap();
+            }
+            stub.abort();
+        });
+        let lag = |p| rec.gauge_at(CONSUMER_LAG.name, &[("topic", "t"), ("partition", p)]);
+        assert_eq!(lag("0"), (LSO - 5) as f64, "read_committed: to the LSO");
+        assert_eq!(
+            lag("1"),
+            (HW - 8) as f64,
+            "read_uncommitted: to the high watermark"
+        );
+    }
 }

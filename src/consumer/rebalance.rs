@@ -165,6 +165,9 @@ pub(crate) struct PollPath {
     in_progress: Option<MemberEvent>,
     fatal: Option<super::membership::Fatal>,
     publisher: GroupMetadataPublisher,
+    /// Since when the application has held no partition (`None` while it holds some), for the
+    /// time-without-assignment metric.
+    unassigned_since: Option<Instant>,
 }
 
 impl PollPath {
@@ -177,6 +180,7 @@ impl PollPath {
                 in_progress: None,
                 fatal: None,
                 publisher,
+                unassigned_since: Some(now()),
             },
             handle,
         )
@@ -231,16 +235,19 @@ impl PollPath {
                 MemberEvent::Revoke(partitions) => {
                     listener.on_partitions_revoked(&partitions).await;
                     self.release(&partitions);
+                    self.handled("revoke");
                     self.acknowledge(shared);
                 }
                 MemberEvent::Lost { partitions, reason } => {
                     listener.on_partitions_lost(&partitions, reason).await;
                     self.release(&partitions);
+                    self.handled("lost");
                     self.acknowledge(shared);
                 }
                 MemberEvent::Assign(partitions) => {
                     listener.on_partitions_assigned(&partitions).await;
                     self.held.extend(partitions);
+                    self.handled("assign");
                     self.in_progress = None;
                 }
                 MemberEvent::Fatal(f) => {
@@ -261,6 +268,22 @@ impl PollPath {
         let m = shared.lock();
         if !m.has_events() {
             self.publisher.publish(m.group_metadata());
+        }
+    }
+
+    /// Records a handled rebalance event, and the start or end of a time without partitions.
+    fn handled(&mut self, event: &'static str) {
+        crate::telemetry::rebalance_event(&self.group_id, event, self.held.len());
+        match (self.held.is_empty(), self.unassigned_since) {
+            (true, None) => self.unassigned_since = Some(now()),
+            (false, Some(since)) => {
+                self.unassigned_since = None;
+                crate::telemetry::assigned_after(
+                    &self.group_id,
+                    now().saturating_duration_since(since),
+                );
+            }
+            _ => {}
         }
     }
 
@@ -499,6 +522,49 @@ mod tests {
         assert!(
             sent.contains(&"JoinGroup"),
             "follow-up round after the handler: {sent:?}"
+        );
+    }
+
+    /// The group's metrics follow the handlers: each event handed to the listener is counted by kind,
+    /// the held partitions are a gauge, every new generation is counted once, and a time without
+    /// partitions (from subscribing, or from the revoke that gave the last one back) is recorded when
+    /// the next assignment arrives.
+    #[test]
+    fn rebalance_metrics_follow_the_handlers() {
+        use crate::telemetry::recording::Recording;
+        use crate::telemetry::{ASSIGNED_PARTITIONS, GENERATION_CHANGES, REBALANCES, UNASSIGNED};
+        let rec = Recording::default();
+        rec.run(async {
+            tokio::time::pause();
+            let shared = classic(vec![Assignor::Range]);
+            let (mut path, _handle) = PollPath::new("g");
+            let mut l = Recorder {
+                shared: Some(shared.clone()),
+                ..Default::default()
+            };
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            answer(&shared, &mut coordinator(1, &[0, 1], "range"));
+            path.drive(&shared, &mut l).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            answer(&shared, &mut coordinator(2, &[0], "range"));
+            // The revoke handler takes 3 s, the member holds nothing after it, and the join answered
+            // right after hands it partition 0 back.
+            path.drive(&shared, &mut l).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            answer(&shared, &mut coordinator(2, &[0], "range"));
+            path.drive(&shared, &mut l).await.unwrap();
+        });
+        let g = [("group", "g")];
+        let event = |e| rec.counter(REBALANCES.name, &[("group", "g"), ("event", e)]);
+        assert_eq!((event("assign"), event("revoke"), event("lost")), (2, 1, 0));
+        assert_eq!(rec.gauge_at(ASSIGNED_PARTITIONS.name, &g), 1.0);
+        assert_eq!(rec.counter(GENERATION_CHANGES.name, &g), 2);
+        // The timer wheel rounds each sleep up to its next millisecond.
+        let took = rec.samples(UNASSIGNED.name, &g);
+        assert_eq!(took.len(), 2, "{took:?}");
+        assert!(
+            (2.0..2.01).contains(&took[0]) && (0.5..0.51).contains(&took[1]),
+            "2 s before the first join, 0.5 s between the revoke and the next assignment: {took:?}"
         );
     }
 

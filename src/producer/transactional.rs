@@ -225,6 +225,11 @@ impl TransactionalProducer {
             .map_or(TransactionState::FatalError, TxnMachine::state)
     }
 
+    /// The transactional id this producer was initialised with.
+    pub fn transactional_id(&self) -> &str {
+        &self.config.transactional_id
+    }
+
     /// The producer id and epoch in use (under TV2 it changes after every transaction).
     pub fn producer_id_and_epoch(&self) -> Option<ProducerIdEpoch> {
         self.inner.lock().txn.as_ref().and_then(TxnMachine::ids)

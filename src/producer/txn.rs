@@ -844,6 +844,7 @@ impl TxnMachine {
         } else {
             txn.pending.extend(retry);
             let delay = if busy {
+                concurrent_retry(Api::AddPartitionsToTxn);
                 self.backoff.concurrent_delay(txn.add_attempts)
             } else {
                 self.backoff.delay(txn.add_attempts)
@@ -1176,6 +1177,9 @@ impl TxnMachine {
                     request: request.clone(),
                     origin,
                 });
+                if code == ErrorCode::ConcurrentTransactions {
+                    concurrent_retry(Api::InitProducerId);
+                }
                 retry(code, self.backoff.after(code, attempts), refresh, request)
             }
             Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
@@ -1266,6 +1270,7 @@ impl TxnMachine {
                 }
                 self.op = Some(op_again(attempts + 1, stage));
                 let delay = if busy {
+                    concurrent_retry(api);
                     self.backoff.concurrent_delay(attempts)
                 } else {
                     self.backoff.delay(attempts)
@@ -1365,6 +1370,9 @@ impl TxnMachine {
                     in_doubt,
                     timeout,
                 });
+                if code == ErrorCode::ConcurrentTransactions {
+                    concurrent_retry(Api::EndTxn);
+                }
                 retry(
                     code,
                     self.backoff.after(code, attempts),
@@ -1419,6 +1427,15 @@ fn retry(code: ErrorCode, delay: Duration, refresh: Refresh, request: TxnRequest
         refresh: refresh == Refresh::Coordinator,
         request,
     }
+}
+
+/// Counts a retry after CONCURRENT_TRANSACTIONS. A counter is a side channel like the debug line next to
+/// each call: it sends nothing and reads no clock, so the machine stays free of I/O.
+fn concurrent_retry(api: Api) {
+    crate::telemetry::count(
+        &crate::telemetry::CONCURRENT_TRANSACTIONS_RETRIES,
+        Some(api.name()),
+    );
 }
 
 fn duration_ms_i32(d: Duration) -> i32 {

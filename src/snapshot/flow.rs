@@ -556,6 +556,13 @@ async fn flush_lane<F: Fold, W: Writes>(
     lane: &Lane<F::State, W>,
 ) -> Result<(), FlowError> {
     persist_lane(fold, lane).await?;
+    let (fenced, offset) = {
+        let core = lane.core();
+        (core.is_fenced(), core.committable())
+    };
+    if !fenced {
+        tracing::info!(partition = lane.partition, offset, "committing on revoke");
+    }
     commit_lane(lane).await?;
     let due = lane.core().tombstones_due();
     if due {
@@ -563,6 +570,10 @@ async fn flush_lane<F: Fold, W: Writes>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "flow_revoke_log_tests.rs"]
+mod revoke_log_tests;
 
 /// Runs `op` on every lane, at most `limit` at once, each on its own task (one per partition, never one
 /// per key) so a slow partition holds up nobody but itself; waits for all, and returns the first error.

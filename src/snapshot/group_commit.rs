@@ -38,14 +38,17 @@
 
 mod queue;
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::error::{FailureKind, SnapshotError, TxnFailure};
+use crate::telemetry::TxnMetrics;
 use crate::GroupMetadata;
 use queue::{Queue, Step};
 
@@ -131,6 +134,9 @@ struct Shared {
     queue: Queue<Ticket>,
     /// A drain task is running (or about to).
     draining: bool,
+    /// When each write still in the queue was queued, oldest first: the queue hands writes out in queue
+    /// order, so the front `n` are the `n` writes a step takes. The queue itself reads no clock.
+    queued_at: VecDeque<Instant>,
 }
 
 impl Shared {
@@ -138,6 +144,21 @@ impl Shared {
         while let Some((ticket, outcome)) = self.queue.poll_outcome() {
             let _ = ticket.reply.send(outcome);
         }
+    }
+
+    /// A step took `n` writes out of the queue into the transaction: records how long each waited.
+    fn took(&mut self, metrics: &TxnMetrics, n: usize) {
+        let now = Instant::now();
+        for at in self.queued_at.drain(..n.min(self.queued_at.len())) {
+            metrics.waited(now.saturating_duration_since(at));
+        }
+        metrics.queue_depth(self.queued_at.len());
+    }
+
+    /// The queue failed or closed, dropping every queued write: nothing waits any more.
+    fn emptied(&mut self, metrics: &TxnMetrics) {
+        self.queued_at.clear();
+        metrics.queue_depth(0);
     }
 }
 
@@ -147,6 +168,7 @@ struct Inner<R> {
     runner: tokio::sync::Mutex<R>,
     metadata: Arc<dyn MetadataSource>,
     slots: Arc<Semaphore>,
+    metrics: TxnMetrics,
 }
 
 impl<R> Inner<R> {
@@ -210,10 +232,12 @@ impl<R: TransactionRunner> GroupCommit<R> {
                 shared: Mutex::new(Shared {
                     queue: Queue::new(max_writes_per_transaction, assigned_offset),
                     draining: false,
+                    queued_at: VecDeque::new(),
                 }),
                 runner: tokio::sync::Mutex::new(runner),
                 metadata,
                 slots: Arc::new(Semaphore::new(max_queued)),
+                metrics: TxnMetrics::new(partition),
             }),
         })
     }
@@ -299,6 +323,7 @@ impl<R: TransactionRunner> GroupCommit<R> {
         {
             let mut s = self.inner.lock();
             s.queue.close(self.inner.closed_error());
+            s.emptied(&self.inner.metrics);
             s.deliver();
         }
         self.inner.slots.close();
@@ -327,6 +352,8 @@ impl<R: TransactionRunner> GroupCommit<R> {
                 _slot: Some(slot),
             },
         )?;
+        s.queued_at.push_back(Instant::now());
+        self.inner.metrics.queue_depth(s.queued_at.len());
         self.start_drain_locked(&mut s);
         Ok(rx)
     }
@@ -375,6 +402,7 @@ fn supervise<R: TransactionRunner>(inner: Arc<Inner<R>>) {
             partition: watched.partition,
             message,
         });
+        s.emptied(&watched.metrics);
         s.deliver();
         s.draining = false;
     });
@@ -387,19 +415,34 @@ async fn drain<R: TransactionRunner>(inner: Arc<Inner<R>>) {
         let first = {
             let mut s = inner.lock();
             match s.queue.poll_begin() {
-                Some(step) => step,
+                Some(step) => {
+                    s.took(&inner.metrics, sent(&step));
+                    step
+                }
                 None => {
                     s.draining = false;
                     return;
                 }
             }
         };
-        let span = tracing::debug_span!("group_commit", partition = inner.partition);
+        // One span per transaction, so one can be followed through the logs: the group commit fills in
+        // the generation (or member epoch) its fence carries, the runner the producer's identity.
+        let span = tracing::info_span!(
+            "snapshot_transaction",
+            partition = inner.partition,
+            generation = tracing::field::Empty,
+            transactional_id = tracing::field::Empty,
+            producer_id = tracing::field::Empty,
+            producer_epoch = tracing::field::Empty,
+        );
         let outcome = transaction(&inner, &mut *runner, first)
             .instrument(span)
             .await;
         let mut s = inner.lock();
         s.queue.handle_outcome(outcome);
+        if s.queue.is_closed() {
+            s.emptied(&inner.metrics);
+        }
         s.deliver();
     }
 }
@@ -412,10 +455,32 @@ async fn transaction<R: TransactionRunner>(
 ) -> Result<(), SnapshotError> {
     let partition = inner.partition;
     // Without a generation nothing is sent: a commit without one would skip the coordinator's fence.
-    if inner.metadata.current().is_none() {
+    let Some(metadata) = inner.metadata.current() else {
         return Err(SnapshotError::MissingGroupMetadata { partition });
-    }
-    let failure = match produce(inner, runner, first).await {
+    };
+    tracing::Span::current().record("generation", metadata.generation_id());
+    let began = Instant::now();
+    let mut writes = 0;
+    let outcome = run(inner, runner, first, &mut writes).await;
+    let seen = match &outcome {
+        Ok(()) => Ok(()),
+        Err(SnapshotError::Transaction { failure, .. }) => Err(Some(failure.kind)),
+        Err(_) => Err(None),
+    };
+    inner.metrics.ended(began.elapsed(), writes, seen);
+    outcome
+}
+
+/// The begun transaction: produce and commit; abort what failed abortably. `writes` counts what it
+/// sent.
+async fn run<R: TransactionRunner>(
+    inner: &Inner<R>,
+    runner: &mut R,
+    first: Step,
+    writes: &mut usize,
+) -> Result<(), SnapshotError> {
+    let partition = inner.partition;
+    let failure = match produce(inner, runner, first, writes).await {
         Ok(Ok(())) => return Ok(()),
         Ok(Err(missing)) => {
             // The metadata went away between begin and seal: the writes are sent but not committed.
@@ -443,14 +508,14 @@ async fn produce<R: TransactionRunner>(
     inner: &Inner<R>,
     runner: &mut R,
     first: Step,
+    sent: &mut usize,
 ) -> Result<Result<(), SnapshotError>, TxnFailure> {
     runner.begin()?;
     let mut step = first;
-    let mut sent = 0usize;
     let offset = loop {
         match step {
             Step::Send(writes) => {
-                sent += writes.len();
+                *sent += writes.len();
                 for w in writes {
                     runner.send(w).await?;
                 }
@@ -461,25 +526,38 @@ async fn produce<R: TransactionRunner>(
         // One pass of the scheduler (not a timer): writers that are ready to run on this worker queue
         // their writes now and join, instead of waiting out the whole transaction.
         tokio::task::yield_now().await;
-        step = inner
-            .lock()
-            .queue
-            .poll_step()
-            .expect("the drain's transaction is open until it reports the outcome");
+        step = {
+            let mut s = inner.lock();
+            let step = s
+                .queue
+                .poll_step()
+                .expect("the drain's transaction is open until it reports the outcome");
+            s.took(&inner.metrics, self::sent(&step));
+            step
+        };
     };
     let Some(metadata) = inner.metadata.current() else {
         return Ok(Err(SnapshotError::MissingGroupMetadata {
             partition: inner.partition,
         }));
     };
+    tracing::Span::current().record("generation", metadata.generation_id());
     tracing::debug!(
-        writes = sent,
+        writes = *sent,
         offset,
         generation = metadata.generation_id(),
         "group commit sealed"
     );
     runner.commit(offset, metadata).await?;
     Ok(Ok(()))
+}
+
+/// How many queued writes a step takes into the transaction.
+fn sent(step: &Step) -> usize {
+    match step {
+        Step::Send(writes) => writes.len(),
+        Step::Settle | Step::Commit { .. } => 0,
+    }
 }
 
 /// A failed abort leaves the producer in an unknown state: fatal, unless the abort was refused because a
@@ -1107,5 +1185,188 @@ mod tests {
             gc.try_write(key(3), None).is_ok(),
             "slots are returned once writes complete"
         );
+    }
+
+    mod telemetry {
+        use super::*;
+        use crate::telemetry::capture::capture;
+        use crate::telemetry::recording::Recording;
+        use crate::telemetry::{
+            GROUP_COMMIT_QUEUED, GROUP_COMMIT_WAIT, TRANSACTIONS_ABORTED, TRANSACTIONS_COMMITTED,
+            TRANSACTION_DURATION, TRANSACTION_FENCES, TRANSACTION_WRITES,
+        };
+
+        /// Every way a transaction ends lands in its own series: a commit in the commits, each failure
+        /// in the aborts under its class and, for a fence, in the fences under its kind, as read off
+        /// [`FailureKind`] (the one classification), on the partition's labels.
+        #[test]
+        fn each_outcome_moves_its_counter() {
+            let m = Recording::default();
+            m.run(async {
+                let rec = Recorder::default();
+                rec.script.lock().unwrap().extend([
+                    Some(FailureKind::Fenced),
+                    None,
+                    Some(FailureKind::Evicted),
+                    Some(FailureKind::InstanceFenced),
+                    Some(FailureKind::Aborted),
+                    Some(FailureKind::ProducerFenced),
+                ]);
+                let gc = GroupCommit::new(5, rec.clone(), gen1(), 0, 256, 64).unwrap();
+                for i in 0..6 {
+                    let _ = gc.write(key(i), None).await;
+                }
+                // Outcome unknown and fatal close their stores too: one store each.
+                for (p, kind) in [(6, FailureKind::OutcomeUnknown), (7, FailureKind::Fatal)] {
+                    let rec = Recorder::default();
+                    rec.script.lock().unwrap().push_back(Some(kind));
+                    let gc = GroupCommit::new(p, rec, gen1(), 0, 256, 64).unwrap();
+                    gc.write(key(0), None).await.unwrap_err();
+                }
+            });
+            let p = |p| [("partition", p)];
+            let class = |p, c| [("partition", p), ("class", c)];
+            let fence = |p, k| [("partition", p), ("kind", k)];
+            assert_eq!(m.counter(TRANSACTIONS_COMMITTED.name, &p("5")), 1);
+            assert_eq!(
+                m.counter(TRANSACTIONS_ABORTED.name, &class("5", "abortable")),
+                4
+            );
+            assert_eq!(
+                m.counter(TRANSACTIONS_ABORTED.name, &class("5", "fatal")),
+                1
+            );
+            assert_eq!(
+                m.counter(TRANSACTIONS_ABORTED.name, &class("6", "outcome_unknown")),
+                1
+            );
+            assert_eq!(
+                m.counter(TRANSACTIONS_ABORTED.name, &class("7", "fatal")),
+                1
+            );
+            assert_eq!(
+                m.counter(TRANSACTION_FENCES.name, &fence("5", "generation")),
+                1
+            );
+            assert_eq!(m.counter(TRANSACTION_FENCES.name, &fence("5", "member")), 2);
+            assert_eq!(
+                m.counter(TRANSACTION_FENCES.name, &fence("5", "producer_epoch")),
+                1
+            );
+            for p in ["6", "7"] {
+                for k in ["generation", "member", "producer_epoch"] {
+                    assert_eq!(
+                        m.counter(TRANSACTION_FENCES.name, &fence(p, k)),
+                        0,
+                        "{p} {k}"
+                    );
+                }
+            }
+            assert_eq!(m.samples(TRANSACTION_DURATION.name, &p("5")).len(), 6);
+            assert_eq!(m.samples(TRANSACTION_WRITES.name, &p("5")), vec![1.0; 6]);
+        }
+
+        /// An offset-only transaction is a transaction of no writes; a transaction refused before it
+        /// began (no group metadata yet) is none at all.
+        #[test]
+        fn writes_per_transaction_and_unbegun_ones() {
+            let m = Recording::default();
+            m.run(async {
+                let generation = Arc::new(AtomicI32::new(1));
+                let gc =
+                    GroupCommit::new(0, Recorder::default(), live(generation.clone()), 0, 2, 64)
+                        .unwrap();
+                gc.commit_offset(3).await.unwrap();
+                let writes: Vec<_> = (0..5)
+                    .map(|i| gc.try_write(key(i), None).ok().unwrap())
+                    .collect();
+                for w in writes {
+                    w.await.unwrap();
+                }
+                generation.store(-1, Ordering::SeqCst);
+                gc.write(key(9), None).await.unwrap_err();
+            });
+            let p = [("partition", "0")];
+            let mut writes = m.samples(TRANSACTION_WRITES.name, &p);
+            writes.sort_by(f64::total_cmp);
+            assert_eq!(writes, vec![0.0, 1.0, 2.0, 2.0], "cap 2: 5 writes in three");
+            assert_eq!(m.counter(TRANSACTIONS_COMMITTED.name, &p), 4);
+            for c in ["abortable", "fatal", "outcome_unknown"] {
+                let labels = [("partition", "0"), ("class", c)];
+                assert_eq!(m.counter(TRANSACTIONS_ABORTED.name, &labels), 0, "{c}");
+            }
+        }
+
+        /// The queue's depth follows writes in and out, and the time each write waited behind a
+        /// transaction in flight is what the clock says it waited.
+        #[test]
+        fn queue_depth_and_wait() {
+            let m = Recording::default();
+            m.run(async {
+                tokio::time::pause();
+                let hold = Arc::new(Semaphore::new(0));
+                let rec = Recorder {
+                    hold_commit: Some(hold.clone()),
+                    ..Default::default()
+                };
+                let gc = GroupCommit::new(1, rec.clone(), gen1(), 0, 256, 64).unwrap();
+                let first = spawn_writes(&gc, 0..1);
+                until(|| {
+                    rec.calls.lock().unwrap().contains(&Call::Commit {
+                        offset: 0,
+                        generation: 1,
+                    })
+                })
+                .await;
+                let depth = || m.gauge_at(GROUP_COMMIT_QUEUED.name, &[("partition", "1")]);
+                assert_eq!(depth(), 0.0, "the first write is in the transaction");
+                let rest = spawn_writes(&gc, 1..4);
+                until(|| queued(&gc).0 == 3).await;
+                assert_eq!(depth(), 3.0);
+                tokio::time::advance(Duration::from_secs(2)).await;
+                hold.add_permits(2);
+                for t in first.into_iter().chain(rest) {
+                    t.await.unwrap().unwrap();
+                }
+                assert_eq!(depth(), 0.0);
+            });
+            let waits = m.samples(GROUP_COMMIT_WAIT.name, &[("partition", "1")]);
+            assert_eq!(waits.len(), 4);
+            assert!(
+                waits[0] < 0.5,
+                "the first write began its own transaction: {waits:?}"
+            );
+            assert!(
+                waits[1..].iter().all(|&w| (2.0..2.5).contains(&w)),
+                "three writes waited out the 2 s commit: {waits:?}"
+            );
+        }
+
+        /// One span per transaction carries the partition and the generation its fence carries, and the
+        /// events of the transaction happen inside it.
+        #[test]
+        fn a_transaction_runs_in_its_span() {
+            let ((), lines) = capture(|| {
+                Recording::default().run(async {
+                    let gc = GroupCommit::new(
+                        4,
+                        Recorder::default(),
+                        live(Arc::new(AtomicI32::new(9))),
+                        0,
+                        256,
+                        8,
+                    )
+                    .unwrap();
+                    gc.write(key(0), None).await.unwrap();
+                })
+            });
+            let sealed = lines.containing("group commit sealed");
+            assert_eq!(sealed.len(), 1);
+            let span = sealed[0]
+                .span("snapshot_transaction")
+                .expect("the seal happens in the transaction's span");
+            assert_eq!(span.get("partition").map(String::as_str), Some("4"));
+            assert_eq!(span.get("generation").map(String::as_str), Some("9"));
+        }
     }
 }

@@ -21,9 +21,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::error::{SnapshotError, StallDiagnosis};
 use super::state::RecoveredState;
+use crate::telemetry::RecoveryMetrics;
 
 /// Why reading the snapshot log failed.
 #[derive(Debug, thiserror::Error)]
@@ -143,16 +145,38 @@ pub async fn read_to_target<L: SnapshotLog>(
     log: &mut L,
     partition: i32,
     config: &RecoveryConfig,
+    fold: impl FnMut(&[u8], Option<&[u8]>),
+) -> Result<RecoveryStats, SnapshotError> {
+    // One span per read: its lines (the wait warning, progress, completion) say which read they are.
+    let span = tracing::info_span!(
+        "recovery_read",
+        partition,
+        target = tracing::field::Empty,
+        start = tracing::field::Empty,
+    );
+    read(log, partition, config, fold).instrument(span).await
+}
+
+async fn read<L: SnapshotLog>(
+    log: &mut L,
+    partition: i32,
+    config: &RecoveryConfig,
     mut fold: impl FnMut(&[u8], Option<&[u8]>),
 ) -> Result<RecoveryStats, SnapshotError> {
     let io = |e: LogError| SnapshotError::Read {
         partition,
         source: std::sync::Arc::new(e),
     };
+    let metrics = RecoveryMetrics::new(partition);
     let began = Instant::now();
     let target = log.high_watermark().await.map_err(io)?;
     let start = log.log_start().await.map_err(io)?;
-    let waited = match log.last_stable_offset().await {
+    let span = tracing::Span::current();
+    span.record("target", target);
+    span.record("start", start);
+    let lso = log.last_stable_offset().await;
+    metrics.started(target, lso.as_ref().ok().copied());
+    let waited = match lso {
         Ok(lso) if lso < target => {
             tracing::warn!(
                 partition,
@@ -173,6 +197,8 @@ pub async fn read_to_target<L: SnapshotLog>(
     let mut position = start;
     let mut watch = StallWatch::new(position, began, config.stall_timeout, config.progress_every);
     let (mut records, mut bytes) = (0u64, 0u64);
+    // A stall is counted once, at its first progress line, however many lines it takes.
+    let mut reported_this_stall = false;
     while position < target {
         let chunk = log.fetch(position, config.fetch_wait).await.map_err(io)?;
         for (key, value) in chunk.records {
@@ -184,12 +210,16 @@ pub async fn read_to_target<L: SnapshotLog>(
         // A broker never moves a consumer backwards; a fetch answer that claims to is ignored.
         position = position.max(chunk.next_offset);
         match watch.observe(position, Instant::now()) {
-            Watch::Advanced => {}
+            Watch::Advanced => reported_this_stall = false,
             Watch::Waiting {
                 stalled_for,
                 report,
             } => {
                 if report {
+                    if !reported_this_stall {
+                        reported_this_stall = true;
+                        metrics.stalled();
+                    }
                     tracing::warn!(
                         partition,
                         position,
@@ -211,6 +241,16 @@ pub async fn read_to_target<L: SnapshotLog>(
             }
         }
     }
+    let elapsed = began.elapsed();
+    metrics.completed(elapsed, records, bytes);
+    tracing::info!(
+        partition,
+        keys = records,
+        bytes,
+        end = position,
+        ?elapsed,
+        "recovery read complete"
+    );
     Ok(RecoveryStats {
         start,
         target,
@@ -218,7 +258,7 @@ pub async fn read_to_target<L: SnapshotLog>(
         records,
         bytes,
         waited_for_open_transactions: waited,
-        elapsed: began.elapsed(),
+        elapsed,
     })
 }
 
@@ -562,6 +602,109 @@ mod tests {
         log.0.lock().unwrap().lso = 2;
         let (state, _) = read.await.unwrap().unwrap();
         assert_eq!(state.len(), 2);
+    }
+
+    /// The lines an operator reads during a recovery that waits for an open transaction: the warning that
+    /// the target is above the LSO once, a progress line every `progress_every` while nothing moves,
+    /// and the completion with keys and bytes, all in the read's span; and the metrics of the same read.
+    #[test]
+    fn a_waiting_read_warns_once_reports_progress_and_completes() {
+        use crate::telemetry::capture::capture;
+        use crate::telemetry::recording::Recording;
+        use crate::telemetry::{
+            RECOVERY_BYTES, RECOVERY_DURATION, RECOVERY_KEYS, RECOVERY_LSO_GAP, RECOVERY_STALLS,
+            RECOVERY_WAITED,
+        };
+        let rec = Recording::default();
+        let ((), lines) = capture(|| {
+            rec.run(async {
+                tokio::time::pause();
+                let log = FakeLog::with(
+                    &[("a", Some("old")), ("b", Some("1")), ("a", Some("new"))],
+                    3,
+                    1,
+                );
+                let world = log.0.clone();
+                // Off the fetches' 500 ms grid, so no two timers tie.
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(22_250)).await;
+                    world.lock().unwrap().lso = 3;
+                });
+                let (_, stats) = recover(&mut log.clone(), 2, &cfg(Some(60))).await.unwrap();
+                assert_eq!((stats.records, stats.bytes), (3, 10));
+            })
+        });
+        let warned = lines.containing("recovery waits for open transactions");
+        assert_eq!(warned.len(), 1, "once per read");
+        assert_eq!(warned[0].level, tracing::Level::WARN);
+        assert_eq!(
+            (warned[0].field("lso"), warned[0].field("target")),
+            (Some("1"), Some("3"))
+        );
+        let progress = lines.containing("recovery read is waiting");
+        assert_eq!(progress.len(), 4, "at 5, 10, 15 and 20 s of the 22 s wait");
+        assert!(progress.iter().all(|l| l.field("position") == Some("1")));
+        let done = lines.containing("recovery read complete");
+        assert_eq!(done.len(), 1);
+        assert_eq!(
+            (done[0].field("keys"), done[0].field("bytes")),
+            (Some("3"), Some("10"))
+        );
+        for line in warned.iter().chain(&progress).chain(&done) {
+            let span = line.span("recovery_read").expect("inside the read's span");
+            assert_eq!(span.get("partition").map(String::as_str), Some("2"));
+            assert_eq!(span.get("target").map(String::as_str), Some("3"));
+        }
+        let p = [("partition", "2")];
+        assert_eq!(rec.counter(RECOVERY_KEYS.name, &p), 3);
+        assert_eq!(rec.counter(RECOVERY_BYTES.name, &p), 10);
+        assert_eq!(rec.counter(RECOVERY_WAITED.name, &p), 1);
+        assert_eq!(
+            rec.counter(RECOVERY_STALLS.name, &p),
+            1,
+            "one stall, four lines"
+        );
+        assert_eq!(rec.gauge_at(RECOVERY_LSO_GAP.name, &p), 2.0);
+        let took = rec.samples(RECOVERY_DURATION.name, &p);
+        assert_eq!(took.len(), 1);
+        assert!((22.0..24.0).contains(&took[0]), "{took:?}");
+    }
+
+    /// A read with nothing open prints no warning and no progress, and counts no wait and no stall;
+    /// two stalls of one read count twice.
+    #[test]
+    fn stalls_and_waits_are_counted_only_when_they_happen() {
+        use crate::telemetry::capture::capture;
+        use crate::telemetry::recording::Recording;
+        use crate::telemetry::{RECOVERY_LSO_GAP, RECOVERY_STALLS, RECOVERY_WAITED};
+        let rec = Recording::default();
+        let ((), lines) = capture(|| {
+            rec.run(async {
+                tokio::time::pause();
+                let log = FakeLog::with(&[("a", Some("1")), ("b", Some("2"))], 2, 2);
+                recover(&mut log.clone(), 0, &cfg(Some(60))).await.unwrap();
+
+                let log = FakeLog::with(&[("a", Some("1")), ("b", Some("2")), ("c", None)], 3, 1);
+                let world = log.0.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(6_250)).await;
+                    world.lock().unwrap().lso = 2;
+                    tokio::time::sleep(Duration::from_secs(6)).await;
+                    world.lock().unwrap().lso = 3;
+                });
+                recover(&mut log.clone(), 1, &cfg(Some(60))).await.unwrap();
+            })
+        });
+        let quiet = [("partition", "0")];
+        assert_eq!(rec.counter(RECOVERY_WAITED.name, &quiet), 0);
+        assert_eq!(rec.counter(RECOVERY_STALLS.name, &quiet), 0);
+        assert_eq!(rec.gauge_at(RECOVERY_LSO_GAP.name, &quiet), 0.0);
+        let stalled = [("partition", "1")];
+        assert_eq!(rec.counter(RECOVERY_STALLS.name, &stalled), 2);
+        let warned = lines.containing("recovery waits for open transactions");
+        assert_eq!(warned.len(), 1);
+        assert_eq!(warned[0].span("recovery_read").unwrap()["partition"], "1");
+        assert_eq!(lines.containing("recovery read complete").len(), 2);
     }
 
     #[test]

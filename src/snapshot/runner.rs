@@ -69,7 +69,16 @@ fn failure(e: ProducerError) -> TxnFailure {
 impl TransactionRunner for ProducerRunner {
     fn begin(&mut self) -> Result<(), TxnFailure> {
         self.deliveries.clear();
-        self.producer.begin().map_err(failure)
+        self.producer.begin().map_err(failure)?;
+        // The group commit's span of this transaction carries the producer's identity (declared there,
+        // filled here: only the runner knows it). Under TV2 the epoch moves with every transaction.
+        let span = tracing::Span::current();
+        span.record("transactional_id", self.producer.transactional_id());
+        if let Some(ids) = self.producer.producer_id_and_epoch() {
+            span.record("producer_id", ids.id);
+            span.record("producer_epoch", ids.epoch);
+        }
+        Ok(())
     }
 
     async fn send(&mut self, write: SnapshotWrite) -> Result<(), TxnFailure> {

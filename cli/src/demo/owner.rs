@@ -14,6 +14,7 @@
 //! | `rejoin <end> <old member>` | as `catch-up`, and also until it is a member again under a new member id | the same |
 //! | `persist` | writes every account changed since its last snapshot | `ok`, or the refusal: which fence, the broker's code |
 //! | `commit` | commits the input offset its snapshots cover | the same |
+//! | `metrics` | reads its snapshot-transaction counters from its metrics recorder | commits, failures by class, fences by kind |
 //! | `quit`, or end of input | exits at once, without leaving the group (a stale owner that stops) | nothing |
 //!
 //! A never outlives the demo: the parent kills it when its handle drops (every error path included); A
@@ -38,6 +39,7 @@ use snapfence::snapshot::{Flow, FlowError, SnapshotError};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
+use super::tally::TxnTally;
 use super::{catch_up, failed, flow_config, Account, Ledger, Names, STEP_LIMIT};
 use crate::error::CliError;
 use crate::Io;
@@ -174,6 +176,8 @@ pub(crate) async fn serve(
         io,
         json!({ "ok": true, "hello": HELLO, "pid": std::process::id() }),
     )?;
+    // Before connecting, so everything A does is counted; the parent reads it back for its summary.
+    let registry = crate::exporter::install().ok();
     let client = Client::connect(security.client_config(ClientConfig {
         client_id: "snapfence-demo-owner-a".into(),
         ..ClientConfig::new(bootstrap)
@@ -220,6 +224,10 @@ pub(crate) async fn serve(
             },
             ["persist"] => outcome(flow.persist().await),
             ["commit"] => outcome(flow.commit().await),
+            ["metrics"] => match &registry {
+                Some(r) => json!({ "ok": true, "metrics": TxnTally::read(r).to_json() }),
+                None => json!({ "ok": false, "error": "owner A has no metrics recorder" }),
+            },
             ["quit"] => return Ok(()),
             _ => json!({ "ok": false, "error": format!("unknown command: {}", line.trim()) }),
         };
@@ -420,6 +428,13 @@ impl OwnerProcess {
             code: v["code"].as_str().map(str::to_owned),
             error: v["error"].as_str().unwrap_or_default().to_owned(),
         }))
+    }
+
+    /// What A's metrics counted of its snapshot transactions; `None` when it could not say (the summary
+    /// then says so; the story does not depend on it).
+    pub async fn metrics(&mut self) -> Option<TxnTally> {
+        let v = self.ask("metrics", "owner A's metrics").await.ok()?;
+        TxnTally::from_json(&v["metrics"])
     }
 
     /// SIGSTOP: A freezes whole, its heartbeats included.

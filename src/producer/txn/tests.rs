@@ -1503,3 +1503,64 @@ fn an_init_timeout_names_the_last_answer() {
         "{failed}"
     );
 }
+
+/// Every retry after CONCURRENT_TRANSACTIONS is counted under the API that was answered so, and a retry
+/// for another reason is not, even with CONCURRENT_TRANSACTIONS beside it in the same answer.
+#[test]
+fn concurrent_transactions_retries_are_counted_per_api() {
+    use crate::telemetry::recording::Recording;
+    use crate::telemetry::CONCURRENT_TRANSACTIONS_RETRIES as RETRIES;
+    let rec = Recording::default();
+    rec.run(async {
+        let t0 = Instant::now();
+        let busy = ErrorCode::ConcurrentTransactions;
+        let mut m = machine(1);
+        sent(m.start_init(t0, OP));
+        m.on_response(TxnResponse::InitProducerId(Err(busy)), t0);
+        m.on_response(TxnResponse::InitProducerId(Err(busy)), t0);
+        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+        m.begin(t0).unwrap();
+        m.on_append(&tp(0)).unwrap();
+        m.poll_add_partitions(t0).unwrap();
+        m.on_add_partitions(TxnResponse::AddPartitions(vec![(tp(0), busy)]), t0);
+        sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+        m.on_response(TxnResponse::AddOffsets(busy), t0);
+        m.on_produce_sent(&tp(0));
+
+        let mut m = ready(2, t0);
+        m.begin(t0).unwrap();
+        sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+        let in0 = TopicPartition::new("in", 0);
+        let in1 = TopicPartition::new("in", 1);
+        m.on_response(TxnResponse::TxnOffsetCommit(vec![(in0.clone(), busy)]), t0);
+        // Beside a loading coordinator it is an ordinary retry.
+        let mixed = vec![(in0, busy), (in1, ErrorCode::CoordinatorLoadInProgress)];
+        m.on_response(TxnResponse::TxnOffsetCommit(mixed), t0);
+
+        let mut m = ready(1, t0);
+        m.begin(t0).unwrap();
+        m.on_produce_sent(&tp(0));
+        sent(m.start_commit(t0, OP));
+        m.on_response(
+            TxnResponse::EndTxn {
+                code: busy,
+                next: None,
+            },
+            t0,
+        );
+        let loading = ErrorCode::CoordinatorLoadInProgress;
+        m.on_response(
+            TxnResponse::EndTxn {
+                code: loading,
+                next: None,
+            },
+            t0,
+        );
+    });
+    let count = |api| rec.counter(RETRIES.name, &[("api", api)]);
+    assert_eq!(count("InitProducerId"), 2);
+    assert_eq!(count("AddPartitionsToTxn"), 1);
+    assert_eq!(count("AddOffsetsToTxn"), 1);
+    assert_eq!(count("TxnOffsetCommit"), 1);
+    assert_eq!(count("EndTxn"), 1);
+}
