@@ -925,11 +925,17 @@ mod tests {
         assert_eq!(
             parse_loggers(" kafka.coordinator.transaction=trace, ,kafka.log.LogCleaner=DEBUG"),
             vec![
-                ("kafka.coordinator.transaction".to_owned(), "TRACE".to_owned()),
+                (
+                    "kafka.coordinator.transaction".to_owned(),
+                    "TRACE".to_owned()
+                ),
                 ("kafka.log.LogCleaner".to_owned(), "DEBUG".to_owned()),
             ]
         );
-        assert!(parse_loggers("kafka=LOUD,=INFO,a b=INFO,x=INFO\nlog4j.rootLogger=ALL,noequals").is_empty());
+        assert!(
+            parse_loggers("kafka=LOUD,=INFO,a b=INFO,x=INFO\nlog4j.rootLogger=ALL,noequals")
+                .is_empty()
+        );
     }
 
     /// A cluster id never starts with `-`, which the storage tool would take for an option (seen in CI:
