@@ -280,7 +280,8 @@ impl LocalCluster {
     }
 
     /// A logging config that keeps WARN and above in `server.log` of the node folder, plus the one INFO line
-    /// the readiness check waits for. 3.9 reads log4j 1 properties, 4.x Log4j 2 properties.
+    /// the readiness check waits for, plus the loggers `SNAPFENCE_KAFKA_LOGGERS` raises (see
+    /// [`extra_loggers`]). 3.9 reads log4j 1 properties, 4.x Log4j 2 properties.
     fn log_config(&self, node: &Node) -> (PathBuf, String, String) {
         let log = node.log_path().display().to_string();
         if self.spec.version.major() < 4 {
@@ -293,6 +294,10 @@ impl LocalCluster {
                  log4j.appender.F.layout.ConversionPattern=[%d] %p %m (%c)%n\n\
                  log4j.logger.kafka.server.KafkaRaftServer=INFO\n"
             );
+            let mut text = text;
+            for (logger, level) in extra_loggers() {
+                text.push_str(&format!("log4j.logger.{logger}={level}\n"));
+            }
             let flag = format!("-Dlog4j.configuration=file:{}", path.display());
             (path, text, flag)
         } else {
@@ -309,6 +314,12 @@ impl LocalCluster {
                  logger.started.name = kafka.server.KafkaRaftServer\n\
                  logger.started.level = INFO\n"
             );
+            let mut text = text;
+            for (i, (logger, level)) in extra_loggers().into_iter().enumerate() {
+                text.push_str(&format!(
+                    "logger.extra{i}.name = {logger}\nlogger.extra{i}.level = {level}\n"
+                ));
+            }
             let flag = format!("-Dlog4j2.configurationFile={}", path.display());
             (path, text, flag)
         }
@@ -694,6 +705,38 @@ impl Drop for LocalCluster {
     }
 }
 
+/// The loggers `SNAPFENCE_KAFKA_LOGGERS` asks for, as `(logger, level)`: a comma-separated list of
+/// `logger=LEVEL`, e.g. `kafka.coordinator.transaction=TRACE`, for reading what a broker component did in a
+/// post-mortem (they go to the node's `server.log`, which is deleted with the cluster: copy it while the
+/// test runs). An entry that is not a dotted Java name and one of the log4j levels is skipped with a
+/// warning on stderr: it would otherwise end up verbatim in a properties file.
+fn extra_loggers() -> Vec<(String, String)> {
+    let Ok(spec) = std::env::var("SNAPFENCE_KAFKA_LOGGERS") else {
+        return Vec::new();
+    };
+    parse_loggers(&spec)
+}
+
+fn parse_loggers(spec: &str) -> Vec<(String, String)> {
+    const LEVELS: [&str; 6] = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "OFF"];
+    let mut out = Vec::new();
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let parsed = entry.split_once('=').and_then(|(logger, level)| {
+            let (logger, level) = (logger.trim(), level.trim().to_ascii_uppercase());
+            let name_ok = !logger.is_empty()
+                && logger
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'$'));
+            (name_ok && LEVELS.contains(&level.as_str())).then(|| (logger.to_owned(), level))
+        });
+        match parsed {
+            Some(p) => out.push(p),
+            None => eprintln!("SNAPFENCE_KAFKA_LOGGERS: skipping {entry:?} (want logger=LEVEL)"),
+        }
+    }
+    out
+}
+
 /// The JVM flags of every fixture JVM, and the class-data-sharing archive they map, if there is one.
 ///
 /// # Why an AppCDS archive
@@ -874,6 +917,26 @@ fn base64url(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only well-formed `logger=LEVEL` entries reach the properties file: anything else could inject
+    /// arbitrary log4j settings.
+    #[test]
+    fn extra_loggers_keep_only_well_formed_entries() {
+        assert_eq!(
+            parse_loggers(" kafka.coordinator.transaction=trace, ,kafka.log.LogCleaner=DEBUG"),
+            vec![
+                (
+                    "kafka.coordinator.transaction".to_owned(),
+                    "TRACE".to_owned()
+                ),
+                ("kafka.log.LogCleaner".to_owned(), "DEBUG".to_owned()),
+            ]
+        );
+        assert!(
+            parse_loggers("kafka=LOUD,=INFO,a b=INFO,x=INFO\nlog4j.rootLogger=ALL,noequals")
+                .is_empty()
+        );
+    }
 
     /// A cluster id never starts with `-`, which the storage tool would take for an option (seen in CI:
     /// `argument --cluster-id/-t: expected one argument`).

@@ -51,6 +51,7 @@
 //! | `SNAPFENCE_CACHE` | the cache folder (default `~/.cache/snapfence`) |
 //! | `SNAPFENCE_KAFKA_JVM_OPTS` | replaces the start-up JVM flags, e.g. `-XX:+UseG1GC` for a full-speed broker in benchmarks |
 //! | `SNAPFENCE_KAFKA_CDS=0` | no class-data-sharing archive (neither recorded nor used) |
+//! | `SNAPFENCE_KAFKA_LOGGERS` | extra broker loggers in `server.log`, `logger=LEVEL` comma-separated, e.g. `kafka.coordinator.transaction=TRACE` |
 //! | `JAVA_HOME` | the JVM to run (default `java` on `PATH`) |
 //!
 //! # Broker facts proven here (checked against `shared/BROKER.md`)

@@ -405,11 +405,22 @@ async fn end_to_end_state_survives_rebalances_and_a_zombie() {
         (ClusterSpec::kafka4(), kip848.clone()),
         (ClusterSpec::kafka4_tv1(), classic.clone()),
         (ClusterSpec::kafka4_tv1(), kip848),
-        (ClusterSpec::kafka39(), classic),
+        (kafka39_classic_coordinator(), classic),
     ] {
         let kafka = cluster(spec).await;
         end_to_end(&kafka, protocol).await;
     }
+}
+
+/// 3.9 with its own default, the classic group coordinator, instead of the preview one the fixture turns
+/// on for 3.9. The preview coordinator loses WriteTxnMarkers answers (KAFKA-17877, fixed in 4.0;
+/// `tests/txn_markers.rs` shows it): the transaction coordinator then never finishes that transaction, and
+/// its transactional id stays wedged (every InitProducerId answers CONCURRENT_TRANSACTIONS) until the
+/// coordinator moves. Members committing offset-only transactions on several partitions at once trigger
+/// it in about a third of the runs of this test; nothing a client does unwedges the id
+/// (docs/reliability.md).
+fn kafka39_classic_coordinator() -> ClusterSpec {
+    ClusterSpec::kafka39().with_prop("group.coordinator.rebalance.protocols", "classic")
 }
 
 async fn end_to_end(kafka: &KafkaCluster, protocol: GroupProtocol) {
