@@ -23,6 +23,7 @@ use bytes::Bytes;
 use tokio::task::JoinSet;
 
 use super::error::{FailureKind, Response, SnapshotError};
+use super::fence_core::{FenceCore, FencePolicy, FlowStats, Site, Verdict};
 #[cfg(test)]
 use super::fold_core::{envelope, open_envelope, Opened};
 #[cfg(not(test))]
@@ -36,7 +37,7 @@ use super::topic::{self, MissingSnapshotTopic, SnapshotTopicError};
 use crate::consumer::{
     commit_offsets, committed_offsets, list_offsets, ConsumerError, GroupConsumer,
     GroupConsumerConfig, GroupMetadataHandle, LostReason, OffsetReset, OffsetSpec,
-    PartitionRecords, ReaderConfig, RebalanceListener, TopicPartition,
+    PartitionRecords, ReaderConfig, RebalanceListener, StartAt, TopicPartition,
 };
 use crate::net::Client;
 use crate::producer::{Producer, ProducerConfig, ProducerError, ProducerRecord};
@@ -243,6 +244,10 @@ pub struct FlowConfig {
     /// `<client_id>-p<partition>`, so broker-side logs and quotas tell the partitions apart. Default
     /// `true`; `false` shares the flow's client (fewer connections). The transactional mode only.
     pub partition_client_ids: bool,
+    /// What a refused commit does: recover in place, rejoin, or go on, as the one table says
+    /// ([`FencePolicy::Recover`], the default), or stop the flow with the error
+    /// ([`FencePolicy::Stop`], kafka-flow's behaviour). See docs/fencing.md.
+    pub fence_policy: FencePolicy,
 }
 
 impl FlowConfig {
@@ -268,6 +273,7 @@ impl FlowConfig {
             recovery_fetch_wait: RecoveryConfig::default().fetch_wait,
             recovery_progress_every: RecoveryConfig::default().progress_every,
             partition_client_ids: true,
+            fence_policy: FencePolicy::default(),
         }
     }
 }
@@ -565,12 +571,13 @@ async fn flush_lane<F: Fold, W: Writes>(
 }
 
 /// Runs `op` on every lane, at most `limit` at once, each on its own task (one per partition, never one
-/// per key) so a slow partition holds up nobody but itself; waits for all, and returns the first error.
+/// per key) so a slow partition holds up nobody but itself; waits for all, and returns every failure
+/// with its partition (the fence handling decides per partition).
 async fn each_lane<S, W, Fut>(
     lanes: Vec<Arc<Lane<S, W>>>,
     limit: usize,
     op: impl Fn(Arc<Lane<S, W>>) -> Fut,
-) -> Result<(), FlowError>
+) -> Vec<(i32, FlowError)>
 where
     S: Send + 'static,
     W: Send + Sync + 'static,
@@ -589,20 +596,25 @@ where
         });
         partitions.insert(handle.id(), partition);
     }
-    let mut first_err = None;
-    while let Some(joined) = set.join_next().await {
-        let result = joined.unwrap_or_else(|e| {
-            Err(SnapshotError::PartitionTask {
-                partition: partitions.get(&e.id()).copied().unwrap_or(-1),
-                source: Arc::new(e),
-            }
-            .into())
-        });
+    let mut failures = Vec::new();
+    while let Some(joined) = set.join_next_with_id().await {
+        let (id, result) = match joined {
+            Ok((id, result)) => (id, result),
+            Err(e) => (
+                e.id(),
+                Err(SnapshotError::PartitionTask {
+                    partition: partitions.get(&e.id()).copied().unwrap_or(-1),
+                    source: Arc::new(e),
+                }
+                .into()),
+            ),
+        };
         if let Err(e) = result {
-            first_err.get_or_insert(e);
+            failures.push((partitions.get(&id).copied().unwrap_or(-1), e));
         }
     }
-    first_err.map_or(Ok(()), Err)
+    failures.sort_by_key(|(p, _)| *p);
+    failures
 }
 
 type FlowLane<F> = Lane<<F as Fold>::State, Writer>;
@@ -619,6 +631,9 @@ struct Shared<F: Fold> {
     failure: Mutex<Option<FlowError>>,
     /// Input events skipped for having no key.
     null_keys: AtomicU64,
+    /// The fence handling's decisions and counters (see `fence_core`). A plain lock, never held
+    /// across an await.
+    fence: Mutex<FenceCore>,
 }
 
 impl<F: Fold> Shared<F> {
@@ -634,6 +649,19 @@ impl<F: Fold> Shared<F> {
         if f.is_none() {
             *f = Some(e);
         }
+    }
+
+    fn fence(&self) -> std::sync::MutexGuard<'_, FenceCore> {
+        self.fence.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Carries out the fence handling's verdict on each failure of held partitions' work: drops the
+    /// lanes to recover in place, drops all of them for a rejoin, and returns the first failure the
+    /// verdict says to stop on.
+    async fn settle(&self, failures: Vec<(i32, FlowError)>, site: Site) -> Result<(), FlowError> {
+        let (dropped, result) = judge(&self.lanes, &self.fence, failures, site);
+        close_lanes(dropped).await;
+        result
     }
 
     fn lanes(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, Arc<FlowLane<F>>>> {
@@ -842,6 +870,8 @@ impl<F: Fold> Shared<F> {
     /// Drops `partitions`' lanes; with `flush`, first flushes them (as [`flush_lane`]), each on its own,
     /// so one slow partition does not lengthen the others' handover. Then closes their stores.
     async fn release(&self, partitions: &[TopicPartition], flush: bool) {
+        self.fence()
+            .released(partitions.iter().map(|tp| tp.partition));
         let lanes: Vec<_> = {
             let mut held = self.lanes();
             partitions
@@ -851,38 +881,93 @@ impl<F: Fold> Shared<F> {
         };
         if flush {
             let fold = Arc::clone(&self.fold);
-            let flushed = each_lane(
+            let failures = each_lane(
                 lanes.clone(),
                 self.config.max_concurrent_partitions,
                 move |lane| {
                     let fold = Arc::clone(&fold);
-                    async move {
-                        let flushed = flush_lane(&*fold, &lane).await;
-                        if let Err(e) = &flushed {
-                            tracing::warn!(partition = lane.partition, error = %e, "flush on revoke failed");
-                        }
-                        flushed
-                    }
+                    async move { flush_lane(&*fold, &lane).await }
                 },
             )
             .await;
-            if let Err(e) = flushed {
-                self.fail(e);
-            }
-        }
-        for lane in lanes {
-            let partition = lane.partition;
-            match Arc::try_unwrap(lane) {
-                Ok(lane) => {
-                    if let Writer::Fenced(store) = lane.writer {
-                        store.close().await;
+            for (partition, e) in failures {
+                let verdict = self
+                    .fence()
+                    .on_failure(partition, e.response(), Site::Release);
+                match verdict {
+                    Verdict::Expected => {
+                        tracing::info!(partition, error = %e, "flush on revoke refused; the next owner replays")
+                    }
+                    _ => {
+                        tracing::warn!(partition, error = %e, "flush on revoke failed");
+                        self.fail(e);
                     }
                 }
-                Err(_) => tracing::warn!(
-                    partition,
-                    "a persist of the released partition is still running; its store closes when it ends"
-                ),
             }
+        }
+        close_lanes(lanes).await;
+    }
+}
+
+/// The fence handling's verdict on each failure of `held` lanes' work at `site`, carried out on the
+/// lane map: the lanes to drop unflushed (one, to recover in place; all, for a rejoin) are removed
+/// from it and returned for closing, with the first failure the verdict says to stop on. Their
+/// in-memory state goes with them; the consumer keeps the partitions until the fence handling's plan
+/// (before the next poll) acquires them again or forgets them.
+fn judge<S, W>(
+    held: &Mutex<BTreeMap<i32, Arc<Lane<S, W>>>>,
+    fence: &Mutex<FenceCore>,
+    failures: Vec<(i32, FlowError)>,
+    site: Site,
+) -> (Vec<Arc<Lane<S, W>>>, Result<(), FlowError>) {
+    let mut first_err = None;
+    let mut drop = Vec::new();
+    let mut drop_all = false;
+    for (partition, e) in failures {
+        let verdict = fence.lock().unwrap_or_else(|p| p.into_inner()).on_failure(
+            partition,
+            e.response(),
+            site,
+        );
+        match verdict {
+            Verdict::Fail => {
+                first_err.get_or_insert(e);
+            }
+            Verdict::DropLane => {
+                tracing::info!(partition, error = %e, "commit refused; dropping the partition's state to acquire it again in place");
+                drop.push(partition);
+            }
+            Verdict::DropAll => {
+                tracing::warn!(partition, error = %e, "commit refused for the membership or the producer; dropping every partition to rejoin as a new member");
+                drop_all = true;
+            }
+            Verdict::Expected => {
+                tracing::info!(partition, error = %e, "flush refused at revocation; the next owner replays");
+            }
+        }
+    }
+    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+    if drop_all {
+        drop = held.keys().copied().collect();
+    }
+    let dropped = drop.iter().filter_map(|p| held.remove(p)).collect();
+    (dropped, first_err.map_or(Ok(()), Err))
+}
+
+/// Closes released or dropped lanes' stores.
+async fn close_lanes<S>(lanes: Vec<Arc<Lane<S, Writer>>>) {
+    for lane in lanes {
+        let partition = lane.partition;
+        match Arc::try_unwrap(lane) {
+            Ok(lane) => {
+                if let Writer::Fenced(store) = lane.writer {
+                    store.close().await;
+                }
+            }
+            Err(_) => tracing::warn!(
+                partition,
+                "a persist of the released partition is still running; its store closes when it ends"
+            ),
         }
     }
 }
@@ -892,6 +977,7 @@ struct Listener<F: Fold>(Arc<Shared<F>>);
 
 impl<F: Fold> RebalanceListener for Listener<F> {
     async fn on_partitions_assigned(&mut self, partitions: &[TopicPartition]) {
+        self.0.fence().on_rebalance_event();
         for tp in partitions {
             if self.0.lanes().contains_key(&tp.partition) {
                 continue;
@@ -902,7 +988,11 @@ impl<F: Fold> RebalanceListener for Listener<F> {
                 }
                 Err(e) => {
                     tracing::warn!(partition = tp.partition, error = %e, "acquiring a partition failed");
-                    self.0.fail(e);
+                    // A refused first commit is handled like any refused commit: the partition
+                    // waits to be acquired again in place (or the member rejoins).
+                    if let Err(e) = self.0.settle(vec![(tp.partition, e)], Site::Acquire).await {
+                        self.0.fail(e);
+                    }
                 }
             }
         }
@@ -910,6 +1000,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
 
     /// Synchronous teardown: flush, commit, close, before the group may hand the partition on.
     async fn on_partitions_revoked(&mut self, partitions: &[TopicPartition]) {
+        self.0.fence().on_rebalance_event();
         self.0.release(partitions, true).await;
     }
 
@@ -921,6 +1012,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
             ?partitions,
             "partitions lost without revocation; dropping their flows unflushed"
         );
+        self.0.fence().on_rebalance_event();
         self.0.release(partitions, false).await;
     }
 }
@@ -1031,6 +1123,7 @@ impl<F: Fold> Flow<F> {
             lanes: Mutex::new(BTreeMap::new()),
             failure: Mutex::new(None),
             null_keys: AtomicU64::new(0),
+            fence: Mutex::new(FenceCore::new(config.fence_policy)),
         });
         let consumer = GroupConsumer::subscribe(
             client,
@@ -1064,8 +1157,15 @@ impl<F: Fold> Flow<F> {
     ///
     /// Cancel safety: as the consumer's `poll`; events already returned are folded before this returns.
     pub async fn poll_once(&mut self, timeout: Duration) -> Result<usize, FlowError> {
+        self.before_poll().await?;
         let batches = self.poll_consumer(timeout).await?;
         self.fold_batches(batches)
+    }
+
+    /// The fence handling's counters: spurious fences recovered in place, re-acquisitions, rejoins,
+    /// refused revoke-time flushes (see [`FencePolicy`]).
+    pub fn stats(&self) -> FlowStats {
+        self.shared.fence().stats()
     }
 
     /// The consumer's poll, with a rebalance handler's failure preferred over the consumer error it
@@ -1076,8 +1176,64 @@ impl<F: Fold> Flow<F> {
     ) -> Result<Vec<PartitionRecords>, FlowError> {
         match self.consumer.poll(timeout).await {
             Ok(batches) => Ok(batches),
+            // A partition whose first commit was refused has no committed offset yet; it is
+            // acquired again (and its start committed) before the next poll.
+            Err(ConsumerError::NoCommittedOffset { partition })
+                if partition.topic.as_ref() == self.shared.config.input_topic.as_str()
+                    && self.shared.fence().is_dropped(partition.partition) =>
+            {
+                Ok(Vec::new())
+            }
             Err(e) => Err(self.shared.take_failure().unwrap_or(e.into())),
         }
+    }
+
+    /// Carries out the fence handling's pending decisions before a poll. A rejoin goes to the consumer
+    /// (its lanes are already gone; the poll hands the partitions out as lost and joins again).
+    /// Otherwise every partition dropped in place that the consumer still holds is acquired again
+    /// (InitProducerId, recovery read, committed offset), and the consumer's position is moved back to
+    /// the offset the new lane starts at: the events after it, including any fetched for the dropped
+    /// lane and skipped unfolded, are fetched again. A partition no longer held is forgotten.
+    async fn before_poll(&mut self) -> Result<(), FlowError> {
+        let rejoin = self.shared.fence().take_rejoin();
+        if let Some(reason) = rejoin {
+            self.consumer.rejoin(&reason);
+            return Ok(());
+        }
+        let owned: std::collections::BTreeSet<i32> = self
+            .consumer
+            .assignment()
+            .into_iter()
+            .filter(|tp| tp.topic.as_ref() == self.shared.config.input_topic.as_str())
+            .map(|tp| tp.partition)
+            .collect();
+        let plan = self.shared.fence().plan(&owned);
+        for partition in plan {
+            let tp = TopicPartition::new(self.shared.config.input_topic.as_str(), partition);
+            if self.shared.lanes().contains_key(&partition) {
+                self.shared.fence().reacquired(partition);
+                continue;
+            }
+            match self.shared.acquire(&tp).await {
+                Ok(lane) => {
+                    let start = lane.core().position();
+                    self.shared.lanes().insert(partition, Arc::new(lane));
+                    self.shared.fence().reacquired(partition);
+                    self.consumer.seek(&tp, StartAt::Offset(start));
+                    tracing::info!(
+                        partition,
+                        start,
+                        "partition acquired again in place after a refused commit"
+                    );
+                }
+                Err(e) => {
+                    self.shared
+                        .settle(vec![(partition, e)], Site::Acquire)
+                        .await?
+                }
+            }
+        }
+        Ok(())
     }
 
     /// How many input events this flow skipped because they had no key (see [`Fold`]).
@@ -1151,7 +1307,7 @@ impl<F: Fold> Flow<F> {
     /// again by the next call.
     pub async fn persist(&self) -> Result<(), FlowError> {
         let fold = Arc::clone(&self.shared.fold);
-        each_lane(
+        let failures = each_lane(
             self.shared.all_lanes(),
             self.shared.config.max_concurrent_partitions,
             move |lane| {
@@ -1159,7 +1315,8 @@ impl<F: Fold> Flow<F> {
                 async move { persist_lane(&*fold, &lane).await }
             },
         )
-        .await
+        .await;
+        self.shared.settle(failures, Site::Held).await
     }
 
     /// Commits every held partition's committable offset: the first change not yet in a landed
@@ -1169,12 +1326,13 @@ impl<F: Fold> Flow<F> {
     ///
     /// Not cancel-safe in outcome: if dropped, the commit may or may not have happened.
     pub async fn commit(&self) -> Result<(), FlowError> {
-        each_lane(
+        let failures = each_lane(
             self.shared.all_lanes(),
             self.shared.config.max_concurrent_partitions,
             |lane| async move { commit_lane(&lane).await },
         )
-        .await
+        .await;
+        self.shared.settle(failures, Site::Held).await
     }
 
     /// The current state of every live key of `partition`, if held.
@@ -1210,6 +1368,10 @@ impl<F: Fold> Flow<F> {
         commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         timers.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let result = loop {
+            // Outside the select: an acquisition must not be cancelled by a persist tick.
+            if let Err(e) = self.before_poll().await {
+                break Err(e);
+            }
             tokio::select! {
                 biased;
                 _ = &mut stop => break Ok(()),

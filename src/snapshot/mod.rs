@@ -17,6 +17,7 @@
 //!   KIP-664 (hanging transactions), KIP-890 (transaction server-side defence)
 
 mod error;
+mod fence_core;
 mod flow;
 mod fold_core;
 mod group_commit;
@@ -28,6 +29,7 @@ mod store;
 mod topic;
 
 pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure};
+pub use fence_core::{FencePolicy, FlowStats};
 pub use flow::{
     BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, PersistenceMode, SystemClock,
 };
