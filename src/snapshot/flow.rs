@@ -1017,6 +1017,23 @@ impl<F: Fold> RebalanceListener for Listener<F> {
     }
 }
 
+/// Reads a flow's [`FlowStats`] while something else owns the flow (see [`Flow::stats_handle`]).
+#[derive(Clone)]
+pub struct StatsHandle(Arc<dyn Fn() -> FlowStats + Send + Sync>);
+
+impl StatsHandle {
+    /// The counters now.
+    pub fn get(&self) -> FlowStats {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for StatsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StatsHandle").field(&self.get()).finish()
+    }
+}
+
 /// How long [`Flow::close`] waits for the coordinator to acknowledge the leave.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -1166,6 +1183,13 @@ impl<F: Fold> Flow<F> {
     /// refused revoke-time flushes (see [`FencePolicy`]).
     pub fn stats(&self) -> FlowStats {
         self.shared.fence().stats()
+    }
+
+    /// A handle that reads [`stats`](Self::stats) from anywhere, also while [`run`](Self::run) owns
+    /// the flow.
+    pub fn stats_handle(&self) -> StatsHandle {
+        let shared = Arc::clone(&self.shared);
+        StatsHandle(Arc::new(move || shared.fence().stats()))
     }
 
     /// The consumer's poll, with a rebalance handler's failure preferred over the consumer error it

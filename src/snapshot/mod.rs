@@ -31,7 +31,8 @@ mod topic;
 pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure};
 pub use fence_core::{FencePolicy, FlowStats};
 pub use flow::{
-    BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, PersistenceMode, SystemClock,
+    BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, PersistenceMode, StatsHandle,
+    SystemClock,
 };
 pub use group_commit::{
     GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError,
