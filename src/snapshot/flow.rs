@@ -659,9 +659,9 @@ impl<F: Fold> Shared<F> {
     /// lanes to recover in place, drops all of them for a rejoin, and returns the first failure the
     /// verdict says to stop on.
     async fn settle(&self, failures: Vec<(i32, FlowError)>, site: Site) -> Result<(), FlowError> {
-        let (dropped, result) = judge(&self.lanes, &self.fence, failures, site);
-        close_lanes(dropped).await;
-        result
+        let judged = judge(&self.lanes, &self.fence, failures, site);
+        close_lanes(judged.dropped).await;
+        judged.result
     }
 
     fn lanes(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, Arc<FlowLane<F>>>> {
@@ -915,11 +915,11 @@ impl<F: Fold> Shared<F> {
 /// in-memory state goes with them; the consumer keeps the partitions until the fence handling's plan
 /// (before the next poll) acquires them again or forgets them.
 fn judge<S, W>(
-    held: &Mutex<BTreeMap<i32, Arc<Lane<S, W>>>>,
+    held: &Mutex<LaneMap<S, W>>,
     fence: &Mutex<FenceCore>,
     failures: Vec<(i32, FlowError)>,
     site: Site,
-) -> (Vec<Arc<Lane<S, W>>>, Result<(), FlowError>) {
+) -> Judged<S, W> {
     let mut first_err = None;
     let mut drop = Vec::new();
     let mut drop_all = false;
@@ -950,9 +950,20 @@ fn judge<S, W>(
     if drop_all {
         drop = held.keys().copied().collect();
     }
-    let dropped = drop.iter().filter_map(|p| held.remove(p)).collect();
-    (dropped, first_err.map_or(Ok(()), Err))
+    Judged {
+        dropped: drop.iter().filter_map(|p| held.remove(p)).collect(),
+        result: first_err.map_or(Ok(()), Err),
+    }
 }
+
+/// What [`judge`] decided: the lanes it removed (to close) and what the caller is told.
+struct Judged<S, W> {
+    dropped: Vec<Arc<Lane<S, W>>>,
+    result: Result<(), FlowError>,
+}
+
+/// The held partitions' lanes, by partition.
+type LaneMap<S, W> = BTreeMap<i32, Arc<Lane<S, W>>>;
 
 /// Closes released or dropped lanes' stores.
 async fn close_lanes<S>(lanes: Vec<Arc<Lane<S, Writer>>>) {

@@ -327,12 +327,13 @@ async fn one_failing_wave(
     .await;
     assert_eq!(failures.len(), 1, "only partition 1 fails");
     let fence = Mutex::new(FenceCore::new(policy));
-    let (dropped, result) = judge(&held, &fence, failures, Site::Held);
-    assert!(dropped
+    let judged = judge(&held, &fence, failures, Site::Held);
+    assert!(judged
+        .dropped
         .iter()
         .all(|l| !held.lock().unwrap().contains_key(&l.partition)));
     let left = held.lock().unwrap().keys().copied().collect();
-    (left, result, fence)
+    (left, judged.result, fence)
 }
 
 /// A spurious fence (the group refused one partition's commit) in the tolerant mode drops only that
