@@ -1092,7 +1092,7 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// // Fails fast if the snapshot topic is missing, not compacted, or sized unlike "payments".
 /// let flow = Flow::start(client, config, Balances).await?;
 /// // Fold until told to stop (send on, or drop, `stop`), then flush, commit and leave the group. A
-/// // fenced (stale) owner stops with an error for which `FlowError::is_fenced` is true.
+/// // refused commit is recovered in place (see `FencePolicy`); `Flow::stats` counts it.
 /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
 /// # drop(stop);
 /// flow.run(async {
@@ -1335,8 +1335,11 @@ impl<F: Fold> Flow<F> {
     /// tombstones), in every held partition. Partitions persist independently and concurrently, at most
     /// [`FlowConfig::max_concurrent_partitions`] at once; within one, the whole wave is queued at once
     /// so the group commit batches it. In the transactional mode each write is fenced by the group
-    /// generation; a stale owner gets an error for which [`FlowError::is_fenced`] is true. Returns after
-    /// every partition finished, with the first error.
+    /// generation. A refused write is handled by [`FlowConfig::fence_policy`]: by default the partition
+    /// is dropped and acquired again before the next poll (or, after an eviction or a producer fence,
+    /// the member rejoins), and nothing is returned; with [`FencePolicy::Stop`] the error, for which
+    /// [`FlowError::is_fenced`] or [`FlowError::is_producer_fenced`] is true, is. Returns after every
+    /// partition finished, with the first error the policy does not absorb.
     ///
     /// Not cancel-safe in outcome: if dropped, some snapshots may have been written; they are written
     /// again by the next call.
@@ -1386,9 +1389,9 @@ impl<F: Fold> Flow<F> {
     }
 
     /// Polls, persisting every `persist_every`, committing every `commit_offsets_interval` and firing
-    /// timers every `timer_every`, until `stop` completes or an error (a fence stops a stale owner
-    /// here). Then [`close`](Self::close)s the flow; the loop's error, if any, is returned before
-    /// close's.
+    /// timers every `timer_every`, until `stop` completes or an error (a refused commit only with
+    /// [`FencePolicy::Stop`]; by default it is recovered in place, between polls). Then
+    /// [`close`](Self::close)s the flow; the loop's error, if any, is returned before close's.
     ///
     /// Not cancel-safe: dropping the future is dropping the flow (see [`Flow`]).
     pub async fn run(
@@ -1447,8 +1450,9 @@ impl<F: Fold> Flow<F> {
     /// not yet folded are not folded.
     ///
     /// The leave happens even when a flush fails; the first flush failure is returned (a stale owner's
-    /// flush is refused by the fence, and nothing of it lands). Partitions lost before the close are not
-    /// flushed: another member may own them already.
+    /// flush is refused by the fence, and nothing of it lands; by default, see [`FencePolicy`], a
+    /// refused flush is counted instead, as the next owner replays). Partitions lost before the close
+    /// are not flushed: another member may own them already.
     ///
     /// Not cancel-safe: dropping the future mid-way is dropping the flow (see [`Flow`]).
     pub async fn close(self) -> Result<(), FlowError> {
