@@ -301,8 +301,28 @@ impl Storm {
     }
 }
 
-/// Runs one storm and checks it; returns the totals and the exits.
+/// How long one storm may take, start to final check: a hang (a member that never stops, a broker that
+/// never answers) fails with a message instead of holding the suite.
+const STORM_LIMIT: Duration = Duration::from_secs(150);
+
+/// Runs one storm and checks it, within [`STORM_LIMIT`]; returns the totals and the exits.
 async fn storm(
+    kafka: &KafkaCluster,
+    protocol: Protocol,
+    policy: FencePolicy,
+    goal: Goal,
+) -> (FlowStats, usize) {
+    tokio::time::timeout(STORM_LIMIT, storm_unbounded(kafka, protocol, policy, goal))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} {protocol:?} {policy:?}: the storm did not finish within {STORM_LIMIT:?}",
+                kafka.version()
+            )
+        })
+}
+
+async fn storm_unbounded(
     kafka: &KafkaCluster,
     protocol: Protocol,
     policy: FencePolicy,
@@ -490,10 +510,21 @@ async fn restart_storm_on_4_2_recovers_in_place() {
     .await;
 }
 
-/// Kafka 3.9: the classic protocol.
+/// Kafka 3.9: the classic protocol, on the classic group coordinator.
+///
+/// The fixture's 3.9 switches the KIP-848 preview on, which also puts 3.9 on its new group
+/// coordinator. With it, this storm failed in 3 of 7 runs: a transaction of a snapshot partition stays
+/// pending and every InitProducerId on its id answers CONCURRENT_TRANSACTIONS until the init times
+/// out (issue 18's flake); the broker log of one such run has `IllegalStateException:
+/// WriteTxnMarkerResponse does not contain expected error map for producer id N` from the transaction
+/// coordinator's marker handler. On the classic coordinator it passed 4 of 4. Classic groups do not
+/// need the preview, so this test runs without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_storm_on_3_9_recovers_in_place() {
-    let kafka = cluster(ClusterSpec::kafka39()).await;
+    let kafka = cluster(
+        ClusterSpec::kafka39().with_prop("group.coordinator.rebalance.protocols", "classic"),
+    )
+    .await;
     storm(
         &kafka,
         Protocol::Eager,
