@@ -655,3 +655,89 @@ async fn a_producer_fence_rejoins_as_a_new_member() {
         flow.close().await.unwrap();
     }
 }
+
+/// A member the group evicted (it stopped polling past `max_poll_interval`, so it left) whose next
+/// commit is refused with UNKNOWN_MEMBER_ID drops everything and rejoins instead of exiting, then
+/// takes its partitions back and ends with the right state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_rejoins_as_a_new_member() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    for protocol in [Protocol::Cooperative, Protocol::Kip848] {
+        let label = format!("{protocol:?}");
+        let w = World::new(&kafka, protocol, FencePolicy::Recover).await;
+        let oracle: Oracle = Arc::default();
+        let (stop_writer, writer) = spawn_writer(&w, Arc::clone(&oracle));
+        let mut config = w.config();
+        config.consumer.group.max_poll_interval = Duration::from_secs(2);
+        let client = Client::connect(ClientConfig::new(&w.bootstrap))
+            .await
+            .unwrap();
+        let mut flow = Flow::start(client, config, Counter).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while flow.partitions().await.len() < PARTITIONS as usize {
+            flow.poll_once(Duration::from_millis(100)).await.unwrap();
+            assert!(
+                Instant::now() < deadline,
+                "{label}: never held every partition"
+            );
+        }
+        flow.persist().await.unwrap();
+        flow.commit().await.unwrap();
+        // The fault: no poll for longer than the poll interval, so the member leaves the group. Its
+        // next commit, before any poll, carries the membership the coordinator no longer knows.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        flow.commit().await.unwrap();
+        assert_eq!(flow.stats().rejoins, 1, "{label}: {:?}", flow.stats());
+        assert!(
+            flow.partitions().await.is_empty(),
+            "{label}: everything dropped"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while flow.partitions().await.len() < PARTITIONS as usize {
+            flow.poll_once(Duration::from_millis(100)).await.unwrap();
+            assert!(
+                Instant::now() < deadline,
+                "{label}: never took the partitions back"
+            );
+        }
+        let _ = stop_writer.send(());
+        writer.await.unwrap();
+        let tps: Vec<_> = (0..PARTITIONS)
+            .map(|p| TopicPartition::new(w.input.as_str(), p))
+            .collect();
+        let ends = list_offsets(
+            &w.client,
+            &tps,
+            OffsetSpec::Latest,
+            IsolationLevel::ReadUncommitted,
+        )
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            flow.poll_once(Duration::from_millis(100)).await.unwrap();
+            let mut caught_up = true;
+            for (tp, end) in &ends {
+                if flow.position(tp.partition).await.is_none_or(|p| p < *end) {
+                    caught_up = false;
+                }
+            }
+            if caught_up {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{label}: never caught up");
+        }
+        let mut got: HashMap<Bytes, Tally> = HashMap::new();
+        for p in 0..PARTITIONS {
+            got.extend(flow.state(p).await.unwrap());
+        }
+        let want: HashMap<Bytes, Tally> = oracle
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(k, vs)| Some((k.clone(), fold_all(vs)?)))
+            .collect();
+        assert_eq!(got, want, "{label}");
+        flow.close().await.unwrap();
+    }
+}
