@@ -435,6 +435,9 @@ fn flow_config(names: &Names, mode: PersistenceMode, session: Duration) -> FlowC
     snapshots.recovery_stall_timeout = Some(Duration::from_secs(30));
     let mut config = FlowConfig::new(consumer, &names.input, snapshots);
     config.mode = mode;
+    // The demo shows each refused write to the user, so its owners report a refusal and stop (the
+    // kafka-flow behaviour) instead of recovering from it in place.
+    config.fence_policy = snapfence::snapshot::FencePolicy::Stop;
     config
 }
 

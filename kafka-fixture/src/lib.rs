@@ -47,6 +47,7 @@
 //! |---|---|
 //! | `SNAPFENCE_BOOTSTRAP` | use this external cluster for every spec; node faults then panic (tests check [`KafkaCluster::is_external`] and skip) |
 //! | `SNAPFENCE_KAFKA_VERSION` | the 4.x release of [`ClusterSpec::kafka4`] (default [`DEFAULT_KAFKA4`]) |
+//! | `SNAPFENCE_KAFKA42_VERSION` | the 4.2 release of [`ClusterSpec::kafka42`] (default [`DEFAULT_KAFKA42`]) |
 //! | `SNAPFENCE_KAFKA39_VERSION` | the 3.9 release of [`ClusterSpec::kafka39`] (default [`DEFAULT_KAFKA39`]) |
 //! | `SNAPFENCE_CACHE` | the cache folder (default `~/.cache/snapfence`) |
 //! | `SNAPFENCE_KAFKA_JVM_OPTS` | replaces the start-up JVM flags, e.g. `-XX:+UseG1GC` for a full-speed broker in benchmarks |
@@ -158,6 +159,10 @@ use cluster::LocalCluster;
 /// The Kafka 4.x release used unless `SNAPFENCE_KAFKA_VERSION` names another: the newest 4.x that
 /// resolves from Maven Central when this was written.
 pub const DEFAULT_KAFKA4: &str = "4.4.0";
+/// The Kafka 4.2 release used unless `SNAPFENCE_KAFKA42_VERSION` names another: the newest line with
+/// KIP-848 but without KIP-1251 (4.3+ accepts a commit at a lagging member epoch for a partition the
+/// member still owns), so a consumer-protocol member's spurious-fence window is widest there.
+pub const DEFAULT_KAFKA42: &str = "4.2.1";
 /// The Kafka 3.9 release used unless `SNAPFENCE_KAFKA39_VERSION` names another.
 pub const DEFAULT_KAFKA39: &str = "3.9.2";
 
@@ -186,6 +191,11 @@ impl KafkaVersion {
     /// The default 4.x release: `SNAPFENCE_KAFKA_VERSION` if set, else [`DEFAULT_KAFKA4`].
     pub fn kafka4() -> KafkaVersion {
         Self::from_env("SNAPFENCE_KAFKA_VERSION", DEFAULT_KAFKA4)
+    }
+
+    /// The 4.2 release: `SNAPFENCE_KAFKA42_VERSION` if set, else [`DEFAULT_KAFKA42`].
+    pub fn kafka42() -> KafkaVersion {
+        Self::from_env("SNAPFENCE_KAFKA42_VERSION", DEFAULT_KAFKA42)
     }
 
     /// The 3.9 release: `SNAPFENCE_KAFKA39_VERSION` if set, else [`DEFAULT_KAFKA39`].
@@ -267,6 +277,15 @@ impl ClusterSpec {
     pub fn kafka4_tv1() -> ClusterSpec {
         ClusterSpec {
             transaction_version: Some(1),
+            ..Self::kafka4()
+        }
+    }
+
+    /// One Kafka 4.2 node with its default features (transaction.version 2, group.version 1): KIP-848
+    /// before KIP-1251's assignment epochs (see [`DEFAULT_KAFKA42`]).
+    pub fn kafka42() -> ClusterSpec {
+        ClusterSpec {
+            version: KafkaVersion::kafka42(),
             ..Self::kafka4()
         }
     }
@@ -723,6 +742,8 @@ mod tests {
         assert_eq!(ClusterSpec::kafka4_tv1().transaction_version, Some(1));
         assert_eq!(ClusterSpec::three_nodes().nodes, 3);
         assert_eq!(ClusterSpec::kafka39().version.major(), 3);
+        assert_eq!(KafkaVersion::new(DEFAULT_KAFKA42).minor(), 2);
+        assert_ne!(ClusterSpec::kafka42(), ClusterSpec::kafka4());
         assert_ne!(ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1());
     }
 }

@@ -188,6 +188,9 @@ impl MemberArgs {
         };
         c.persist_every = self.persist_every;
         c.commit_offsets_interval = self.commit_every;
+        // The campaign's supervisor counts a fenced zombie by its exit (a refused commit stops the
+        // member, as kafka-flow's does); the tolerant default is exercised by tests/storm.rs.
+        c.fence_policy = snapfence::snapshot::FencePolicy::Stop;
         c
     }
 }

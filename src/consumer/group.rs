@@ -195,6 +195,21 @@ impl<L: RebalanceListener> GroupConsumer<L> {
         self.shared.wake.notify_one();
     }
 
+    /// Gives this membership up and joins the group again as a new member: every partition held is
+    /// handed to the listener as lost ([`LostReason::Rejoined`]) on the next poll, never revoked (nothing
+    /// may be written from the old membership), the published group metadata is withdrawn at once so no
+    /// commit carries the old generation or epoch, and the join goes out once the loss is handled. A
+    /// dynamic member leaves under its old id first (classic: a LeaveGroup it does not wait for; the
+    /// consumer protocol: the leave heartbeat), so the group need not wait out the old session.
+    ///
+    /// For a runtime that learnt from a refused commit that the coordinator no longer knows this member
+    /// (UNKNOWN_MEMBER_ID) or that a newer owner fenced its producer. Does nothing on a closing consumer.
+    pub(crate) fn rejoin(&mut self, reason: &str) {
+        self.shared.lock().rejoin_as_new(now(), reason);
+        self.poll_path.withdraw();
+        self.shared.wake.notify_one();
+    }
+
     /// The next offset to be delivered for an owned partition.
     pub fn position(&self, partition: &TopicPartition) -> Option<i64> {
         self.reader.position(partition)

@@ -72,6 +72,10 @@ impl Member {
     pub(crate) fn leave(&mut self) {
         both!(self, m => m.leave())
     }
+    /// Gives the membership up and joins again as a new member (see the machines' `rejoin_as_new`).
+    pub(crate) fn rejoin_as_new(&mut self, now: Instant, reason: &str) {
+        both!(self, m => m.rejoin_as_new(now, reason))
+    }
     pub(crate) fn is_closed(&self) -> bool {
         both!(self, m => m.is_closed())
     }
@@ -285,6 +289,12 @@ impl PollPath {
             }
             _ => {}
         }
+    }
+
+    /// Withdraws the published group metadata at once (the member gave its membership up to rejoin):
+    /// no commit may carry the old generation or epoch, even before the next poll.
+    pub(crate) fn withdraw(&self) {
+        self.publisher.publish(None);
     }
 
     fn release(&mut self, partitions: &[TopicPartition]) {

@@ -23,6 +23,7 @@ use bytes::Bytes;
 use tokio::task::JoinSet;
 
 use super::error::{FailureKind, Response, SnapshotError};
+use super::fence_core::{FenceCore, FencePolicy, FlowStats, Site, Verdict};
 #[cfg(test)]
 use super::fold_core::{envelope, open_envelope, Opened};
 #[cfg(not(test))]
@@ -36,7 +37,7 @@ use super::topic::{self, MissingSnapshotTopic, SnapshotTopicError};
 use crate::consumer::{
     commit_offsets, committed_offsets, list_offsets, ConsumerError, GroupConsumer,
     GroupConsumerConfig, GroupMetadataHandle, LostReason, OffsetReset, OffsetSpec,
-    PartitionRecords, ReaderConfig, RebalanceListener, TopicPartition,
+    PartitionRecords, ReaderConfig, RebalanceListener, StartAt, TopicPartition,
 };
 use crate::net::Client;
 use crate::producer::{Producer, ProducerConfig, ProducerError, ProducerRecord};
@@ -243,6 +244,10 @@ pub struct FlowConfig {
     /// `<client_id>-p<partition>`, so broker-side logs and quotas tell the partitions apart. Default
     /// `true`; `false` shares the flow's client (fewer connections). The transactional mode only.
     pub partition_client_ids: bool,
+    /// What a refused commit does: recover in place, rejoin, or go on, as the one table says
+    /// ([`FencePolicy::Recover`], the default), or stop the flow with the error
+    /// ([`FencePolicy::Stop`], kafka-flow's behaviour). See docs/fencing.md.
+    pub fence_policy: FencePolicy,
 }
 
 impl FlowConfig {
@@ -268,6 +273,7 @@ impl FlowConfig {
             recovery_fetch_wait: RecoveryConfig::default().fetch_wait,
             recovery_progress_every: RecoveryConfig::default().progress_every,
             partition_client_ids: true,
+            fence_policy: FencePolicy::default(),
         }
     }
 }
@@ -576,12 +582,13 @@ async fn flush_lane<F: Fold, W: Writes>(
 mod revoke_log_tests;
 
 /// Runs `op` on every lane, at most `limit` at once, each on its own task (one per partition, never one
-/// per key) so a slow partition holds up nobody but itself; waits for all, and returns the first error.
+/// per key) so a slow partition holds up nobody but itself; waits for all, and returns every failure
+/// with its partition (the fence handling decides per partition).
 async fn each_lane<S, W, Fut>(
     lanes: Vec<Arc<Lane<S, W>>>,
     limit: usize,
     op: impl Fn(Arc<Lane<S, W>>) -> Fut,
-) -> Result<(), FlowError>
+) -> Vec<(i32, FlowError)>
 where
     S: Send + 'static,
     W: Send + Sync + 'static,
@@ -600,20 +607,25 @@ where
         });
         partitions.insert(handle.id(), partition);
     }
-    let mut first_err = None;
-    while let Some(joined) = set.join_next().await {
-        let result = joined.unwrap_or_else(|e| {
-            Err(SnapshotError::PartitionTask {
-                partition: partitions.get(&e.id()).copied().unwrap_or(-1),
-                source: Arc::new(e),
-            }
-            .into())
-        });
+    let mut failures = Vec::new();
+    while let Some(joined) = set.join_next_with_id().await {
+        let (id, result) = match joined {
+            Ok((id, result)) => (id, result),
+            Err(e) => (
+                e.id(),
+                Err(SnapshotError::PartitionTask {
+                    partition: partitions.get(&e.id()).copied().unwrap_or(-1),
+                    source: Arc::new(e),
+                }
+                .into()),
+            ),
+        };
         if let Err(e) = result {
-            first_err.get_or_insert(e);
+            failures.push((partitions.get(&id).copied().unwrap_or(-1), e));
         }
     }
-    first_err.map_or(Ok(()), Err)
+    failures.sort_by_key(|(p, _)| *p);
+    failures
 }
 
 type FlowLane<F> = Lane<<F as Fold>::State, Writer>;
@@ -630,6 +642,9 @@ struct Shared<F: Fold> {
     failure: Mutex<Option<FlowError>>,
     /// Input events skipped for having no key.
     null_keys: AtomicU64,
+    /// The fence handling's decisions and counters (see `fence_core`). A plain lock, never held
+    /// across an await.
+    fence: Mutex<FenceCore>,
 }
 
 impl<F: Fold> Shared<F> {
@@ -645,6 +660,19 @@ impl<F: Fold> Shared<F> {
         if f.is_none() {
             *f = Some(e);
         }
+    }
+
+    fn fence(&self) -> std::sync::MutexGuard<'_, FenceCore> {
+        self.fence.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Carries out the fence handling's verdict on each failure of held partitions' work: drops the
+    /// lanes to recover in place, drops all of them for a rejoin, and returns the first failure the
+    /// verdict says to stop on.
+    async fn settle(&self, failures: Vec<(i32, FlowError)>, site: Site) -> Result<(), FlowError> {
+        let judged = judge(&self.lanes, &self.fence, failures, site);
+        close_lanes(judged.dropped).await;
+        judged.result
     }
 
     fn lanes(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, Arc<FlowLane<F>>>> {
@@ -853,6 +881,8 @@ impl<F: Fold> Shared<F> {
     /// Drops `partitions`' lanes; with `flush`, first flushes them (as [`flush_lane`]), each on its own,
     /// so one slow partition does not lengthen the others' handover. Then closes their stores.
     async fn release(&self, partitions: &[TopicPartition], flush: bool) {
+        self.fence()
+            .released(partitions.iter().map(|tp| tp.partition));
         let lanes: Vec<_> = {
             let mut held = self.lanes();
             partitions
@@ -862,38 +892,104 @@ impl<F: Fold> Shared<F> {
         };
         if flush {
             let fold = Arc::clone(&self.fold);
-            let flushed = each_lane(
+            let failures = each_lane(
                 lanes.clone(),
                 self.config.max_concurrent_partitions,
                 move |lane| {
                     let fold = Arc::clone(&fold);
-                    async move {
-                        let flushed = flush_lane(&*fold, &lane).await;
-                        if let Err(e) = &flushed {
-                            tracing::warn!(partition = lane.partition, error = %e, "flush on revoke failed");
-                        }
-                        flushed
-                    }
+                    async move { flush_lane(&*fold, &lane).await }
                 },
             )
             .await;
-            if let Err(e) = flushed {
-                self.fail(e);
-            }
-        }
-        for lane in lanes {
-            let partition = lane.partition;
-            match Arc::try_unwrap(lane) {
-                Ok(lane) => {
-                    if let Writer::Fenced(store) = lane.writer {
-                        store.close().await;
+            for (partition, e) in failures {
+                let verdict = self
+                    .fence()
+                    .on_failure(partition, e.response(), Site::Release);
+                match verdict {
+                    Verdict::Expected => {
+                        tracing::info!(partition, error = %e, "flush on revoke refused; the next owner replays")
+                    }
+                    _ => {
+                        tracing::warn!(partition, error = %e, "flush on revoke failed");
+                        self.fail(e);
                     }
                 }
-                Err(_) => tracing::warn!(
-                    partition,
-                    "a persist of the released partition is still running; its store closes when it ends"
-                ),
             }
+        }
+        close_lanes(lanes).await;
+    }
+}
+
+/// The fence handling's verdict on each failure of `held` lanes' work at `site`, carried out on the
+/// lane map: the lanes to drop unflushed (one, to recover in place; all, for a rejoin) are removed
+/// from it and returned for closing, with the first failure the verdict says to stop on. Their
+/// in-memory state goes with them; the consumer keeps the partitions until the fence handling's plan
+/// (before the next poll) acquires them again or forgets them.
+fn judge<S, W>(
+    held: &Mutex<LaneMap<S, W>>,
+    fence: &Mutex<FenceCore>,
+    failures: Vec<(i32, FlowError)>,
+    site: Site,
+) -> Judged<S, W> {
+    let mut first_err = None;
+    let mut drop = Vec::new();
+    let mut drop_all = false;
+    for (partition, e) in failures {
+        let verdict = fence.lock().unwrap_or_else(|p| p.into_inner()).on_failure(
+            partition,
+            e.response(),
+            site,
+        );
+        match verdict {
+            Verdict::Fail => {
+                first_err.get_or_insert(e);
+            }
+            Verdict::DropLane => {
+                tracing::info!(partition, error = %e, "commit refused; dropping the partition's state to acquire it again in place");
+                drop.push(partition);
+            }
+            Verdict::DropAll => {
+                tracing::warn!(partition, error = %e, "commit refused for the membership or the producer; dropping every partition to rejoin as a new member");
+                drop_all = true;
+            }
+            Verdict::Expected => {
+                tracing::info!(partition, error = %e, "flush refused at revocation; the next owner replays");
+            }
+        }
+    }
+    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+    if drop_all {
+        drop = held.keys().copied().collect();
+    }
+    Judged {
+        dropped: drop.iter().filter_map(|p| held.remove(p)).collect(),
+        result: first_err.map_or(Ok(()), Err),
+    }
+}
+
+/// What [`judge`] decided: the lanes it removed (to close) and what the caller is told.
+struct Judged<S, W> {
+    dropped: Vec<Arc<Lane<S, W>>>,
+    result: Result<(), FlowError>,
+}
+
+/// The held partitions' lanes, by partition.
+type LaneMap<S, W> = BTreeMap<i32, Arc<Lane<S, W>>>;
+
+/// Closes released or dropped lanes' stores.
+async fn close_lanes<S>(lanes: Vec<Arc<Lane<S, Writer>>>) {
+    for lane in lanes {
+        let partition = lane.partition;
+        match Arc::try_unwrap(lane) {
+            Ok(lane) => {
+                if let Writer::Fenced(store) = lane.writer {
+                    store.close().await;
+                }
+            }
+            Err(_) => tracing::warn!(
+                partition,
+                "a persist of the released partition is still running; its store closes when it ends"
+            ),
         }
     }
 }
@@ -903,6 +999,7 @@ struct Listener<F: Fold>(Arc<Shared<F>>);
 
 impl<F: Fold> RebalanceListener for Listener<F> {
     async fn on_partitions_assigned(&mut self, partitions: &[TopicPartition]) {
+        self.0.fence().on_rebalance_event();
         for tp in partitions {
             if self.0.lanes().contains_key(&tp.partition) {
                 continue;
@@ -913,7 +1010,11 @@ impl<F: Fold> RebalanceListener for Listener<F> {
                 }
                 Err(e) => {
                     tracing::warn!(partition = tp.partition, error = %e, "acquiring a partition failed");
-                    self.0.fail(e);
+                    // A refused first commit is handled like any refused commit: the partition
+                    // waits to be acquired again in place (or the member rejoins).
+                    if let Err(e) = self.0.settle(vec![(tp.partition, e)], Site::Acquire).await {
+                        self.0.fail(e);
+                    }
                 }
             }
         }
@@ -921,6 +1022,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
 
     /// Synchronous teardown: flush, commit, close, before the group may hand the partition on.
     async fn on_partitions_revoked(&mut self, partitions: &[TopicPartition]) {
+        self.0.fence().on_rebalance_event();
         self.0.release(partitions, true).await;
     }
 
@@ -932,7 +1034,25 @@ impl<F: Fold> RebalanceListener for Listener<F> {
             ?partitions,
             "partitions lost without revocation; dropping their flows unflushed"
         );
+        self.0.fence().on_rebalance_event();
         self.0.release(partitions, false).await;
+    }
+}
+
+/// Reads a flow's [`FlowStats`] while something else owns the flow (see [`Flow::stats_handle`]).
+#[derive(Clone)]
+pub struct StatsHandle(Arc<dyn Fn() -> FlowStats + Send + Sync>);
+
+impl StatsHandle {
+    /// The counters now.
+    pub fn get(&self) -> FlowStats {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for StatsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StatsHandle").field(&self.get()).finish()
     }
 }
 
@@ -983,7 +1103,7 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// // Fails fast if the snapshot topic is missing, not compacted, or sized unlike "payments".
 /// let flow = Flow::start(client, config, Balances).await?;
 /// // Fold until told to stop (send on, or drop, `stop`), then flush, commit and leave the group. A
-/// // fenced (stale) owner stops with an error for which `FlowError::is_fenced` is true.
+/// // refused commit is recovered in place (see `FencePolicy`); `Flow::stats` counts it.
 /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
 /// # drop(stop);
 /// flow.run(async {
@@ -1042,6 +1162,7 @@ impl<F: Fold> Flow<F> {
             lanes: Mutex::new(BTreeMap::new()),
             failure: Mutex::new(None),
             null_keys: AtomicU64::new(0),
+            fence: Mutex::new(FenceCore::new(config.fence_policy)),
         });
         let consumer = GroupConsumer::subscribe(
             client,
@@ -1075,8 +1196,22 @@ impl<F: Fold> Flow<F> {
     ///
     /// Cancel safety: as the consumer's `poll`; events already returned are folded before this returns.
     pub async fn poll_once(&mut self, timeout: Duration) -> Result<usize, FlowError> {
+        self.before_poll().await?;
         let batches = self.poll_consumer(timeout).await?;
         self.fold_batches(batches)
+    }
+
+    /// The fence handling's counters: spurious fences recovered in place, re-acquisitions, rejoins,
+    /// refused revoke-time flushes (see [`FencePolicy`]).
+    pub fn stats(&self) -> FlowStats {
+        self.shared.fence().stats()
+    }
+
+    /// A handle that reads [`stats`](Self::stats) from anywhere, also while [`run`](Self::run) owns
+    /// the flow.
+    pub fn stats_handle(&self) -> StatsHandle {
+        let shared = Arc::clone(&self.shared);
+        StatsHandle(Arc::new(move || shared.fence().stats()))
     }
 
     /// The consumer's poll, with a rebalance handler's failure preferred over the consumer error it
@@ -1087,8 +1222,64 @@ impl<F: Fold> Flow<F> {
     ) -> Result<Vec<PartitionRecords>, FlowError> {
         match self.consumer.poll(timeout).await {
             Ok(batches) => Ok(batches),
+            // A partition whose first commit was refused has no committed offset yet; it is
+            // acquired again (and its start committed) before the next poll.
+            Err(ConsumerError::NoCommittedOffset { partition })
+                if partition.topic.as_ref() == self.shared.config.input_topic.as_str()
+                    && self.shared.fence().is_dropped(partition.partition) =>
+            {
+                Ok(Vec::new())
+            }
             Err(e) => Err(self.shared.take_failure().unwrap_or(e.into())),
         }
+    }
+
+    /// Carries out the fence handling's pending decisions before a poll. A rejoin goes to the consumer
+    /// (its lanes are already gone; the poll hands the partitions out as lost and joins again).
+    /// Otherwise every partition dropped in place that the consumer still holds is acquired again
+    /// (InitProducerId, recovery read, committed offset), and the consumer's position is moved back to
+    /// the offset the new lane starts at: the events after it, including any fetched for the dropped
+    /// lane and skipped unfolded, are fetched again. A partition no longer held is forgotten.
+    async fn before_poll(&mut self) -> Result<(), FlowError> {
+        let rejoin = self.shared.fence().take_rejoin();
+        if let Some(reason) = rejoin {
+            self.consumer.rejoin(&reason);
+            return Ok(());
+        }
+        let owned: std::collections::BTreeSet<i32> = self
+            .consumer
+            .assignment()
+            .into_iter()
+            .filter(|tp| tp.topic.as_ref() == self.shared.config.input_topic.as_str())
+            .map(|tp| tp.partition)
+            .collect();
+        let plan = self.shared.fence().plan(&owned);
+        for partition in plan {
+            let tp = TopicPartition::new(self.shared.config.input_topic.as_str(), partition);
+            if self.shared.lanes().contains_key(&partition) {
+                self.shared.fence().reacquired(partition);
+                continue;
+            }
+            match self.shared.acquire(&tp).await {
+                Ok(lane) => {
+                    let start = lane.core().position();
+                    self.shared.lanes().insert(partition, Arc::new(lane));
+                    self.shared.fence().reacquired(partition);
+                    self.consumer.seek(&tp, StartAt::Offset(start));
+                    tracing::info!(
+                        partition,
+                        start,
+                        "partition acquired again in place after a refused commit"
+                    );
+                }
+                Err(e) => {
+                    self.shared
+                        .settle(vec![(partition, e)], Site::Acquire)
+                        .await?
+                }
+            }
+        }
+        Ok(())
     }
 
     /// How many input events this flow skipped because they had no key (see [`Fold`]).
@@ -1155,14 +1346,17 @@ impl<F: Fold> Flow<F> {
     /// tombstones), in every held partition. Partitions persist independently and concurrently, at most
     /// [`FlowConfig::max_concurrent_partitions`] at once; within one, the whole wave is queued at once
     /// so the group commit batches it. In the transactional mode each write is fenced by the group
-    /// generation; a stale owner gets an error for which [`FlowError::is_fenced`] is true. Returns after
-    /// every partition finished, with the first error.
+    /// generation. A refused write is handled by [`FlowConfig::fence_policy`]: by default the partition
+    /// is dropped and acquired again before the next poll (or, after an eviction or a producer fence,
+    /// the member rejoins), and nothing is returned; with [`FencePolicy::Stop`] the error, for which
+    /// [`FlowError::is_fenced`] or [`FlowError::is_producer_fenced`] is true, is. Returns after every
+    /// partition finished, with the first error the policy does not absorb.
     ///
     /// Not cancel-safe in outcome: if dropped, some snapshots may have been written; they are written
     /// again by the next call.
     pub async fn persist(&self) -> Result<(), FlowError> {
         let fold = Arc::clone(&self.shared.fold);
-        each_lane(
+        let failures = each_lane(
             self.shared.all_lanes(),
             self.shared.config.max_concurrent_partitions,
             move |lane| {
@@ -1170,7 +1364,8 @@ impl<F: Fold> Flow<F> {
                 async move { persist_lane(&*fold, &lane).await }
             },
         )
-        .await
+        .await;
+        self.shared.settle(failures, Site::Held).await
     }
 
     /// Commits every held partition's committable offset: the first change not yet in a landed
@@ -1180,12 +1375,13 @@ impl<F: Fold> Flow<F> {
     ///
     /// Not cancel-safe in outcome: if dropped, the commit may or may not have happened.
     pub async fn commit(&self) -> Result<(), FlowError> {
-        each_lane(
+        let failures = each_lane(
             self.shared.all_lanes(),
             self.shared.config.max_concurrent_partitions,
             |lane| async move { commit_lane(&lane).await },
         )
-        .await
+        .await;
+        self.shared.settle(failures, Site::Held).await
     }
 
     /// The current state of every live key of `partition`, if held.
@@ -1204,9 +1400,9 @@ impl<F: Fold> Flow<F> {
     }
 
     /// Polls, persisting every `persist_every`, committing every `commit_offsets_interval` and firing
-    /// timers every `timer_every`, until `stop` completes or an error (a fence stops a stale owner
-    /// here). Then [`close`](Self::close)s the flow; the loop's error, if any, is returned before
-    /// close's.
+    /// timers every `timer_every`, until `stop` completes or an error (a refused commit only with
+    /// [`FencePolicy::Stop`]; by default it is recovered in place, between polls). Then
+    /// [`close`](Self::close)s the flow; the loop's error, if any, is returned before close's.
     ///
     /// Not cancel-safe: dropping the future is dropping the flow (see [`Flow`]).
     pub async fn run(
@@ -1221,6 +1417,10 @@ impl<F: Fold> Flow<F> {
         commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         timers.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let result = loop {
+            // Outside the select: an acquisition must not be cancelled by a persist tick.
+            if let Err(e) = self.before_poll().await {
+                break Err(e);
+            }
             tokio::select! {
                 biased;
                 _ = &mut stop => break Ok(()),
@@ -1261,8 +1461,9 @@ impl<F: Fold> Flow<F> {
     /// not yet folded are not folded.
     ///
     /// The leave happens even when a flush fails; the first flush failure is returned (a stale owner's
-    /// flush is refused by the fence, and nothing of it lands). Partitions lost before the close are not
-    /// flushed: another member may own them already.
+    /// flush is refused by the fence, and nothing of it lands; by default, see [`FencePolicy`], a
+    /// refused flush is counted instead, as the next owner replays). Partitions lost before the close
+    /// are not flushed: another member may own them already.
     ///
     /// Not cancel-safe: dropping the future mid-way is dropping the flow (see [`Flow`]).
     pub async fn close(self) -> Result<(), FlowError> {

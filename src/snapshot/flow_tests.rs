@@ -26,10 +26,12 @@ impl Fold for Count {
     }
 }
 
-/// Sleeps `delay` per transaction, then succeeds, or is fenced when `fenced`; counts transactions.
+/// Sleeps `delay` per transaction, then succeeds, or fails with `fails` (a group fence when only
+/// `fenced` is set); counts transactions.
 struct FakeRunner {
     delay: Duration,
     fenced: bool,
+    fails: Option<FailureKind>,
     transactions: Arc<AtomicUsize>,
 }
 
@@ -49,6 +51,9 @@ impl TransactionRunner for FakeRunner {
     async fn commit(&mut self, _offset: i64, _metadata: GroupMetadata) -> Result<(), TxnFailure> {
         tokio::time::sleep(self.delay).await;
         self.transactions.fetch_add(1, Ordering::Relaxed);
+        if let Some(kind) = self.fails {
+            return Err(TxnFailure::scripted(kind));
+        }
         if self.fenced {
             return Err(TxnFailure::scripted(FailureKind::Fenced));
         }
@@ -70,10 +75,25 @@ fn lane(
     fenced: bool,
     keys: usize,
 ) -> (Arc<Lane<u64, GroupCommit<FakeRunner>>>, Arc<AtomicUsize>) {
+    failing_lane(
+        partition,
+        delay,
+        fenced.then_some(FailureKind::Fenced),
+        keys,
+    )
+}
+
+fn failing_lane(
+    partition: i32,
+    delay: Duration,
+    fails: Option<FailureKind>,
+    keys: usize,
+) -> (Arc<Lane<u64, GroupCommit<FakeRunner>>>, Arc<AtomicUsize>) {
     let transactions = Arc::new(AtomicUsize::new(0));
     let runner = FakeRunner {
         delay,
-        fenced,
+        fenced: false,
+        fails,
         transactions: Arc::clone(&transactions),
     };
     let writer = GroupCommit::new(partition, runner, metadata(), 0, 256, 65_536).unwrap();
@@ -96,10 +116,11 @@ async fn persist_all(
     lanes: &[Arc<Lane<u64, GroupCommit<FakeRunner>>>],
     limit: usize,
 ) -> Result<(), FlowError> {
-    each_lane(lanes.to_vec(), limit, |lane| async move {
+    let failures = each_lane(lanes.to_vec(), limit, |lane| async move {
         persist_lane(&Count, &lane).await
     })
-    .await
+    .await;
+    failures.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
 }
 
 /// A fenced partition stops alone: the others' waves land and their committable offsets move, the fenced
@@ -279,4 +300,91 @@ async fn persist_wave_benchmark() {
     }
     rows.sort_by(f64::total_cmp);
     println!("median serial/independent ratio: {:.2}", rows[1]);
+}
+
+type FakeLanes = Mutex<BTreeMap<i32, Arc<Lane<u64, GroupCommit<FakeRunner>>>>>;
+
+/// Three lanes, partition 1 failing with `kind`, persisted once, then judged under `policy`: which
+/// lanes are left, what the caller is told, and what the fence handling plans next.
+async fn one_failing_wave(
+    kind: FailureKind,
+    policy: FencePolicy,
+) -> (Vec<i32>, Result<(), FlowError>, Mutex<FenceCore>) {
+    let held: FakeLanes = Mutex::new(
+        (0..3)
+            .map(|p| {
+                let fails = (p == 1).then_some(kind);
+                (p, failing_lane(p, Duration::from_millis(1), fails, 5).0)
+            })
+            .collect(),
+    );
+    let lanes: Vec<_> = held.lock().unwrap().values().cloned().collect();
+    let failures = each_lane(
+        lanes,
+        8,
+        |lane| async move { persist_lane(&Count, &lane).await },
+    )
+    .await;
+    assert_eq!(failures.len(), 1, "only partition 1 fails");
+    let fence = Mutex::new(FenceCore::new(policy));
+    let judged = judge(&held, &fence, failures, Site::Held);
+    assert!(judged
+        .dropped
+        .iter()
+        .all(|l| !held.lock().unwrap().contains_key(&l.partition)));
+    let left = held.lock().unwrap().keys().copied().collect();
+    (left, judged.result, fence)
+}
+
+/// A spurious fence (the group refused one partition's commit) in the tolerant mode drops only that
+/// partition's lane, tells the caller nothing, counts it, and the next plan acquires it again while the
+/// consumer still owns it.
+#[tokio::test]
+async fn a_spurious_fence_drops_one_lane_and_plans_its_reacquisition() {
+    let (left, result, fence) = one_failing_wave(FailureKind::Fenced, FencePolicy::Recover).await;
+    assert_eq!(left, vec![0, 2]);
+    assert!(result.is_ok(), "{result:?}");
+    let mut fence = fence.into_inner().unwrap();
+    assert_eq!(fence.stats().fences_recovered, 1);
+    assert_eq!(fence.plan(&[0, 1, 2].into_iter().collect()), vec![1]);
+}
+
+/// An unknown outcome is recovered in place too: the new acquisition's InitProducerId settles it.
+#[tokio::test]
+async fn an_unknown_outcome_is_recovered_in_place() {
+    let (left, result, _) =
+        one_failing_wave(FailureKind::OutcomeUnknown, FencePolicy::Recover).await;
+    assert_eq!(left, vec![0, 2]);
+    assert!(result.is_ok(), "{result:?}");
+}
+
+/// An eviction or a producer fence drops every lane (nothing is written from the old membership)
+/// and queues one rejoin, without an error to the caller.
+#[tokio::test]
+async fn an_eviction_or_a_producer_fence_drops_everything_and_rejoins() {
+    for kind in [FailureKind::Evicted, FailureKind::ProducerFenced] {
+        let (left, result, fence) = one_failing_wave(kind, FencePolicy::Recover).await;
+        assert!(left.is_empty(), "{kind:?}: {left:?}");
+        assert!(result.is_ok(), "{kind:?}: {result:?}");
+        let mut fence = fence.into_inner().unwrap();
+        assert!(fence.take_rejoin().is_some(), "{kind:?}");
+        assert_eq!(fence.stats().rejoins, 1);
+    }
+}
+
+/// The stopping mode keeps today's behaviour: the error reaches the caller and no lane is dropped;
+/// stopping kinds stop in the tolerant mode as well.
+#[tokio::test]
+async fn the_stopping_mode_and_stopping_kinds_return_the_error() {
+    for (kind, policy) in [
+        (FailureKind::Fenced, FencePolicy::Stop),
+        (FailureKind::Evicted, FencePolicy::Stop),
+        (FailureKind::InstanceFenced, FencePolicy::Recover),
+        (FailureKind::Fatal, FencePolicy::Recover),
+    ] {
+        let (left, result, _) = one_failing_wave(kind, policy).await;
+        assert_eq!(left, vec![0, 1, 2], "{kind:?} {policy:?}");
+        let err = result.expect_err("the caller hears of it");
+        assert_eq!(err.failure_kind(), Some(kind));
+    }
 }

@@ -6,8 +6,10 @@
 //!    (or let [`Flow::start`] create it: [`FlowConfig::missing_snapshot_topic`]).
 //! 2. Implement [`Fold`] for your per-key state: how an event changes it, and its bytes.
 //! 3. Build a [`FlowConfig`] (group, input topic, [`SnapshotConfig`]) and call [`Flow::start`], then
-//!    [`Flow::run`] until you stop it. A stale owner is stopped by the fence with an error for which
-//!    [`FlowError::is_fenced`] is true; restart it as a new member.
+//!    [`Flow::run`] until you stop it. A commit the fence refuses wrote nothing; by default the flow
+//!    recovers from it by itself (acquiring the partition again, or rejoining the group as a new
+//!    member: [`FencePolicy`]) and counts it in [`Flow::stats`]; with [`FencePolicy::Stop`] it ends
+//!    with an error for which [`FlowError::is_fenced`] is true.
 //!
 //! [`SnapshotStore`] is the layer below `Flow`, for applications that keep their own state and only want
 //! fenced snapshot writes of one assigned partition; [`recover`] reads a snapshot partition back.
@@ -17,6 +19,7 @@
 //!   KIP-664 (hanging transactions), KIP-890 (transaction server-side defence)
 
 mod error;
+mod fence_core;
 mod flow;
 mod fold_core;
 mod group_commit;
@@ -28,8 +31,10 @@ mod store;
 mod topic;
 
 pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure};
+pub use fence_core::{FencePolicy, FlowStats};
 pub use flow::{
-    BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, PersistenceMode, SystemClock,
+    BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, PersistenceMode, StatsHandle,
+    SystemClock,
 };
 pub use group_commit::{
     GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError,

@@ -2,7 +2,7 @@
 //! a broker by hand, for checking the facts in the crate docs, and for the fixture test that kills this
 //! process and checks its JVMs die with it.
 //!
-//! `cargo run -p kafka-fixture --bin kafka-fixture -- [4|4tv1|39|3n] [key=value ...]`
+//! `cargo run -p kafka-fixture --bin kafka-fixture -- [4|4tv1|42|39|3n] [key=value ...]`
 //! - `tv=N` / `gv=N`: transaction.version / group.version at format time
 //! - `hold=SECS`: keep the cluster that long after printing (default 0); Ctrl-C stops it and its JVMs
 //! - `apis=1`: also print every API's version range
@@ -29,10 +29,11 @@ fn main() {
     let mut spec = match args.next().as_deref().unwrap_or("4") {
         "4" => ClusterSpec::kafka4(),
         "4tv1" => ClusterSpec::kafka4_tv1(),
+        "42" => ClusterSpec::kafka42(),
         "39" => ClusterSpec::kafka39(),
         "3n" => ClusterSpec::three_nodes(),
         other => {
-            eprintln!("unknown preset {other}: want 4, 4tv1, 39 or 3n");
+            eprintln!("unknown preset {other}: want 4, 4tv1, 42, 39 or 3n");
             std::process::exit(2);
         }
     };

@@ -102,6 +102,17 @@ enum MainKind {
     Leave,
 }
 
+/// A LeaveGroup for a membership this member has given up.
+#[derive(Debug, Clone, PartialEq)]
+struct Farewell {
+    member_id: String,
+    reason: String,
+    /// Sent only once every revocation and loss is acknowledged: a rejoin asked for while a revoke
+    /// handler runs must not let the coordinator hand those partitions on before the handler is done.
+    /// A poll-interval expiry does not wait (the application is stuck; waiting would defeat it).
+    after_ack: bool,
+}
+
 /// A classic-protocol consumer group member.
 #[derive(Debug)]
 pub(crate) struct ClassicMember {
@@ -141,8 +152,9 @@ pub(crate) struct ClassicMember {
     metadata_check_inflight: Option<RequestId>,
     next_metadata_check: Instant,
 
-    /// A LeaveGroup to send without waiting for its answer (after a poll-interval expiry).
-    farewell: Option<(String, Option<String>)>,
+    /// A LeaveGroup to send without waiting for its answer (after a poll-interval expiry or a rejoin
+    /// as a new member).
+    farewell: Option<Farewell>,
 
     last_poll: Instant,
     events: Events,
@@ -276,20 +288,62 @@ impl ClassicMember {
         matches!(self.phase, Phase::Closed | Phase::Failed)
     }
 
+    /// Gives up this membership and joins again as a new member, on the application's word (the
+    /// snapshot runtime learnt it was evicted, or that a newer owner fenced its producer): everything
+    /// owned is reported [`LostReason::Rejoined`] (never revoked: nothing may be written from the old
+    /// membership), the generation is dropped at once (so no commit carries it any more), a dynamic
+    /// member forgets its member id and says goodbye with a LeaveGroup it does not wait for (so the next
+    /// round need not wait out the old id's session), and the join goes out once the loss is
+    /// acknowledged. A static member keeps its id: its instance id names it, and the coordinator
+    /// replaces the old incarnation on the join. Does nothing on a member that is closing or closed.
+    pub(crate) fn rejoin_as_new(&mut self, now: Instant, reason: &str) {
+        match self.phase {
+            Phase::Closed | Phase::Failed | Phase::Leaving => return,
+            // Already out of the group with its partitions reported lost; the next poll rejoins.
+            Phase::Dormant => return,
+            _ => {}
+        }
+        tracing::info!(group = %self.group_id, member = %self.member_id, reason, "rejoining as a new member");
+        if self.instance_id.is_none() && !self.member_id.is_empty() {
+            self.farewell = Some(Farewell {
+                member_id: self.member_id.clone(),
+                reason: format!("rejoining as a new member: {reason}"),
+                after_ack: true,
+            });
+            self.member_id.clear();
+        }
+        self.generation = None;
+        self.leader_topics = None;
+        let lost = std::mem::take(&mut self.owned);
+        self.events.push(MemberEvent::Lost {
+            partitions: lost.into_iter().collect(),
+            reason: LostReason::Rejoined,
+        });
+        self.main_inflight = None;
+        self.heartbeat_inflight = None;
+        self.phase = Phase::Unjoined;
+        self.rejoin = Some(format!("rejoining as a new member: {reason}"));
+        self.retry_at = now;
+    }
+
     // ---------------------------------------------------------------- driver-facing
 
     /// The next request to send, if any is due at `now`. Call until it returns `None`.
     pub(crate) fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         self.handle_timeout(now);
-        if let Some((member_id, instance)) = self.farewell.take() {
-            if let Some(node) = self.coordinator {
+        let farewell_due = self
+            .farewell
+            .as_ref()
+            .is_some_and(|f| !f.after_ack || !self.events.blocking());
+        if farewell_due {
+            if let (Some(node), Some(f)) = (self.coordinator, self.farewell.take()) {
                 return Some(self.transmit(
                     Destination::Coordinator(node),
                     None,
                     Request::LeaveGroup {
-                        member_id,
-                        group_instance_id: instance,
-                        reason: Some("consumer poll interval expired".into()),
+                        member_id: f.member_id,
+                        group_instance_id: None,
+                        reason: Some(f.reason),
                     },
                 ));
             }
@@ -771,7 +825,11 @@ impl ClassicMember {
             reason: LostReason::PollIntervalExceeded,
         });
         if self.instance_id.is_none() && !self.member_id.is_empty() {
-            self.farewell = Some((self.member_id.clone(), None));
+            self.farewell = Some(Farewell {
+                member_id: self.member_id.clone(),
+                reason: "consumer poll interval expired".into(),
+                after_ack: false,
+            });
         }
         self.generation = None;
         self.member_id.clear();

@@ -65,6 +65,9 @@ enum LeaveKind {
     /// The poll interval expired: leave at once (the application is stuck, so waiting for its
     /// acknowledgement would defeat the point), then wait for the next poll.
     PollTimeout,
+    /// The application asked to join again as a new member: leave at once (the partitions are already
+    /// reported lost), then join at epoch 0.
+    Rejoin,
 }
 
 /// What the coordinator has confirmed seeing, so unchanged fields can be sent as null.
@@ -232,6 +235,11 @@ impl ConsumerMember {
     /// Leaves: revokes everything (acknowledge as usual), then heartbeats with epoch -1 (or -2 for a
     /// static member, whose partitions then wait for it until its session times out).
     pub(crate) fn leave(&mut self) {
+        if self.phase == Phase::Leaving && self.leave_kind == Some(LeaveKind::Rejoin) {
+            // Leaving to rejoin, and now closing: the leave in progress ends the membership instead.
+            self.leave_kind = Some(LeaveKind::Close);
+            return;
+        }
         if matches!(self.phase, Phase::Closed | Phase::Failed | Phase::Leaving) {
             return;
         }
@@ -252,6 +260,37 @@ impl ConsumerMember {
 
     pub(crate) fn is_closed(&self) -> bool {
         matches!(self.phase, Phase::Closed | Phase::Failed)
+    }
+
+    /// Gives up this membership and joins again as a new member, on the application's word (see the
+    /// classic machine's `rejoin_as_new`): everything owned is reported [`LostReason::Rejoined`], the
+    /// epoch drops to 0 at once (no commit carries the old one), and a joined member sends its leave
+    /// heartbeat (epoch -1, or -2 when static) before it joins again at epoch 0, so the coordinator
+    /// frees the old membership's partitions at once instead of after its session. The leave, and so
+    /// the join, wait for the loss (and any revocation in progress) to be acknowledged. Does nothing on a member that is closing or closed.
+    pub(crate) fn rejoin_as_new(&mut self, _now: Instant, reason: &str) {
+        match self.phase {
+            Phase::Closed | Phase::Failed | Phase::Leaving | Phase::Dormant => return,
+            Phase::Joining | Phase::Stable => {}
+        }
+        tracing::info!(group = %self.group_id, member = %self.member_id, epoch = self.member_epoch, reason, "rejoining as a new member");
+        let lost: Vec<TopicPartition> = std::mem::take(&mut self.owned).into_values().collect();
+        self.events.push(MemberEvent::Lost {
+            partitions: lost,
+            reason: LostReason::Rejoined,
+        });
+        let joined = self.member_epoch > 0;
+        self.target = None;
+        self.reconciling = None;
+        self.inflight = None;
+        if joined {
+            self.member_epoch = 0;
+            self.phase = Phase::Leaving;
+            self.leave_kind = Some(LeaveKind::Rejoin);
+            self.send_now = true;
+        } else {
+            self.rejoin();
+        }
     }
 
     // ---------------------------------------------------------------- driver-facing
@@ -276,7 +315,9 @@ impl ConsumerMember {
             return None;
         }
         if self.phase == Phase::Leaving {
-            if self.leave_kind == Some(LeaveKind::Close) && self.events.blocking() {
+            // Closing or rejoining: the coordinator frees the partitions on the leave, so it waits for
+            // the application to have let them go. A poll-interval expiry leaves at once.
+            if self.leave_kind != Some(LeaveKind::PollTimeout) && self.events.blocking() {
                 return None;
             }
             let epoch = if self.instance_id.is_some() {
@@ -652,10 +693,11 @@ impl ConsumerMember {
 
     fn after_leave(&mut self) {
         self.sent = None;
-        self.phase = match self.leave_kind.take() {
-            Some(LeaveKind::PollTimeout) => Phase::Dormant,
-            _ => Phase::Closed,
-        };
+        match self.leave_kind.take() {
+            Some(LeaveKind::PollTimeout) => self.phase = Phase::Dormant,
+            Some(LeaveKind::Rejoin) => self.rejoin(),
+            _ => self.phase = Phase::Closed,
+        }
     }
 
     fn coordinator_unknown(&mut self, now: Instant) {

@@ -57,6 +57,10 @@ pub enum LostReason {
     /// long), so the member left the group on its own, as Java's consumer does. It rejoins on the next
     /// poll.
     PollIntervalExceeded,
+    /// The application gave the membership up to join again as a new member (the snapshot runtime
+    /// does after an eviction or a producer fence it saw on a commit): nothing may be written from the
+    /// old membership, so its partitions are reported lost, not revoked.
+    Rejoined,
 }
 
 /// What a membership machine asks of the application.

@@ -235,6 +235,16 @@ impl Sim {
                     self.apps[i].revoking = Some(REVOKE_STEPS);
                     self.pending_removal(i, ps);
                 }
+                // The application asked to rejoin and had already let its partitions go.
+                MemberEvent::Lost {
+                    partitions,
+                    reason: LostReason::Rejoined,
+                } => {
+                    for p in &partitions {
+                        self.apps[i].held.remove(p);
+                    }
+                    self.apps[i].member.ack(self.now);
+                }
                 MemberEvent::Lost { partitions, reason } => {
                     panic!("member {i} lost {partitions:?} ({reason:?}) in a healthy group")
                 }
@@ -306,4 +316,46 @@ fn consumer_protocol_never_overlaps() {
     sim.settle();
     sim.add_member();
     sim.settle();
+}
+
+/// A rejoin as a new member under the consumer protocol: everything is lost at once, the epoch drops
+/// to 0 (the old one is withdrawn), the leave heartbeat goes out before the epoch-0 join, and the group
+/// settles with every partition held once.
+#[test]
+fn consumer_protocol_rejoin_as_new_member() {
+    let mut sim = Sim::new();
+    for _ in 0..3 {
+        sim.add_member();
+        sim.settle();
+    }
+    for _ in 0..2 {
+        sim.apps[2].member.rejoin_as_new(sim.now, "scripted");
+        assert!(sim.apps[2].member.group_metadata().is_none());
+        // Nothing goes out before the loss is acknowledged: the leave frees the partitions.
+        assert!(sim.apps[2].member.poll_transmit(sim.now).is_none());
+        sim.handle_events(2);
+        assert!(sim.apps[2].held.is_empty());
+        let leave = sim.apps[2].member.poll_transmit(sim.now);
+        let Some(Transmit {
+            request: Request::ConsumerGroupHeartbeat(hb),
+            id,
+            ..
+        }) = leave
+        else {
+            panic!("expected the leave heartbeat first: {leave:?}");
+        };
+        assert_eq!(hb.member_epoch, -1);
+        let response = sim.coordinator.heartbeat(&hb);
+        sim.apps[2].member.handle_response(sim.now, id, response);
+        let join = sim.apps[2].member.poll_transmit(sim.now);
+        assert!(
+            matches!(&join, Some(Transmit { request: Request::ConsumerGroupHeartbeat(hb), .. }) if hb.member_epoch == 0),
+            "then the join at epoch 0: {join:?}"
+        );
+        sim.apps[2]
+            .member
+            .handle_failure(sim.now, join.map(|t| t.id).unwrap_or(RequestId(0)));
+        sim.settle();
+        assert!(!sim.apps[2].held.is_empty());
+    }
 }

@@ -343,6 +343,16 @@ impl Sim {
                     }
                 }
                 MemberEvent::Revoke(ps) => self.apps[i].revoking = Some((ps, REVOKE_STEPS)),
+                // The application asked to rejoin and had already let its partitions go.
+                MemberEvent::Lost {
+                    partitions,
+                    reason: LostReason::Rejoined,
+                } => {
+                    for p in &partitions {
+                        self.apps[i].held.remove(p);
+                    }
+                    self.apps[i].member.ack(self.now);
+                }
                 MemberEvent::Lost { partitions, reason } => {
                     panic!("member {i} lost {partitions:?} ({reason:?}) in a healthy group")
                 }
@@ -400,6 +410,93 @@ impl Sim {
         assert!(self.apps[i].held.is_empty());
         self.apps[i].alive = false;
     }
+}
+
+impl Sim {
+    /// Member `i` gives its membership up and joins as a new member; returns its old member id. The
+    /// old generation is withdrawn at once.
+    fn rejoin_member(&mut self, i: usize) -> String {
+        let old = self.apps[i]
+            .member
+            .group_metadata()
+            .expect("joined")
+            .member_id()
+            .to_string();
+        self.apps[i].member.rejoin_as_new(self.now, "scripted");
+        assert!(
+            self.apps[i].member.group_metadata().is_none(),
+            "no commit may carry the old generation"
+        );
+        old
+    }
+}
+
+/// A rejoin as a new member loses every partition, leaves under the old id, joins under a new one,
+/// and the group settles with every partition held once: the old membership is gone from the
+/// coordinator rather than waited out.
+fn rejoin_scenario(assignor: Assignor) {
+    let mut sim = Sim::new(assignor);
+    for _ in 0..3 {
+        sim.add_member();
+        sim.settle();
+    }
+    for round in 0..2 {
+        let old = sim.rejoin_member(1);
+        sim.settle();
+        let new = sim.apps[1]
+            .member
+            .group_metadata()
+            .unwrap()
+            .member_id()
+            .to_string();
+        assert_ne!(old, new, "round {round}: a new member");
+        assert!(
+            !sim.coordinator.members.contains_key(&old),
+            "round {round}: the old member left"
+        );
+        assert_eq!(sim.coordinator.members.len(), 3, "round {round}");
+        assert!(
+            !sim.apps[1].held.is_empty(),
+            "round {round}: it got partitions back"
+        );
+    }
+}
+
+/// Eager: a rejoin as a new member settles without overlap.
+#[test]
+fn eager_rejoin_as_new_member() {
+    rejoin_scenario(Assignor::Range);
+}
+
+/// Cooperative: same.
+#[test]
+fn cooperative_rejoin_as_new_member() {
+    rejoin_scenario(Assignor::CooperativeSticky);
+}
+
+/// A rejoin asked for in the middle of a revocation still hands the loss out after the revocation,
+/// and a rejoin on a closed member does nothing.
+#[test]
+fn rejoin_during_a_revocation_and_after_close() {
+    let mut sim = Sim::new(Assignor::CooperativeSticky);
+    sim.add_member();
+    sim.settle();
+    sim.add_member();
+    // Step until member 0 is revoking for the newcomer, then rejoin it.
+    let mut rejoined = false;
+    for _ in 0..200 {
+        sim.step();
+        if sim.apps[0].revoking.is_some() && !rejoined {
+            sim.apps[0].member.rejoin_as_new(sim.now, "during revoke");
+            rejoined = true;
+        }
+    }
+    assert!(rejoined, "member 0 never revoked");
+    sim.settle();
+    sim.stop_member(1);
+    sim.apps[1].member.rejoin_as_new(sim.now, "after close");
+    assert!(sim.apps[1].member.is_closed());
+    assert!(sim.apps[1].member.poll_event().is_none());
 }
 
 fn scenario(assignor: Assignor) {
