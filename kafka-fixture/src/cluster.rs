@@ -265,10 +265,6 @@ impl LocalCluster {
             set("broker.heartbeat.interval.ms", "500");
             set("broker.session.timeout.ms", "3000");
         }
-        if self.spec.version.major() < 4 {
-            // 3.9: the KIP-848 consumer protocol is a preview that must be switched on here (4.x has it on).
-            set("group.coordinator.rebalance.protocols", "classic,consumer");
-        }
         for (k, v) in &self.spec.broker_props {
             set(k, v);
         }

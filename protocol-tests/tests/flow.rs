@@ -416,15 +416,15 @@ async fn end_to_end_state_survives_rebalances_and_a_zombie() {
     }
 }
 
-/// 3.9 with its own default, the classic group coordinator, instead of the preview one the fixture turns
-/// on for 3.9. The preview coordinator loses WriteTxnMarkers answers (KAFKA-17877, fixed in 4.0;
+/// 3.9 with its own default, the classic group coordinator (the fixture's default 3.9 since issue 18;
+/// it used to switch the KIP-848 preview on). The preview's new coordinator loses WriteTxnMarkers answers (KAFKA-17877, fixed in 4.0;
 /// `tests/txn_markers.rs` shows it): the transaction coordinator then never finishes that transaction, and
 /// its transactional id stays wedged (every InitProducerId answers CONCURRENT_TRANSACTIONS) until the
 /// coordinator moves. Members committing offset-only transactions on several partitions at once trigger
 /// it in about a third of the runs of this test; nothing a client does unwedges the id
 /// (docs/reliability.md).
 fn kafka39_classic_coordinator() -> ClusterSpec {
-    ClusterSpec::kafka39().with_prop("group.coordinator.rebalance.protocols", "classic")
+    ClusterSpec::kafka39()
 }
 
 async fn end_to_end(kafka: &KafkaCluster, protocol: GroupProtocol) {

@@ -111,15 +111,14 @@ async fn burst(kafka: &KafkaCluster, first_id: i64, requests: i64, stop_at_first
     outcome
 }
 
-/// 3.9 as the fixture runs it by default, with the preview group coordinator switched on (the fixture
-/// enables the KIP-848 consumer protocol there).
+/// 3.9 with the KIP-848 preview switched on, which runs the new group coordinator.
 fn kafka39_preview_coordinator() -> ClusterSpec {
-    ClusterSpec::kafka39()
+    ClusterSpec::kafka39_consumer_preview()
 }
 
-/// 3.9 with its default, classic group coordinator.
+/// 3.9 as it ships (and as the fixture runs it by default): the classic group coordinator.
 fn kafka39_classic_coordinator() -> ClusterSpec {
-    ClusterSpec::kafka39().with_prop("group.coordinator.rebalance.protocols", "classic")
+    ClusterSpec::kafka39()
 }
 
 /// The answer to WriteTxnMarkers covers every marker of the request: the transaction coordinator relies
