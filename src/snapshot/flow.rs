@@ -537,14 +537,20 @@ async fn persist_lane<F: Fold, W: Writes>(
 }
 
 /// Commits `lane`'s committable offset.
-async fn commit_lane<S, W: Writes>(lane: &Lane<S, W>) -> Result<(), FlowError> {
+async fn commit_lane<S, W: Writes>(lane: &Lane<S, W>, when: CommitWhen) -> Result<(), FlowError> {
     let _turn = lane.turn.lock().await;
     let offset = {
         let core = lane.core();
         if core.is_fenced() {
             return Ok(());
         }
-        core.committable()
+        match when {
+            CommitWhen::Always => core.committable(),
+            CommitWhen::Moved => match core.commit_due() {
+                Some(offset) => offset,
+                None => return Ok(()),
+            },
+        }
     };
     let result = lane.writer.commit_offset(offset).await;
     match landing(&result) {
@@ -553,6 +559,18 @@ async fn commit_lane<S, W: Writes>(lane: &Lane<S, W>) -> Result<(), FlowError> {
         Landing::Failed => {}
     }
     result
+}
+
+/// Whether [`commit_lane`] commits an offset the group already has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CommitWhen {
+    /// Only when the committable offset moved past the last landed commit: the periodic commit. An
+    /// idle partition then runs no transaction at all (offset-only transactions on 3.7-3.9's preview
+    /// group coordinator are also what sets off KAFKA-17877, docs/reliability.md).
+    Moved,
+    /// Always: the first commit of a fresh partition (recording its start for the group) and a
+    /// handover's flush.
+    Always,
 }
 
 /// A revocation's or close's flush: persist, commit, and once more if the commit made tombstones due,
@@ -569,7 +587,7 @@ async fn flush_lane<F: Fold, W: Writes>(
     if !fenced {
         tracing::info!(partition = lane.partition, offset, "committing on revoke");
     }
-    commit_lane(lane).await?;
+    commit_lane(lane, CommitWhen::Always).await?;
     let due = lane.core().tombstones_due();
     if due {
         persist_lane(fold, lane).await?;
@@ -813,7 +831,7 @@ impl<F: Fold> Shared<F> {
             // partition at the committed offset, so it now reads from exactly where this flow
             // counts from, and a restart before the first periodic commit starts there again
             // instead of re-resolving "earliest" or "latest" against a log that has moved.
-            if let Err(e) = commit_lane(&lane).await {
+            if let Err(e) = commit_lane(&lane, CommitWhen::Always).await {
                 if let Writer::Fenced(store) = lane.writer {
                     store.close().await;
                 }
@@ -1371,14 +1389,15 @@ impl<F: Fold> Flow<F> {
     /// Commits every held partition's committable offset: the first change not yet in a landed
     /// snapshot write, so a commit never passes state that exists only in memory. Call
     /// [`persist`](Self::persist) first to move it as far as the folding went. Partitions commit
-    /// independently, as in `persist`.
+    /// independently, as in `persist`. A partition whose committable offset has not moved past its
+    /// last landed commit commits nothing (no transaction).
     ///
     /// Not cancel-safe in outcome: if dropped, the commit may or may not have happened.
     pub async fn commit(&self) -> Result<(), FlowError> {
         let failures = each_lane(
             self.shared.all_lanes(),
             self.shared.config.max_concurrent_partitions,
-            |lane| async move { commit_lane(&lane).await },
+            |lane| async move { commit_lane(&lane, CommitWhen::Moved).await },
         )
         .await;
         self.shared.settle(failures, Site::Held).await
@@ -1404,37 +1423,62 @@ impl<F: Fold> Flow<F> {
     /// [`FencePolicy::Stop`]; by default it is recovered in place, between polls). Then
     /// [`close`](Self::close)s the flow; the loop's error, if any, is returned before close's.
     ///
+    /// The periodic work runs between polls and never interrupts one: a rebalance handler inside a poll
+    /// (a partition's acquisition and recovery read) runs to its end however long it takes, and a
+    /// persist or commit falls due late by at most that long.
+    ///
     /// Not cancel-safe: dropping the future is dropping the flow (see [`Flow`]).
     pub async fn run(
         mut self,
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<(), FlowError> {
         tokio::pin!(stop);
-        let mut persist = tokio::time::interval(self.shared.config.persist_every);
-        let mut commit = tokio::time::interval(self.shared.config.commit_offsets_interval);
-        let mut timers = tokio::time::interval(self.shared.config.timer_every);
-        persist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        timers.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let persist_every = self.shared.config.persist_every;
+        let commit_every = self.shared.config.commit_offsets_interval;
+        let timer_every = self.shared.config.timer_every;
+        let began = tokio::time::Instant::now();
+        let (mut next_persist, mut next_commit, mut next_timers) = (
+            began + persist_every,
+            began + commit_every,
+            began + timer_every,
+        );
         let result = loop {
             // Outside the select: an acquisition must not be cancelled by a persist tick.
             if let Err(e) = self.before_poll().await {
                 break Err(e);
             }
+            // The periodic work runs between polls, never by cancelling one: a poll may be running a
+            // rebalance handler (a partition's acquisition and recovery read, however long it takes),
+            // which a cancelled poll would start again from nothing.
+            let now = tokio::time::Instant::now();
+            if now >= next_commit {
+                next_commit = now + commit_every;
+                next_persist = now + persist_every;
+                if let Err(e) = self.persist().await {
+                    break Err(e);
+                }
+                if let Err(e) = self.commit().await {
+                    break Err(e);
+                }
+            } else if now >= next_persist {
+                next_persist = now + persist_every;
+                if let Err(e) = self.persist().await {
+                    break Err(e);
+                }
+            }
+            if now >= next_timers {
+                next_timers = now + timer_every;
+                self.tick();
+            }
+            let wait = next_persist
+                .min(next_commit)
+                .min(next_timers)
+                .saturating_duration_since(tokio::time::Instant::now())
+                .clamp(Duration::from_millis(1), Duration::from_millis(200));
             tokio::select! {
                 biased;
                 _ = &mut stop => break Ok(()),
-                _ = persist.tick() => {
-                    if let Err(e) = self.persist().await { break Err(e) }
-                }
-                _ = commit.tick() => {
-                    if let Err(e) = self.persist().await { break Err(e) }
-                    if let Err(e) = self.commit().await { break Err(e) }
-                }
-                _ = timers.tick() => {
-                    self.tick();
-                }
-                r = self.poll_consumer(Duration::from_millis(200)) => {
+                r = self.poll_consumer(wait) => {
                     let folded = match r {
                         Ok(batches) => self.fold_batches(batches),
                         Err(e) => Err(e),

@@ -135,7 +135,7 @@ async fn a_fenced_partition_does_not_stop_the_others() {
     assert_eq!(good.core().committable(), 10);
     assert_eq!(stale.core().committable(), 0);
     assert!(stale.core().is_fenced());
-    commit_lane(&good).await.unwrap();
+    commit_lane(&good, CommitWhen::Moved).await.unwrap();
     assert!(
         persist_lane(&Count, &stale).await.is_ok(),
         "nothing more to write"
@@ -387,4 +387,24 @@ async fn the_stopping_mode_and_stopping_kinds_return_the_error() {
         let err = result.expect_err("the caller hears of it");
         assert_eq!(err.failure_kind(), Some(kind));
     }
+}
+
+/// The periodic commit runs a transaction only when the committable offset moved past the last landed
+/// commit: an idle partition commits nothing, while a handover's flush always commits.
+#[tokio::test]
+async fn an_unmoved_offset_is_not_committed_again() {
+    let (lane, transactions) = lane(0, Duration::ZERO, false, 4);
+    persist_lane(&Count, &lane).await.unwrap();
+    let after_persist = transactions.load(Ordering::Relaxed);
+    commit_lane(&lane, CommitWhen::Moved).await.unwrap();
+    assert_eq!(transactions.load(Ordering::Relaxed), after_persist + 1);
+    assert_eq!(lane.core().commit_due(), None);
+    commit_lane(&lane, CommitWhen::Moved).await.unwrap();
+    assert_eq!(
+        transactions.load(Ordering::Relaxed),
+        after_persist + 1,
+        "nothing moved, nothing committed"
+    );
+    commit_lane(&lane, CommitWhen::Always).await.unwrap();
+    assert_eq!(transactions.load(Ordering::Relaxed), after_persist + 2);
 }

@@ -414,6 +414,14 @@ impl<S> PartitionCore<S> {
             .fold(self.position, i64::min)
     }
 
+    /// The committable offset when it is past the last landed commit: what a periodic commit has to
+    /// send. `None` when the group already has it, so an idle partition commits nothing (each commit
+    /// is a transaction with a marker on the snapshot partition and on `__consumer_offsets`).
+    pub(crate) fn commit_due(&self) -> Option<i64> {
+        let offset = self.committable();
+        (offset > self.committed).then_some(offset)
+    }
+
     /// A commit of `offset` landed. Graves behind it get their tombstones in the next wave.
     pub(crate) fn commit_landed(&mut self, offset: i64) {
         self.committed = self.committed.max(offset);
