@@ -131,8 +131,10 @@ async fn kafka4_formatted_group_version_0_has_no_finalized_consumer_protocol() {
     assert_eq!(consumer_protocol_join_error(&mut p), 35);
 }
 
+/// 3.9 as it ships (the fixture's default 3.9): no KIP-890 part 2, and the consumer protocol refused
+/// although its API is advertised.
 #[tokio::test]
-async fn kafka39_starts_with_the_consumer_protocol_preview() {
+async fn kafka39_starts_as_it_ships() {
     let kafka = cluster(ClusterSpec::kafka39()).await;
     if kafka.is_external() {
         return eprintln!("skipped: SNAPFENCE_BOOTSTRAP names an external cluster");
@@ -143,12 +145,25 @@ async fn kafka39_starts_with_the_consumer_protocol_preview() {
     let versions = p.api_versions().unwrap();
     // 3.9 predates KIP-890 part 2: transaction.version is never 2 there.
     assert!(finalized_feature(&versions, "transaction.version").unwrap_or(0) < 2);
-    // 3.9 advertises ConsumerGroupHeartbeat either way and finalizes no group.version; only the
-    // `group.coordinator.rebalance.protocols=classic,consumer` preview switch makes a join succeed
-    // (without it the answer is 35 UNSUPPORTED_VERSION).
+    // 3.9 advertises ConsumerGroupHeartbeat either way and finalizes no group.version; without the
+    // preview switch a join answers 35 UNSUPPORTED_VERSION.
     assert!(finalized_feature(&versions, "group.version").is_none());
-    assert_eq!(consumer_protocol_join_error(&mut p), 0);
+    assert!(max_version(&versions, ApiKey::ConsumerGroupHeartbeat).is_some());
+    assert_eq!(consumer_protocol_join_error(&mut p), 35);
     assert_eq!(p.find_coordinator(1, &unique("tx")).unwrap(), (0, 1));
+}
+
+/// 3.9 with the KIP-848 preview switched on (`group.coordinator.rebalance.protocols=classic,consumer`):
+/// a consumer-protocol join succeeds.
+#[tokio::test]
+async fn kafka39_preview_accepts_the_consumer_protocol() {
+    let kafka = cluster(ClusterSpec::kafka39_consumer_preview()).await;
+    if kafka.is_external() {
+        return eprintln!("skipped: SNAPFENCE_BOOTSTRAP names an external cluster");
+    }
+    assert!(kafka.version().starts_with("3.9."));
+    let mut p = probe(&kafka, 1);
+    assert_eq!(consumer_protocol_join_error(&mut p), 0);
 }
 
 #[tokio::test]
