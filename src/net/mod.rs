@@ -32,6 +32,7 @@ mod broker;
 mod client;
 mod config;
 mod conn;
+mod dial;
 mod error;
 mod metadata;
 mod retry;
@@ -51,6 +52,7 @@ pub(crate) mod testing;
 pub use crate::wire::{Features, WireError};
 pub use client::{Client, CoordinatorKind};
 pub use config::ClientConfig;
+pub use dial::{DialFuture, DialedStream, Dialer, TcpDialer};
 pub use error::{ConnectionFailure, NetError};
 pub use metadata::{
     BrokerInfo, ClusterMetadata, LeaderInfo, PartitionMetadata, TopicId, TopicMetadata,
