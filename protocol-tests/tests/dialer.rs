@@ -2,7 +2,8 @@
 //! plain traffic passes, a partition fails requests with the net layer's typed timeout (and heals), a
 //! cut response fails the request as a dead connection, and a Produce whose answer is lost is retried
 //! by the idempotent producer without a duplicate in the log, or reported as of unknown outcome once
-//! its delivery timeout runs out.
+//! its delivery timeout runs out; inside a transaction, lost Produce and EndTxn answers are resent and
+//! the committed records appear once.
 //!
 //! # References
 //! - KIP-98 (idempotent producer: sequence numbers let the broker drop a retried batch it already has)
@@ -19,8 +20,10 @@ use snapfence::net::{
     CallOptions, Client, ClientConfig, ConnectionFailure, DialFuture, Dialer, NetError, TcpDialer,
     Target, Verdict,
 };
-use snapfence::producer::{Producer, ProducerConfig, ProducerError, ProducerRecord};
-use snapfence::records::{visible_in, IsolationLevel};
+use snapfence::producer::{
+    Producer, ProducerConfig, ProducerError, ProducerRecord, TransactionalConfig, TransactionalProducer,
+};
+use snapfence::records::{visible_in, AbortedTransaction, IsolationLevel};
 use snapfence::ErrorCode;
 
 const PRODUCE: i16 = 0;
@@ -99,44 +102,90 @@ fn attempt(e: NetError) -> NetError {
 
 /// The values in partition 0 of `topic`, every record up to the high watermark.
 async fn values(client: &Client, topic: &str) -> Vec<String> {
+    read(client, topic, IsolationLevel::ReadUncommitted).await
+}
+
+/// The committed values in partition 0 of `topic`, once no transaction is open on it.
+async fn values_committed(client: &Client, topic: &str) -> Vec<String> {
+    loop {
+        let (hw, lso) = ends(client, topic).await;
+        if hw == lso {
+            return read(client, topic, IsolationLevel::ReadCommitted).await;
+        }
+        // The commit's markers are written after the commit returns.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn ends(client: &Client, topic: &str) -> (i64, i64) {
+    let p = fetch(client, topic, 0, IsolationLevel::ReadUncommitted).await;
+    (p.high_watermark, p.last_stable_offset)
+}
+
+async fn fetch(
+    client: &Client,
+    topic: &str,
+    offset: i64,
+    isolation: IsolationLevel,
+) -> kafka_protocol::messages::fetch_response::PartitionData {
+    let build = |_v: i16| {
+        FetchRequest::default()
+            .with_replica_id((-1).into())
+            .with_max_wait_ms(50)
+            .with_min_bytes(1)
+            .with_max_bytes(16 << 20)
+            .with_isolation_level(isolation.as_i8())
+            .with_session_epoch(-1)
+            .with_topics(vec![FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
+                .with_partitions(vec![FetchPartition::default()
+                    .with_partition(0)
+                    .with_fetch_offset(offset)
+                    .with_log_start_offset(-1)
+                    .with_current_leader_epoch(-1)
+                    .with_partition_max_bytes(8 << 20)])])
+    };
+    let options = CallOptions {
+        max_version: Some(12),
+        ..CallOptions::default()
+    };
+    let mut resp = client
+        .call(Target::leader(topic, 0), &options, build, |r, _| {
+            Verdict::Done(r)
+        })
+        .await
+        .expect("fetch");
+    let p = resp.responses.swap_remove(0).partitions.swap_remove(0);
+    assert_eq!(ErrorCode::from_code(p.error_code), ErrorCode::None);
+    p
+}
+
+/// Every value a reader at `isolation` sees in partition 0, up to where it may read.
+async fn read(client: &Client, topic: &str, isolation: IsolationLevel) -> Vec<String> {
     let mut offset = 0i64;
     let mut out = Vec::new();
     loop {
-        let build = |_v: i16| {
-            FetchRequest::default()
-                .with_replica_id((-1).into())
-                .with_max_wait_ms(50)
-                .with_min_bytes(1)
-                .with_max_bytes(16 << 20)
-                .with_session_epoch(-1)
-                .with_topics(vec![FetchTopic::default()
-                    .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
-                    .with_partitions(vec![FetchPartition::default()
-                        .with_partition(0)
-                        .with_fetch_offset(offset)
-                        .with_log_start_offset(-1)
-                        .with_current_leader_epoch(-1)
-                        .with_partition_max_bytes(8 << 20)])])
+        let p = fetch(client, topic, offset, isolation).await;
+        let end = match isolation {
+            IsolationLevel::ReadCommitted => p.last_stable_offset,
+            IsolationLevel::ReadUncommitted => p.high_watermark,
         };
-        let options = CallOptions {
-            max_version: Some(12),
-            ..CallOptions::default()
-        };
-        let resp = client
-            .call(Target::leader(topic, 0), &options, build, |r, _| {
-                Verdict::Done(r)
+        let aborted: Vec<AbortedTransaction> = p
+            .aborted_transactions
+            .iter()
+            .flatten()
+            .map(|a| AbortedTransaction {
+                producer_id: a.producer_id.0,
+                first_offset: a.first_offset,
             })
-            .await
-            .expect("fetch");
-        let p = &resp.responses[0].partitions[0];
-        assert_eq!(ErrorCode::from_code(p.error_code), ErrorCode::None);
+            .collect();
         let bytes = p.records.clone().unwrap_or_default();
-        let v = visible_in(bytes, &[], IsolationLevel::ReadUncommitted, offset).expect("batches");
+        let v = visible_in(bytes, &aborted, isolation, offset).expect("batches");
         for r in v.iter() {
             out.push(String::from_utf8_lossy(r.value().unwrap_or_default()).into_owned());
         }
         offset = v.next_offset.max(offset);
-        if offset >= p.high_watermark {
+        if offset >= end {
             return out;
         }
     }
@@ -316,5 +365,57 @@ async fn a_produce_never_answered_is_reported_as_unknown_and_was_written_once() 
     assert!(s.proxy.stats(&s.broker).expect("stats").dropped_responses >= 1);
     s.proxy.heal();
     assert_eq!(values(&s.client, &topic).await, ["maybe"], "written, once");
+    s.proxy.check().expect("no proxy failure");
+}
+
+const END_TXN: i16 = 26;
+
+fn txn_config(id: &str) -> TransactionalConfig {
+    let mut c = TransactionalConfig::new(id);
+    c.operation_timeout = Duration::from_secs(60);
+    c.producer.linger = Duration::from_millis(1);
+    c.producer.request_timeout = Duration::from_secs(2);
+    c
+}
+
+/// Inside a transaction, a lost Produce answer and then a lost EndTxn answer: the batch is resent
+/// and kept once, the commit is sent again and holds, and a read_committed reader sees each record
+/// exactly once.
+#[tokio::test]
+async fn lost_answers_inside_a_transaction_neither_duplicate_nor_lose() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(3)).await else {
+        return;
+    };
+    let topic = topic(&s.client, "dial-txn").await;
+    let mut p = TransactionalProducer::init(s.client.clone(), txn_config(&unique("dial-txn")))
+        .await
+        .expect("init");
+    p.begin().expect("begin");
+    s.proxy
+        .set(&s.broker, Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])))
+        .expect("set");
+    let first = p.send(record(&topic, "one")).await.expect("send");
+    until(|| s.proxy.stats(&s.broker).is_ok_and(|st| st.dropped_responses >= 1)).await;
+    s.proxy.heal();
+    first.await.expect("delivered after the resend");
+    let second = p.send(record(&topic, "two")).await.expect("send");
+    second.await.expect("delivered");
+
+    s.proxy
+        .set(&s.broker, Fault::DropResponses(Requests::ApiKeys(vec![END_TXN])))
+        .expect("set");
+    let dropped_before = s.proxy.stats(&s.broker).expect("stats").dropped_responses;
+    let (committed, ()) = tokio::join!(p.commit(), async {
+        until(|| {
+            s.proxy
+                .stats(&s.broker)
+                .is_ok_and(|st| st.dropped_responses > dropped_before)
+        })
+        .await;
+        s.proxy.heal();
+    });
+    committed.expect("the commit, sent again, holds");
+    assert_eq!(values_committed(&s.client, &topic).await, ["one", "two"]);
     s.proxy.check().expect("no proxy failure");
 }
