@@ -201,12 +201,13 @@ impl FaultProxy {
             if routes.contains_key(&name) {
                 continue;
             }
-            let listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .map_err(|source| ProxyError::Bind {
-                    upstream: name.clone(),
-                    source,
-                })?;
+            let listener =
+                TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .map_err(|source| ProxyError::Bind {
+                        upstream: name.clone(),
+                        source,
+                    })?;
             let local = listener.local_addr().map_err(|source| ProxyError::Bind {
                 upstream: name.clone(),
                 source,
@@ -348,11 +349,7 @@ async fn accept_loop(listener: TcpListener, route: Arc<Route>, shared: Arc<Share
         let n = shared.next_conn.fetch_add(1, Ordering::Relaxed);
         let rng = Rng::new(shared.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let name = format!("connection {n} to {}", route.upstream);
-        spawn_supervised(
-            &shared,
-            name,
-            serve(client, route.clone(), rng),
-        );
+        spawn_supervised(&shared, name, serve(client, route.clone(), rng));
     }
 }
 
@@ -562,7 +559,15 @@ async fn responses(
                 // Half of the body (at least one byte when there is one), so the client is left inside
                 // the frame, then the reset.
                 let half = rest.div_ceil(2);
-                let _ = copy_body(read, Some(write), half, &mut fault, &route.counters.held, &mut rng).await;
+                let _ = copy_body(
+                    read,
+                    Some(write),
+                    half,
+                    &mut fault,
+                    &route.counters.held,
+                    &mut rng,
+                )
+                .await;
                 return End::Reset;
             }
             _ => {}
@@ -573,7 +578,15 @@ async fn responses(
         let mut start = (size as u32).to_be_bytes().to_vec();
         start.extend_from_slice(&head);
         if write_all(write, &start).await.is_err()
-            || !copy_body(read, Some(write), rest, &mut fault, &route.counters.held, &mut rng).await
+            || !copy_body(
+                read,
+                Some(write),
+                rest,
+                &mut fault,
+                &route.counters.held,
+                &mut rng,
+            )
+            .await
         {
             return End::Closed;
         }
@@ -711,7 +724,10 @@ mod tests {
             assert_eq!(response(&mut s).await.unwrap(), (id, big.clone()));
         }
         let stats = proxy.stats(&up).unwrap();
-        assert_eq!((stats.connections, stats.requests, stats.responses), (1, 3, 3));
+        assert_eq!(
+            (stats.connections, stats.requests, stats.responses),
+            (1, 3, 3)
+        );
         proxy.check().unwrap();
     }
 
@@ -752,7 +768,11 @@ mod tests {
         s.write_all(&request(0, 10, b"produce")).await.unwrap();
         s.write_all(&request(3, 11, b"metadata")).await.unwrap();
         assert_eq!(response(&mut s).await.unwrap(), (11, b"metadata".to_vec()));
-        assert_eq!(echo.received.load(Ordering::SeqCst), 2, "both requests landed");
+        assert_eq!(
+            echo.received.load(Ordering::SeqCst),
+            2,
+            "both requests landed"
+        );
         let stats = proxy.stats(&up).unwrap();
         assert_eq!((stats.dropped_responses, stats.responses), (1, 1));
     }

@@ -17,11 +17,12 @@ use kafka_protocol::messages::{MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use protocol_tests::{cluster, unique, ClusterSpec, Fault, FaultProxy, KafkaCluster, Requests};
 use snapfence::net::{
-    CallOptions, Client, ClientConfig, ConnectionFailure, DialFuture, Dialer, NetError, TcpDialer,
-    Target, Verdict,
+    CallOptions, Client, ClientConfig, ConnectionFailure, DialFuture, Dialer, NetError, Target,
+    TcpDialer, Verdict,
 };
 use snapfence::producer::{
-    Producer, ProducerConfig, ProducerError, ProducerRecord, TransactionalConfig, TransactionalProducer,
+    Producer, ProducerConfig, ProducerError, ProducerRecord, TransactionalConfig,
+    TransactionalProducer,
 };
 use snapfence::records::{visible_in, AbortedTransaction, IsolationLevel};
 use snapfence::ErrorCode;
@@ -39,7 +40,9 @@ impl Dialer for ViaProxy {
         match self.0.get(addr) {
             Some(local) => tcp.connect(local),
             None => Box::pin(async move {
-                Err(std::io::Error::other(format!("{addr} has no proxy listener")))
+                Err(std::io::Error::other(format!(
+                    "{addr} has no proxy listener"
+                )))
             }),
         }
     }
@@ -75,7 +78,9 @@ async fn through_proxy(kafka: &KafkaCluster, request_timeout: Duration) -> Optio
         max_retries: 3,
         ..ClientConfig::new(&kafka.bootstrap()).with_dialer(ViaProxy(routes))
     };
-    let client = Client::connect(config).await.expect("connect through the proxy");
+    let client = Client::connect(config)
+        .await
+        .expect("connect through the proxy");
     Some(Setup {
         proxy,
         client,
@@ -257,7 +262,9 @@ async fn a_blackholed_broker_times_out_typed_and_recovers_after_heal() {
     let Some(s) = through_proxy(&kafka, Duration::from_secs(2)).await else {
         return;
     };
-    metadata_once(&s.client).await.expect("metadata before the cut");
+    metadata_once(&s.client)
+        .await
+        .expect("metadata before the cut");
     s.proxy.set(&s.broker, Fault::Blackhole).expect("cut");
     let err = attempt(metadata_once(&s.client).await.expect_err("no answer"));
     assert!(
@@ -285,7 +292,10 @@ async fn a_response_reset_midway_fails_as_a_dead_connection() {
     };
     metadata_once(&s.client).await.expect("metadata before");
     s.proxy
-        .set(&s.broker, Fault::ResetMidResponse(Requests::ApiKeys(vec![METADATA])))
+        .set(
+            &s.broker,
+            Fault::ResetMidResponse(Requests::ApiKeys(vec![METADATA])),
+        )
         .expect("set");
     let err = attempt(metadata_once(&s.client).await.expect_err("cut"));
     assert!(
@@ -320,15 +330,27 @@ async fn a_lost_produce_answer_is_retried_without_a_duplicate() {
     .await
     .expect("producer");
     s.proxy
-        .set(&s.broker, Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])))
+        .set(
+            &s.broker,
+            Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])),
+        )
         .expect("set");
     let delivery = producer.send(record(&topic, "once")).await.expect("send");
-    until(|| s.proxy.stats(&s.broker).is_ok_and(|st| st.dropped_responses >= 1)).await;
+    until(|| {
+        s.proxy
+            .stats(&s.broker)
+            .is_ok_and(|st| st.dropped_responses >= 1)
+    })
+    .await;
     s.proxy.heal();
     let meta = delivery.await.expect("delivered after the retry");
     // The broker answers a duplicate with the first copy's offset (or, in old releases, none).
     assert!(matches!(meta.offset, Some(0) | None), "{meta:?}");
-    assert_eq!(values(&s.client, &topic).await, ["once"], "one copy in the log");
+    assert_eq!(
+        values(&s.client, &topic).await,
+        ["once"],
+        "one copy in the log"
+    );
     s.proxy.check().expect("no proxy failure");
 }
 
@@ -348,7 +370,10 @@ async fn a_produce_never_answered_is_reported_as_unknown_and_was_written_once() 
     .await
     .expect("producer");
     s.proxy
-        .set(&s.broker, Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])))
+        .set(
+            &s.broker,
+            Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])),
+        )
         .expect("set");
     let delivery = producer.send(record(&topic, "maybe")).await.expect("send");
     let err = delivery.await.expect_err("no answer ever came");
@@ -393,17 +418,28 @@ async fn lost_answers_inside_a_transaction_neither_duplicate_nor_lose() {
         .expect("init");
     p.begin().expect("begin");
     s.proxy
-        .set(&s.broker, Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])))
+        .set(
+            &s.broker,
+            Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])),
+        )
         .expect("set");
     let first = p.send(record(&topic, "one")).await.expect("send");
-    until(|| s.proxy.stats(&s.broker).is_ok_and(|st| st.dropped_responses >= 1)).await;
+    until(|| {
+        s.proxy
+            .stats(&s.broker)
+            .is_ok_and(|st| st.dropped_responses >= 1)
+    })
+    .await;
     s.proxy.heal();
     first.await.expect("delivered after the resend");
     let second = p.send(record(&topic, "two")).await.expect("send");
     second.await.expect("delivered");
 
     s.proxy
-        .set(&s.broker, Fault::DropResponses(Requests::ApiKeys(vec![END_TXN])))
+        .set(
+            &s.broker,
+            Fault::DropResponses(Requests::ApiKeys(vec![END_TXN])),
+        )
         .expect("set");
     let dropped_before = s.proxy.stats(&s.broker).expect("stats").dropped_responses;
     let (committed, ()) = tokio::join!(p.commit(), async {

@@ -137,10 +137,7 @@ impl TcpDialer {
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("cannot resolve: {e}")))?
             .collect();
-        let mut last = io::Error::new(
-            io::ErrorKind::NotFound,
-            "the name resolved to no address",
-        );
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "the name resolved to no address");
         for sa in resolved {
             match self.connect_one(sa).await {
                 Ok(stream) => return Ok(stream.into()),

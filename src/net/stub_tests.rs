@@ -253,7 +253,10 @@ async fn a_custom_dialer_opens_every_connection() {
         // Node 1, as the stub's metadata names it, is reached through the dialer too.
         client.send_once(Target::Broker(1), metadata).await.unwrap();
         let asked = dialer.asked.lock().unwrap().clone();
-        assert_eq!(asked.first().map(String::as_str), Some("broker.invalid:9092"));
+        assert_eq!(
+            asked.first().map(String::as_str),
+            Some("broker.invalid:9092")
+        );
         assert!(asked.contains(&stub.addr.to_string()), "{asked:?}");
         assert_eq!(stub.accepted.load(Ordering::SeqCst), asked.len());
     }
