@@ -156,6 +156,9 @@ struct Shared {
     /// Seeds each connection's jitter, so a run's delays follow from its seed.
     seed: u64,
     next_conn: AtomicU64,
+    /// Test builds only: the next connection's task panics, to prove the supervision reports it.
+    #[cfg(test)]
+    panic_next: std::sync::atomic::AtomicBool,
 }
 
 /// A running fault-injecting proxy; dropping it stops every listener and connection.
@@ -190,6 +193,8 @@ impl FaultProxy {
             tasks: Mutex::new(Vec::new()),
             seed,
             next_conn: AtomicU64::new(0),
+            #[cfg(test)]
+            panic_next: Default::default(),
         });
         let mut routes = HashMap::new();
         for upstream in upstreams {
@@ -349,7 +354,16 @@ async fn accept_loop(listener: TcpListener, route: Arc<Route>, shared: Arc<Share
         let n = shared.next_conn.fetch_add(1, Ordering::Relaxed);
         let rng = Rng::new(shared.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let name = format!("connection {n} to {}", route.upstream);
-        spawn_supervised(&shared, name, serve(client, route.clone(), rng));
+        #[cfg(test)]
+        let panic_here = shared.panic_next.swap(false, Ordering::SeqCst);
+        let route = route.clone();
+        spawn_supervised(&shared, name, async move {
+            #[cfg(test)]
+            if panic_here {
+                panic!("armed by the test");
+            }
+            serve(client, route, rng).await
+        });
     }
 }
 
@@ -893,6 +907,33 @@ mod tests {
         );
         assert_eq!(proxy.stats(&up).unwrap().upstream_refused, 1);
         proxy.check().unwrap();
+    }
+
+    /// A proxy task that panics is not lost: `check` reports it, typed, and the proxy goes on serving.
+    #[tokio::test]
+    async fn a_panicking_task_is_reported_by_check() {
+        let echo = echo().await;
+        let up = echo.addr.to_string();
+        let proxy = FaultProxy::start([up.clone()], 1).await.unwrap();
+        proxy.check().unwrap();
+        proxy.shared.panic_next.store(true, Ordering::SeqCst);
+        let _doomed = TcpStream::connect(proxy.listen_addr(&up).unwrap())
+            .await
+            .unwrap();
+        until(|| !lock(&proxy.shared.failures).is_empty()).await;
+        match proxy.check() {
+            Err(ProxyError::TaskFailed { task, message }) => {
+                assert!(task.starts_with("connection 0 to "), "{task}");
+                assert_eq!(message, "armed by the test");
+            }
+            other => panic!("expected the panic, got {other:?}"),
+        }
+        proxy.check().unwrap();
+        let mut s = TcpStream::connect(proxy.listen_addr(&up).unwrap())
+            .await
+            .unwrap();
+        s.write_all(&request(3, 1, b"still")).await.unwrap();
+        assert_eq!(response(&mut s).await.unwrap(), (1, b"still".to_vec()));
     }
 
     /// Dropping the handle stops the listeners and the open connections.
