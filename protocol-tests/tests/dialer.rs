@@ -455,3 +455,44 @@ async fn lost_answers_inside_a_transaction_neither_duplicate_nor_lose() {
     assert_eq!(values_committed(&s.client, &topic).await, ["one", "two"]);
     s.proxy.check().expect("no proxy failure");
 }
+
+/// Added latency with jitter, both ways, slows every exchange (each answer waits at least twice the
+/// base) but breaks none: produced records arrive once and in order.
+#[tokio::test]
+async fn latency_slows_but_breaks_nothing() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(30)).await else {
+        return;
+    };
+    let topic = topic(&s.client, "dial-slow").await;
+    let base = Duration::from_millis(100);
+    s.proxy
+        .set(
+            &s.broker,
+            Fault::Latency {
+                base,
+                jitter: Duration::from_millis(100),
+            },
+        )
+        .expect("set");
+    let started = tokio::time::Instant::now();
+    metadata_once(&s.client).await.expect("metadata");
+    assert!(started.elapsed() >= base * 2, "{:?}", started.elapsed());
+    let producer = Producer::new(
+        s.client.clone(),
+        producer_config(Duration::from_secs(30), Duration::from_secs(120)),
+    )
+    .await
+    .expect("producer");
+    let mut deliveries = Vec::new();
+    for v in ["x", "y", "z"] {
+        deliveries.push(producer.send(record(&topic, v)).await.expect("send"));
+    }
+    producer.flush().await;
+    for d in deliveries {
+        d.await.expect("delivered");
+    }
+    s.proxy.heal();
+    assert_eq!(values(&s.client, &topic).await, ["x", "y", "z"]);
+    s.proxy.check().expect("no proxy failure");
+}
