@@ -19,7 +19,8 @@ pub struct ClientConfig {
     /// How long a request may wait for its answer before the connection is reset and the request is
     /// re-routed (or fails, once retries run out).
     pub request_timeout: Duration,
-    /// How long opening a TCP connection and the ApiVersions handshake may take.
+    /// How long opening a connection may take: the dial (TCP connect, or the [`dialer`](Self::dialer)),
+    /// the TLS handshake, ApiVersions and the SASL login together.
     pub connect_timeout: Duration,
     /// Largest frame sent or accepted, in bytes. A larger announced response is refused before any
     /// memory is reserved for it.
