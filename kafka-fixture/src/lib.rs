@@ -142,9 +142,11 @@ mod jars;
 pub mod probe;
 pub mod procs;
 mod progress;
+pub mod proxy;
 mod security;
 
 pub use progress::{Observer, Progress, Step};
+pub use proxy::{Fault, FaultProxy, ProxyError, ProxyStats, Requests};
 pub use security::{Listener, SecuritySpec, TlsSpec};
 
 use std::collections::HashMap;

@@ -5,17 +5,15 @@
 //! - KIP-35 (ApiVersions), KIP-511 (v3: client software name and version, UNSUPPORTED_VERSION answered
 //!   in a v0 body), KIP-584 (finalized features)
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kafka_protocol::messages::ApiVersionsRequest;
 use kafka_protocol::protocol::StrBytes;
-use socket2::{SockRef, TcpKeepalive};
-use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{timeout_at, Instant};
 
 use super::conn::{ConnOptions, Connection};
+use super::dial::{Dialer, Stream, TcpDialer};
 use super::{ClientConfig, NetError};
 use crate::telemetry::{self, AUTHENTICATION_FAILURES, CONNECTIONS_OPENED};
 use crate::wire::{self, ApiRequest, BrokerApiVersions, ErrorCode, Features};
@@ -52,7 +50,7 @@ pub(crate) async fn open(
     config: &ClientConfig,
 ) -> Result<BrokerConn, NetError> {
     let deadline = Instant::now() + config.connect_timeout;
-    let stream = connect_tcp(addr, config, deadline).await?;
+    let stream = dial(addr, config, deadline).await?;
     let opts = ConnOptions {
         addr: addr.to_owned(),
         client_id: Arc::from(config.client_id.as_str()),
@@ -61,33 +59,61 @@ pub(crate) async fn open(
         sweep_interval: sweep_interval(config.request_timeout),
     };
     #[cfg(feature = "tls")]
-    let conn = match &config.tls {
-        Some(tls) => {
-            let tls_stream = match timeout_at(deadline, tls.handshake(addr, stream)).await {
-                Ok(done) => done?,
-                Err(_) => {
-                    return Err(NetError::Connect {
-                        addr: addr.to_owned(),
-                        message: format!(
-                            "TLS handshake timed out after {:?}",
-                            config.connect_timeout
-                        ),
-                    })
-                }
-            };
-            let (read, write) = tokio::io::split(tls_stream);
+    if let Some(tls) = &config.tls {
+        // The session runs over whatever the dialer opened; the certificate is checked against `addr`.
+        let conn = match stream {
+            Stream::Tcp(s) => over_tls(tls, addr, s, deadline, config, opts).await?,
+            Stream::Other(s) => over_tls(tls, addr, s, deadline, config, opts).await?,
+        };
+        return finish(conn, addr, node, config, deadline).await;
+    }
+    let conn = match stream {
+        Stream::Tcp(s) => {
+            let (read, write) = s.into_split();
             Connection::spawn(read, write, opts)
         }
-        None => {
-            let (read, write) = stream.into_split();
+        Stream::Other(s) => {
+            let (read, write) = tokio::io::split(s);
             Connection::spawn(read, write, opts)
         }
     };
-    #[cfg(not(feature = "tls"))]
-    let conn = {
-        let (read, write) = stream.into_split();
-        Connection::spawn(read, write, opts)
+    finish(conn, addr, node, config, deadline).await
+}
+
+/// Runs the TLS handshake over a dialed stream and starts the connection inside the session.
+#[cfg(feature = "tls")]
+async fn over_tls<S>(
+    tls: &super::TlsConfig,
+    addr: &str,
+    stream: S,
+    deadline: Instant,
+    config: &ClientConfig,
+    opts: ConnOptions,
+) -> Result<Connection, NetError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let tls_stream = match timeout_at(deadline, tls.handshake(addr, stream)).await {
+        Ok(done) => done?,
+        Err(_) => {
+            return Err(NetError::Connect {
+                addr: addr.to_owned(),
+                message: format!("TLS handshake timed out after {:?}", config.connect_timeout),
+            })
+        }
     };
+    let (read, write) = tokio::io::split(tls_stream);
+    Ok(Connection::spawn(read, write, opts))
+}
+
+/// The handshake on a started connection: ApiVersions, then the SASL login when configured.
+async fn finish(
+    conn: Connection,
+    addr: &str,
+    node: i32,
+    config: &ClientConfig,
+    deadline: Instant,
+) -> Result<BrokerConn, NetError> {
     let remaining = deadline.saturating_duration_since(Instant::now());
     let (versions, features) =
         negotiate(&conn, remaining, &config.client_id, config.max_frame_size)
@@ -138,62 +164,25 @@ fn sweep_interval(request_timeout: Duration) -> Duration {
     (request_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
-async fn connect_tcp(
-    addr: &str,
-    config: &ClientConfig,
-    deadline: Instant,
-) -> Result<TcpStream, NetError> {
-    let fail = |message: String| NetError::Connect {
-        addr: addr.to_owned(),
-        message,
+/// Opens the byte stream with the configured dialer (the TCP one by default), within the deadline.
+async fn dial(addr: &str, config: &ClientConfig, deadline: Instant) -> Result<Stream, NetError> {
+    let tcp = TcpDialer::from_config(config);
+    let dialer: &dyn Dialer = match &config.dialer {
+        Some(custom) => custom.as_ref(),
+        None => &tcp,
     };
-    let resolved: Vec<SocketAddr> = match timeout_at(deadline, tokio::net::lookup_host(addr)).await
-    {
-        Ok(Ok(addrs)) => addrs.collect(),
-        Ok(Err(e)) => return Err(fail(format!("cannot resolve: {e}"))),
-        Err(_) => return Err(fail("timed out resolving the address".into())),
-    };
-    let mut last = String::from("the name resolved to no address");
-    for sa in resolved {
-        match timeout_at(deadline, connect_one(sa, config)).await {
-            Ok(Ok(stream)) => return Ok(stream),
-            // The resolved address is worth saying only when the caller named a host, not this address.
-            Ok(Err(e)) if sa.to_string() == addr => last = e.to_string(),
-            Ok(Err(e)) => last = format!("{sa}: {e}"),
-            Err(_) => {
-                return Err(fail(format!(
-                    "{sa}: timed out after {:?}",
-                    config.connect_timeout
-                )))
-            }
-        }
+    // The address is named once, by the error; the dialer's message says only what went wrong.
+    match timeout_at(deadline, dialer.dial(addr, &tcp)).await {
+        Ok(Ok(stream)) => Ok(stream.into_inner()),
+        Ok(Err(e)) => Err(NetError::Connect {
+            addr: addr.to_owned(),
+            message: e.to_string(),
+        }),
+        Err(_) => Err(NetError::Connect {
+            addr: addr.to_owned(),
+            message: format!("timed out after {:?}", config.connect_timeout),
+        }),
     }
-    Err(fail(last))
-}
-
-async fn connect_one(sa: SocketAddr, config: &ClientConfig) -> std::io::Result<TcpStream> {
-    let socket = if sa.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    {
-        let s = SockRef::from(&socket);
-        // Buffer sizes must be set before connecting: the TCP window scale is fixed in the handshake.
-        if let Some(n) = config.socket_send_buffer {
-            s.set_send_buffer_size(n)?;
-        }
-        if let Some(n) = config.socket_receive_buffer {
-            s.set_recv_buffer_size(n)?;
-        }
-        if let Some(idle) = config.tcp_keepalive {
-            let interval = (idle / 6).max(Duration::from_secs(1));
-            s.set_tcp_keepalive(&TcpKeepalive::new().with_time(idle).with_interval(interval))?;
-        }
-        // Requests are written whole and answered one by one; Nagle would only add latency.
-        s.set_tcp_nodelay(true)?;
-    }
-    socket.connect(sa).await
 }
 
 /// Runs the ApiVersions exchange on a fresh connection.

@@ -1,6 +1,9 @@
 //! Client settings.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use super::dial::Dialer;
 
 use super::retry::Backoff;
 use super::sasl::SaslConfig;
@@ -16,7 +19,8 @@ pub struct ClientConfig {
     /// How long a request may wait for its answer before the connection is reset and the request is
     /// re-routed (or fails, once retries run out).
     pub request_timeout: Duration,
-    /// How long opening a TCP connection and the ApiVersions handshake may take.
+    /// How long opening a connection may take: the dial (TCP connect, or the [`dialer`](Self::dialer)),
+    /// the TLS handshake, ApiVersions and the SASL login together.
     pub connect_timeout: Duration,
     /// Largest frame sent or accepted, in bytes. A larger announced response is refused before any
     /// memory is reserved for it.
@@ -36,6 +40,9 @@ pub struct ClientConfig {
     pub socket_receive_buffer: Option<usize>,
     /// TCP keepalive idle time; `None` turns keepalive off.
     pub tcp_keepalive: Option<Duration>,
+    /// Opens each connection's byte stream (a tunnel, a proxy); `None` is a plain TCP connect with the
+    /// socket options above ([`TcpDialer`](super::TcpDialer)). See [`Dialer`].
+    pub dialer: Option<Arc<dyn Dialer>>,
     /// SASL credentials. When set, every connection (reconnects included) logs in right after the
     /// ApiVersions handshake, before it carries any other request; a rejected login fails the request
     /// at once with [`NetError::Authentication`](super::NetError::Authentication) and is never retried.
@@ -64,6 +71,7 @@ impl Default for ClientConfig {
             socket_send_buffer: None,
             socket_receive_buffer: None,
             tcp_keepalive: Some(Duration::from_secs(60)),
+            dialer: None,
             sasl: None,
             #[cfg(feature = "tls")]
             tls: None,
@@ -89,6 +97,14 @@ impl ClientConfig {
     pub fn with_sasl(self, sasl: SaslConfig) -> Self {
         ClientConfig {
             sasl: Some(sasl),
+            ..self
+        }
+    }
+
+    /// These settings with connections opened by `dialer` instead of a plain TCP connect.
+    pub fn with_dialer(self, dialer: impl Dialer) -> Self {
+        ClientConfig {
+            dialer: Some(Arc::new(dialer)),
             ..self
         }
     }

@@ -8,7 +8,8 @@
 //! # Stability
 //!
 //! [`Client`] (connect, metadata, leaders, coordinators, features), [`ClientConfig`], the security
-//! settings and the error types are stable. Sending a raw kafka-protocol request (`Client::send`,
+//! settings, the [`Dialer`] hook (how a connection's byte stream is opened: a tunnel, a proxy) and the
+//! error types are stable. Sending a raw kafka-protocol request (`Client::send`,
 //! `send_once`, `call`, with `Target` routing and `Verdict` handlers) and reading a broker's
 //! version table are available only with the `unstable-protocol` feature: those signatures carry
 //! kafka-protocol's types, which may change with any release. Administrative calls live in
@@ -32,6 +33,7 @@ mod broker;
 mod client;
 mod config;
 mod conn;
+mod dial;
 mod error;
 mod metadata;
 mod retry;
@@ -51,6 +53,7 @@ pub(crate) mod testing;
 pub use crate::wire::{Features, WireError};
 pub use client::{Client, CoordinatorKind};
 pub use config::ClientConfig;
+pub use dial::{DialFuture, DialedStream, Dialer, TcpDialer};
 pub use error::{ConnectionFailure, NetError};
 pub use metadata::{
     BrokerInfo, ClusterMetadata, LeaderInfo, PartitionMetadata, TopicId, TopicMetadata,

@@ -208,3 +208,102 @@ async fn a_refused_bootstrap_names_its_address_once() {
     assert_eq!(text.matches(&one).count(), 2, "list and its reason: {text}");
     assert_eq!(text.matches("localhost:1").count(), 2, "{text}");
 }
+
+/// Dials the stub wherever the client meant to go, counting the dials, optionally through a
+/// non-TCP stream wrapper so the boxed-stream path is the one exercised.
+#[derive(Debug)]
+struct ToStub {
+    stub: SocketAddr,
+    asked: std::sync::Mutex<Vec<String>>,
+    boxed: bool,
+}
+
+impl super::Dialer for ToStub {
+    fn dial<'a>(&'a self, addr: &'a str, tcp: &'a super::TcpDialer) -> super::DialFuture<'a> {
+        self.asked.lock().unwrap().push(addr.to_owned());
+        Box::pin(async move {
+            let to = self.stub.to_string();
+            if !self.boxed {
+                return tcp.connect(&to).await;
+            }
+            let direct = tokio::net::TcpStream::connect(self.stub).await?;
+            Ok(super::DialedStream::new(tokio::io::BufStream::new(direct)))
+        })
+    }
+}
+
+/// Every connection goes through the configured dialer, which is given the address the client
+/// meant (here one that does not even resolve), plain and boxed streams alike.
+#[tokio::test]
+async fn a_custom_dialer_opens_every_connection() {
+    for boxed in [false, true] {
+        let stub = stub(usize::MAX, Spoil::WrongCorrelationId).await;
+        let dialer = Arc::new(ToStub {
+            stub: stub.addr,
+            asked: Default::default(),
+            boxed,
+        });
+        let config = ClientConfig {
+            bootstrap: vec!["broker.invalid:9092".into()],
+            dialer: Some(dialer.clone()),
+            ..config(stub.addr)
+        };
+        let client = Client::connect(config).await.unwrap();
+        let metadata = |_| MetadataRequest::default().with_topics(Some(vec![]));
+        // Node 1, as the stub's metadata names it, is reached through the dialer too.
+        client.send_once(Target::Broker(1), metadata).await.unwrap();
+        let asked = dialer.asked.lock().unwrap().clone();
+        assert_eq!(
+            asked.first().map(String::as_str),
+            Some("broker.invalid:9092")
+        );
+        assert!(asked.contains(&stub.addr.to_string()), "{asked:?}");
+        assert_eq!(stub.accepted.load(Ordering::SeqCst), asked.len());
+    }
+}
+
+#[derive(Debug)]
+struct Refusing;
+
+impl super::Dialer for Refusing {
+    fn dial<'a>(&'a self, _: &'a str, _: &'a super::TcpDialer) -> super::DialFuture<'a> {
+        Box::pin(async { Err(std::io::Error::other("the tunnel is down")) })
+    }
+}
+
+#[derive(Debug)]
+struct Never;
+
+impl super::Dialer for Never {
+    fn dial<'a>(&'a self, _: &'a str, _: &'a super::TcpDialer) -> super::DialFuture<'a> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// A dialer's failure is the net layer's connect error for the address, named once, with the
+/// dialer's own words as the reason.
+#[tokio::test]
+async fn a_dialer_error_is_a_connect_error_naming_the_address_once() {
+    let addr = "broker-7.example:9092";
+    let err = Client::connect(ClientConfig::new(addr).with_dialer(Refusing))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(err.is_transport(), "{err:?}");
+    assert_eq!(text.matches(addr).count(), 1, "{text}");
+    assert!(text.contains("the tunnel is down"), "{text}");
+}
+
+/// A dial that never finishes is cut by the connect timeout (paused time: the runtime jumps to the
+/// deadline once nothing else can run), and reported as a connect error, not a hang.
+#[tokio::test(start_paused = true)]
+async fn a_dial_that_never_finishes_times_out_as_a_connect_error() {
+    let config = ClientConfig {
+        connect_timeout: Duration::from_secs(3),
+        ..ClientConfig::new("127.0.0.1:9").with_dialer(Never)
+    };
+    let err = Client::connect(config).await.unwrap_err();
+    let text = err.to_string();
+    assert_eq!(text.matches("127.0.0.1:9").count(), 1, "{text}");
+    assert!(text.contains("timed out after 3s"), "{text}");
+}

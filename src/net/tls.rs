@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
@@ -119,12 +119,11 @@ impl TlsConfig {
         Ok(TlsConnector::from(Arc::new(config)))
     }
 
-    /// Runs the TLS handshake over a connected socket to `addr` ("host:port").
-    pub(crate) async fn handshake(
-        &self,
-        addr: &str,
-        tcp: TcpStream,
-    ) -> Result<TlsStream<TcpStream>, NetError> {
+    /// Runs the TLS handshake over a dialed stream to `addr` ("host:port").
+    pub(crate) async fn handshake<S>(&self, addr: &str, stream: S) -> Result<TlsStream<S>, NetError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
         let connector = self.connector()?;
         let host = match &self.server_name {
             Some(name) => name.as_str(),
@@ -132,7 +131,7 @@ impl TlsConfig {
         };
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| NetError::Config(format!("TLS server name {host:?}: {e}")))?;
-        connector.connect(name, tcp).await.map_err(|e| {
+        connector.connect(name, stream).await.map_err(|e| {
             // rustls reports its own refusals (certificate, alert, protocol) as InvalidData; anything else
             // is the socket failing mid-handshake (a broker restarting), which a retry may get past.
             if e.kind() == std::io::ErrorKind::InvalidData {

@@ -1,0 +1,498 @@
+//! The client through a custom `Dialer` and the fixture's fault-injecting proxy, against a real broker:
+//! plain traffic passes, a partition fails requests with the net layer's typed timeout (and heals), a
+//! cut response fails the request as a dead connection, and a Produce whose answer is lost is retried
+//! by the idempotent producer without a duplicate in the log, or reported as of unknown outcome once
+//! its delivery timeout runs out; inside a transaction, lost Produce and EndTxn answers are resent and
+//! the committed records appear once.
+//!
+//! # References
+//! - KIP-98 (idempotent producer: sequence numbers let the broker drop a retried batch it already has)
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
+use kafka_protocol::messages::{MetadataRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use protocol_tests::{cluster, unique, ClusterSpec, Fault, FaultProxy, KafkaCluster, Requests};
+use snapfence::net::{
+    CallOptions, Client, ClientConfig, ConnectionFailure, DialFuture, Dialer, NetError, Target,
+    TcpDialer, Verdict,
+};
+use snapfence::producer::{
+    Producer, ProducerConfig, ProducerError, ProducerRecord, TransactionalConfig,
+    TransactionalProducer,
+};
+use snapfence::records::{visible_in, AbortedTransaction, IsolationLevel};
+use snapfence::ErrorCode;
+
+const PRODUCE: i16 = 0;
+const METADATA: i16 = 3;
+
+/// Sends every broker address to its proxy listener, and refuses any address the proxy does not
+/// stand for, so nothing in these tests can reach a broker around the proxy.
+#[derive(Debug)]
+struct ViaProxy(HashMap<String, String>);
+
+impl Dialer for ViaProxy {
+    fn dial<'a>(&'a self, addr: &'a str, tcp: &'a TcpDialer) -> DialFuture<'a> {
+        match self.0.get(addr) {
+            Some(local) => tcp.connect(local),
+            None => Box::pin(async move {
+                Err(std::io::Error::other(format!(
+                    "{addr} has no proxy listener"
+                )))
+            }),
+        }
+    }
+}
+
+struct Setup {
+    proxy: FaultProxy,
+    client: Client,
+    /// The one broker's address, the proxy's key for it.
+    broker: String,
+}
+
+/// A proxy in front of every node of `kafka`, and a client that dials only through it. `None` for an
+/// external cluster (its node addresses are not known here).
+async fn through_proxy(kafka: &KafkaCluster, request_timeout: Duration) -> Option<Setup> {
+    if kafka.is_external() {
+        return None;
+    }
+    let brokers: Vec<String> = kafka
+        .node_ids()
+        .into_iter()
+        .map(|n| kafka.node_address(n))
+        .collect();
+    let proxy = FaultProxy::start(brokers.clone(), 18).await.expect("proxy");
+    let routes = proxy
+        .routes()
+        .into_iter()
+        .map(|(up, local)| (up, local.to_string()))
+        .collect();
+    let config = ClientConfig {
+        request_timeout,
+        connect_timeout: Duration::from_secs(10),
+        max_retries: 3,
+        ..ClientConfig::new(&kafka.bootstrap()).with_dialer(ViaProxy(routes))
+    };
+    let client = Client::connect(config)
+        .await
+        .expect("connect through the proxy");
+    Some(Setup {
+        proxy,
+        client,
+        broker: brokers[0].clone(),
+    })
+}
+
+async fn metadata_once(client: &Client) -> Result<(), NetError> {
+    client
+        .send_once(Target::Any, |_| {
+            MetadataRequest::default().with_topics(Some(vec![]))
+        })
+        .await
+        .map(|_| ())
+}
+
+/// The error of the single attempt `send_once` makes.
+fn attempt(e: NetError) -> NetError {
+    match e {
+        NetError::RetriesExhausted { last, .. } => *last,
+        other => other,
+    }
+}
+
+/// The values in partition 0 of `topic`, every record up to the high watermark.
+async fn values(client: &Client, topic: &str) -> Vec<String> {
+    read(client, topic, IsolationLevel::ReadUncommitted).await
+}
+
+/// The committed values in partition 0 of `topic`, once no transaction is open on it.
+async fn values_committed(client: &Client, topic: &str) -> Vec<String> {
+    loop {
+        let (hw, lso) = ends(client, topic).await;
+        if hw == lso {
+            return read(client, topic, IsolationLevel::ReadCommitted).await;
+        }
+        // The commit's markers are written after the commit returns.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn ends(client: &Client, topic: &str) -> (i64, i64) {
+    let p = fetch(client, topic, 0, IsolationLevel::ReadUncommitted).await;
+    (p.high_watermark, p.last_stable_offset)
+}
+
+async fn fetch(
+    client: &Client,
+    topic: &str,
+    offset: i64,
+    isolation: IsolationLevel,
+) -> kafka_protocol::messages::fetch_response::PartitionData {
+    let build = |_v: i16| {
+        FetchRequest::default()
+            .with_replica_id((-1).into())
+            .with_max_wait_ms(50)
+            .with_min_bytes(1)
+            .with_max_bytes(16 << 20)
+            .with_isolation_level(isolation.as_i8())
+            .with_session_epoch(-1)
+            .with_topics(vec![FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
+                .with_partitions(vec![FetchPartition::default()
+                    .with_partition(0)
+                    .with_fetch_offset(offset)
+                    .with_log_start_offset(-1)
+                    .with_current_leader_epoch(-1)
+                    .with_partition_max_bytes(8 << 20)])])
+    };
+    let options = CallOptions {
+        max_version: Some(12),
+        ..CallOptions::default()
+    };
+    let mut resp = client
+        .call(Target::leader(topic, 0), &options, build, |r, _| {
+            Verdict::Done(r)
+        })
+        .await
+        .expect("fetch");
+    let p = resp.responses.swap_remove(0).partitions.swap_remove(0);
+    assert_eq!(ErrorCode::from_code(p.error_code), ErrorCode::None);
+    p
+}
+
+/// Every value a reader at `isolation` sees in partition 0, up to where it may read.
+async fn read(client: &Client, topic: &str, isolation: IsolationLevel) -> Vec<String> {
+    let mut offset = 0i64;
+    let mut out = Vec::new();
+    loop {
+        let p = fetch(client, topic, offset, isolation).await;
+        let end = match isolation {
+            IsolationLevel::ReadCommitted => p.last_stable_offset,
+            IsolationLevel::ReadUncommitted => p.high_watermark,
+        };
+        let aborted: Vec<AbortedTransaction> = p
+            .aborted_transactions
+            .iter()
+            .flatten()
+            .map(|a| AbortedTransaction {
+                producer_id: a.producer_id.0,
+                first_offset: a.first_offset,
+            })
+            .collect();
+        let bytes = p.records.clone().unwrap_or_default();
+        let v = visible_in(bytes, &aborted, isolation, offset).expect("batches");
+        for r in v.iter() {
+            out.push(String::from_utf8_lossy(r.value().unwrap_or_default()).into_owned());
+        }
+        offset = v.next_offset.max(offset);
+        if offset >= end {
+            return out;
+        }
+    }
+}
+
+async fn topic(client: &Client, prefix: &str) -> String {
+    let name = unique(prefix);
+    snapfence::admin::create_topic(client, &name, 1, -1, &[])
+        .await
+        .expect("create topic");
+    name
+}
+
+fn producer_config(request_timeout: Duration, delivery_timeout: Duration) -> ProducerConfig {
+    let mut c = ProducerConfig::default();
+    c.linger = Duration::from_millis(1);
+    c.request_timeout = request_timeout;
+    c.delivery_timeout = delivery_timeout;
+    c
+}
+
+fn record(topic: &str, v: &str) -> ProducerRecord {
+    ProducerRecord::new(topic, Some(Bytes::copy_from_slice(v.as_bytes()))).partition(0)
+}
+
+/// Waits (without a deadline of its own: the test's runner bounds it) until `done` holds.
+async fn until(mut done: impl FnMut() -> bool) {
+    while !done() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Through an untroubled proxy everything works: metadata, topic creation, produce, fetch, and every
+/// byte went through the proxy.
+#[tokio::test]
+async fn pass_through_carries_metadata_produce_and_fetch() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(30)).await else {
+        return;
+    };
+    metadata_once(&s.client).await.expect("metadata");
+    let topic = topic(&s.client, "dial-pass").await;
+    let producer = Producer::new(
+        s.client.clone(),
+        producer_config(Duration::from_secs(30), Duration::from_secs(120)),
+    )
+    .await
+    .expect("producer");
+    let mut deliveries = Vec::new();
+    for v in ["a", "b", "c"] {
+        deliveries.push(producer.send(record(&topic, v)).await.expect("send"));
+    }
+    producer.flush().await;
+    for d in deliveries {
+        d.await.expect("delivered");
+    }
+    assert_eq!(values(&s.client, &topic).await, ["a", "b", "c"]);
+    let stats = s.proxy.stats(&s.broker).expect("stats");
+    assert!(stats.connections >= 1 && stats.requests >= 5, "{stats:?}");
+    assert_eq!(stats.requests, stats.responses, "{stats:?}");
+    s.proxy.check().expect("no proxy failure");
+}
+
+/// A partition (accepted, never answered, never reset) fails a request with the net layer's typed
+/// timeout instead of hanging, and the client works again once it heals.
+#[tokio::test]
+async fn a_blackholed_broker_times_out_typed_and_recovers_after_heal() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(2)).await else {
+        return;
+    };
+    metadata_once(&s.client)
+        .await
+        .expect("metadata before the cut");
+    s.proxy.set(&s.broker, Fault::Blackhole).expect("cut");
+    let err = attempt(metadata_once(&s.client).await.expect_err("no answer"));
+    assert!(
+        matches!(
+            err,
+            NetError::Timeout {
+                outcome_unknown: true,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(s.proxy.stats(&s.broker).expect("stats").held >= 1);
+    s.proxy.heal();
+    metadata_once(&s.client).await.expect("metadata after heal");
+    s.proxy.check().expect("no proxy failure");
+}
+
+/// A response cut half-way, then reset, fails the request as a dead connection, not as bad bytes.
+#[tokio::test]
+async fn a_response_reset_midway_fails_as_a_dead_connection() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(30)).await else {
+        return;
+    };
+    metadata_once(&s.client).await.expect("metadata before");
+    s.proxy
+        .set(
+            &s.broker,
+            Fault::ResetMidResponse(Requests::ApiKeys(vec![METADATA])),
+        )
+        .expect("set");
+    let err = attempt(metadata_once(&s.client).await.expect_err("cut"));
+    assert!(
+        matches!(
+            &err,
+            NetError::Connection {
+                failure: ConnectionFailure::ClosedMidFrame | ConnectionFailure::Io(_),
+                outcome_unknown: true,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(s.proxy.stats(&s.broker).expect("stats").resets, 1);
+    s.proxy.heal();
+    metadata_once(&s.client).await.expect("metadata after heal");
+}
+
+/// A Produce that lands but whose answer is lost is sent again with the same sequence number, and the
+/// broker keeps one copy: the record is delivered and appears once in the log.
+#[tokio::test]
+async fn a_lost_produce_answer_is_retried_without_a_duplicate() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(30)).await else {
+        return;
+    };
+    let topic = topic(&s.client, "dial-lost").await;
+    let producer = Producer::new(
+        s.client.clone(),
+        producer_config(Duration::from_secs(2), Duration::from_secs(120)),
+    )
+    .await
+    .expect("producer");
+    s.proxy
+        .set(
+            &s.broker,
+            Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])),
+        )
+        .expect("set");
+    let delivery = producer.send(record(&topic, "once")).await.expect("send");
+    until(|| {
+        s.proxy
+            .stats(&s.broker)
+            .is_ok_and(|st| st.dropped_responses >= 1)
+    })
+    .await;
+    s.proxy.heal();
+    let meta = delivery.await.expect("delivered after the retry");
+    // The broker answers a duplicate with the first copy's offset (or, in old releases, none).
+    assert!(matches!(meta.offset, Some(0) | None), "{meta:?}");
+    assert_eq!(
+        values(&s.client, &topic).await,
+        ["once"],
+        "one copy in the log"
+    );
+    s.proxy.check().expect("no proxy failure");
+}
+
+/// When no answer ever comes back before the delivery timeout, the idempotent producer reports the
+/// outcome as unknown, not as a failure: and indeed the record was written, once.
+#[tokio::test]
+async fn a_produce_never_answered_is_reported_as_unknown_and_was_written_once() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(30)).await else {
+        return;
+    };
+    let topic = topic(&s.client, "dial-unknown").await;
+    let producer = Producer::new(
+        s.client.clone(),
+        producer_config(Duration::from_secs(2), Duration::from_secs(8)),
+    )
+    .await
+    .expect("producer");
+    s.proxy
+        .set(
+            &s.broker,
+            Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])),
+        )
+        .expect("set");
+    let delivery = producer.send(record(&topic, "maybe")).await.expect("send");
+    let err = delivery.await.expect_err("no answer ever came");
+    assert!(
+        matches!(
+            err,
+            ProducerError::DeliveryOutcomeUnknown {
+                transactional: false,
+                ..
+            }
+        ) && err.is_outcome_unknown(),
+        "{err:?}"
+    );
+    assert!(s.proxy.stats(&s.broker).expect("stats").dropped_responses >= 1);
+    s.proxy.heal();
+    assert_eq!(values(&s.client, &topic).await, ["maybe"], "written, once");
+    s.proxy.check().expect("no proxy failure");
+}
+
+const END_TXN: i16 = 26;
+
+fn txn_config(id: &str) -> TransactionalConfig {
+    let mut c = TransactionalConfig::new(id);
+    c.operation_timeout = Duration::from_secs(60);
+    c.producer.linger = Duration::from_millis(1);
+    c.producer.request_timeout = Duration::from_secs(2);
+    c
+}
+
+/// Inside a transaction, a lost Produce answer and then a lost EndTxn answer: the batch is resent
+/// and kept once, the commit is sent again and holds, and a read_committed reader sees each record
+/// exactly once.
+#[tokio::test]
+async fn lost_answers_inside_a_transaction_neither_duplicate_nor_lose() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(3)).await else {
+        return;
+    };
+    let topic = topic(&s.client, "dial-txn").await;
+    let mut p = TransactionalProducer::init(s.client.clone(), txn_config(&unique("dial-txn")))
+        .await
+        .expect("init");
+    p.begin().expect("begin");
+    s.proxy
+        .set(
+            &s.broker,
+            Fault::DropResponses(Requests::ApiKeys(vec![PRODUCE])),
+        )
+        .expect("set");
+    let first = p.send(record(&topic, "one")).await.expect("send");
+    until(|| {
+        s.proxy
+            .stats(&s.broker)
+            .is_ok_and(|st| st.dropped_responses >= 1)
+    })
+    .await;
+    s.proxy.heal();
+    first.await.expect("delivered after the resend");
+    let second = p.send(record(&topic, "two")).await.expect("send");
+    second.await.expect("delivered");
+
+    s.proxy
+        .set(
+            &s.broker,
+            Fault::DropResponses(Requests::ApiKeys(vec![END_TXN])),
+        )
+        .expect("set");
+    let dropped_before = s.proxy.stats(&s.broker).expect("stats").dropped_responses;
+    let (committed, ()) = tokio::join!(p.commit(), async {
+        until(|| {
+            s.proxy
+                .stats(&s.broker)
+                .is_ok_and(|st| st.dropped_responses > dropped_before)
+        })
+        .await;
+        s.proxy.heal();
+    });
+    committed.expect("the commit, sent again, holds");
+    assert_eq!(values_committed(&s.client, &topic).await, ["one", "two"]);
+    s.proxy.check().expect("no proxy failure");
+}
+
+/// Added latency with jitter, both ways, slows every exchange (each answer waits at least twice the
+/// base) but breaks none: produced records arrive once and in order.
+#[tokio::test]
+async fn latency_slows_but_breaks_nothing() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(30)).await else {
+        return;
+    };
+    let topic = topic(&s.client, "dial-slow").await;
+    let base = Duration::from_millis(100);
+    s.proxy
+        .set(
+            &s.broker,
+            Fault::Latency {
+                base,
+                jitter: Duration::from_millis(100),
+            },
+        )
+        .expect("set");
+    let started = tokio::time::Instant::now();
+    metadata_once(&s.client).await.expect("metadata");
+    assert!(started.elapsed() >= base * 2, "{:?}", started.elapsed());
+    let producer = Producer::new(
+        s.client.clone(),
+        producer_config(Duration::from_secs(30), Duration::from_secs(120)),
+    )
+    .await
+    .expect("producer");
+    let mut deliveries = Vec::new();
+    for v in ["x", "y", "z"] {
+        deliveries.push(producer.send(record(&topic, v)).await.expect("send"));
+    }
+    producer.flush().await;
+    for d in deliveries {
+        d.await.expect("delivered");
+    }
+    s.proxy.heal();
+    assert_eq!(values(&s.client, &topic).await, ["x", "y", "z"]);
+    s.proxy.check().expect("no proxy failure");
+}
