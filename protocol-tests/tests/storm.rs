@@ -460,82 +460,46 @@ async fn storm_unbounded(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_storm_on_4_4_recovers_in_place() {
     let kafka = cluster(ClusterSpec::kafka4()).await;
-    storm(
-        &kafka,
-        Protocol::Eager,
-        FencePolicy::Recover,
-        Goal::Rebalances,
-    )
-    .await;
-    storm(
-        &kafka,
-        Protocol::Cooperative,
-        FencePolicy::Recover,
-        Goal::SpuriousFence,
-    )
-    .await;
-    storm(
-        &kafka,
-        Protocol::Kip848,
-        FencePolicy::Recover,
-        Goal::Rebalances,
-    )
-    .await;
+    for (protocol, goal) in [
+        (Protocol::Eager, Goal::Rebalances),
+        (Protocol::Cooperative, Goal::SpuriousFence),
+        (Protocol::Kip848, Goal::Rebalances),
+    ] {
+        storm(&kafka, protocol, FencePolicy::Recover, goal).await;
+    }
 }
 
 /// Kafka 4.2: KIP-848 without KIP-1251, where the consumer protocol's window is widest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_storm_on_4_2_recovers_in_place() {
     let kafka = cluster(ClusterSpec::kafka42()).await;
-    storm(
-        &kafka,
-        Protocol::Eager,
-        FencePolicy::Recover,
-        Goal::Rebalances,
-    )
-    .await;
-    storm(
-        &kafka,
-        Protocol::Cooperative,
-        FencePolicy::Recover,
-        Goal::SpuriousFence,
-    )
-    .await;
-    storm(
-        &kafka,
-        Protocol::Kip848,
-        FencePolicy::Recover,
-        Goal::SpuriousFence,
-    )
-    .await;
+    for (protocol, goal) in [
+        (Protocol::Eager, Goal::Rebalances),
+        (Protocol::Cooperative, Goal::SpuriousFence),
+        (Protocol::Kip848, Goal::SpuriousFence),
+    ] {
+        storm(&kafka, protocol, FencePolicy::Recover, goal).await;
+    }
 }
 
 /// Kafka 3.9: the classic protocol, on the classic group coordinator.
 ///
 /// 3.9 as it ships, on its classic group coordinator (the fixture's default). With the KIP-848 preview
-/// on, which also puts 3.9 on its new group coordinator, this storm failed in 3 of 7 runs: a transaction of a snapshot partition stays
-/// pending and every InitProducerId on its id answers CONCURRENT_TRANSACTIONS until the init times
-/// out (issue 18's flake); the broker log of one such run has `IllegalStateException:
+/// on, which also puts 3.9 on its new group coordinator, this storm failed in 3 of 7 runs: a
+/// transaction of a snapshot partition stays pending and every InitProducerId on its id answers
+/// CONCURRENT_TRANSACTIONS until the init times out (issue 18's flake); the broker log of one such run has `IllegalStateException:
 /// WriteTxnMarkerResponse does not contain expected error map for producer id N` from the transaction
 /// coordinator's marker handler (KAFKA-17877; `tests/txn_markers.rs`). On the classic coordinator it
 /// passed 4 of 4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_storm_on_3_9_recovers_in_place() {
     let kafka = cluster(ClusterSpec::kafka39()).await;
-    storm(
-        &kafka,
-        Protocol::Eager,
-        FencePolicy::Recover,
-        Goal::Rebalances,
-    )
-    .await;
-    storm(
-        &kafka,
-        Protocol::Cooperative,
-        FencePolicy::Recover,
-        Goal::SpuriousFence,
-    )
-    .await;
+    for (protocol, goal) in [
+        (Protocol::Eager, Goal::Rebalances),
+        (Protocol::Cooperative, Goal::SpuriousFence),
+    ] {
+        storm(&kafka, protocol, FencePolicy::Recover, goal).await;
+    }
 }
 
 /// The stopping mode on the same storm: refused commits end members, each restart is another
