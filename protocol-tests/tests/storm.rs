@@ -465,7 +465,11 @@ async fn restart_storm_on_4_4_recovers_in_place() {
         (Protocol::Cooperative, Goal::SpuriousFence),
         (Protocol::Kip848, Goal::Rebalances),
     ] {
-        storm(&kafka, protocol, FencePolicy::Recover, goal).await;
+        let (_, exits) = storm(&kafka, protocol, FencePolicy::Recover, goal).await;
+        assert_eq!(
+            exits, 0,
+            "{protocol:?}: the tolerant mode exits for no fence"
+        );
     }
 }
 
@@ -478,7 +482,11 @@ async fn restart_storm_on_4_2_recovers_in_place() {
         (Protocol::Cooperative, Goal::SpuriousFence),
         (Protocol::Kip848, Goal::SpuriousFence),
     ] {
-        storm(&kafka, protocol, FencePolicy::Recover, goal).await;
+        let (_, exits) = storm(&kafka, protocol, FencePolicy::Recover, goal).await;
+        assert_eq!(
+            exits, 0,
+            "{protocol:?}: the tolerant mode exits for no fence"
+        );
     }
 }
 
@@ -498,7 +506,11 @@ async fn restart_storm_on_3_9_recovers_in_place() {
         (Protocol::Eager, Goal::Rebalances),
         (Protocol::Cooperative, Goal::SpuriousFence),
     ] {
-        storm(&kafka, protocol, FencePolicy::Recover, goal).await;
+        let (_, exits) = storm(&kafka, protocol, FencePolicy::Recover, goal).await;
+        assert_eq!(
+            exits, 0,
+            "{protocol:?}: the tolerant mode exits for no fence"
+        );
     }
 }
 
