@@ -1,8 +1,18 @@
 //! Broker-free tests of the transaction state machine: the request sequences of TV1 and TV2, every
 //! transition the issue names, and the refusals.
 
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use super::machine::CONCURRENT_RETRY;
+use super::version::version_cap;
 use super::*;
-use crate::producer::ErrorClass;
+use crate::producer::classify::Api;
+use crate::producer::{
+    ErrorClass, OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition,
+};
+use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 const IDS: ProducerIdEpoch = ProducerIdEpoch { id: 1000, epoch: 4 };
 const OP: Duration = Duration::from_secs(10);

@@ -1,51 +1,4 @@
-//! The transaction state machine: which request comes next, and what an answer does to the state.
-//!
-//! Sans-IO: every entry point takes `now` and answers with a [`Step`] (send this request, back off and
-//! send it, done, failed); the async driver owns the sockets and the timers. Each user operation (`init`,
-//! `send_offsets`, `commit`, `abort`) is a short sequence of steps; enrolling partitions in a TV1
-//! transaction runs beside the produce path through [`TxnMachine::poll_add_partitions`].
-//!
-//! ```text
-//!                 init                       begin
-//!  Uninitialized ──────▶ Initializing ──ok──▶ Ready ◀──────────────┐
-//!        ▲                    │                 │ begin             │ EndTxn ok (TV2: adopt the
-//!        └──── timeout ───────┘                 ▼                   │ returned id/epoch); or
-//!                                         InTransaction ─commit──▶ Committing ──no answer by
-//!                                           │   │   ▲                   │        the deadline──▶ CommitOutcomeUnknown
-//!                               produce/    │   │   │ send_offsets      │                         │ commit again ─▶ Committing
-//!                               offsets err │   │   └─(stays)           │                         │ init ─▶ Initializing
-//!                                           ▼   │ abort                 │
-//!                                  AbortableError ──abort──▶ Aborting ──EndTxn ok──▶ Ready
-//!                                                                  (TV1 after a sequence/epoch error:
-//!                                                                   InitProducerId with current ids
-//!                                                                   first, KIP-360)
-//!  any state ── fenced / unauthorised / unsupported ──▶ FatalError (terminal)
-//! ```
-//!
-//! Transaction versions:
-//! - **TV1**: a partition is enrolled with AddPartitionsToTxn (v3 at most: v4+ is broker-to-broker)
-//!   before the first produce to it (Produce at most v11); offsets go through AddOffsetsToTxn then
-//!   TxnOffsetCommit (at most v4) to the group coordinator; EndTxn (at most v4). After an abort caused
-//!   by a sequence or epoch error, InitProducerId v3+ with the current id and epoch bumps the epoch.
-//! - **TV2** (KIP-890 part 2; the broker finalises `transaction.version` >= 2 and supports Produce v12,
-//!   TxnOffsetCommit v5, EndTxn v5): Produce v12 enrols its partition itself; TxnOffsetCommit v5 needs
-//!   no AddOffsetsToTxn; EndTxn v5 bumps the epoch on every transaction and answers with the id and epoch
-//!   the producer continues with (its sequences restart at 0).
-//!
-//! With either version an EndTxn is skipped when nothing of the transaction reached a broker: the
-//! coordinator does not know the transaction, and under TV2 nothing would be fenced by a bump.
-//!
-//! A commit that was sent and never answered is *outcome unknown*: the transaction may be committed.
-//! Aborting it is refused (the commit could still land, and an abort would only mislead the caller);
-//! the caller retries the commit (the coordinator answers a retry of a finished commit with success) or
-//! re-initialises (InitProducerId completes or aborts whatever is pending), and learns the outcome by
-//! reading.
-//!
-//! # References
-//! - KIP-98 (transactions), KIP-360 (InitProducerId v3 epoch bump), KIP-447 (TxnOffsetCommit v3 group
-//!   metadata), KIP-588 (recovering from transaction timeouts), KIP-890 parts 1 and 2
-//! - Message specs: InitProducerId v0-6, AddPartitionsToTxn v0-5, AddOffsetsToTxn v0-4,
-//!   TxnOffsetCommit v0-5, EndTxn v0-5, Produce v3-13
+//! The transaction machine itself: the state, the operation in progress, and what each answer does.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -53,308 +6,11 @@ use std::time::{Duration, Instant};
 
 use tracing::Span;
 
-use super::classify::{classify, Action, Api, Refresh};
-use super::{OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
+use super::super::classify::{classify, Action, Api, Refresh};
+use super::super::{OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
+use super::{Backoff, BrokerCaps, Step, TransactionState, TxnRequest, TxnResponse, TxnVersion};
 use crate::wire::ErrorCode;
 use crate::GroupMetadata;
-
-/// Where a transactional producer stands. [`TransactionState::name`] is what error messages print.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum TransactionState {
-    /// `init` has not completed.
-    Uninitialized,
-    /// InitProducerId is under way (first init, re-init, or the epoch bump after an abort).
-    Initializing,
-    /// Initialised, no transaction open.
-    Ready,
-    /// A transaction is open.
-    InTransaction,
-    /// EndTxn(commit) is under way.
-    Committing,
-    /// EndTxn(abort) is under way.
-    Aborting,
-    /// The transaction cannot commit; only `abort` is accepted.
-    AbortableError,
-    /// The producer is unusable.
-    FatalError,
-    /// A commit was sent and never answered: retry the commit or re-initialise; never abort.
-    CommitOutcomeUnknown,
-}
-
-impl TransactionState {
-    /// A lower-case name for messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            TransactionState::Uninitialized => "uninitialized",
-            TransactionState::Initializing => "initializing",
-            TransactionState::Ready => "ready",
-            TransactionState::InTransaction => "in a transaction",
-            TransactionState::Committing => "committing",
-            TransactionState::Aborting => "aborting",
-            TransactionState::AbortableError => "in an abortable error",
-            TransactionState::FatalError => "in a fatal error",
-            TransactionState::CommitOutcomeUnknown => "waiting on a commit of unknown outcome",
-        }
-    }
-}
-
-/// The transaction protocol in use for a transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum TxnVersion {
-    V1,
-    V2,
-}
-
-/// What the broker offers that decides the protocol: the finalised `transaction.version` feature and the
-/// highest version of each API the broker supports (`None`: not supported at all).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct BrokerCaps {
-    pub(crate) transaction_version: i16,
-    pub(crate) produce: Option<i16>,
-    pub(crate) init_producer_id: Option<i16>,
-    pub(crate) txn_offset_commit: Option<i16>,
-    pub(crate) end_txn: Option<i16>,
-}
-
-impl BrokerCaps {
-    /// TV2 needs the feature finalised at 2 or more *and* the request versions that carry it.
-    pub(crate) fn txn_version(&self) -> TxnVersion {
-        let at_least = |v: Option<i16>, min: i16| v.is_some_and(|v| v >= min);
-        if self.transaction_version >= 2
-            && at_least(self.produce, 12)
-            && at_least(self.txn_offset_commit, 5)
-            && at_least(self.end_txn, 5)
-        {
-            TxnVersion::V2
-        } else {
-            TxnVersion::V1
-        }
-    }
-
-    /// Whether InitProducerId can bump an epoch with the current id and epoch (KIP-360, v3+).
-    pub(crate) fn kip360(&self) -> bool {
-        self.init_producer_id.is_some_and(|v| v >= 3)
-    }
-}
-
-/// The highest version of `api` this producer may send under transaction version `tv`. Under TV1 the
-/// versions that mean "TV2" must not be used inside a transaction, and AddPartitionsToTxn v4+ belongs to
-/// brokers.
-pub(crate) fn version_cap(api: Api, tv: TxnVersion) -> i16 {
-    match (api, tv) {
-        (Api::Produce, TxnVersion::V1) => 11,
-        (Api::Produce, TxnVersion::V2) => i16::MAX,
-        (Api::TxnOffsetCommit, TxnVersion::V1) => 4,
-        (Api::TxnOffsetCommit, TxnVersion::V2) => 5,
-        (Api::EndTxn, TxnVersion::V1) => 4,
-        (Api::EndTxn, TxnVersion::V2) => 5,
-        (Api::AddPartitionsToTxn, _) => 3,
-        (Api::AddOffsetsToTxn, _) => i16::MAX,
-        (Api::InitProducerId, _) => i16::MAX,
-    }
-}
-
-/// The coordinator a transaction request goes to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Coordinator {
-    Transaction(String),
-    Group(String),
-}
-
-/// A request the machine wants sent, with everything needed to build it at any version.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum TxnRequest {
-    InitProducerId {
-        transactional_id: String,
-        timeout_ms: i32,
-        /// KIP-360: bump this id's epoch instead of starting over.
-        current: Option<ProducerIdEpoch>,
-    },
-    AddPartitions {
-        transactional_id: String,
-        ids: ProducerIdEpoch,
-        partitions: Vec<TopicPartition>,
-    },
-    AddOffsets {
-        transactional_id: String,
-        ids: ProducerIdEpoch,
-        group_id: String,
-    },
-    TxnOffsetCommit {
-        transactional_id: String,
-        ids: ProducerIdEpoch,
-        group: GroupMetadata,
-        offsets: Vec<(TopicPartition, OffsetAndMetadata)>,
-        tv: TxnVersion,
-    },
-    EndTxn {
-        transactional_id: String,
-        ids: ProducerIdEpoch,
-        commit: bool,
-        tv: TxnVersion,
-    },
-}
-
-impl TxnRequest {
-    pub(crate) fn api(&self) -> Api {
-        match self {
-            TxnRequest::InitProducerId { .. } => Api::InitProducerId,
-            TxnRequest::AddPartitions { .. } => Api::AddPartitionsToTxn,
-            TxnRequest::AddOffsets { .. } => Api::AddOffsetsToTxn,
-            TxnRequest::TxnOffsetCommit { .. } => Api::TxnOffsetCommit,
-            TxnRequest::EndTxn { .. } => Api::EndTxn,
-        }
-    }
-
-    pub(crate) fn coordinator(&self) -> Coordinator {
-        match self {
-            TxnRequest::TxnOffsetCommit { group, .. } => {
-                Coordinator::Group(group.group_id().to_owned())
-            }
-            TxnRequest::InitProducerId {
-                transactional_id, ..
-            }
-            | TxnRequest::AddPartitions {
-                transactional_id, ..
-            }
-            | TxnRequest::AddOffsets {
-                transactional_id, ..
-            }
-            | TxnRequest::EndTxn {
-                transactional_id, ..
-            } => Coordinator::Transaction(transactional_id.clone()),
-        }
-    }
-
-    /// The highest version this request may go out at.
-    pub(crate) fn max_version(&self) -> i16 {
-        match self {
-            TxnRequest::TxnOffsetCommit { tv, .. } | TxnRequest::EndTxn { tv, .. } => {
-                version_cap(self.api(), *tv)
-            }
-            other => version_cap(other.api(), TxnVersion::V1),
-        }
-    }
-}
-
-impl TxnRequest {
-    /// The answer this request would get if the broker answered `code` for all of it: how a request
-    /// that never left (no coordinator, no connection) is fed back to the machine.
-    pub(crate) fn answered_with(&self, code: ErrorCode) -> TxnResponse {
-        match self {
-            TxnRequest::InitProducerId { .. } => TxnResponse::InitProducerId(Err(code)),
-            TxnRequest::AddPartitions { partitions, .. } => {
-                TxnResponse::AddPartitions(partitions.iter().map(|tp| (tp.clone(), code)).collect())
-            }
-            TxnRequest::AddOffsets { .. } => TxnResponse::AddOffsets(code),
-            TxnRequest::TxnOffsetCommit { offsets, .. } => TxnResponse::TxnOffsetCommit(
-                offsets.iter().map(|(tp, _)| (tp.clone(), code)).collect(),
-            ),
-            TxnRequest::EndTxn { .. } => TxnResponse::EndTxn { code, next: None },
-        }
-    }
-}
-
-/// An answer to a [`TxnRequest`], reduced to what the machine needs.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum TxnResponse {
-    InitProducerId(Result<ProducerIdEpoch, ErrorCode>),
-    AddPartitions(Vec<(TopicPartition, ErrorCode)>),
-    AddOffsets(ErrorCode),
-    TxnOffsetCommit(Vec<(TopicPartition, ErrorCode)>),
-    EndTxn {
-        code: ErrorCode,
-        /// EndTxn v5: the id and epoch to continue with.
-        next: Option<ProducerIdEpoch>,
-    },
-    /// No answer: timeout, dropped connection, or the network layer gave up.
-    NoAnswer(String),
-}
-
-/// What the driver does next for an operation.
-#[derive(Debug, Clone)]
-pub(crate) enum Step {
-    /// Send this request now and feed the answer to [`TxnMachine::on_response`].
-    Send(TxnRequest),
-    /// Wait `delay`; if `refresh`, look the request's coordinator up again; then send `request`.
-    Backoff {
-        delay: Duration,
-        refresh: bool,
-        request: TxnRequest,
-    },
-    /// The operation completed.
-    Done,
-    /// The operation failed; the machine's state already says what is allowed next.
-    Failed(ProducerError),
-}
-
-// Errors carry no equality of their own (they will wrap transport errors); tests compare steps, and a
-// failure's message identifies it well enough there.
-#[cfg(test)]
-impl PartialEq for Step {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Step::Send(a), Step::Send(b)) => a == b,
-            (
-                Step::Backoff {
-                    delay: d1,
-                    refresh: r1,
-                    request: q1,
-                },
-                Step::Backoff {
-                    delay: d2,
-                    refresh: r2,
-                    request: q2,
-                },
-            ) => d1 == d2 && r1 == r2 && q1 == q2,
-            (Step::Done, Step::Done) => true,
-            (Step::Failed(a), Step::Failed(b)) => a.to_string() == b.to_string(),
-            _ => false,
-        }
-    }
-}
-
-/// Exponential backoff without jitter (the machine reads no randomness either).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Backoff {
-    pub(crate) base: Duration,
-    pub(crate) max: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn delay(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
-        self.base.saturating_mul(factor).min(self.max)
-    }
-
-    /// The delay after CONCURRENT_TRANSACTIONS: [`CONCURRENT_RETRY`] for the first
-    /// [`CONCURRENT_FLAT_ATTEMPTS`] retries, then doubling from there (never above the ordinary delay). The coordinator gives that answer while a state change of this very
-    /// transactional id is in progress: the previous transaction's markers being written (a first
-    /// enrolment sent right after a commit often races them), or the log append of an enrolment sent
-    /// alongside.
-    /// Both finish within milliseconds on a healthy cluster, so the ordinary delay (100 ms by default)
-    /// would be most of a small transaction's time. The flat start follows the marker round closely
-    /// (measured at 10-25 ms on a loaded one-node broker, docs/benchmarks.md): doubling from the first
-    /// retry would overshoot its end by up to its own length (2+4+8 ms, then 16 more). The doubling
-    /// after it still backs off from a coordinator whose markers are stuck.
-    pub(crate) fn concurrent_delay(&self, attempt: u32) -> Duration {
-        let doublings = attempt.saturating_sub(CONCURRENT_FLAT_ATTEMPTS - 1).min(16);
-        let factor = 1u32.checked_shl(doublings).unwrap_or(u32::MAX);
-        CONCURRENT_RETRY
-            .saturating_mul(factor)
-            .min(self.delay(attempt))
-    }
-
-    /// The delay before resending a request answered `code`.
-    fn after(&self, code: ErrorCode, attempt: u32) -> Duration {
-        if code == ErrorCode::ConcurrentTransactions {
-            self.concurrent_delay(attempt)
-        } else {
-            self.delay(attempt)
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 enum OffsetsStage {
@@ -549,7 +205,7 @@ impl TxnMachine {
         ProducerError::Broker {
             api: api.name(),
             code,
-            class: super::ErrorClass::Fatal,
+            class: super::super::ErrorClass::Fatal,
         }
     }
 
@@ -831,7 +487,7 @@ impl TxnMachine {
                 _ => ProducerError::Broker {
                     api: Api::AddPartitionsToTxn.name(),
                     code,
-                    class: super::ErrorClass::Abortable,
+                    class: super::super::ErrorClass::Abortable,
                 },
             };
             let fatal = action == Action::Fatal;
@@ -1159,14 +815,14 @@ impl TxnMachine {
                         self.cause = Some(Arc::new(ProducerError::Timeout {
                             op: "epoch bump after abort",
                             elapsed: now.saturating_duration_since(started),
-                            class: super::ErrorClass::Abortable,
+                            class: super::super::ErrorClass::Abortable,
                             last_error: Some(code),
                         }));
                     }
                     return Step::Failed(ProducerError::Timeout {
                         op: "init",
                         elapsed: now.saturating_duration_since(started),
-                        class: super::ErrorClass::Retriable,
+                        class: super::super::ErrorClass::Retriable,
                         last_error: Some(code),
                     });
                 }
@@ -1264,7 +920,7 @@ impl TxnMachine {
                     return Step::Failed(self.fail_abortable(ProducerError::Timeout {
                         op: "send_offsets",
                         elapsed: now.saturating_duration_since(started),
-                        class: super::ErrorClass::Abortable,
+                        class: super::super::ErrorClass::Abortable,
                         last_error: Some(decided_code),
                     }));
                 }
@@ -1293,7 +949,7 @@ impl TxnMachine {
             Action::Abortable => Step::Failed(self.fail_abortable(ProducerError::Broker {
                 api: api.name(),
                 code: decided_code,
-                class: super::ErrorClass::Abortable,
+                class: super::super::ErrorClass::Abortable,
             })),
             _ => Step::Failed(self.fail_fatal(self.fatal_refusal(api, decided_code))),
         }
@@ -1356,7 +1012,7 @@ impl TxnMachine {
                     let err = ProducerError::Timeout {
                         op: if commit { "commit" } else { "abort" },
                         elapsed,
-                        class: super::ErrorClass::Abortable,
+                        class: super::super::ErrorClass::Abortable,
                         last_error: Some(code),
                     };
                     self.cause = Some(Arc::new(err.clone()));
@@ -1384,12 +1040,12 @@ impl TxnMachine {
             Action::Abortable => Step::Failed(self.fail_abortable(ProducerError::Broker {
                 api: Api::EndTxn.name(),
                 code,
-                class: super::ErrorClass::Abortable,
+                class: super::super::ErrorClass::Abortable,
             })),
             _ => Step::Failed(self.fail_fatal(ProducerError::Broker {
                 api: Api::EndTxn.name(),
                 code,
-                class: super::ErrorClass::Fatal,
+                class: super::super::ErrorClass::Fatal,
             })),
         }
     }
@@ -1441,6 +1097,3 @@ fn concurrent_retry(api: Api) {
 fn duration_ms_i32(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
 }
-
-#[cfg(test)]
-mod tests;
