@@ -8,7 +8,8 @@ use tracing::Span;
 
 use super::super::classify::{classify, Action, Api, Refresh};
 use super::super::{OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
-use super::{Backoff, BrokerCaps, Step, TransactionState, TxnRequest, TxnResponse, TxnVersion};
+use super::{BrokerCaps, Step, TransactionState, TxnRequest, TxnResponse, TxnVersion};
+use crate::net::Backoff;
 use crate::wire::ErrorCode;
 use crate::GroupMetadata;
 
@@ -68,15 +69,42 @@ struct Txn {
     span: Span,
 }
 
-/// The first retry delay after CONCURRENT_TRANSACTIONS (see [`Backoff::concurrent_delay`]). The Java
+/// The first retry delay after CONCURRENT_TRANSACTIONS (see [`concurrent_delay`]). The Java
 /// client waits 20 ms after a first AddPartitionsToTxn answered so, but its full `retry.backoff.ms` after
 /// an AddOffsetsToTxn or TxnOffsetCommit answered so: the offset commit that opens a transaction costs it
 /// 100 ms whenever it races the previous transaction's markers (docs/transactions.md, "Latency").
 pub(crate) const CONCURRENT_RETRY: Duration = Duration::from_millis(2);
 
 /// How many CONCURRENT_TRANSACTIONS retries wait [`CONCURRENT_RETRY`] before the delay starts doubling
-/// (see [`Backoff::concurrent_delay`]): ~20 ms of waiting, round trips aside.
+/// (see [`concurrent_delay`]): ~20 ms of waiting, round trips aside.
 pub(crate) const CONCURRENT_FLAT_ATTEMPTS: u32 = 10;
+
+/// The delay after CONCURRENT_TRANSACTIONS: [`CONCURRENT_RETRY`] for the first
+/// [`CONCURRENT_FLAT_ATTEMPTS`] retries, then doubling from there (never above the ordinary delay). The coordinator gives that answer while a state change of this very
+/// transactional id is in progress: the previous transaction's markers being written (a first
+/// enrolment sent right after a commit often races them), or the log append of an enrolment sent
+/// alongside.
+/// Both finish within milliseconds on a healthy cluster, so the ordinary delay (100 ms by default)
+/// would be most of a small transaction's time. The flat start follows the marker round closely
+/// (measured at 10-25 ms on a loaded one-node broker, docs/benchmarks.md): doubling from the first
+/// retry would overshoot its end by up to its own length (2+4+8 ms, then 16 more). The doubling
+/// after it still backs off from a coordinator whose markers are stuck.
+pub(crate) fn concurrent_delay(backoff: &Backoff, attempt: u32) -> Duration {
+    let doublings = attempt.saturating_sub(CONCURRENT_FLAT_ATTEMPTS - 1).min(16);
+    let factor = 1u32.checked_shl(doublings).unwrap_or(u32::MAX);
+    CONCURRENT_RETRY
+        .saturating_mul(factor)
+        .min(backoff.delay(attempt))
+}
+
+/// The delay before resending a request answered `code`.
+fn delay_after(backoff: &Backoff, code: ErrorCode, attempt: u32) -> Duration {
+    if code == ErrorCode::ConcurrentTransactions {
+        concurrent_delay(backoff, attempt)
+    } else {
+        backoff.delay(attempt)
+    }
+}
 
 /// What happened to an AddPartitionsToTxn answer.
 #[derive(Debug, Clone)]
@@ -450,7 +478,7 @@ impl TxnMachine {
         let mut retry = BTreeSet::new();
         let mut worst: Option<(Action, ErrorCode)> = None;
         // Every partition to retry was answered CONCURRENT_TRANSACTIONS: the coordinator is busy with
-        // this id for a moment (see `Backoff::concurrent_delay`).
+        // this id for a moment (see `concurrent_delay`).
         let mut busy = true;
         for (tp, code) in results {
             match classify(Api::AddPartitionsToTxn, code) {
@@ -501,7 +529,7 @@ impl TxnMachine {
             txn.pending.extend(retry);
             let delay = if busy {
                 concurrent_retry(Api::AddPartitionsToTxn);
-                self.backoff.concurrent_delay(txn.add_attempts)
+                concurrent_delay(&self.backoff, txn.add_attempts)
             } else {
                 self.backoff.delay(txn.add_attempts)
             };
@@ -836,7 +864,12 @@ impl TxnMachine {
                 if code == ErrorCode::ConcurrentTransactions {
                     concurrent_retry(Api::InitProducerId);
                 }
-                retry(code, self.backoff.after(code, attempts), refresh, request)
+                retry(
+                    code,
+                    delay_after(&self.backoff, code, attempts),
+                    refresh,
+                    request,
+                )
             }
             Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
             _ => Step::Failed(self.fail_fatal(self.fatal_refusal(Api::InitProducerId, code))),
@@ -927,7 +960,7 @@ impl TxnMachine {
                 self.op = Some(op_again(attempts + 1, stage));
                 let delay = if busy {
                     concurrent_retry(api);
-                    self.backoff.concurrent_delay(attempts)
+                    concurrent_delay(&self.backoff, attempts)
                 } else {
                     self.backoff.delay(attempts)
                 };
@@ -1031,7 +1064,7 @@ impl TxnMachine {
                 }
                 retry(
                     code,
-                    self.backoff.after(code, attempts),
+                    delay_after(&self.backoff, code, attempts),
                     refresh,
                     self.end_request(commit),
                 )

@@ -47,12 +47,10 @@
 //! - Message specs: InitProducerId v0-6, AddPartitionsToTxn v0-5, AddOffsetsToTxn v0-4,
 //!   TxnOffsetCommit v0-5, EndTxn v0-5, Produce v3-13
 
-mod backoff;
 mod machine;
 mod request;
 mod version;
 
-pub(crate) use backoff::Backoff;
 pub(crate) use machine::TxnMachine;
 pub(crate) use request::{Coordinator, Step, TxnRequest, TxnResponse};
 pub(crate) use version::{BrokerCaps, TxnVersion};

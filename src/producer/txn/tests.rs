@@ -4,9 +4,10 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use super::machine::CONCURRENT_RETRY;
+use super::machine::{concurrent_delay, CONCURRENT_RETRY};
 use super::version::version_cap;
 use super::*;
+use crate::net::Backoff;
 use crate::producer::classify::Api;
 use crate::producer::{
     ErrorClass, OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition,
@@ -28,10 +29,7 @@ fn caps(tv: i16) -> BrokerCaps {
 }
 
 fn backoff() -> Backoff {
-    Backoff {
-        base: Duration::from_millis(100),
-        max: Duration::from_secs(1),
-    }
+    Backoff::exponential(Duration::from_millis(100), Duration::from_secs(1))
 }
 
 fn machine(tv: i16) -> TxnMachine {
@@ -423,10 +421,7 @@ fn tv1_add_partitions_retries_and_errors() {
 #[test]
 fn tv1_enrolment_answered_concurrent_transactions_retries_quickly() {
     let t0 = Instant::now();
-    let slow = Backoff {
-        base: Duration::from_millis(500),
-        max: Duration::from_secs(1),
-    };
+    let slow = Backoff::exponential(Duration::from_millis(500), Duration::from_secs(1));
     let mut m = TxnMachine::new("tx-1", Duration::from_secs(60), slow, caps(1));
     sent(m.start_init(t0, OP));
     m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
@@ -485,18 +480,15 @@ fn concurrent_delay_doubles_from_the_short_base_under_the_ordinary_delay() {
     ];
     for (attempt, ms) in expected.into_iter().enumerate() {
         assert_eq!(
-            b.concurrent_delay(attempt as u32),
+            concurrent_delay(&b, attempt as u32),
             Duration::from_millis(ms),
             "attempt {attempt}"
         );
     }
-    let tiny = Backoff {
-        base: Duration::from_millis(1),
-        max: Duration::from_millis(3),
-    };
-    assert_eq!(tiny.concurrent_delay(0), Duration::from_millis(1));
-    assert_eq!(tiny.concurrent_delay(5), Duration::from_millis(2));
-    assert_eq!(tiny.concurrent_delay(12), Duration::from_millis(3));
+    let tiny = Backoff::exponential(Duration::from_millis(1), Duration::from_millis(3));
+    assert_eq!(concurrent_delay(&tiny, 0), Duration::from_millis(1));
+    assert_eq!(concurrent_delay(&tiny, 5), Duration::from_millis(2));
+    assert_eq!(concurrent_delay(&tiny, 12), Duration::from_millis(3));
 }
 
 /// The offset commit that opens a transaction races the previous transaction's markers: under TV1 its
