@@ -13,40 +13,245 @@ use crate::net::Backoff;
 use crate::wire::ErrorCode;
 use crate::GroupMetadata;
 
-#[derive(Debug, Clone)]
+/// Which request of `send_offsets` is under way.
+#[derive(Debug, Clone, Copy)]
 enum OffsetsStage {
     AddOffsets,
     Commit,
 }
 
+/// An `init` (or the epoch bump after an abort) under way.
 #[derive(Debug, Clone)]
-enum Op {
-    Init {
-        started: Instant,
-        deadline: Instant,
-        attempts: u32,
-        request: TxnRequest,
-        /// The state to fall back to if the operation times out.
-        origin: TransactionState,
+struct InitOp {
+    started: Instant,
+    deadline: Instant,
+    attempts: u32,
+    request: TxnRequest,
+    /// The state to fall back to if the operation times out.
+    origin: Origin,
+}
+
+/// Where an InitProducerId started from: what it falls back to when it times out, with the ids that
+/// state holds.
+#[derive(Debug, Clone, Copy)]
+enum Origin {
+    Uninitialized,
+    CommitOutcomeUnknown {
+        ids: ProducerIdEpoch,
     },
-    Offsets {
-        started: Instant,
-        deadline: Instant,
-        attempts: u32,
-        group: GroupMetadata,
-        offsets: Vec<(TopicPartition, OffsetAndMetadata)>,
-        stage: OffsetsStage,
+    /// The epoch bump after an abort (KIP-360).
+    AbortableError {
+        ids: ProducerIdEpoch,
     },
-    End {
-        started: Instant,
-        deadline: Instant,
-        attempts: u32,
-        commit: bool,
-        /// Some attempt may have reached the coordinator without its answer reaching us.
-        in_doubt: bool,
-        /// The caller's budget for the operation, reused for the epoch bump after an abort.
-        timeout: Duration,
+}
+
+impl Origin {
+    fn ids(self) -> Option<ProducerIdEpoch> {
+        match self {
+            Origin::Uninitialized => None,
+            Origin::CommitOutcomeUnknown { ids } | Origin::AbortableError { ids } => Some(ids),
+        }
+    }
+}
+
+/// A `send_offsets` under way.
+#[derive(Debug, Clone)]
+struct OffsetsOp {
+    started: Instant,
+    deadline: Instant,
+    attempts: u32,
+    group: GroupMetadata,
+    offsets: Vec<(TopicPartition, OffsetAndMetadata)>,
+    stage: OffsetsStage,
+}
+
+impl OffsetsOp {
+    fn request(&self, transactional_id: &str, ids: ProducerIdEpoch, tv: TxnVersion) -> TxnRequest {
+        match self.stage {
+            OffsetsStage::AddOffsets => TxnRequest::AddOffsets {
+                transactional_id: transactional_id.to_owned(),
+                ids,
+                group_id: self.group.group_id().to_owned(),
+            },
+            OffsetsStage::Commit => TxnRequest::TxnOffsetCommit {
+                transactional_id: transactional_id.to_owned(),
+                ids,
+                group: self.group.clone(),
+                offsets: self.offsets.clone(),
+                tv,
+            },
+        }
+    }
+}
+
+/// An EndTxn (commit or abort: the state says which) under way.
+#[derive(Debug, Clone, Copy)]
+struct EndOp {
+    started: Instant,
+    deadline: Instant,
+    attempts: u32,
+    /// Some attempt may have reached the coordinator without its answer reaching us.
+    in_doubt: bool,
+    /// The caller's budget for the operation, reused for the epoch bump after an abort.
+    timeout: Duration,
+}
+
+/// Where the machine stands, each state with what is valid only there (quinn-proto's `State`): the
+/// producer id exists from the first successful init on, the transaction's bookkeeping while one is
+/// open (or its end is undecided), the operation under way in the state that runs it, and the cause
+/// in the error states. [`TransactionState`] is its public, data-free name.
+///
+/// A transaction of unknown outcome, or one being committed after an `init` timed out on it, may have
+/// no bookkeeping left (`txn: None`): re-initialising closed it, and the commit retried then uses the
+/// broker's current protocol.
+#[derive(Debug)]
+enum State {
+    Uninitialized,
+    Initializing(InitOp),
+    Ready {
+        ids: ProducerIdEpoch,
     },
+    InTransaction {
+        ids: ProducerIdEpoch,
+        txn: Txn,
+        /// A `send_offsets` under way, or interrupted by a dropped future (then a commit is refused).
+        offsets: Option<OffsetsOp>,
+    },
+    Committing {
+        ids: ProducerIdEpoch,
+        txn: Option<Txn>,
+        end: EndOp,
+    },
+    Aborting {
+        ids: ProducerIdEpoch,
+        txn: Option<Txn>,
+        end: EndOp,
+    },
+    AbortableError {
+        ids: ProducerIdEpoch,
+        txn: Option<Txn>,
+        cause: Arc<ProducerError>,
+    },
+    CommitOutcomeUnknown {
+        ids: ProducerIdEpoch,
+        txn: Option<Txn>,
+    },
+    /// Terminal. Keeps the ids and the transaction's span for the driver's logs.
+    FatalError {
+        ids: Option<ProducerIdEpoch>,
+        txn: Option<Txn>,
+        cause: Arc<ProducerError>,
+    },
+}
+
+impl State {
+    /// The state an EndTxn under way is in.
+    fn ending(commit: bool, ids: ProducerIdEpoch, txn: Option<Txn>, end: EndOp) -> State {
+        if commit {
+            State::Committing { ids, txn, end }
+        } else {
+            State::Aborting { ids, txn, end }
+        }
+    }
+
+    fn public(&self) -> TransactionState {
+        match self {
+            State::Uninitialized => TransactionState::Uninitialized,
+            State::Initializing(_) => TransactionState::Initializing,
+            State::Ready { .. } => TransactionState::Ready,
+            State::InTransaction { .. } => TransactionState::InTransaction,
+            State::Committing { .. } => TransactionState::Committing,
+            State::Aborting { .. } => TransactionState::Aborting,
+            State::AbortableError { .. } => TransactionState::AbortableError,
+            State::CommitOutcomeUnknown { .. } => TransactionState::CommitOutcomeUnknown,
+            State::FatalError { .. } => TransactionState::FatalError,
+        }
+    }
+
+    fn ids(&self) -> Option<ProducerIdEpoch> {
+        match self {
+            State::Uninitialized => None,
+            State::Initializing(op) => op.origin.ids(),
+            State::Ready { ids }
+            | State::InTransaction { ids, .. }
+            | State::Committing { ids, .. }
+            | State::Aborting { ids, .. }
+            | State::AbortableError { ids, .. }
+            | State::CommitOutcomeUnknown { ids, .. } => Some(*ids),
+            State::FatalError { ids, .. } => *ids,
+        }
+    }
+
+    fn txn(&self) -> Option<&Txn> {
+        match self {
+            State::InTransaction { txn, .. } => Some(txn),
+            State::Committing { txn, .. }
+            | State::Aborting { txn, .. }
+            | State::AbortableError { txn, .. }
+            | State::CommitOutcomeUnknown { txn, .. }
+            | State::FatalError { txn, .. } => txn.as_ref(),
+            State::Uninitialized | State::Initializing(_) | State::Ready { .. } => None,
+        }
+    }
+
+    fn txn_mut(&mut self) -> Option<&mut Txn> {
+        match self {
+            State::InTransaction { txn, .. } => Some(txn),
+            State::Committing { txn, .. }
+            | State::Aborting { txn, .. }
+            | State::AbortableError { txn, .. }
+            | State::CommitOutcomeUnknown { txn, .. }
+            | State::FatalError { txn, .. } => txn.as_mut(),
+            State::Uninitialized | State::Initializing(_) | State::Ready { .. } => None,
+        }
+    }
+
+    fn into_txn(self) -> Option<Txn> {
+        match self {
+            State::InTransaction { txn, .. } => Some(txn),
+            State::Committing { txn, .. }
+            | State::Aborting { txn, .. }
+            | State::AbortableError { txn, .. }
+            | State::CommitOutcomeUnknown { txn, .. }
+            | State::FatalError { txn, .. } => txn,
+            State::Uninitialized | State::Initializing(_) | State::Ready { .. } => None,
+        }
+    }
+
+    /// FatalError, keeping the ids and the transaction (its span records the outcome); a fatal
+    /// state keeps its first cause.
+    fn into_fatal(self, err: &ProducerError) -> State {
+        if let State::FatalError { .. } = self {
+            return self;
+        }
+        let ids = self.ids();
+        let txn = self.into_txn();
+        if let Some(t) = &txn {
+            t.span.record("outcome", "fatal");
+        }
+        State::FatalError {
+            ids,
+            txn,
+            cause: Arc::new(err.clone()),
+        }
+    }
+
+    /// AbortableError, dropping the operation under way; the error states keep theirs. Only a state
+    /// with a producer id has a transaction to abort: without one the error leaves nothing to recover,
+    /// and the machine stops instead.
+    fn into_abortable(self, err: &ProducerError) -> State {
+        match self {
+            State::FatalError { .. } | State::AbortableError { .. } => self,
+            other => match other.ids() {
+                Some(ids) => State::AbortableError {
+                    ids,
+                    txn: other.into_txn(),
+                    cause: Arc::new(err.clone()),
+                },
+                None => other.into_fatal(err),
+            },
+        }
+    }
 }
 
 /// The current transaction's bookkeeping.
@@ -115,21 +320,17 @@ pub(crate) struct AddPartitionsOutcome {
     pub(crate) error: Option<ProducerError>,
 }
 
-/// The transactional producer's state machine. See the [module docs](self).
+/// The transactional producer's state machine. See the [module docs](super).
 #[derive(Debug)]
 pub(crate) struct TxnMachine {
     transactional_id: String,
     transaction_timeout: Duration,
     backoff: Backoff,
     caps: BrokerCaps,
-    state: TransactionState,
-    ids: Option<ProducerIdEpoch>,
-    txn: Option<Txn>,
+    state: State,
     /// TV1: the next abort must be followed by an epoch bump (a sequence or epoch error happened).
+    /// Set from any state (a late produce answer), so it lives beside the state, not in it.
     bump_after_abort: bool,
-    op: Option<Op>,
-    /// Why the machine is in AbortableError or FatalError.
-    cause: Option<Arc<ProducerError>>,
 }
 
 impl TxnMachine {
@@ -144,28 +345,26 @@ impl TxnMachine {
             transaction_timeout,
             backoff,
             caps,
-            state: TransactionState::Uninitialized,
-            ids: None,
-            txn: None,
+            state: State::Uninitialized,
             bump_after_abort: false,
-            op: None,
-            cause: None,
         }
     }
 
     pub(crate) fn state(&self) -> TransactionState {
-        self.state
+        self.state.public()
     }
 
     pub(crate) fn ids(&self) -> Option<ProducerIdEpoch> {
-        self.ids
+        self.state.ids()
     }
 
     /// The protocol of the open transaction (or the one the next would use).
     pub(crate) fn txn_version(&self) -> TxnVersion {
-        self.txn
-            .as_ref()
-            .map_or_else(|| self.caps.txn_version(), |t| t.tv)
+        self.tv_of(self.state.txn())
+    }
+
+    fn tv_of(&self, txn: Option<&Txn>) -> TxnVersion {
+        txn.map_or_else(|| self.caps.txn_version(), |t| t.tv)
     }
 
     /// The broker's capabilities changed (a reconnect, a feature upgrade). Takes effect at the next
@@ -174,42 +373,37 @@ impl TxnMachine {
         self.caps = caps;
     }
 
+    /// Takes the state out to move its data into the next one. Every caller puts a state back before
+    /// it returns.
+    fn take_state(&mut self) -> State {
+        std::mem::replace(&mut self.state, State::Uninitialized)
+    }
+
     /// The error to refuse an operation with in the current state, if any.
     fn refusal(&self, op: &'static str) -> ProducerError {
-        match (self.state, &self.cause) {
-            (TransactionState::FatalError, Some(cause)) => ProducerError::Defunct {
+        match &self.state {
+            State::FatalError { cause, .. } => ProducerError::Defunct {
                 cause: cause.clone(),
             },
-            (TransactionState::AbortableError, Some(cause)) => ProducerError::MustAbort {
+            State::AbortableError { cause, .. } => ProducerError::MustAbort {
                 cause: cause.clone(),
             },
-            (state, _) => ProducerError::IllegalState {
+            state => ProducerError::IllegalState {
                 op,
-                state: state.name(),
+                state: state.public().name(),
             },
         }
     }
 
     fn fail_fatal(&mut self, err: ProducerError) -> ProducerError {
-        if self.state != TransactionState::FatalError {
-            self.state = TransactionState::FatalError;
-            self.cause = Some(Arc::new(err.clone()));
-            self.op = None;
-            self.finish_span("fatal");
-        }
+        let state = self.take_state();
+        self.state = state.into_fatal(&err);
         err
     }
 
     fn fail_abortable(&mut self, err: ProducerError) -> ProducerError {
-        match self.state {
-            TransactionState::FatalError => {}
-            TransactionState::AbortableError => {}
-            _ => {
-                self.state = TransactionState::AbortableError;
-                self.cause = Some(Arc::new(err.clone()));
-            }
-        }
-        self.op = None;
+        let state = self.take_state();
+        self.state = state.into_abortable(&err);
         err
     }
 
@@ -237,22 +431,11 @@ impl TxnMachine {
         }
     }
 
-    fn finish_span(&mut self, outcome: &'static str) {
-        if let Some(t) = &self.txn {
-            t.span.record("outcome", outcome);
-        }
-    }
-
-    fn close_txn(&mut self, outcome: &'static str, now: Instant) {
-        if let Some(t) = self.txn.take() {
-            let parts: Vec<String> = t.partitions.iter().map(ToString::to_string).collect();
-            t.span.record("partitions", parts.join(",").as_str());
-            t.span.record(
-                "duration_ms",
-                now.saturating_duration_since(t.started_at).as_millis() as u64,
-            );
-            t.span.record("outcome", outcome);
-            tracing::debug!(parent: &t.span, outcome, "transaction ended");
+    fn init_request(&self, current: Option<ProducerIdEpoch>) -> TxnRequest {
+        TxnRequest::InitProducerId {
+            transactional_id: self.transactional_id.clone(),
+            timeout_ms: duration_ms_i32(self.transaction_timeout),
+            current,
         }
     }
 
@@ -263,36 +446,33 @@ impl TxnMachine {
     /// init, to resume an interrupted one, and after a commit of unknown outcome (re-initialising
     /// completes or aborts whatever the coordinator holds).
     pub(crate) fn start_init(&mut self, now: Instant, timeout: Duration) -> Step {
-        let origin = match self.state {
-            TransactionState::Uninitialized | TransactionState::CommitOutcomeUnknown => self.state,
-            TransactionState::Initializing => match &self.op {
-                Some(Op::Init {
-                    request, origin, ..
-                }) => {
-                    // Resumed after the caller dropped the future: send again, it is idempotent.
-                    let request = request.clone();
-                    let origin = *origin;
-                    self.op = Some(Op::Init {
-                        started: now,
-                        deadline: now + timeout,
-                        attempts: 0,
-                        request: request.clone(),
-                        origin,
-                    });
-                    return Step::Send(request);
+        let origin = match self.take_state() {
+            State::Uninitialized => Origin::Uninitialized,
+            State::CommitOutcomeUnknown { ids, txn } => {
+                if let Some(t) = txn {
+                    close_txn(t, "unknown", now);
                 }
-                _ => TransactionState::Uninitialized,
-            },
-            _ => return Step::Failed(self.refusal("init")),
+                Origin::CommitOutcomeUnknown { ids }
+            }
+            State::Initializing(op) => {
+                // Resumed after the caller dropped the future: send again, it is idempotent.
+                let request = op.request.clone();
+                self.state = State::Initializing(InitOp {
+                    started: now,
+                    deadline: now + timeout,
+                    attempts: 0,
+                    request: op.request,
+                    origin: op.origin,
+                });
+                return Step::Send(request);
+            }
+            other => {
+                self.state = other;
+                return Step::Failed(self.refusal("init"));
+            }
         };
-        let request = TxnRequest::InitProducerId {
-            transactional_id: self.transactional_id.clone(),
-            timeout_ms: duration_ms_i32(self.transaction_timeout),
-            current: None,
-        };
-        self.close_txn("unknown", now);
-        self.state = TransactionState::Initializing;
-        self.op = Some(Op::Init {
+        let request = self.init_request(None);
+        self.state = State::Initializing(InitOp {
             started: now,
             deadline: now + timeout,
             attempts: 0,
@@ -302,31 +482,27 @@ impl TxnMachine {
         Step::Send(request)
     }
 
-    /// The epoch bump that follows a TV1 abort after a sequence or epoch error (KIP-360).
-    fn start_bump(&mut self, now: Instant, timeout: Duration) -> Step {
-        let Some(ids) = self.ids else {
-            return Step::Failed(self.fail_fatal(ProducerError::IllegalState {
-                op: "abort",
-                state: "without a producer id",
-            }));
-        };
+    /// The epoch bump that follows a TV1 abort after a sequence or epoch error (KIP-360). The
+    /// transaction is closed by now; `ids` are the ones to bump.
+    fn start_bump(&mut self, ids: ProducerIdEpoch, now: Instant, timeout: Duration) -> Step {
         if !self.caps.kip360() {
-            return Step::Failed(self.fail_fatal(ProducerError::Unsupported {
+            let err = ProducerError::Unsupported {
                 what: "InitProducerId v3 (KIP-360), needed to recover the producer epoch".into(),
-            }));
+            };
+            self.state = State::FatalError {
+                ids: Some(ids),
+                txn: None,
+                cause: Arc::new(err.clone()),
+            };
+            return Step::Failed(err);
         }
-        let request = TxnRequest::InitProducerId {
-            transactional_id: self.transactional_id.clone(),
-            timeout_ms: duration_ms_i32(self.transaction_timeout),
-            current: Some(ids),
-        };
-        self.state = TransactionState::Initializing;
-        self.op = Some(Op::Init {
+        let request = self.init_request(Some(ids));
+        self.state = State::Initializing(InitOp {
             started: now,
             deadline: now + timeout,
             attempts: 0,
             request: request.clone(),
-            origin: TransactionState::AbortableError,
+            origin: Origin::AbortableError { ids },
         });
         Step::Send(request)
     }
@@ -336,10 +512,9 @@ impl TxnMachine {
 
     /// Opens a transaction. No request: the coordinator learns of it with the first enrolment.
     pub(crate) fn begin(&mut self, now: Instant) -> Result<(), ProducerError> {
-        if self.state != TransactionState::Ready {
+        let State::Ready { ids } = self.state else {
             return Err(self.refusal("begin"));
-        }
-        let ids = self.ids.expect("Ready implies ids");
+        };
         let tv = self.caps.txn_version();
         let span = tracing::info_span!(
             "transaction",
@@ -351,7 +526,7 @@ impl TxnMachine {
             duration_ms = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        self.txn = Some(Txn {
+        let txn = Txn {
             started_at: now,
             tv,
             partitions: BTreeSet::new(),
@@ -362,23 +537,26 @@ impl TxnMachine {
             groups: BTreeSet::new(),
             reached_broker: false,
             span,
-        });
-        self.state = TransactionState::InTransaction;
+        };
+        self.state = State::InTransaction {
+            ids,
+            txn,
+            offsets: None,
+        };
         Ok(())
     }
 
     /// The span of the open transaction, for the driver to enter around its requests.
     pub(crate) fn span(&self) -> Option<&Span> {
-        self.txn.as_ref().map(|t| &t.span)
+        self.state.txn().map(|t| &t.span)
     }
 
     /// A record for `tp` is being accepted into the transaction. Refuses outside an open, healthy
     /// transaction. Under TV1 a partition seen for the first time is queued for AddPartitionsToTxn.
     pub(crate) fn on_append(&mut self, tp: &TopicPartition) -> Result<(), ProducerError> {
-        if self.state != TransactionState::InTransaction {
+        let State::InTransaction { txn, .. } = &mut self.state else {
             return Err(self.refusal("send"));
-        }
-        let txn = self.txn.as_mut().expect("InTransaction implies a txn");
+        };
         if txn.tv == TxnVersion::V1 && !txn.partitions.contains(tp) && !txn.adding.contains(tp) {
             txn.pending.insert(tp.clone());
         }
@@ -388,9 +566,9 @@ impl TxnMachine {
     /// Whether a batch for `tp` may be sent now: under TV1 only once the coordinator has enrolled the
     /// partition; under TV2 always (Produce v12 enrols it).
     pub(crate) fn can_produce(&self, tp: &TopicPartition) -> bool {
-        match (&self.txn, self.state) {
-            (Some(t), TransactionState::InTransaction) => {
-                t.tv == TxnVersion::V2 || t.partitions.contains(tp)
+        match &self.state {
+            State::InTransaction { txn, .. } => {
+                txn.tv == TxnVersion::V2 || txn.partitions.contains(tp)
             }
             _ => false,
         }
@@ -399,7 +577,7 @@ impl TxnMachine {
     /// A Produce carrying a batch for `tp` is going out. Under TV2 that enrols the partition, so from
     /// here on the transaction must be ended with EndTxn.
     pub(crate) fn on_produce_sent(&mut self, tp: &TopicPartition) {
-        if let Some(t) = self.txn.as_mut() {
+        if let Some(t) = self.state.txn_mut() {
             t.reached_broker = true;
             if t.tv == TxnVersion::V2 {
                 t.partitions.insert(tp.clone());
@@ -409,11 +587,9 @@ impl TxnMachine {
 
     /// TV1: the AddPartitionsToTxn to send now, if partitions wait for enrolment and none is in flight.
     pub(crate) fn poll_add_partitions(&mut self, now: Instant) -> Option<TxnRequest> {
-        if self.state != TransactionState::InTransaction {
+        let State::InTransaction { ids, txn, .. } = &mut self.state else {
             return None;
-        }
-        let ids = self.ids?;
-        let txn = self.txn.as_mut()?;
+        };
         if txn.tv != TxnVersion::V1
             || txn.pending.is_empty()
             || !txn.adding.is_empty()
@@ -425,21 +601,21 @@ impl TxnMachine {
         txn.reached_broker = true;
         Some(TxnRequest::AddPartitions {
             transactional_id: self.transactional_id.clone(),
-            ids,
+            ids: *ids,
             partitions: txn.adding.iter().cloned().collect(),
         })
     }
 
     /// When the next AddPartitionsToTxn may go out after a backoff.
     pub(crate) fn add_partitions_not_before(&self) -> Option<Instant> {
-        self.txn.as_ref().and_then(|t| t.add_not_before)
+        self.state.txn().and_then(|t| t.add_not_before)
     }
 
     /// Whether TV1 enrolment is still pending or in flight (a commit must wait for it).
     #[cfg(test)]
     pub(crate) fn enrolment_pending(&self) -> bool {
-        self.txn
-            .as_ref()
+        self.state
+            .txn()
             .is_some_and(|t| !t.pending.is_empty() || !t.adding.is_empty())
     }
 
@@ -449,7 +625,9 @@ impl TxnMachine {
         response: TxnResponse,
         now: Instant,
     ) -> AddPartitionsOutcome {
-        let Some(txn) = self.txn.as_mut() else {
+        // The transaction's bookkeeping, in whatever state holds it (an answer may come back after the
+        // transaction failed; its enrolments are still recorded).
+        let Some(txn) = self.state.txn_mut() else {
             return AddPartitionsOutcome {
                 refresh_coordinator: false,
                 error: None,
@@ -508,6 +686,28 @@ impl TxnMachine {
                 busy = false;
             }
         }
+        if worst.is_none() {
+            if retry.is_empty() {
+                txn.add_attempts = 0;
+                txn.add_not_before = None;
+            } else {
+                txn.pending.extend(retry);
+                let delay = if busy {
+                    concurrent_retry(Api::AddPartitionsToTxn);
+                    concurrent_delay(&self.backoff, txn.add_attempts)
+                } else {
+                    self.backoff.delay(txn.add_attempts)
+                };
+                tracing::debug!(
+                    api = Api::AddPartitionsToTxn.name(),
+                    delay_ms = delay.as_secs_f64() * 1e3,
+                    concurrent_transactions = busy,
+                    "enrolment answered \"not now\": retrying"
+                );
+                txn.add_not_before = Some(now + delay);
+                txn.add_attempts += 1;
+            }
+        }
         if let Some((action, code)) = worst {
             let err = match action {
                 Action::Fenced => return self.add_failed(self.fenced(code), true),
@@ -520,27 +720,6 @@ impl TxnMachine {
             };
             let fatal = action == Action::Fatal;
             return self.add_failed(err, fatal);
-        }
-        let txn = self.txn.as_mut().expect("checked above");
-        if retry.is_empty() {
-            txn.add_attempts = 0;
-            txn.add_not_before = None;
-        } else {
-            txn.pending.extend(retry);
-            let delay = if busy {
-                concurrent_retry(Api::AddPartitionsToTxn);
-                concurrent_delay(&self.backoff, txn.add_attempts)
-            } else {
-                self.backoff.delay(txn.add_attempts)
-            };
-            tracing::debug!(
-                api = Api::AddPartitionsToTxn.name(),
-                delay_ms = delay.as_secs_f64() * 1e3,
-                concurrent_transactions = busy,
-                "enrolment answered \"not now\": retrying"
-            );
-            txn.add_not_before = Some(now + delay);
-            txn.add_attempts += 1;
         }
         AddPartitionsOutcome {
             refresh_coordinator: refresh,
@@ -570,7 +749,7 @@ impl TxnMachine {
             self.fail_fatal(err);
         } else if matches!(
             self.state,
-            TransactionState::InTransaction | TransactionState::AbortableError
+            State::InTransaction { .. } | State::AbortableError { .. }
         ) {
             self.fail_abortable(err);
         }
@@ -588,7 +767,7 @@ impl TxnMachine {
         now: Instant,
         timeout: Duration,
     ) -> Step {
-        if self.state != TransactionState::InTransaction {
+        if !matches!(self.state, State::InTransaction { .. }) {
             return Step::Failed(self.refusal("send_offsets"));
         }
         if self.caps.txn_offset_commit.is_none_or(|v| v < 3) {
@@ -599,49 +778,31 @@ impl TxnMachine {
         if offsets.is_empty() {
             return Step::Done;
         }
-        let txn = self.txn.as_mut().expect("InTransaction implies a txn");
+        let State::InTransaction {
+            ids,
+            txn,
+            offsets: op,
+        } = &mut self.state
+        else {
+            return Step::Failed(self.refusal("send_offsets"));
+        };
         let stage = if txn.tv == TxnVersion::V1 && !txn.groups.contains(group.group_id()) {
             OffsetsStage::AddOffsets
         } else {
             OffsetsStage::Commit
         };
         txn.reached_broker = true;
-        self.op = Some(Op::Offsets {
+        let started = OffsetsOp {
             started: now,
             deadline: now + timeout,
             attempts: 0,
             group: group.clone(),
             offsets,
             stage,
-        });
-        Step::Send(self.offsets_request())
-    }
-
-    fn offsets_request(&self) -> TxnRequest {
-        let Some(Op::Offsets {
-            group,
-            offsets,
-            stage,
-            ..
-        }) = &self.op
-        else {
-            unreachable!("offsets_request outside an offsets op")
         };
-        let ids = self.ids.expect("in a transaction");
-        match stage {
-            OffsetsStage::AddOffsets => TxnRequest::AddOffsets {
-                transactional_id: self.transactional_id.clone(),
-                ids,
-                group_id: group.group_id().to_owned(),
-            },
-            OffsetsStage::Commit => TxnRequest::TxnOffsetCommit {
-                transactional_id: self.transactional_id.clone(),
-                ids,
-                group: group.clone(),
-                offsets: offsets.clone(),
-                tv: self.txn_version(),
-            },
-        }
+        let request = started.request(&self.transactional_id, *ids, txn.tv);
+        *op = Some(started);
+        Step::Send(request)
     }
 
     // ---------------------------------------------------------------------------------------------
@@ -650,11 +811,12 @@ impl TxnMachine {
     /// Starts (or resumes) `commit`. The driver must have flushed the transaction's batches, waited for
     /// every Produce answer and for TV1 enrolment first.
     pub(crate) fn start_commit(&mut self, now: Instant, timeout: Duration) -> Step {
-        match self.state {
-            TransactionState::InTransaction => {
-                if let Some(Op::Offsets { .. }) = self.op {
+        match self.take_state() {
+            State::InTransaction { ids, txn, offsets } => {
+                if offsets.is_some() {
                     // send_offsets was dropped mid-way: whether the group fence ran is unknown, and
                     // committing without it would let a stale owner's writes land. Never commit that.
+                    self.state = State::InTransaction { ids, txn, offsets };
                     let cause = self.fail_abortable(ProducerError::IllegalState {
                         op: "commit",
                         state: "after an interrupted send_offsets",
@@ -663,23 +825,27 @@ impl TxnMachine {
                         cause: Arc::new(cause),
                     });
                 }
-                let txn = self.txn.as_ref().expect("InTransaction implies a txn");
                 if !txn.pending.is_empty() || !txn.adding.is_empty() {
+                    self.state = State::InTransaction { ids, txn, offsets };
                     return Step::Failed(ProducerError::IllegalState {
                         op: "commit",
                         state: "still enrolling partitions",
                     });
                 }
                 if !txn.reached_broker {
-                    self.state = TransactionState::Ready;
-                    self.close_txn("committed-empty", now);
+                    self.state = State::Ready { ids };
+                    close_txn(txn, "committed-empty", now);
                     return Step::Done;
                 }
-                self.start_end(true, false, now, timeout)
+                self.start_end(true, false, ids, Some(txn), now, timeout)
             }
-            TransactionState::Committing => self.start_end(true, true, now, timeout),
-            TransactionState::CommitOutcomeUnknown => self.start_end(true, true, now, timeout),
-            _ => Step::Failed(self.refusal("commit")),
+            State::Committing { ids, txn, .. } | State::CommitOutcomeUnknown { ids, txn } => {
+                self.start_end(true, true, ids, txn, now, timeout)
+            }
+            other => {
+                self.state = other;
+                Step::Failed(self.refusal("commit"))
+            }
         }
     }
 
@@ -687,76 +853,85 @@ impl TxnMachine {
     /// waited for every Produce in flight to be answered or given up (so no write lands after the
     /// markers).
     pub(crate) fn start_abort(&mut self, now: Instant, timeout: Duration) -> Step {
-        match self.state {
-            TransactionState::InTransaction | TransactionState::AbortableError => {
-                self.op = None;
-                let reached = self.txn.as_ref().is_some_and(|t| t.reached_broker);
-                if !reached {
-                    self.close_txn("aborted-empty", now);
-                    return self.after_abort(now, timeout);
+        match self.take_state() {
+            State::InTransaction { ids, txn, .. } => {
+                if !txn.reached_broker {
+                    close_txn(txn, "aborted-empty", now);
+                    return self.after_abort(ids, now, timeout);
                 }
-                self.start_end(false, false, now, timeout)
+                self.start_end(false, false, ids, Some(txn), now, timeout)
             }
-            TransactionState::Aborting => self.start_end(false, true, now, timeout),
-            TransactionState::Initializing
-                if matches!(
-                    self.op,
-                    Some(Op::Init {
-                        origin: TransactionState::AbortableError,
-                        ..
-                    })
-                ) =>
-            {
+            State::AbortableError { ids, txn, .. } => match txn {
+                Some(txn) if txn.reached_broker => {
+                    self.start_end(false, false, ids, Some(txn), now, timeout)
+                }
+                txn => {
+                    if let Some(t) = txn {
+                        close_txn(t, "aborted-empty", now);
+                    }
+                    self.after_abort(ids, now, timeout)
+                }
+            },
+            State::Aborting { ids, txn, .. } => self.start_end(false, true, ids, txn, now, timeout),
+            State::Initializing(InitOp {
+                origin: Origin::AbortableError { ids },
+                ..
+            }) => {
                 // The bump after an abort was interrupted; resume it.
-                self.start_bump(now, timeout)
+                self.start_bump(ids, now, timeout)
             }
-            TransactionState::Committing | TransactionState::CommitOutcomeUnknown => {
+            other @ (State::Committing { .. } | State::CommitOutcomeUnknown { .. }) => {
+                self.state = other;
                 Step::Failed(ProducerError::IllegalState {
                     op: "abort",
                     state: "committing (the commit may land: retry commit or re-initialise)",
                 })
             }
-            _ => Step::Failed(self.refusal("abort")),
+            other => {
+                self.state = other;
+                Step::Failed(self.refusal("abort"))
+            }
         }
     }
 
-    fn start_end(&mut self, commit: bool, resumed: bool, now: Instant, timeout: Duration) -> Step {
-        let in_doubt = resumed
-            || matches!(self.op, Some(Op::End { in_doubt: true, .. }))
-            || self.state == TransactionState::CommitOutcomeUnknown;
-        self.state = if commit {
-            TransactionState::Committing
-        } else {
-            TransactionState::Aborting
-        };
-        self.op = Some(Op::End {
+    /// Sends EndTxn for the transaction: the first attempt, or the first of a resumed operation (then
+    /// some attempt may have reached the coordinator already: `resumed` marks the outcome in doubt).
+    fn start_end(
+        &mut self,
+        commit: bool,
+        resumed: bool,
+        ids: ProducerIdEpoch,
+        txn: Option<Txn>,
+        now: Instant,
+        timeout: Duration,
+    ) -> Step {
+        let end = EndOp {
             started: now,
             deadline: now + timeout,
             attempts: 0,
-            commit,
-            in_doubt,
+            in_doubt: resumed,
             timeout,
-        });
-        Step::Send(self.end_request(commit))
+        };
+        let request = self.end_request(ids, commit, self.tv_of(txn.as_ref()));
+        self.state = State::ending(commit, ids, txn, end);
+        Step::Send(request)
     }
 
-    fn end_request(&self, commit: bool) -> TxnRequest {
+    fn end_request(&self, ids: ProducerIdEpoch, commit: bool, tv: TxnVersion) -> TxnRequest {
         TxnRequest::EndTxn {
             transactional_id: self.transactional_id.clone(),
-            ids: self.ids.expect("ending a transaction implies ids"),
+            ids,
             commit,
-            tv: self.txn_version(),
+            tv,
         }
     }
 
     /// After a successful (or skipped) abort: ready, unless TV1 needs the epoch bump first.
-    fn after_abort(&mut self, now: Instant, timeout: Duration) -> Step {
-        self.cause = None;
+    fn after_abort(&mut self, ids: ProducerIdEpoch, now: Instant, timeout: Duration) -> Step {
         if self.bump_after_abort {
-            return self.start_bump(now, timeout);
+            return self.start_bump(ids, now, timeout);
         }
-        self.state = TransactionState::Ready;
-        self.op = None;
+        self.state = State::Ready { ids };
         Step::Done
     }
 
@@ -765,56 +940,32 @@ impl TxnMachine {
 
     /// Feeds the answer to the last [`Step::Send`] of the operation in progress.
     pub(crate) fn on_response(&mut self, response: TxnResponse, now: Instant) -> Step {
-        match self.op.take() {
-            Some(Op::Init {
-                started,
-                deadline,
-                attempts,
-                request,
-                origin,
-            }) => self.on_init(response, now, started, deadline, attempts, request, origin),
-            Some(Op::Offsets {
-                started,
-                deadline,
-                attempts,
-                group,
-                offsets,
-                stage,
-                ..
-            }) => self.on_offsets(
-                response, now, started, deadline, attempts, group, offsets, stage,
-            ),
-            Some(Op::End {
-                started,
-                deadline,
-                attempts,
-                commit,
-                in_doubt,
-                timeout,
-            }) => self.on_end(
-                response, now, started, deadline, attempts, commit, in_doubt, timeout,
-            ),
+        match self.take_state() {
+            State::Initializing(op) => self.on_init(response, now, op),
+            State::InTransaction {
+                ids,
+                txn,
+                offsets: Some(op),
+            } => self.on_offsets(response, now, ids, txn, op),
+            State::Committing { ids, txn, end } => self.on_end(response, now, true, ids, txn, end),
+            State::Aborting { ids, txn, end } => self.on_end(response, now, false, ids, txn, end),
             // The operation was cut short (a fatal error from the produce path, say): report why.
-            None => Step::Failed(self.refusal("on_response")),
+            other => {
+                self.state = other;
+                Step::Failed(self.refusal("on_response"))
+            }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn on_init(
-        &mut self,
-        response: TxnResponse,
-        now: Instant,
-        started: Instant,
-        deadline: Instant,
-        attempts: u32,
-        request: TxnRequest,
-        origin: TransactionState,
-    ) -> Step {
+    fn on_init(&mut self, response: TxnResponse, now: Instant, op: InitOp) -> Step {
         let (code, ids) = match response {
             TxnResponse::InitProducerId(Ok(ids)) => (ErrorCode::None, Some(ids)),
             TxnResponse::InitProducerId(Err(code)) => (code, None),
             TxnResponse::NoAnswer(_) => (ErrorCode::RequestTimedOut, None),
-            _ => return self.mismatch("init"),
+            _ => {
+                self.state = State::Initializing(op);
+                return self.mismatch("init");
+            }
         };
         let action = match classify(Api::InitProducerId, code) {
             // An abortable answer to InitProducerId leaves nothing to abort: try again.
@@ -823,11 +974,13 @@ impl TxnMachine {
         };
         match action {
             Action::Ok => {
-                let ids = ids.expect("ok implies ids");
-                self.ids = Some(ids);
-                self.state = TransactionState::Ready;
+                // A success without ids is not something the driver builds from an answer.
+                let Some(ids) = ids else {
+                    self.state = State::Initializing(op);
+                    return self.mismatch("init");
+                };
+                self.state = State::Ready { ids };
                 self.bump_after_abort = false;
-                self.cause = None;
                 tracing::info!(
                     transactional_id = %self.transactional_id,
                     producer_id = ids.id,
@@ -837,58 +990,62 @@ impl TxnMachine {
                 Step::Done
             }
             Action::Retry(refresh) => {
-                if now >= deadline {
-                    self.state = origin;
-                    if origin == TransactionState::AbortableError && self.cause.is_none() {
-                        self.cause = Some(Arc::new(ProducerError::Timeout {
-                            op: "epoch bump after abort",
-                            elapsed: now.saturating_duration_since(started),
-                            class: super::super::ErrorClass::Abortable,
-                            last_error: Some(code),
-                        }));
-                    }
+                if now >= op.deadline {
+                    let elapsed = now.saturating_duration_since(op.started);
+                    self.state = match op.origin {
+                        Origin::Uninitialized => State::Uninitialized,
+                        Origin::CommitOutcomeUnknown { ids } => {
+                            State::CommitOutcomeUnknown { ids, txn: None }
+                        }
+                        Origin::AbortableError { ids } => State::AbortableError {
+                            ids,
+                            txn: None,
+                            cause: Arc::new(ProducerError::Timeout {
+                                op: "epoch bump after abort",
+                                elapsed,
+                                class: super::super::ErrorClass::Abortable,
+                                last_error: Some(code),
+                            }),
+                        },
+                    };
                     return Step::Failed(ProducerError::Timeout {
                         op: "init",
-                        elapsed: now.saturating_duration_since(started),
+                        elapsed,
                         class: super::super::ErrorClass::Retriable,
                         last_error: Some(code),
                     });
                 }
-                self.op = Some(Op::Init {
-                    started,
-                    deadline,
-                    attempts: attempts + 1,
-                    request: request.clone(),
-                    origin,
-                });
                 if code == ErrorCode::ConcurrentTransactions {
                     concurrent_retry(Api::InitProducerId);
                 }
-                retry(
-                    code,
-                    delay_after(&self.backoff, code, attempts),
-                    refresh,
-                    request,
-                )
+                let delay = delay_after(&self.backoff, code, op.attempts);
+                let request = op.request.clone();
+                self.state = State::Initializing(InitOp {
+                    attempts: op.attempts + 1,
+                    ..op
+                });
+                retry(code, delay, refresh, request)
             }
-            Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
-            _ => Step::Failed(self.fail_fatal(self.fatal_refusal(Api::InitProducerId, code))),
+            Action::Fenced => {
+                self.state = State::Initializing(op);
+                Step::Failed(self.fail_fatal(self.fenced(code)))
+            }
+            _ => {
+                self.state = State::Initializing(op);
+                Step::Failed(self.fail_fatal(self.fatal_refusal(Api::InitProducerId, code)))
+            }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn on_offsets(
         &mut self,
         response: TxnResponse,
         now: Instant,
-        started: Instant,
-        deadline: Instant,
-        attempts: u32,
-        group: GroupMetadata,
-        offsets: Vec<(TopicPartition, OffsetAndMetadata)>,
-        stage: OffsetsStage,
+        ids: ProducerIdEpoch,
+        mut txn: Txn,
+        op: OffsetsOp,
     ) -> Step {
-        let (api, codes): (Api, Vec<ErrorCode>) = match (&stage, response) {
+        let (api, codes): (Api, Vec<ErrorCode>) = match (op.stage, response) {
             (OffsetsStage::AddOffsets, TxnResponse::AddOffsets(code)) => {
                 (Api::AddOffsetsToTxn, vec![code])
             }
@@ -902,7 +1059,14 @@ impl TxnMachine {
             (OffsetsStage::Commit, TxnResponse::NoAnswer(_)) => {
                 (Api::TxnOffsetCommit, vec![ErrorCode::RequestTimedOut])
             }
-            _ => return self.mismatch("send_offsets"),
+            _ => {
+                self.state = State::InTransaction {
+                    ids,
+                    txn,
+                    offsets: None,
+                };
+                return self.mismatch("send_offsets");
+            }
         };
         // The most severe answer decides: a fence beats a commit fence beats abortable beats retry.
         let mut decided = Action::Ok;
@@ -929,109 +1093,139 @@ impl TxnMachine {
                 decided_code = code;
             }
         }
-        let op_again = |attempts, stage| Op::Offsets {
-            started,
-            deadline,
-            attempts,
-            group: group.clone(),
-            offsets: offsets.clone(),
-            stage,
-        };
-        match decided {
-            Action::Ok => match stage {
+        // Every outcome but a retry or the step to TxnOffsetCommit ends the operation.
+        let mut next_op = None;
+        let step = match decided {
+            Action::Ok => match op.stage {
                 OffsetsStage::AddOffsets => {
-                    if let Some(t) = self.txn.as_mut() {
-                        t.groups.insert(group.group_id().to_owned());
-                    }
-                    self.op = Some(op_again(0, OffsetsStage::Commit));
-                    Step::Send(self.offsets_request())
+                    txn.groups.insert(op.group.group_id().to_owned());
+                    let commit = OffsetsOp {
+                        attempts: 0,
+                        stage: OffsetsStage::Commit,
+                        ..op
+                    };
+                    let request = commit.request(&self.transactional_id, ids, txn.tv);
+                    next_op = Some(commit);
+                    Step::Send(request)
                 }
                 OffsetsStage::Commit => Step::Done,
             },
-            Action::Retry(refresh) => {
-                if now >= deadline {
-                    return Step::Failed(self.fail_abortable(ProducerError::Timeout {
-                        op: "send_offsets",
-                        elapsed: now.saturating_duration_since(started),
-                        class: super::super::ErrorClass::Abortable,
-                        last_error: Some(decided_code),
-                    }));
-                }
-                self.op = Some(op_again(attempts + 1, stage));
+            Action::Retry(refresh) if now < op.deadline => {
                 let delay = if busy {
                     concurrent_retry(api);
-                    concurrent_delay(&self.backoff, attempts)
+                    concurrent_delay(&self.backoff, op.attempts)
                 } else {
-                    self.backoff.delay(attempts)
+                    self.backoff.delay(op.attempts)
                 };
-                retry(decided_code, delay, refresh, self.offsets_request())
+                let again = OffsetsOp {
+                    attempts: op.attempts + 1,
+                    ..op
+                };
+                let request = again.request(&self.transactional_id, ids, txn.tv);
+                next_op = Some(again);
+                retry(decided_code, delay, refresh, request)
             }
+            _ => {
+                self.state = State::InTransaction {
+                    ids,
+                    txn,
+                    offsets: None,
+                };
+                return self.offsets_failed(api, decided, decided_code, now, &op);
+            }
+        };
+        self.state = State::InTransaction {
+            ids,
+            txn,
+            offsets: next_op,
+        };
+        step
+    }
+
+    /// The failure an offsets answer (or its deadline) ends `send_offsets` with.
+    fn offsets_failed(
+        &mut self,
+        api: Api,
+        decided: Action,
+        code: ErrorCode,
+        now: Instant,
+        op: &OffsetsOp,
+    ) -> Step {
+        match decided {
+            Action::Retry(_) => Step::Failed(self.fail_abortable(ProducerError::Timeout {
+                op: "send_offsets",
+                elapsed: now.saturating_duration_since(op.started),
+                class: super::super::ErrorClass::Abortable,
+                last_error: Some(code),
+            })),
             Action::CommitFenced => {
                 tracing::warn!(
-                    group_id = group.group_id(),
-                    generation = group.generation_id(),
-                    code = %decided_code,
+                    group_id = op.group.group_id(),
+                    generation = op.group.generation_id(),
+                    code = %code,
                     "offset commit fenced by the group coordinator"
                 );
                 Step::Failed(self.fail_abortable(ProducerError::CommitFenced {
-                    group_id: group.group_id().to_owned(),
-                    code: decided_code,
+                    group_id: op.group.group_id().to_owned(),
+                    code,
                 }))
             }
-            Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(decided_code))),
+            Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
             Action::Abortable => Step::Failed(self.fail_abortable(ProducerError::Broker {
                 api: api.name(),
-                code: decided_code,
+                code,
                 class: super::super::ErrorClass::Abortable,
             })),
-            _ => Step::Failed(self.fail_fatal(self.fatal_refusal(api, decided_code))),
+            _ => Step::Failed(self.fail_fatal(self.fatal_refusal(api, code))),
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn on_end(
         &mut self,
         response: TxnResponse,
         now: Instant,
-        started: Instant,
-        deadline: Instant,
-        attempts: u32,
         commit: bool,
-        mut in_doubt: bool,
-        timeout: Duration,
+        ids: ProducerIdEpoch,
+        txn: Option<Txn>,
+        end: EndOp,
     ) -> Step {
         let (code, next, no_answer) = match response {
             TxnResponse::EndTxn { code, next } => (code, next, None),
             TxnResponse::NoAnswer(reason) => (ErrorCode::RequestTimedOut, None, Some(reason)),
-            _ => return self.mismatch("commit/abort"),
+            _ => {
+                self.state = State::ending(commit, ids, txn, end);
+                return self.mismatch("commit/abort");
+            }
         };
-        if no_answer.is_some() {
-            in_doubt = true;
-        }
+        let in_doubt = end.in_doubt || no_answer.is_some();
         match classify(Api::EndTxn, code) {
             Action::Ok => {
-                let tv = self.txn_version();
-                if tv == TxnVersion::V2 {
+                let mut ids = ids;
+                if self.tv_of(txn.as_ref()) == TxnVersion::V2 {
                     if let Some(next) = next.filter(|n| n.id >= 0 && n.epoch >= 0) {
-                        self.ids = Some(next);
+                        ids = next;
                     }
                     // EndTxn v5 bumped the epoch: nothing late can land in the next transaction.
                     self.bump_after_abort = false;
                 }
-                self.close_txn(if commit { "committed" } else { "aborted" }, now);
+                if let Some(t) = txn {
+                    close_txn(t, if commit { "committed" } else { "aborted" }, now);
+                }
                 if commit {
-                    self.state = TransactionState::Ready;
+                    self.state = State::Ready { ids };
                     Step::Done
                 } else {
-                    self.after_abort(now, timeout)
+                    self.after_abort(ids, now, end.timeout)
                 }
             }
             Action::Retry(refresh) => {
-                if now >= deadline {
-                    let elapsed = now.saturating_duration_since(started);
+                if now >= end.deadline {
+                    let elapsed = now.saturating_duration_since(end.started);
                     if commit && in_doubt {
-                        self.state = TransactionState::CommitOutcomeUnknown;
-                        self.finish_span("unknown");
+                        if let Some(t) = &txn {
+                            t.span.record("outcome", "unknown");
+                        }
+                        self.state = State::CommitOutcomeUnknown { ids, txn };
                         return Step::Failed(ProducerError::CommitOutcomeUnknown {
                             transactional_id: self.transactional_id.clone(),
                             reason: no_answer.unwrap_or_else(|| {
@@ -1041,52 +1235,64 @@ impl TxnMachine {
                     }
                     // Every attempt was answered "not now": nothing was applied. The transaction is
                     // still open at the coordinator; aborting it is safe.
-                    self.state = TransactionState::AbortableError;
                     let err = ProducerError::Timeout {
                         op: if commit { "commit" } else { "abort" },
                         elapsed,
                         class: super::super::ErrorClass::Abortable,
                         last_error: Some(code),
                     };
-                    self.cause = Some(Arc::new(err.clone()));
+                    self.state = State::AbortableError {
+                        ids,
+                        txn,
+                        cause: Arc::new(err.clone()),
+                    };
                     return Step::Failed(err);
                 }
-                self.op = Some(Op::End {
-                    started,
-                    deadline,
-                    attempts: attempts + 1,
-                    commit,
-                    in_doubt,
-                    timeout,
-                });
                 if code == ErrorCode::ConcurrentTransactions {
                     concurrent_retry(Api::EndTxn);
                 }
-                retry(
-                    code,
-                    delay_after(&self.backoff, code, attempts),
-                    refresh,
-                    self.end_request(commit),
-                )
+                let delay = delay_after(&self.backoff, code, end.attempts);
+                let request = self.end_request(ids, commit, self.tv_of(txn.as_ref()));
+                let end = EndOp {
+                    attempts: end.attempts + 1,
+                    in_doubt,
+                    ..end
+                };
+                self.state = State::ending(commit, ids, txn, end);
+                retry(code, delay, refresh, request)
             }
-            Action::Fenced => Step::Failed(self.fail_fatal(self.fenced(code))),
-            Action::Abortable => Step::Failed(self.fail_abortable(ProducerError::Broker {
-                api: Api::EndTxn.name(),
-                code,
-                class: super::super::ErrorClass::Abortable,
-            })),
-            _ => Step::Failed(self.fail_fatal(ProducerError::Broker {
-                api: Api::EndTxn.name(),
-                code,
-                class: super::super::ErrorClass::Fatal,
-            })),
+            action => {
+                self.state = State::ending(commit, ids, txn, end);
+                Step::Failed(match action {
+                    Action::Fenced => self.fail_fatal(self.fenced(code)),
+                    Action::Abortable => self.fail_abortable(ProducerError::Broker {
+                        api: Api::EndTxn.name(),
+                        code,
+                        class: super::super::ErrorClass::Abortable,
+                    }),
+                    _ => self.fail_fatal(ProducerError::Broker {
+                        api: Api::EndTxn.name(),
+                        code,
+                        class: super::super::ErrorClass::Fatal,
+                    }),
+                })
+            }
         }
     }
 
     /// Whether an operation is under way (or was interrupted by a dropped future and awaits resumption).
     #[cfg(test)]
     pub(crate) fn op_in_progress(&self) -> bool {
-        self.op.is_some()
+        matches!(
+            self.state,
+            State::Initializing(_)
+                | State::InTransaction {
+                    offsets: Some(_),
+                    ..
+                }
+                | State::Committing { .. }
+                | State::Aborting { .. }
+        )
     }
 
     /// An answer of the wrong kind: a bug in the driver, never broker input. The producer cannot trust its
@@ -1100,6 +1306,18 @@ impl TxnMachine {
             cause: Arc::new(cause),
         })
     }
+}
+
+/// Records a transaction's end on its span and in the debug log.
+fn close_txn(t: Txn, outcome: &'static str, now: Instant) {
+    let parts: Vec<String> = t.partitions.iter().map(ToString::to_string).collect();
+    t.span.record("partitions", parts.join(",").as_str());
+    t.span.record(
+        "duration_ms",
+        now.saturating_duration_since(t.started_at).as_millis() as u64,
+    );
+    t.span.record("outcome", outcome);
+    tracing::debug!(parent: &t.span, outcome, "transaction ended");
 }
 
 /// A retry of `request` after `delay`, told to the debug log with the answer that caused it: where a
