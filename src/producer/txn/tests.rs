@@ -1171,6 +1171,19 @@ fn mismatched_answer_is_fatal_not_a_panic() {
     ));
 }
 
+/// A success without ids is a driver bug, never broker input: the machine fails typed and stops
+/// instead of panicking.
+#[test]
+fn init_success_without_ids_is_a_typed_driver_bug() {
+    let t0 = Instant::now();
+    let mut m = machine(1);
+    sent(m.start_init(t0, OP));
+    let err = failed(m.on_response(TxnResponse::InitProducerId(Err(ErrorCode::None)), t0));
+    assert!(matches!(err, ProducerError::Defunct { .. }), "{err:?}");
+    assert_eq!(m.state(), TransactionState::FatalError);
+    assert!(!m.op_in_progress());
+}
+
 // ------------------------------------------------------------------------------------------------
 // random walks
 
