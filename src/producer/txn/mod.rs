@@ -41,13 +41,13 @@
 //! re-initialises (InitProducerId completes or aborts whatever is pending), and learns the outcome by
 //! reading.
 //!
-//! The files: `machine.rs` is the machine, one state enum whose variants carry what is valid only in
-//! them (the producer id from the first init on, the open transaction's bookkeeping, the operation
-//! under way with its deadline, the cause of an error state), so no state can lack what it needs;
-//! `version.rs` decides TV1 or TV2 from the broker's capabilities and caps the transactional requests'
-//! versions; `request.rs` holds the requests, answers and steps traded with the driver. Retry delays
-//! come from [`crate::net::Backoff`], the crate's one back-off; `tests.rs` drives it all without a
-//! broker.
+//! The files: `machine.rs` is the machine; `state.rs` its one state enum, whose variants carry what
+//! is valid only in them (the producer id from the first init on, the open transaction's
+//! bookkeeping, the operation under way with its deadline, the cause of an error state), so no state
+//! can lack what it needs; `version.rs` decides TV1 or TV2 from the broker's capabilities and caps
+//! the transactional requests' versions; `request.rs` holds the requests, answers and steps traded
+//! with the driver. Retry delays come from [`crate::net::Backoff`], the crate's one back-off;
+//! `tests.rs` drives it all without a broker.
 //!
 //! # References
 //! - KIP-98 (transactions), KIP-360 (InitProducerId v3 epoch bump), KIP-447 (TxnOffsetCommit v3 group
@@ -57,6 +57,7 @@
 
 mod machine;
 mod request;
+mod state;
 mod version;
 
 pub(crate) use machine::TxnMachine;
