@@ -5,6 +5,7 @@
 //! snapfence-bench run [--nodes 1,3] [--rounds 2|2,1] [--peers DIR] [--note TEXT]... [--out FILE]
 //!                     [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS]
 //!                     [--broker KEY=VALUE]... [--transaction-version 1|2]
+//! snapfence-bench scale [--partitions LIST] [--keys LIST] [--out FILE] [--svg FILE]   (see scale.rs)
 //! snapfence-bench peer WORKLOAD ARGS...     snapfence's side of one workload (a child of `run`)
 //! ```
 //!
@@ -26,6 +27,7 @@
 
 mod ours;
 mod report;
+mod scale;
 mod workload;
 
 use std::io::{BufRead, BufReader};
@@ -68,8 +70,13 @@ fn main() {
     let code = match args.first().map(String::as_str) {
         Some("peer") => peer(&args[1..]),
         Some("run") => run(&args[1..]),
+        Some("scale") => {
+            init_tracing();
+            scale::main(&args[1..])
+        }
         _ => {
-            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench peer WORKLOAD ARGS...");
+            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench scale [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE]
+       snapfence-bench peer WORKLOAD ARGS...");
             2
         }
     };
