@@ -1107,4 +1107,6 @@ pub(crate) async fn init_idempotent_id(
 }
 
 #[cfg(test)]
+mod pipeline_tests;
+#[cfg(test)]
 mod tests;
