@@ -108,7 +108,7 @@ pub(crate) struct Inner {
     /// The transactional id as the wire carries it, made once.
     wire_transactional_id: Option<TransactionalId>,
     shared: Mutex<Shared>,
-    /// Wakes the background task (new data, a lane finished, an answer changed something).
+    /// Wakes the background task (new data, a request answered, an answer changed something).
     wake: Notify,
     /// Wakes callers waiting for memory, a flush or in-flight requests to drain.
     changed: Notify,
