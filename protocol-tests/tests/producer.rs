@@ -909,7 +909,8 @@ async fn read_partition(client: &Client, topic: &str, partition: i32) -> Vec<(i6
 /// records acknowledged to it, each once: the resends after the lost connection (whose outcomes were
 /// unknown) were deduplicated by their sequences, and nothing after a lost batch slipped in ahead of it.
 #[tokio::test]
-async fn a_leader_killed_during_a_multi_partition_idempotent_burst_leaves_no_gap_and_no_duplicate() {
+async fn a_leader_killed_during_a_multi_partition_idempotent_burst_leaves_no_gap_and_no_duplicate()
+{
     use snapfence::producer::{Producer, ProducerConfig};
     use std::collections::{BTreeMap, BTreeSet};
     const PARTITIONS: i32 = 6;
@@ -939,7 +940,8 @@ async fn a_leader_killed_during_a_multi_partition_idempotent_burst_leaves_no_gap
             eprintln!("killed node {victim}, the leader of {topic}-0, after {seq} records");
         }
         let partition = (seq % PARTITIONS as usize) as i32;
-        let r = ProducerRecord::new(topic.as_str(), Some(Bytes::from(value(seq)))).partition(partition);
+        let r =
+            ProducerRecord::new(topic.as_str(), Some(Bytes::from(value(seq)))).partition(partition);
         deliveries.push((seq, partition, producer.send(r).await.expect("send")));
     }
     let mut acked: BTreeMap<i32, BTreeSet<usize>> = BTreeMap::new();
@@ -968,7 +970,11 @@ async fn a_leader_killed_during_a_multi_partition_idempotent_burst_leaves_no_gap
             .map(|(_, v)| v[..8].parse().expect("a sequence number"))
             .collect();
         let distinct: BTreeSet<usize> = seqs.iter().copied().collect();
-        assert_eq!(distinct.len(), seqs.len(), "partition {partition}: a duplicate");
+        assert_eq!(
+            distinct.len(),
+            seqs.len(),
+            "partition {partition}: a duplicate"
+        );
         let want = acked.get(&partition).cloned().unwrap_or_default();
         let maybe = unknown.get(&partition).cloned().unwrap_or_default();
         assert!(
@@ -976,8 +982,14 @@ async fn a_leader_killed_during_a_multi_partition_idempotent_burst_leaves_no_gap
             "partition {partition}: acknowledged records missing: {:?}",
             want.difference(&distinct).take(10).collect::<Vec<_>>()
         );
-        let extra: Vec<_> = distinct.difference(&want).filter(|s| !maybe.contains(s)).collect();
-        assert!(extra.is_empty(), "partition {partition}: records nobody sent: {extra:?}");
+        let extra: Vec<_> = distinct
+            .difference(&want)
+            .filter(|s| !maybe.contains(s))
+            .collect();
+        assert!(
+            extra.is_empty(),
+            "partition {partition}: records nobody sent: {extra:?}"
+        );
         // Per partition, the log is in send order: sequences rule out a later batch ahead of a lost one.
         assert!(
             seqs.windows(2).all(|w| w[0] < w[1]),

@@ -57,7 +57,9 @@ use super::{
     RecordMetadata, TopicPartition,
 };
 use crate::net::{CallOptions, Client, ClusterMetadata, NetError, Target, Verdict};
-use crate::wire::{ErrorCode, PRODUCE_MAX, PRODUCE_MAX_TV1, PRODUCE_MIN_IDEMPOTENT, PRODUCE_MIN_TV2};
+use crate::wire::{
+    ErrorCode, PRODUCE_MAX, PRODUCE_MAX_TV1, PRODUCE_MIN_IDEMPOTENT, PRODUCE_MIN_TV2,
+};
 
 /// Where a record's outcome is delivered.
 pub(crate) type Reply = oneshot::Sender<Result<RecordMetadata, ProducerError>>;
@@ -553,7 +555,8 @@ impl Inner {
                 }
                 if !leaderless.is_empty() && !s.refresh_in_flight {
                     s.refresh_in_flight = true;
-                    let mut topics: Vec<String> = leaderless.iter().map(|t| t.to_string()).collect();
+                    let mut topics: Vec<String> =
+                        leaderless.iter().map(|t| t.to_string()).collect();
                     topics.sort();
                     refresh = Some(topics);
                 }
@@ -577,15 +580,17 @@ impl Inner {
             deliver(replies);
             for (node, wake) in start {
                 let inner = self.clone();
-                self.supervise(Task::Sender(node), async move {
-                    inner.sender(node, wake).await
-                });
+                self.supervise(
+                    Task::Sender(node),
+                    async move { inner.sender(node, wake).await },
+                );
             }
             if let Some(topics) = refresh {
                 let inner = self.clone();
-                self.supervise(Task::Leaders, async move {
-                    inner.refresh_leaders(topics).await
-                });
+                self.supervise(
+                    Task::Leaders,
+                    async move { inner.refresh_leaders(topics).await },
+                );
             }
             if let Some(req) = add {
                 let inner = self.clone();
@@ -611,7 +616,10 @@ impl Inner {
     /// The Produce versions this producer may send now: idempotent from v3; in a transaction, those of
     /// its transaction version (the caps are `wire`'s one table).
     fn produce_versions(&self, s: &Shared) -> (i16, i16) {
-        match (&self.transactional_id, s.txn.as_ref().map(TxnMachine::txn_version)) {
+        match (
+            &self.transactional_id,
+            s.txn.as_ref().map(TxnMachine::txn_version),
+        ) {
             (None, _) => (PRODUCE_MIN_IDEMPOTENT, PRODUCE_MAX),
             (Some(_), Some(TxnVersion::V2)) => (PRODUCE_MIN_TV2, PRODUCE_MAX),
             (Some(_), _) => (PRODUCE_MIN_IDEMPOTENT, PRODUCE_MAX_TV1),
@@ -740,9 +748,12 @@ impl Inner {
         };
         let result = self
             .client
-            .call(Target::Broker(job.node), &options, |_| make(), |r, _| {
-                Verdict::Done(r)
-            })
+            .call(
+                Target::Broker(job.node),
+                &options,
+                |_| make(),
+                |r, _| Verdict::Done(r),
+            )
             .await;
         match result {
             Ok(response) => job

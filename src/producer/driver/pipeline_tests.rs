@@ -401,7 +401,8 @@ async fn burst(p: &Producer, partitions: &[i32], per_partition: usize) -> Vec<Re
     let mut deliveries = Vec::new();
     for i in 0..per_partition {
         for &part in partitions {
-            let r = ProducerRecord::new(TOPIC, Some(Bytes::from(format!("{part}-{i}")))).partition(part);
+            let r = ProducerRecord::new(TOPIC, Some(Bytes::from(format!("{part}-{i}"))))
+                .partition(part);
             deliveries.push(p.send(r).await.unwrap());
         }
     }
@@ -419,7 +420,12 @@ async fn burst(p: &Producer, partitions: &[i32], per_partition: usize) -> Vec<Re
 
 /// Every partition's log holds each record exactly once, in the order sent, and every record's reported
 /// offset is where the log holds it.
-fn assert_exactly_once_in_order(c: &Cluster, acks: &[RecordMetadata], partitions: &[i32], n: usize) {
+fn assert_exactly_once_in_order(
+    c: &Cluster,
+    acks: &[RecordMetadata],
+    partitions: &[i32],
+    n: usize,
+) {
     let m = c.model.lock().unwrap();
     for &p in partitions {
         let expected: Vec<String> = (0..n).map(|i| format!("{p}-{i}")).collect();
@@ -456,7 +462,10 @@ async fn pipelined_burst_over_two_brokers_lands_once_in_order() {
         most >= 2,
         "the slow broker never had two requests in flight at once (most {most})"
     );
-    assert!(m.multi_partition_requests > 0, "no request carried two partitions");
+    assert!(
+        m.multi_partition_requests > 0,
+        "no request carried two partitions"
+    );
     assert_eq!(m.out_of_order, 0, "in-order pipelining never skips ahead");
     assert_eq!(
         m.read_below_highest, 0,
@@ -483,7 +492,10 @@ async fn a_lost_answer_is_retried_while_later_batches_are_in_flight() {
     let acks = burst(&p, &[0], 30).await;
     assert_exactly_once_in_order(&c, &acks, &[0], 30);
     let m = c.model.lock().unwrap();
-    assert!(m.duplicates >= 1, "the lost answer's batch was never resent");
+    assert!(
+        m.duplicates >= 1,
+        "the lost answer's batch was never resent"
+    );
     assert!(m.outstanding[&1].1 >= 2, "nothing was in flight behind it");
 }
 
@@ -509,10 +521,7 @@ async fn a_connection_reset_with_several_in_flight_resends_in_order() {
     assert_exactly_once_in_order(&c, &acks, &parts, 40);
     let m = c.model.lock().unwrap();
     assert!(m.duplicates >= 1, "the written request was never resent");
-    assert!(
-        m.produce_seen[&1] > 4,
-        "nothing was sent after the reset"
-    );
+    assert!(m.produce_seen[&1] > 4, "nothing was sent after the reset");
 }
 
 /// The leader of a partition moves from node 1 to node 2 in the middle of a burst: node 1 refuses
