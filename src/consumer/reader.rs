@@ -195,11 +195,14 @@ impl PartitionReader {
         }
     }
 
-    /// A reader whose every Fetch is full and outside any fetch session.
-    pub(crate) fn sessionless(client: Client, config: ReaderConfig) -> Self {
-        PartitionReader {
-            use_sessions: false,
-            ..Self::new(client, config)
+    unstable_pub! {
+        /// A reader whose every Fetch is full and outside any fetch session (what every reader did
+        /// before KIP-227): the recovery read's, and the baseline when measuring what sessions save.
+        pub fn sessionless(client: Client, config: ReaderConfig) -> Self {
+            PartitionReader {
+                use_sessions: false,
+                ..Self::new(client, config)
+            }
         }
     }
 
