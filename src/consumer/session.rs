@@ -192,9 +192,12 @@ impl FetchSession {
                     .filter(|p| cached.get(&p.tp) != Some(&Cached::of(p)))
                     .cloned()
                     .collect();
+                // A partition whose topic id changed (the topic was recreated under its name, and
+                // metadata now has the new id) is a different partition to the broker: the entry under
+                // the old id is forgotten as well as the new one sent.
                 let forget = cached
                     .iter()
-                    .filter(|(tp, _)| !next.contains_key(*tp))
+                    .filter(|(tp, c)| next.get(*tp).is_none_or(|n| n.topic_id != c.topic_id))
                     .map(|(tp, c)| (tp.clone(), c.topic_id))
                     .collect();
                 self.state = State::Pending {
@@ -424,6 +427,19 @@ mod tests {
         s.handle_response(ErrorCode::None, 42);
         let r = s.build(&[], true);
         assert_eq!(forgotten(&r), vec![0, 1, 2]);
+    }
+
+    /// A partition whose topic id changed is sent under the new id and forgotten under the old one.
+    #[test]
+    fn a_new_topic_id_forgets_the_old_one() {
+        let mut s = opened(&[0, 5]);
+        let mut next = parts(&[0, 5]);
+        next[1].topic_id = TopicId([9; 16]);
+        let r = s.build(&next, true);
+        assert_eq!((sent(&r), forgotten(&r)), (vec![1], vec![1]));
+        assert_eq!((r.send[0].topic_id, r.forget[0].1), (TopicId([9; 16]), ID));
+        s.handle_response(ErrorCode::None, 42);
+        assert!(s.build(&next, true).forget.is_empty());
     }
 
     /// FETCH_SESSION_ID_NOT_FOUND (evicted, broker restarted) makes the next request full with no
