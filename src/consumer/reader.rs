@@ -992,7 +992,7 @@ mod lag_tests {
     //! watermarks: a fake peer for the reader's own bookkeeping, claiming nothing about a broker.
 
     use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-    use kafka_protocol::messages::{FetchResponse, TopicName};
+    use kafka_protocol::messages::FetchResponse;
 
     use super::*;
     use crate::net::testing::{api_versions, loopback, one_node_metadata, Peer};
@@ -1080,5 +1080,150 @@ mod lag_tests {
             (HW - 8) as f64,
             "read_uncommitted: to the high watermark"
         );
+    }
+}
+
+#[cfg(test)]
+mod session_tests {
+    //! The reader driving its fetch sessions against a loopback stub that plays a broker's session
+    //! script: a fake peer for the reader's own bookkeeping (what it sends after each kind of answer),
+    //! claiming nothing about a broker. `protocol-tests/tests/fetch.rs` runs the same against Kafka.
+
+    use std::sync::{Arc, Mutex};
+
+    use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+    use kafka_protocol::messages::FetchResponse;
+    use kafka_protocol::protocol::Decodable;
+
+    use super::*;
+    use crate::net::testing::{api_versions, loopback, one_node_metadata, Peer};
+    use crate::net::ClientConfig;
+
+    const ID: [u8; 16] = [5; 16];
+
+    /// One Fetch as the stub saw it: (version, session id, epoch, partitions sent, forgotten).
+    type Seen = (i16, i32, i32, usize, usize);
+
+    fn partitions(id: [u8; 16], n: i32) -> FetchableTopicResponse {
+        FetchableTopicResponse::default()
+            .with_topic_id(uuid::Uuid::from_bytes(id))
+            .with_partitions(
+                (0..n)
+                    .map(|p| {
+                        PartitionData::default()
+                            .with_partition_index(p)
+                            .with_high_watermark(0)
+                            .with_last_stable_offset(0)
+                            .with_log_start_offset(0)
+                            .with_records(None)
+                    })
+                    .collect(),
+            )
+    }
+
+    /// The n-th Fetch's answer: a full answer opening session 77; an incremental one with nothing new;
+    /// FETCH_SESSION_ID_NOT_FOUND; a full answer opening 78; an answer about a topic id never asked for.
+    fn script(n: usize) -> FetchResponse {
+        match n {
+            0 => FetchResponse::default()
+                .with_session_id(77)
+                .with_responses(vec![partitions(ID, 2)]),
+            1 => FetchResponse::default().with_session_id(77),
+            2 => FetchResponse::default().with_error_code(ErrorCode::FetchSessionIdNotFound.code()),
+            3 => FetchResponse::default()
+                .with_session_id(78)
+                .with_responses(vec![partitions(ID, 2)]),
+            _ => FetchResponse::default()
+                .with_session_id(78)
+                .with_responses(vec![partitions([9; 16], 1)]),
+        }
+    }
+
+    async fn stub(
+        seen: Arc<Mutex<Vec<Seen>>>,
+    ) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        loopback(move |mut peer: Peer, addr| {
+            let seen = seen.clone();
+            async move {
+                while let Some(mut request) = peer.next_request().await {
+                    let id = request.header.correlation_id;
+                    let version = request.header.request_api_version;
+                    match request.header.request_api_key {
+                        18 => {
+                            let answer = api_versions(&[(1, 4, 13), (3, 1, 12), (18, 0, 3)]);
+                            peer.respond(id, &answer, version.min(3)).await;
+                        }
+                        3 => {
+                            let mut answer = one_node_metadata(addr, &[("t", 2)]);
+                            answer.topics[0].topic_id = uuid::Uuid::from_bytes(ID);
+                            peer.respond(id, &answer, version).await;
+                        }
+                        1 => {
+                            let r = FetchRequest::decode(&mut request.body, version).unwrap();
+                            let sent = r.topics.iter().map(|t| t.partitions.len()).sum();
+                            let forgotten = r
+                                .forgotten_topics_data
+                                .iter()
+                                .map(|t| t.partitions.len())
+                                .sum();
+                            let n = {
+                                let mut seen = seen.lock().unwrap();
+                                seen.push((
+                                    version,
+                                    r.session_id,
+                                    r.session_epoch,
+                                    sent,
+                                    forgotten,
+                                ));
+                                seen.len() - 1
+                            };
+                            peer.respond(id, &script(n), version).await;
+                        }
+                        other => panic!("the stub does not serve api key {other}"),
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// v13 by id, a session opened by the full fetch, incremental fetches that list nothing unchanged,
+    /// an omitted partition fetched again at once (not backed off), a lost session answered by a full
+    /// fetch in a new one, and an answer about an unknown topic id ignored.
+    #[tokio::test]
+    async fn the_reader_follows_the_session_script() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (addr, stub) = stub(seen.clone()).await;
+        let client = Client::connect(ClientConfig::new(&addr.to_string()))
+            .await
+            .unwrap();
+        client.metadata(&["t"]).await.unwrap();
+        let config = ReaderConfig {
+            max_wait: Duration::from_millis(1),
+            ..ReaderConfig::default()
+        };
+        let mut reader = PartitionReader::new(client, config);
+        for p in 0..2 {
+            reader.assign(TopicPartition::new("t", p), StartAt::Offset(0));
+        }
+        for _ in 0..5 {
+            assert!(reader.fetch().await.unwrap().is_empty());
+        }
+        stub.abort();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![
+                (13, 0, 0, 2, 0),
+                (13, 77, 1, 0, 0),
+                (13, 77, 2, 0, 0),
+                (13, 0, 0, 2, 0),
+                (13, 78, 1, 0, 0),
+            ],
+            "one Fetch per call: nothing backed off"
+        );
+        let stats = reader.fetch_stats();
+        assert_eq!((stats.session_resets, stats.by_topic_id), (1, 5));
+        assert_eq!(reader.fetch_sessions(), BTreeMap::from([(1, 78)]));
+        assert_eq!(reader.position(&TopicPartition::new("t", 0)), Some(0));
     }
 }
