@@ -18,6 +18,7 @@
 //!   the last stable offset at read_committed), v4+ current leader epoch
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kafka_protocol::messages::fetch_request::{
@@ -166,8 +167,11 @@ pub struct PartitionReader {
     client: Client,
     config: ReaderConfig,
     fetcher: Fetcher,
-    /// One fetch session per leader contacted, by node id.
-    sessions: BTreeMap<i32, FetchSession>,
+    /// One fetch session per leader contacted, by node id. Shared with the leader's fetch task, which
+    /// builds the request once it knows the broker's versions; never locked across an await. A task
+    /// that dies or is dropped after building leaves its session waiting for an outcome, and the next
+    /// request to that leader starts over in full.
+    sessions: BTreeMap<i32, Arc<Mutex<FetchSession>>>,
     /// Off for a reader of one partition that is read to an end (the recovery read): a session would
     /// save it nothing and would take one of the broker's session slots from readers it helps.
     use_sessions: bool,
@@ -220,7 +224,7 @@ impl PartitionReader {
     pub fn fetch_sessions(&self) -> BTreeMap<i32, i32> {
         self.sessions
             .iter()
-            .filter_map(|(node, s)| s.open().map(|(id, _)| (*node, id)))
+            .filter_map(|(node, s)| lock(s).open().map(|(id, _)| (*node, id)))
             .collect()
     }
 
@@ -235,7 +239,7 @@ impl PartitionReader {
         let closes: Vec<(i32, i32, i32)> = self
             .sessions
             .iter_mut()
-            .filter_map(|(node, s)| s.close().map(|(id, epoch)| (*node, id, epoch)))
+            .filter_map(|(node, s)| lock(s).close().map(|(id, epoch)| (*node, id, epoch)))
             .collect();
         for (node, id, epoch) in closes {
             let request = FetchRequest::default()
@@ -395,19 +399,12 @@ impl PartitionReader {
                     .map(|t| t.id)
                     .unwrap_or_default();
             }
-            // Topics by id only if the broker speaks v13+ and every topic has one; else by name.
-            let speaks_ids = match self.client.broker_versions(node).await {
-                Ok(v) => v.usable_at_least(FETCH, FETCH_TOPIC_IDS).is_some(),
-                // The Fetch itself fails the same way and is handled there.
-                Err(_) => false,
-            };
-            let uses_ids = speaks_ids && parts.iter().all(|p| !p.topic_id.is_zero());
             let use_sessions = self.use_sessions;
-            let request = self
+            let session = self
                 .sessions
                 .entry(node)
-                .or_insert_with(|| FetchSession::new(use_sessions))
-                .build(&parts, uses_ids);
+                .or_insert_with(|| Arc::new(Mutex::new(FetchSession::new(use_sessions))))
+                .clone();
             let client = self.client.clone();
             let config = self.config.clone();
             #[cfg(test)]
@@ -415,6 +412,15 @@ impl PartitionReader {
             fetches.spawn(async move {
                 #[cfg(test)]
                 faults.hit("fetch");
+                // Topics by id only if the broker speaks v13+ and every topic has one; else by name.
+                // Asked here, not before spawning, so a leader not reached yet delays only its own
+                // fetch; a failure here fails the Fetch itself the same way, and is handled there.
+                let speaks_ids = match client.broker_versions(node).await {
+                    Ok(v) => v.usable_at_least(FETCH, FETCH_TOPIC_IDS).is_some(),
+                    Err(_) => false,
+                };
+                let uses_ids = speaks_ids && parts.iter().all(|p| !p.topic_id.is_zero());
+                let request = lock(&session).build(&parts, uses_ids);
                 let r = fetch_at(&client, node, &parts, &request, &config, max_wait).await;
                 (node, parts, request, r)
             });
@@ -458,11 +464,10 @@ impl PartitionReader {
         }
         let mut out = Vec::new();
         for (node, parts, request, result) in fetched {
-            let use_sessions = self.use_sessions;
-            let session = self
-                .sessions
-                .entry(node)
-                .or_insert_with(|| FetchSession::new(use_sessions));
+            let Some(session) = self.sessions.get(&node) else {
+                continue;
+            };
+            let mut session = lock(session);
             let answered = match result {
                 Ok(answered) => answered,
                 Err(e) => {
@@ -947,6 +952,12 @@ fn decode(
         fetched,
         records: v.into_records(),
     })
+}
+
+/// A session's lock. Nothing panics while holding it (the machine does no I/O and trusts no input),
+/// and a poisoned one would still hold a machine in a state every call accepts: at worst sessionless.
+fn lock(session: &Mutex<FetchSession>) -> MutexGuard<'_, FetchSession> {
+    session.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Puts planned-but-unanswered partitions back when a fetch round is dropped half-way.
