@@ -77,6 +77,8 @@ macro_rules! unstable_pub {
 }
 
 pub mod admin;
+/// The monotonic clock the drivers read (tokio's, so paused-time tests drive every deadline).
+mod clock;
 pub mod consumer;
 mod group_metadata;
 pub mod net;

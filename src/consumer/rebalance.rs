@@ -153,10 +153,9 @@ impl Shared {
     }
 }
 
-/// The current instant on tokio's clock (so tests with a paused clock drive the machines too).
-pub(crate) fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
+/// The current instant on tokio's clock (so tests with a paused clock drive the machines too): the
+/// crate's one clock, under the name the consumer's drivers call it by.
+pub(crate) use crate::clock::now;
 
 /// The poll path's state: the handler in progress (so a dropped `poll` resumes it) and the publisher.
 #[derive(Debug)]

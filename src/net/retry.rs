@@ -16,6 +16,10 @@ use crate::wire::ErrorCode;
 ///
 /// Delay `n` (from 0) is `base * 2^n`, capped at `max`, then spread by ±20% jitter so that clients that
 /// failed together do not retry together; after `max_retries` delays it returns `None`.
+///
+/// This is the crate's one back-off. The retry loops of `net` count with it ([`Backoff::next_delay`]);
+/// the producer's I/O-free cores count attempts themselves and ask for the nominal delay of an attempt
+/// without jitter (`delay`), so their tests stay deterministic.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     base: Duration,
@@ -42,14 +46,27 @@ impl Backoff {
         }
     }
 
+    /// A back-off for a core that counts its own attempts and reads only [`Backoff::delay`]: no retry
+    /// limit of its own and no random seed (the jitter of `next_delay` is not used there).
+    pub(crate) fn exponential(base: Duration, max: Duration) -> Self {
+        Self::with_seed(base, max, u32::MAX, 0)
+    }
+
+    /// The nominal delay before retry `attempt` (from 0): `base * 2^attempt`, capped at `max`, without
+    /// jitter. Reads no state, so a caller may keep the attempt count where the retry lives.
+    pub(crate) fn delay(&self, attempt: u32) -> Duration {
+        self.base
+            .saturating_mul(1u32 << attempt.min(31))
+            .min(self.max)
+    }
+
     /// The delay before the next retry, or `None` when retries are used up.
     pub fn next_delay(&mut self) -> Option<Duration> {
         if self.retries >= self.max_retries {
             return None;
         }
-        let exp = self.retries.min(31);
+        let raw = self.delay(self.retries);
         self.retries += 1;
-        let raw = self.base.saturating_mul(1u32 << exp).min(self.max);
         // Jitter factor in [0.8, 1.2).
         let unit = (self.next_random() >> 11) as f64 / (1u64 << 53) as f64;
         let jittered = raw.mul_f64(0.8 + 0.4 * unit);
@@ -185,6 +202,19 @@ mod tests {
         for _ in 0..100 {
             assert!(b.next_delay().unwrap() <= Duration::from_secs(5));
         }
+    }
+
+    /// The nominal delay the producer's cores wait is deterministic: it doubles, caps at `max`, and
+    /// does not overflow at any attempt count.
+    #[test]
+    fn nominal_delay_doubles_and_caps_without_jitter() {
+        let b = Backoff::exponential(ms(100), ms(1000));
+        let delays: Vec<_> = (0..6).map(|a| b.delay(a)).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000].map(ms));
+        assert_eq!(b.delay(u32::MAX), ms(1000));
+        assert_eq!(b.clone().delay(3), b.delay(3), "no state is consumed");
+        // A maximum below the base is raised to it, as ClientConfig does.
+        assert_eq!(Backoff::exponential(ms(50), ms(10)).delay(4), ms(50));
     }
 
     #[test]

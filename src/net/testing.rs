@@ -162,6 +162,55 @@ where
     (addr, task)
 }
 
+/// A [`Dialer`](super::Dialer) whose every dial is an in-memory pipe with `serve(peer, addr)` on the
+/// other end: the stub of [`loopback`] without a socket. Under paused time that matters: a socket's
+/// readiness is something the runtime polls, and a runtime that finds nothing ready jumps its clock to
+/// the next timer (a request timeout, say) even while the stub is about to answer; a pipe wakes the
+/// reader as a task, so the clock moves only when everything really waits on a timer.
+pub(crate) struct InMemory {
+    addr: std::net::SocketAddr,
+    serve: Arc<dyn Fn(Peer, std::net::SocketAddr) -> StubFuture + Send + Sync>,
+}
+
+type StubFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+impl InMemory {
+    /// Every dial runs `serve`, which is told `addr` as its own address (what it advertises in
+    /// metadata; the client dials it through this dialer again).
+    pub(crate) fn new<F, Fut>(addr: std::net::SocketAddr, serve: F) -> InMemory
+    where
+        F: Fn(Peer, std::net::SocketAddr) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        InMemory {
+            addr,
+            serve: Arc::new(move |peer, addr| Box::pin(serve(peer, addr))),
+        }
+    }
+}
+
+impl std::fmt::Debug for InMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InMemory")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl super::Dialer for InMemory {
+    fn dial<'a>(&'a self, _: &'a str, _: &'a super::TcpDialer) -> super::DialFuture<'a> {
+        Box::pin(async move {
+            let (ours, theirs) = tokio::io::duplex(1 << 16);
+            let (read, write) = tokio::io::split(theirs);
+            tokio::spawn((self.serve)(
+                Peer::new(Box::new(read), Box::new(write)),
+                self.addr,
+            ));
+            Ok(super::DialedStream::new(ours))
+        })
+    }
+}
+
 /// ApiVersions advertising `(api key, min, max)` for each of `keys`.
 pub(crate) fn api_versions(
     keys: &[(i16, i16, i16)],

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::accumulator::AccumulatorConfig;
 use super::sequence::MAX_IN_FLIGHT;
-use super::txn::Backoff;
+use crate::net::Backoff;
 use crate::records::Compression;
 
 /// Settings shared by the idempotent and the transactional producer. Acks are always `all`: idempotence
@@ -68,10 +68,7 @@ impl ProducerConfig {
     }
 
     pub(crate) fn backoff(&self) -> Backoff {
-        Backoff {
-            base: self.retry_backoff,
-            max: self.retry_backoff_max.max(self.retry_backoff),
-        }
+        Backoff::exponential(self.retry_backoff, self.retry_backoff_max)
     }
 }
 

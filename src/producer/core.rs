@@ -23,10 +23,10 @@ use super::accumulator::{Accumulator, AppendError, Batch};
 use super::classify::{classify, Action, Api, Refresh};
 use super::config::ProducerConfig;
 use super::sequence::{BatchId, Outcome, Resolution, Sequencer};
-use super::txn::Backoff;
 use super::{
     ErrorClass, ProducerError, ProducerIdEpoch, ProducerRecord, RecordMetadata, TopicPartition,
 };
+use crate::net::Backoff;
 use crate::wire::ErrorCode;
 
 /// Turns records into one v2 record batch. Implemented over the records layer's batch builder; tests

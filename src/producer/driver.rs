@@ -20,7 +20,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kafka_protocol::messages::produce_request::{
     PartitionProduceData, ProduceRequest, TopicProduceData,
@@ -277,7 +277,7 @@ impl Inner {
         if record.timestamp.is_none() {
             record.timestamp = Some(wall_clock_ms());
         }
-        match s.core.append(&tp, record, tx, Instant::now()) {
+        match s.core.append(&tp, record, tx, crate::clock::now()) {
             Ok(_) => {
                 drop(s);
                 self.wake();
@@ -435,7 +435,7 @@ impl Inner {
         loop {
             #[cfg(test)]
             self.faults.hit("driver");
-            let now = Instant::now();
+            let now = crate::clock::now();
             let mut lanes: Vec<(TopicPartition, Vec<ToSend>)> = Vec::new();
             let mut add: Option<TxnRequest> = None;
             let mut new_id = false;
@@ -527,7 +527,7 @@ impl Inner {
             let answer = self.produce(&b).await;
             let replies = {
                 let mut s = self.lock();
-                let fx = s.core.on_answer(b.id, answer, Instant::now());
+                let fx = s.core.on_answer(b.id, answer, crate::clock::now());
                 self.apply(&mut s, fx)
             };
             deliver(replies);
@@ -607,7 +607,7 @@ impl Inner {
             s.add_in_flight = false;
             s.txn
                 .as_mut()
-                .map(|t| t.on_add_partitions(resp, Instant::now()))
+                .map(|t| t.on_add_partitions(resp, crate::clock::now()))
         };
         if let (
             Some(o),

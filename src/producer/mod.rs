@@ -24,6 +24,8 @@ mod encoder;
 mod error;
 mod idempotent;
 mod messages;
+#[cfg(test)]
+mod paused_tests;
 mod record;
 mod sequence;
 mod transactional;

@@ -1,7 +1,6 @@
 //! The transactional producer: the public face of the transaction state machine.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use tracing::Instrument;
 
@@ -104,7 +103,7 @@ impl TransactionalProducer {
         );
         inner.spawn();
         let producer = TransactionalProducer { inner, config };
-        let step = producer.with_txn(|t| t.start_init(Instant::now(), producer.op_timeout()));
+        let step = producer.with_txn(|t| t.start_init(crate::clock::now(), producer.op_timeout()));
         producer.run(step).await?;
         // The coordinator is known for certain now; its versions decide TV1 or TV2.
         producer.refresh_caps().await;
@@ -117,7 +116,7 @@ impl TransactionalProducer {
     ///
     /// Cancel-safe: calling it again resumes.
     pub async fn reinit(&mut self) -> Result<(), ProducerError> {
-        let step = self.with_txn(|t| t.start_init(Instant::now(), self.op_timeout()));
+        let step = self.with_txn(|t| t.start_init(crate::clock::now(), self.op_timeout()));
         self.run(step).await?;
         self.refresh_caps().await;
         Ok(())
@@ -129,7 +128,7 @@ impl TransactionalProducer {
         s.txn
             .as_mut()
             .expect("a transactional producer has a machine")
-            .begin(Instant::now())
+            .begin(crate::clock::now())
     }
 
     /// Adds a record to the open transaction, waiting for buffer space (and the topic's metadata) up to
@@ -168,7 +167,8 @@ impl TransactionalProducer {
     ) -> Result<(), ProducerError> {
         let offsets: Vec<_> = offsets.into_iter().collect();
         let timeout = self.op_timeout();
-        let step = self.with_txn(|t| t.start_send_offsets(group, offsets, Instant::now(), timeout));
+        let step =
+            self.with_txn(|t| t.start_send_offsets(group, offsets, crate::clock::now(), timeout));
         self.run(step).await
     }
 
@@ -186,7 +186,7 @@ impl TransactionalProducer {
             self.inner.flush().await;
             self.inner.quiesce().await;
         }
-        let step = self.with_txn(|t| t.start_commit(Instant::now(), self.op_timeout()));
+        let step = self.with_txn(|t| t.start_commit(crate::clock::now(), self.op_timeout()));
         self.run(step).await?;
         self.refresh_caps().await;
         Ok(())
@@ -210,7 +210,7 @@ impl TransactionalProducer {
             deliver(replies);
             self.inner.quiesce().await;
         }
-        let step = self.with_txn(|t| t.start_abort(Instant::now(), self.op_timeout()));
+        let step = self.with_txn(|t| t.start_abort(crate::clock::now(), self.op_timeout()));
         self.run(step).await?;
         self.refresh_caps().await;
         Ok(())
@@ -289,7 +289,7 @@ impl TransactionalProducer {
                             .txn
                             .as_mut()
                             .expect("a transactional producer has a machine");
-                        step = t.on_response(resp, Instant::now());
+                        step = t.on_response(resp, crate::clock::now());
                         if let Some(ids) = t.ids() {
                             s.core.set_ids(ids);
                         }

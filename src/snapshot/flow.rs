@@ -771,6 +771,65 @@ impl<F: Fold> Shared<F> {
             })
     }
 
+    /// Acquires `partitions` together, at most [`FlowConfig::max_concurrent_partitions`] at once, each on
+    /// its own task: a takeover of many partitions costs about as long as its slowest acquisition, not
+    /// the sum of them (each waits on its own InitProducerId, committed-offset read and recovery read).
+    /// Returns each partition's outcome, in the order given; a task that panicked yields
+    /// [`SnapshotError::PartitionTask`]. Dropping the future aborts the tasks (acquisition is
+    /// cancel-safe: at most a bumped producer epoch is left behind).
+    async fn acquire_all(
+        self: &Arc<Self>,
+        partitions: Vec<TopicPartition>,
+    ) -> Vec<(TopicPartition, Result<FlowLane<F>, FlowError>)> {
+        if let [tp] = partitions.as_slice() {
+            // One partition (the common case after a cooperative rebalance): no task needed.
+            let result = self.acquire(tp).await;
+            return vec![(tp.clone(), result)];
+        }
+        let permits = Arc::new(tokio::sync::Semaphore::new(
+            self.config.max_concurrent_partitions.max(1),
+        ));
+        let mut set = JoinSet::new();
+        let mut index = HashMap::with_capacity(partitions.len());
+        for (i, tp) in partitions.iter().enumerate() {
+            let shared = Arc::clone(self);
+            let permits = Arc::clone(&permits);
+            let tp = tp.clone();
+            let handle = set.spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                shared.acquire(&tp).await
+            });
+            index.insert(handle.id(), i);
+        }
+        let mut outcomes: Vec<Option<Result<FlowLane<F>, FlowError>>> =
+            partitions.iter().map(|_| None).collect();
+        while let Some(joined) = set.join_next_with_id().await {
+            let (id, result) = match joined {
+                Ok((id, result)) => (id, result),
+                Err(e) => {
+                    let id = e.id();
+                    let partition = index
+                        .get(&id)
+                        .map(|&i| partitions[i].partition)
+                        .unwrap_or(-1);
+                    let error = SnapshotError::PartitionTask {
+                        partition,
+                        source: Arc::new(e),
+                    };
+                    (id, Err(error.into()))
+                }
+            };
+            if let Some(&i) = index.get(&id) {
+                outcomes[i] = Some(result);
+            }
+        }
+        partitions
+            .into_iter()
+            .zip(outcomes)
+            .filter_map(|(tp, outcome)| outcome.map(|o| (tp, o)))
+            .collect()
+    }
+
     async fn acquire(&self, tp: &TopicPartition) -> Result<FlowLane<F>, FlowError> {
         let (writer, (assigned_offset, fresh)) = match (self.config.mode, &self.plain) {
             (PersistenceMode::NonTransactional, Some(p)) => (
@@ -1018,22 +1077,31 @@ struct Listener<F: Fold>(Arc<Shared<F>>);
 impl<F: Fold> RebalanceListener for Listener<F> {
     async fn on_partitions_assigned(&mut self, partitions: &[TopicPartition]) {
         self.0.fence().on_rebalance_event();
-        for tp in partitions {
-            if self.0.lanes().contains_key(&tp.partition) {
-                continue;
-            }
-            match self.0.acquire(tp).await {
+        let new: Vec<TopicPartition> = {
+            let lanes = self.0.lanes();
+            partitions
+                .iter()
+                .filter(|tp| !lanes.contains_key(&tp.partition))
+                .cloned()
+                .collect()
+        };
+        let mut failures = Vec::new();
+        for (tp, outcome) in self.0.acquire_all(new).await {
+            match outcome {
                 Ok(lane) => {
                     self.0.lanes().insert(tp.partition, Arc::new(lane));
                 }
                 Err(e) => {
                     tracing::warn!(partition = tp.partition, error = %e, "acquiring a partition failed");
-                    // A refused first commit is handled like any refused commit: the partition
-                    // waits to be acquired again in place (or the member rejoins).
-                    if let Err(e) = self.0.settle(vec![(tp.partition, e)], Site::Acquire).await {
-                        self.0.fail(e);
-                    }
+                    failures.push((tp.partition, e));
                 }
+            }
+        }
+        // A refused first commit is handled like any refused commit: the partition waits to be
+        // acquired again in place (or the member rejoins).
+        if !failures.is_empty() {
+            if let Err(e) = self.0.settle(failures, Site::Acquire).await {
+                self.0.fail(e);
             }
         }
     }
@@ -1272,13 +1340,19 @@ impl<F: Fold> Flow<F> {
             .map(|tp| tp.partition)
             .collect();
         let plan = self.shared.fence().plan(&owned);
+        let mut again = Vec::new();
         for partition in plan {
-            let tp = TopicPartition::new(self.shared.config.input_topic.as_str(), partition);
             if self.shared.lanes().contains_key(&partition) {
                 self.shared.fence().reacquired(partition);
-                continue;
+            } else {
+                let topic = self.shared.config.input_topic.as_str();
+                again.push(TopicPartition::new(topic, partition));
             }
-            match self.shared.acquire(&tp).await {
+        }
+        let mut failures = Vec::new();
+        for (tp, outcome) in self.shared.acquire_all(again).await {
+            let partition = tp.partition;
+            match outcome {
                 Ok(lane) => {
                     let start = lane.core().position();
                     self.shared.lanes().insert(partition, Arc::new(lane));
@@ -1290,14 +1364,13 @@ impl<F: Fold> Flow<F> {
                         "partition acquired again in place after a refused commit"
                     );
                 }
-                Err(e) => {
-                    self.shared
-                        .settle(vec![(partition, e)], Site::Acquire)
-                        .await?
-                }
+                Err(e) => failures.push((partition, e)),
             }
         }
-        Ok(())
+        if failures.is_empty() {
+            return Ok(());
+        }
+        self.shared.settle(failures, Site::Acquire).await
     }
 
     /// How many input events this flow skipped because they had no key (see [`Fold`]).

@@ -1,8 +1,19 @@
 //! Broker-free tests of the transaction state machine: the request sequences of TV1 and TV2, every
 //! transition the issue names, and the refusals.
 
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use super::machine::{concurrent_delay, CONCURRENT_RETRY};
+use super::version::version_cap;
 use super::*;
-use crate::producer::ErrorClass;
+use crate::net::Backoff;
+use crate::producer::classify::Api;
+use crate::producer::{
+    ErrorClass, OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition,
+};
+use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 const IDS: ProducerIdEpoch = ProducerIdEpoch { id: 1000, epoch: 4 };
 const OP: Duration = Duration::from_secs(10);
@@ -18,10 +29,7 @@ fn caps(tv: i16) -> BrokerCaps {
 }
 
 fn backoff() -> Backoff {
-    Backoff {
-        base: Duration::from_millis(100),
-        max: Duration::from_secs(1),
-    }
+    Backoff::exponential(Duration::from_millis(100), Duration::from_secs(1))
 }
 
 fn machine(tv: i16) -> TxnMachine {
@@ -413,10 +421,7 @@ fn tv1_add_partitions_retries_and_errors() {
 #[test]
 fn tv1_enrolment_answered_concurrent_transactions_retries_quickly() {
     let t0 = Instant::now();
-    let slow = Backoff {
-        base: Duration::from_millis(500),
-        max: Duration::from_secs(1),
-    };
+    let slow = Backoff::exponential(Duration::from_millis(500), Duration::from_secs(1));
     let mut m = TxnMachine::new("tx-1", Duration::from_secs(60), slow, caps(1));
     sent(m.start_init(t0, OP));
     m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
@@ -475,18 +480,15 @@ fn concurrent_delay_doubles_from_the_short_base_under_the_ordinary_delay() {
     ];
     for (attempt, ms) in expected.into_iter().enumerate() {
         assert_eq!(
-            b.concurrent_delay(attempt as u32),
+            concurrent_delay(&b, attempt as u32),
             Duration::from_millis(ms),
             "attempt {attempt}"
         );
     }
-    let tiny = Backoff {
-        base: Duration::from_millis(1),
-        max: Duration::from_millis(3),
-    };
-    assert_eq!(tiny.concurrent_delay(0), Duration::from_millis(1));
-    assert_eq!(tiny.concurrent_delay(5), Duration::from_millis(2));
-    assert_eq!(tiny.concurrent_delay(12), Duration::from_millis(3));
+    let tiny = Backoff::exponential(Duration::from_millis(1), Duration::from_millis(3));
+    assert_eq!(concurrent_delay(&tiny, 0), Duration::from_millis(1));
+    assert_eq!(concurrent_delay(&tiny, 5), Duration::from_millis(2));
+    assert_eq!(concurrent_delay(&tiny, 12), Duration::from_millis(3));
 }
 
 /// The offset commit that opens a transaction races the previous transaction's markers: under TV1 its
@@ -1167,6 +1169,19 @@ fn mismatched_answer_is_fatal_not_a_panic() {
         m.on_response(end_ok(None), t0),
         Step::Failed(ProducerError::IllegalState { .. })
     ));
+}
+
+/// A success without ids is a driver bug, never broker input: the machine fails typed and stops
+/// instead of panicking.
+#[test]
+fn init_success_without_ids_is_a_typed_driver_bug() {
+    let t0 = Instant::now();
+    let mut m = machine(1);
+    sent(m.start_init(t0, OP));
+    let err = failed(m.on_response(TxnResponse::InitProducerId(Err(ErrorCode::None)), t0));
+    assert!(matches!(err, ProducerError::Defunct { .. }), "{err:?}");
+    assert_eq!(m.state(), TransactionState::FatalError);
+    assert!(!m.op_in_progress());
 }
 
 // ------------------------------------------------------------------------------------------------
