@@ -19,15 +19,21 @@
 //!   the other partitions.
 //!
 //! # References
-//! - Fetch v4-v12 (v4 isolation level and aborted transactions, KIP-98; v9 current leader epoch,
-//!   KIP-320; v12 last fetched epoch and diverging epoch, KIP-595)
+//! - Fetch v4+ (v4 isolation level and aborted transactions, KIP-98; v9 current leader epoch,
+//!   KIP-320; v12 last fetched epoch and diverging epoch, KIP-595; v13 topic ids, KIP-516:
+//!   UNKNOWN_TOPIC_ID and INCONSISTENT_TOPIC_ID refresh metadata, and persist into an error)
 //! - ListOffsets v2+ (isolation level: latest is the LSO under read_committed), v4 current leader epoch
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::TopicPartition;
+use super::{TopicId, TopicPartition};
 use crate::wire::ErrorCode;
+
+/// Consecutive UNKNOWN_TOPIC_ID / INCONSISTENT_TOPIC_ID answers for one partition (each followed by a
+/// metadata refresh) after which the error reaches the application: the topic was deleted, or
+/// recreated under the same name, and no refresh will make the id we hold right.
+const TOPIC_ID_ERROR_LIMIT: u32 = 5;
 
 /// What to do when the position of a partition is out of the log's range (or there is none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,6 +79,8 @@ struct PartitionState {
     paused: bool,
     inflight: bool,
     backoff_until: Option<Instant>,
+    /// Topic-id errors in a row (see [`TOPIC_ID_ERROR_LIMIT`]).
+    topic_id_errors: u32,
 }
 
 impl PartitionState {
@@ -93,6 +101,7 @@ impl PartitionState {
             paused: false,
             inflight: false,
             backoff_until: None,
+            topic_id_errors: 0,
         }
     }
 }
@@ -101,6 +110,8 @@ impl PartitionState {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct FetchPartition {
     pub tp: TopicPartition,
+    /// From metadata (the driver fills it in); all zeros when unknown, and then the Fetch goes by name.
+    pub topic_id: TopicId,
     pub fetch_offset: i64,
     /// From metadata; -1 when unknown.
     pub current_leader_epoch: i32,
@@ -244,6 +255,7 @@ impl Fetcher {
             match (p.position, p.reset_to) {
                 (Some(offset), _) => plan.fetch.entry(node).or_default().push(FetchPartition {
                     tp: tp.clone(),
+                    topic_id: TopicId::default(),
                     fetch_offset: offset,
                     current_leader_epoch: epoch,
                     last_fetched_epoch: p.last_fetched_epoch.unwrap_or(-1),
@@ -315,11 +327,21 @@ impl Fetcher {
                     }
                 };
             }
+            ErrorCode::UnknownTopicId | ErrorCode::InconsistentTopicId => {
+                // The id we sent is not the one the broker has for this partition (Fetch v13+): the
+                // metadata refresh brings the current id, unless the topic is gone for good.
+                p.topic_id_errors += 1;
+                p.backoff_until = Some(now + backoff);
+                if p.topic_id_errors >= TOPIC_ID_ERROR_LIMIT {
+                    p.topic_id_errors = 0;
+                    return Outcome::Fatal(f.error);
+                }
+                return Outcome::RefreshLeader;
+            }
             ErrorCode::NotLeaderOrFollower
             | ErrorCode::FencedLeaderEpoch
             | ErrorCode::LeaderNotAvailable
             | ErrorCode::UnknownTopicOrPartition
-            | ErrorCode::UnknownTopicId
             | ErrorCode::KafkaStorageError
             | ErrorCode::ReplicaNotAvailable
             | ErrorCode::OffsetNotAvailable => {
@@ -337,6 +359,7 @@ impl Fetcher {
             }
             e => return Outcome::Fatal(e),
         }
+        p.topic_id_errors = 0;
         p.high_watermark = Some(f.high_watermark);
         if f.last_stable_offset >= 0 {
             p.last_stable_offset = Some(f.last_stable_offset);
@@ -590,6 +613,37 @@ mod tests {
         assert_eq!(f.position(&tp(0)), Some(90));
         let plan = f.plan(now, |_| Some((2, 4)));
         assert_eq!(plan.fetch[&2][0].last_fetched_epoch, 3);
+    }
+
+    /// A topic-id error asks for a metadata refresh, and reaches the application only once it
+    /// persists; a good answer in between starts the count again.
+    #[test]
+    fn persistent_topic_id_errors_become_fatal() {
+        let mut now = Instant::now();
+        let mut f = fetcher(OffsetReset::Fail);
+        f.assign(tp(0), StartAt::Offset(0));
+        let mut round = |f: &mut Fetcher, error: ErrorCode| {
+            now += Duration::from_secs(1);
+            let plan = f.plan(now, |_| Some((1, 0)));
+            assert_eq!(plan.fetch[&1].len(), 1, "fetched again after the backoff");
+            let mut a = ok(0, 0);
+            a.error = error;
+            f.fetched(now, &tp(0), 0, &a)
+        };
+        for _ in 0..TOPIC_ID_ERROR_LIMIT - 1 {
+            let outcome = round(&mut f, ErrorCode::InconsistentTopicId);
+            assert_eq!(outcome, Outcome::RefreshLeader);
+        }
+        assert_eq!(round(&mut f, ErrorCode::None), Outcome::Deliver);
+        for i in 1..=TOPIC_ID_ERROR_LIMIT {
+            let outcome = round(&mut f, ErrorCode::UnknownTopicId);
+            if i < TOPIC_ID_ERROR_LIMIT {
+                assert_eq!(outcome, Outcome::RefreshLeader);
+            } else {
+                assert_eq!(outcome, Outcome::Fatal(ErrorCode::UnknownTopicId));
+            }
+        }
+        assert_eq!(f.position(&tp(0)), Some(0));
     }
 
     /// A partition without a known leader is reported so the driver can refresh metadata.

@@ -35,6 +35,7 @@ mod offsets;
 mod protocol;
 mod reader;
 mod rebalance;
+mod session;
 mod types;
 
 #[cfg(test)]
@@ -51,7 +52,9 @@ pub use listener::RebalanceListener;
 pub use live::GroupMetadataHandle;
 pub use membership::LostReason;
 pub use offsets::{commit_offsets, committed_offsets};
-pub use reader::{list_offsets, OffsetSpec, PartitionReader, PartitionRecords, ReaderConfig};
+pub use reader::{
+    list_offsets, FetchStats, OffsetSpec, PartitionReader, PartitionRecords, ReaderConfig,
+};
 pub use types::{TopicId, TopicPartition};
 
 /// Internals the cargo-fuzz targets drive directly; not part of the public API.

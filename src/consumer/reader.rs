@@ -5,32 +5,44 @@
 //! read_committed filtering (aborted transactions, control markers, the LSO bound) is decided in one
 //! place for every reader in the crate.
 //!
+//! Each leader is fetched in a fetch session (KIP-227, the machine in `session.rs`): after the first,
+//! full, request a Fetch carries only the partitions whose position changed and the broker answers
+//! only for partitions with something new. Topics go by id (Fetch v13+, KIP-516) when the broker
+//! speaks it and metadata gave every topic of the request an id; otherwise by name at v12.
+//!
 //! # References
-//! - Fetch v4-v12 (isolation level, aborted transactions, leader epochs, diverging epoch), KIP-74
-//!   (max_bytes bounds; the first batch is returned even if larger)
+//! - Fetch v4+ (isolation level, aborted transactions, leader epochs, diverging epoch), KIP-74
+//!   (max_bytes bounds; the first batch is returned even if larger), KIP-227 (fetch sessions), KIP-516
+//!   (v13+: topics by id, UNKNOWN_TOPIC_ID, INCONSISTENT_TOPIC_ID, FETCH_SESSION_TOPIC_ID_ERROR)
 //! - ListOffsets v2+ (isolation level: the latest offset is the high watermark at read_uncommitted and
 //!   the last stable offset at read_committed), v4+ current leader epoch
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use kafka_protocol::messages::fetch_request::{FetchPartition as KpFetchPartition, FetchTopic};
+use kafka_protocol::messages::fetch_request::{
+    FetchPartition as KpFetchPartition, FetchTopic, ForgottenTopic,
+};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, ListOffsetsRequest, TopicName};
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::protocol::{Encodable, StrBytes};
 
 use super::fetcher::{
     FetchPartition, Fetched, Fetcher, ListPartition, Outcome, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP,
 };
-use super::{ConsumerError, OffsetReset, StartAt, TopicPartition};
+use super::session::{FetchSession, SessionRequest, SessionVerdict};
+use super::{ConsumerError, OffsetReset, StartAt, TopicId, TopicPartition};
 use crate::net::{CallOptions, Client, Target, Verdict};
 use crate::records::{
     decode_batches, visible, AbortedTransaction, IsolationLevel, Record, RecordBatch,
 };
 use crate::wire::ErrorCode;
 
-/// Fetch v13 addresses topics by id; this reader addresses them by name.
-const FETCH_MAX_VERSION: i16 = 12;
+/// The Fetch API key.
+const FETCH: i16 = 1;
+/// The first Fetch version that addresses topics by id (KIP-516).
+const FETCH_TOPIC_IDS: i16 = 13;
 
 /// Partition reader settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +96,32 @@ pub struct PartitionRecords {
     pub last_stable_offset: i64,
 }
 
+/// What this reader's Fetch requests carried so far, to see what fetch sessions save.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FetchStats {
+    /// Fetch requests answered.
+    pub requests: u64,
+    /// Of those, incremental requests in an established fetch session (KIP-227).
+    pub incremental: u64,
+    /// Of those, requests that addressed topics by id (Fetch v13+).
+    pub by_topic_id: u64,
+    /// The Fetch version of the last answered request.
+    pub last_version: i16,
+    /// Partitions listed in the requests (an incremental request lists only changed ones).
+    pub partitions_sent: u64,
+    /// Partitions dropped from a session (`forgotten_topics_data`).
+    pub partitions_forgotten: u64,
+    /// Partitions in the answers (an incremental answer omits those with nothing new).
+    pub partitions_answered: u64,
+    /// Times a broker did not recognise a session or its epoch, so the next request went full.
+    pub session_resets: u64,
+    /// Request body bytes as encoded (header and size prefix excluded).
+    pub request_bytes: u64,
+    /// Record bytes in the answers.
+    pub record_bytes: u64,
+}
+
 /// Which offset ListOffsets asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OffsetSpec {
@@ -129,6 +167,15 @@ pub struct PartitionReader {
     client: Client,
     config: ReaderConfig,
     fetcher: Fetcher,
+    /// One fetch session per leader contacted, by node id. Shared with the leader's fetch task, which
+    /// builds the request once it knows the broker's versions; never locked across an await. A task
+    /// that dies or is dropped after building leaves its session waiting for an outcome, and the next
+    /// request to that leader starts over in full.
+    sessions: BTreeMap<i32, Arc<Mutex<FetchSession>>>,
+    /// Off for a reader of one partition that is read to an end (the recovery read): a session would
+    /// save it nothing and would take one of the broker's session slots from readers it helps.
+    use_sessions: bool,
+    stats: FetchStats,
     lag: crate::telemetry::LagGauges,
     /// Points inside the per-leader tasks that a test can make panic.
     #[cfg(test)]
@@ -143,15 +190,89 @@ impl PartitionReader {
             client,
             config,
             fetcher,
+            sessions: BTreeMap::new(),
+            use_sessions: true,
+            stats: FetchStats::default(),
             lag: Default::default(),
             #[cfg(test)]
             faults: std::sync::Arc::default(),
         }
     }
 
+    unstable_pub! {
+        /// A reader whose every Fetch is full and outside any fetch session (what every reader did
+        /// before KIP-227): the recovery read's, and the baseline when measuring what sessions save.
+        pub fn sessionless(client: Client, config: ReaderConfig) -> Self {
+            PartitionReader {
+                use_sessions: false,
+                ..Self::new(client, config)
+            }
+        }
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ReaderConfig {
         &self.config
+    }
+
+    /// What this reader's Fetch requests carried so far.
+    pub fn fetch_stats(&self) -> FetchStats {
+        self.stats
+    }
+
+    /// The fetch session established with each broker, by node id: the id the broker gave it.
+    pub fn fetch_sessions(&self) -> BTreeMap<i32, i32> {
+        self.sessions
+            .iter()
+            .filter_map(|(node, s)| lock(s).open().map(|(id, _)| (*node, id)))
+            .collect()
+    }
+
+    /// Closes the reader's fetch sessions (a Fetch at epoch -1 with no partitions to each broker that
+    /// holds one), so the brokers free their slots now instead of when they evict them. The reader
+    /// stays usable: its next fetch opens new sessions. Errors are logged, not returned: a session the
+    /// close did not reach is evicted by its broker in time.
+    ///
+    /// Cancel-safe: a dropped call leaves sessions the brokers evict in time, and the next fetch opens
+    /// new ones.
+    pub async fn close(&mut self) {
+        let closes: Vec<(i32, i32, i32)> = self
+            .sessions
+            .iter_mut()
+            .filter_map(|(node, s)| lock(s).close().map(|(id, epoch)| (*node, id, epoch)))
+            .collect();
+        for (node, id, epoch) in closes {
+            let request = FetchRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_max_wait_ms(0)
+                .with_min_bytes(0)
+                .with_max_bytes(self.config.max_bytes)
+                .with_isolation_level(self.config.isolation.as_i8())
+                .with_session_id(id)
+                .with_session_epoch(epoch);
+            let closed = self
+                .client
+                .call(
+                    Target::Broker(node),
+                    &CallOptions {
+                        min_version: Some(7),
+                        max_retries: Some(0),
+                        ..CallOptions::default()
+                    },
+                    |_| request.clone(),
+                    |r, _| Verdict::Done(r.error_code),
+                )
+                .await;
+            match closed.map(ErrorCode::from_code) {
+                Ok(ErrorCode::None) => tracing::debug!(node, session = id, "fetch session closed"),
+                Ok(code) => {
+                    tracing::debug!(node, session = id, %code, "fetch session close refused")
+                }
+                Err(e) => {
+                    tracing::debug!(node, session = id, error = %e, "fetch session close failed")
+                }
+            }
+        }
     }
 
     /// Starts reading `partition` at `start` (replacing any previous position).
@@ -270,7 +391,20 @@ impl PartitionReader {
             });
         }
         let mut fetches = tokio::task::JoinSet::new();
-        for (node, parts) in plan.fetch {
+        for (node, mut parts) in plan.fetch {
+            for p in &mut parts {
+                p.topic_id = metadata
+                    .topics
+                    .get(&*p.tp.topic)
+                    .map(|t| t.id)
+                    .unwrap_or_default();
+            }
+            let use_sessions = self.use_sessions;
+            let session = self
+                .sessions
+                .entry(node)
+                .or_insert_with(|| Arc::new(Mutex::new(FetchSession::new(use_sessions))))
+                .clone();
             let client = self.client.clone();
             let config = self.config.clone();
             #[cfg(test)]
@@ -278,8 +412,17 @@ impl PartitionReader {
             fetches.spawn(async move {
                 #[cfg(test)]
                 faults.hit("fetch");
-                let r = fetch_at(&client, node, &parts, &config, max_wait).await;
-                (parts, r)
+                // Topics by id only if the broker speaks v13+ and every topic has one; else by name.
+                // Asked here, not before spawning, so a leader not reached yet delays only its own
+                // fetch; a failure here fails the Fetch itself the same way, and is handled there.
+                let speaks_ids = match client.broker_versions(node).await {
+                    Ok(v) => v.usable_at_least(FETCH, FETCH_TOPIC_IDS).is_some(),
+                    Err(_) => false,
+                };
+                let uses_ids = speaks_ids && parts.iter().all(|p| !p.topic_id.is_zero());
+                let request = lock(&session).build(&parts, uses_ids);
+                let r = fetch_at(&client, node, &parts, &request, &config, max_wait).await;
+                (node, parts, request, r)
             });
         }
         let (listed, list_failure) = collect(&mut lists).await;
@@ -320,53 +463,110 @@ impl PartitionReader {
             }
         }
         let mut out = Vec::new();
-        for (parts, result) in fetched {
-            match result {
-                Ok(mut answers) => {
-                    for p in &parts {
-                        guard.done(&p.tp);
-                        let Some(answer) = answers.remove(&p.tp) else {
-                            guard.fetcher.failed(now, &p.tp);
-                            continue;
-                        };
-                        let decoded = match decode(&p.tp, answer, p.fetch_offset, isolation) {
-                            Ok(d) => d,
-                            Err(e) => {
-                                guard.fetcher.failed(now, &p.tp);
-                                first_error.get_or_insert(e);
-                                continue;
-                            }
-                        };
-                        let outcome =
-                            guard
-                                .fetcher
-                                .fetched(now, &p.tp, p.fetch_offset, &decoded.fetched);
-                        if outcome == Outcome::Deliver {
-                            if let Some(position) = guard.fetcher.position(&p.tp) {
-                                let end = lag_end(isolation, &decoded.fetched);
-                                self.lag.set(&p.tp, end - position);
-                            }
-                        }
-                        if outcome == Outcome::Deliver && !decoded.records.is_empty() {
-                            out.push(PartitionRecords {
-                                partition: p.tp.clone(),
-                                records: decoded.records,
-                                next_offset: decoded.fetched.next_offset,
-                                high_watermark: decoded.fetched.high_watermark,
-                                last_stable_offset: decoded.fetched.last_stable_offset,
-                            });
-                        } else {
-                            react(&self.client, &p.tp, outcome, &mut first_error);
-                        }
-                    }
-                }
+        for (node, parts, request, result) in fetched {
+            let Some(session) = self.sessions.get(&node) else {
+                continue;
+            };
+            let mut session = lock(session);
+            let answered = match result {
+                Ok(answered) => answered,
                 Err(e) => {
                     tracing::debug!(error = %e, "Fetch failed");
+                    session.handle_failure();
                     for p in &parts {
                         guard.done(&p.tp);
                         guard.fetcher.failed(now, &p.tp);
                         self.client.invalidate_leader(&p.tp.topic, p.tp.partition);
                     }
+                    continue;
+                }
+            };
+            let verdict = session.handle_response(answered.error, answered.session_id);
+            self.stats.requests += 1;
+            self.stats.incremental += u64::from(!request.full);
+            self.stats.by_topic_id += u64::from(answered.version >= FETCH_TOPIC_IDS);
+            self.stats.last_version = answered.version;
+            self.stats.partitions_sent += request.send.len() as u64;
+            self.stats.partitions_forgotten += request.forget.len() as u64;
+            self.stats.partitions_answered += answered.partitions.len() as u64;
+            self.stats.request_bytes += answered.request_bytes;
+            self.stats.record_bytes += answered
+                .partitions
+                .values()
+                .map(|p| p.records.len() as u64)
+                .sum::<u64>();
+            tracing::debug!(
+                node,
+                version = answered.version,
+                session = request.session_id,
+                epoch = request.epoch,
+                sent = request.send.len(),
+                forgotten = request.forget.len(),
+                answered = answered.partitions.len(),
+                ?verdict,
+                "fetch answered"
+            );
+            let incremental = match verdict {
+                SessionVerdict::Use { incremental } => incremental,
+                SessionVerdict::Reset(code) => {
+                    // Nothing applied, nothing moved: fetch the same positions again, in full, at once.
+                    tracing::debug!(node, %code, "fetch session reset");
+                    self.stats.session_resets += 1;
+                    for p in &parts {
+                        guard.done(&p.tp);
+                        guard.fetcher.unplanned(&p.tp);
+                    }
+                    continue;
+                }
+                SessionVerdict::Failed(code) => {
+                    tracing::debug!(node, %code, "Fetch failed as a whole");
+                    for p in &parts {
+                        guard.done(&p.tp);
+                        guard.fetcher.failed(now, &p.tp);
+                        self.client.invalidate_leader(&p.tp.topic, p.tp.partition);
+                    }
+                    continue;
+                }
+            };
+            let mut answers = answered.partitions;
+            for p in &parts {
+                guard.done(&p.tp);
+                let Some(answer) = answers.remove(&p.tp) else {
+                    if incremental {
+                        // The session omits a partition with nothing new: fetch it again next round.
+                        guard.fetcher.unplanned(&p.tp);
+                    } else {
+                        guard.fetcher.failed(now, &p.tp);
+                    }
+                    continue;
+                };
+                let decoded = match decode(&p.tp, answer, p.fetch_offset, isolation) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        guard.fetcher.failed(now, &p.tp);
+                        first_error.get_or_insert(e);
+                        continue;
+                    }
+                };
+                let outcome = guard
+                    .fetcher
+                    .fetched(now, &p.tp, p.fetch_offset, &decoded.fetched);
+                if outcome == Outcome::Deliver {
+                    if let Some(position) = guard.fetcher.position(&p.tp) {
+                        let end = lag_end(isolation, &decoded.fetched);
+                        self.lag.set(&p.tp, end - position);
+                    }
+                }
+                if outcome == Outcome::Deliver && !decoded.records.is_empty() {
+                    out.push(PartitionRecords {
+                        partition: p.tp.clone(),
+                        records: decoded.records,
+                        next_offset: decoded.fetched.next_offset,
+                        high_watermark: decoded.fetched.high_watermark,
+                        last_stable_offset: decoded.fetched.last_stable_offset,
+                    });
+                } else {
+                    react(&self.client, &p.tp, outcome, &mut first_error);
                 }
             }
         }
@@ -562,16 +762,28 @@ struct RawFetched {
     records: bytes::Bytes,
 }
 
+/// One Fetch answer: its top-level fields and each partition's part, by partition.
+struct Answered {
+    error: ErrorCode,
+    session_id: i32,
+    version: i16,
+    request_bytes: u64,
+    partitions: BTreeMap<TopicPartition, RawFetched>,
+}
+
+/// The Fetch `request` describes, to `node`. `parts` are every partition planned for it (an incremental
+/// request sends fewer); their topic ids name the topics of an answer that goes by id.
 async fn fetch_at(
     client: &Client,
     node: i32,
     parts: &[FetchPartition],
+    request: &SessionRequest,
     config: &ReaderConfig,
     max_wait: Duration,
-) -> Result<BTreeMap<TopicPartition, RawFetched>, crate::net::NetError> {
-    let mut topics: BTreeMap<&str, Vec<KpFetchPartition>> = BTreeMap::new();
-    for p in parts {
-        topics.entry(&p.tp.topic).or_default().push(
+) -> Result<Answered, crate::net::NetError> {
+    let mut topics: BTreeMap<(&str, TopicId), Vec<KpFetchPartition>> = BTreeMap::new();
+    for p in &request.send {
+        topics.entry((&p.tp.topic, p.topic_id)).or_default().push(
             KpFetchPartition::default()
                 .with_partition(p.tp.partition)
                 .with_current_leader_epoch(p.current_leader_epoch)
@@ -581,44 +793,86 @@ async fn fetch_at(
                 .with_partition_max_bytes(config.partition_max_bytes),
         );
     }
-    let request = FetchRequest::default()
+    let mut forgotten: BTreeMap<(&str, TopicId), Vec<i32>> = BTreeMap::new();
+    for (tp, id) in &request.forget {
+        forgotten
+            .entry((&tp.topic, *id))
+            .or_default()
+            .push(tp.partition);
+    }
+    let topic_name = |t: &str| TopicName(StrBytes::from_string(t.to_string()));
+    let body = FetchRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_max_wait_ms(max_wait.as_millis().min(i32::MAX as u128) as i32)
         .with_min_bytes(config.min_bytes)
         .with_max_bytes(config.max_bytes)
         .with_isolation_level(config.isolation.as_i8())
-        // No fetch session (KIP-227): every request is full, which keeps the reader stateless on the
-        // broker at the cost of listing the partitions each time.
-        .with_session_id(0)
-        .with_session_epoch(-1)
+        .with_session_id(request.session_id)
+        .with_session_epoch(request.epoch)
         .with_topics(
             topics
                 .into_iter()
-                .map(|(t, ps)| {
+                .map(|((t, id), ps)| {
                     FetchTopic::default()
-                        .with_topic(TopicName(StrBytes::from_string(t.to_string())))
+                        .with_topic(topic_name(t))
+                        .with_topic_id(uuid::Uuid::from_bytes(id.0))
+                        .with_partitions(ps)
+                })
+                .collect(),
+        )
+        .with_forgotten_topics_data(
+            forgotten
+                .into_iter()
+                .map(|((t, id), ps)| {
+                    ForgottenTopic::default()
+                        .with_topic(topic_name(t))
+                        .with_topic_id(uuid::Uuid::from_bytes(id.0))
                         .with_partitions(ps)
                 })
                 .collect(),
         );
+    // A session's partitions and the request's addressing must agree: by id at v13+ (every topic has
+    // one: the caller checked), by name at v12 and below.
+    let (min_version, max_version) = if request.uses_ids {
+        (FETCH_TOPIC_IDS, None)
+    } else {
+        (4, Some(FETCH_TOPIC_IDS - 1))
+    };
     // The broker may hold the request for max_wait before answering.
     let timeout = client.config().request_timeout + max_wait;
-    let (r, _) = client
+    let mut request_bytes = 0;
+    let (r, version) = client
         .call(
             Target::Broker(node),
             &CallOptions {
                 timeout: Some(timeout),
-                min_version: Some(4),
-                max_version: Some(FETCH_MAX_VERSION),
+                min_version: Some(min_version),
+                max_version,
                 max_retries: Some(0),
             },
-            |_| request.clone(),
+            |v| {
+                request_bytes = body.compute_size(v).unwrap_or(0) as u64;
+                body.clone()
+            },
             |r, v| Verdict::Done((r, v)),
         )
         .await?;
+    let names: BTreeMap<TopicId, &std::sync::Arc<str>> =
+        parts.iter().map(|p| (p.topic_id, &p.tp.topic)).collect();
     let mut out = BTreeMap::new();
     for t in r.responses {
-        let topic: std::sync::Arc<str> = std::sync::Arc::from(&*t.topic.0);
+        let topic: std::sync::Arc<str> = if version >= FETCH_TOPIC_IDS {
+            match names.get(&TopicId(*t.topic_id.as_bytes())) {
+                Some(name) => (*name).clone(),
+                None => {
+                    // Not a topic of the request: nothing of ours to apply it to.
+                    tracing::warn!(node, topic_id = %t.topic_id, "fetch answer for a topic id not asked for");
+                    continue;
+                }
+            }
+        } else {
+            std::sync::Arc::from(&*t.topic.0)
+        };
         for p in t.partitions {
             let diverging = (p.diverging_epoch.epoch >= 0)
                 .then_some((p.diverging_epoch.epoch, p.diverging_epoch.end_offset));
@@ -644,7 +898,13 @@ async fn fetch_at(
             );
         }
     }
-    Ok(out)
+    Ok(Answered {
+        error: ErrorCode::from_code(r.error_code),
+        session_id: r.session_id,
+        version,
+        request_bytes,
+        partitions: out,
+    })
 }
 
 struct Decoded {
@@ -694,6 +954,12 @@ fn decode(
     })
 }
 
+/// A session's lock. Nothing panics while holding it (the machine does no I/O and trusts no input),
+/// and a poisoned one would still hold a machine in a state every call accepts: at worst sessionless.
+fn lock(session: &Mutex<FetchSession>) -> MutexGuard<'_, FetchSession> {
+    session.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Puts planned-but-unanswered partitions back when a fetch round is dropped half-way.
 struct Unplan<'a> {
     fetcher: &'a mut Fetcher,
@@ -737,7 +1003,7 @@ mod lag_tests {
     //! watermarks: a fake peer for the reader's own bookkeeping, claiming nothing about a broker.
 
     use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-    use kafka_protocol::messages::{FetchResponse, TopicName};
+    use kafka_protocol::messages::FetchResponse;
 
     use super::*;
     use crate::net::testing::{api_versions, loopback, one_node_metadata, Peer};
@@ -825,5 +1091,150 @@ mod lag_tests {
             (HW - 8) as f64,
             "read_uncommitted: to the high watermark"
         );
+    }
+}
+
+#[cfg(test)]
+mod session_tests {
+    //! The reader driving its fetch sessions against a loopback stub that plays a broker's session
+    //! script: a fake peer for the reader's own bookkeeping (what it sends after each kind of answer),
+    //! claiming nothing about a broker. `protocol-tests/tests/fetch.rs` runs the same against Kafka.
+
+    use std::sync::{Arc, Mutex};
+
+    use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+    use kafka_protocol::messages::FetchResponse;
+    use kafka_protocol::protocol::Decodable;
+
+    use super::*;
+    use crate::net::testing::{api_versions, loopback, one_node_metadata, Peer};
+    use crate::net::ClientConfig;
+
+    const ID: [u8; 16] = [5; 16];
+
+    /// One Fetch as the stub saw it: (version, session id, epoch, partitions sent, forgotten).
+    type Seen = (i16, i32, i32, usize, usize);
+
+    fn partitions(id: [u8; 16], n: i32) -> FetchableTopicResponse {
+        FetchableTopicResponse::default()
+            .with_topic_id(uuid::Uuid::from_bytes(id))
+            .with_partitions(
+                (0..n)
+                    .map(|p| {
+                        PartitionData::default()
+                            .with_partition_index(p)
+                            .with_high_watermark(0)
+                            .with_last_stable_offset(0)
+                            .with_log_start_offset(0)
+                            .with_records(None)
+                    })
+                    .collect(),
+            )
+    }
+
+    /// The n-th Fetch's answer: a full answer opening session 77; an incremental one with nothing new;
+    /// FETCH_SESSION_ID_NOT_FOUND; a full answer opening 78; an answer about a topic id never asked for.
+    fn script(n: usize) -> FetchResponse {
+        match n {
+            0 => FetchResponse::default()
+                .with_session_id(77)
+                .with_responses(vec![partitions(ID, 2)]),
+            1 => FetchResponse::default().with_session_id(77),
+            2 => FetchResponse::default().with_error_code(ErrorCode::FetchSessionIdNotFound.code()),
+            3 => FetchResponse::default()
+                .with_session_id(78)
+                .with_responses(vec![partitions(ID, 2)]),
+            _ => FetchResponse::default()
+                .with_session_id(78)
+                .with_responses(vec![partitions([9; 16], 1)]),
+        }
+    }
+
+    async fn stub(
+        seen: Arc<Mutex<Vec<Seen>>>,
+    ) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        loopback(move |mut peer: Peer, addr| {
+            let seen = seen.clone();
+            async move {
+                while let Some(mut request) = peer.next_request().await {
+                    let id = request.header.correlation_id;
+                    let version = request.header.request_api_version;
+                    match request.header.request_api_key {
+                        18 => {
+                            let answer = api_versions(&[(1, 4, 13), (3, 1, 12), (18, 0, 3)]);
+                            peer.respond(id, &answer, version.min(3)).await;
+                        }
+                        3 => {
+                            let mut answer = one_node_metadata(addr, &[("t", 2)]);
+                            answer.topics[0].topic_id = uuid::Uuid::from_bytes(ID);
+                            peer.respond(id, &answer, version).await;
+                        }
+                        1 => {
+                            let r = FetchRequest::decode(&mut request.body, version).unwrap();
+                            let sent = r.topics.iter().map(|t| t.partitions.len()).sum();
+                            let forgotten = r
+                                .forgotten_topics_data
+                                .iter()
+                                .map(|t| t.partitions.len())
+                                .sum();
+                            let n = {
+                                let mut seen = seen.lock().unwrap();
+                                seen.push((
+                                    version,
+                                    r.session_id,
+                                    r.session_epoch,
+                                    sent,
+                                    forgotten,
+                                ));
+                                seen.len() - 1
+                            };
+                            peer.respond(id, &script(n), version).await;
+                        }
+                        other => panic!("the stub does not serve api key {other}"),
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// v13 by id, a session opened by the full fetch, incremental fetches that list nothing unchanged,
+    /// an omitted partition fetched again at once (not backed off), a lost session answered by a full
+    /// fetch in a new one, and an answer about an unknown topic id ignored.
+    #[tokio::test]
+    async fn the_reader_follows_the_session_script() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (addr, stub) = stub(seen.clone()).await;
+        let client = Client::connect(ClientConfig::new(&addr.to_string()))
+            .await
+            .unwrap();
+        client.metadata(&["t"]).await.unwrap();
+        let config = ReaderConfig {
+            max_wait: Duration::from_millis(1),
+            ..ReaderConfig::default()
+        };
+        let mut reader = PartitionReader::new(client, config);
+        for p in 0..2 {
+            reader.assign(TopicPartition::new("t", p), StartAt::Offset(0));
+        }
+        for _ in 0..5 {
+            assert!(reader.fetch().await.unwrap().is_empty());
+        }
+        stub.abort();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![
+                (13, 0, 0, 2, 0),
+                (13, 77, 1, 0, 0),
+                (13, 77, 2, 0, 0),
+                (13, 0, 0, 2, 0),
+                (13, 78, 1, 0, 0),
+            ],
+            "one Fetch per call: nothing backed off"
+        );
+        let stats = reader.fetch_stats();
+        assert_eq!((stats.session_resets, stats.by_topic_id), (1, 5));
+        assert_eq!(reader.fetch_sessions(), BTreeMap::from([(1, 78)]));
+        assert_eq!(reader.position(&TopicPartition::new("t", 0)), Some(0));
     }
 }

@@ -32,7 +32,9 @@ impl PartitionLog {
             ..config
         };
         let partition = TopicPartition::new(topic, partition);
-        let mut reader = PartitionReader::new(client.clone(), config);
+        // Sessionless: a session saves a reader of one partition read to an end nothing (every answer
+        // moves its position, so every request carries it again) and would take a broker session slot.
+        let mut reader = PartitionReader::sessionless(client.clone(), config);
         reader.assign(partition.clone(), StartAt::Earliest);
         PartitionLog {
             client,
