@@ -8,7 +8,7 @@
 #
 # Environment: BENCH_NODES (default "1,3"), BENCH_ROUNDS (default "2,1": two rounds on one node, one on
 # three, whose round takes ~40 min), BENCH_REPEAT (default 5: runs per client of the ~100 ms rows, the
-# median is reported), BENCH_ARGS (more runner options, e.g. "--clients snapfence,java"), DECODE_RUNS (default 15),
+# median is reported), BENCH_ARGS (more runner options, e.g. "--clients snapfence,java"), BENCH_SCALE_ARGS (options of `snapfence-bench scale`, e.g. "--partitions 1,8,64"), DECODE_RUNS (default 15),
 # BENCH_PEERS_TARGET (the peers' cargo target dir, default $CARGO_TARGET_DIR/bench-peers),
 # SNAPFENCE_KAFKA_JVM_OPTS (broker JVM flags; default here "-XX:+UseG1GC", a full-speed JIT and collector,
 # instead of the test fixture's fast-start flags).
@@ -57,6 +57,11 @@ SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
   --repeat "${BENCH_REPEAT:-5}" --peers "$peers_target/release" "${note_args[@]}" ${BENCH_ARGS:-} \
   --out "$broker_runs"
 
+echo "== scale (snapfence only: takeover of 1-1024 partitions, recovery of 10^4-10^6 keys)"
+scale_runs=$(mktemp)
+SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
+  "$target/release/snapfence-bench" scale ${BENCH_SCALE_ARGS:-} --out "$scale_runs" --svg docs/scaling.svg
+
 echo "== decode (CPU only)"
 decode_runs=$(mktemp)
 cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
@@ -69,11 +74,15 @@ cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
   echo
   cat "$broker_runs"
   echo
+  echo "### Scale (\`snapfence-bench scale\`; plot: docs/scaling.svg)"
+  echo
+  cat "$scale_runs"
+  echo
   echo "### Decode (CPU only, \`cargo bench --bench decode -- ${DECODE_RUNS:-15}\`)"
   echo
   echo '```text'
   cat "$decode_runs"
   echo '```'
 } >"$out"
-rm -f "$broker_runs" "$decode_runs"
+rm -f "$broker_runs" "$scale_runs" "$decode_runs"
 echo "wrote $out"

@@ -11,8 +11,7 @@
 //! folds the input and persists it in one wave (one transaction per partition); then it closes. Member
 //! B starts in the same group and takes all N over: each partition's producer init fences A's id and the
 //! partition's recovery read folds A's snapshots. Measured: A's time to hold all N, the persist wave, B's
-//! time to hold all N (from `Flow::start`, the group join included), B's sockets to the broker, and B's
-//! resident memory per held partition. At 64 partitions B also runs with one acquisition at a time (the
+//! time to hold all N (from `Flow::start`, the group join included) and B's sockets to the broker. At 64 partitions B also runs with one acquisition at a time (the
 //! behaviour before acquisitions ran concurrently) and with a connection set per partition
 //! (`partition_client_ids`), for comparison.
 //!
@@ -95,7 +94,6 @@ struct Takeover {
     wave_ms: Option<f64>,
     takeover_ms: f64,
     sockets: usize,
-    rss_per_partition_kib: Option<f64>,
 }
 
 /// One recovery row.
@@ -283,16 +281,11 @@ async fn takeover_rows(
             "a connection set per partition" => config.partition_client_ids = true,
             _ => {}
         }
-        let rss_before = rss_kib();
         let began = Instant::now();
         let b_client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
         let mut b = Flow::start(b_client, config, Counter).await?;
         let (takeover_ms, _) = hold_all(&mut b, n, began).await?;
         let sockets = broker_sockets(kafka);
-        let rss_per_partition_kib = match (rss_before, rss_kib()) {
-            (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / n as f64),
-            _ => None,
-        };
         b.close().await?;
         eprintln!(
             "   {n} partitions{}: fresh {fresh_ms:.0} ms, wave {wave_ms:.0} ms, takeover {takeover_ms:.0} ms, {sockets} sockets",
@@ -305,7 +298,6 @@ async fn takeover_rows(
             wave_ms: (i == 0).then_some(wave_ms),
             takeover_ms,
             sockets,
-            rss_per_partition_kib,
         });
     }
     Ok(rows)
@@ -373,13 +365,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// This process's resident set now (VmRSS), KiB.
-fn rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// This process's TCP sockets connected to any of the cluster's broker ports.
 fn broker_sockets(kafka: &KafkaCluster) -> usize {
     let ports: HashSet<u16> = kafka
@@ -425,9 +410,9 @@ fn markdown(version: &str, takeovers: &[Takeover], recoveries: &[Recovery]) -> S
     let _ = writeln!(s, "Kafka {version}, 1 node. `snapfence-bench scale`.\n");
     let _ = writeln!(
         s,
-        "| partitions | member B | A: fresh acquisition | A: persist wave | B: takeover (join + all recovered) | B: sockets to the broker | B: RSS per held partition |"
+        "| partitions | member B | A: fresh acquisition | A: persist wave | B: takeover (join + all recovered) | B: sockets to the broker |"
     );
-    let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|");
     let opt = |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.0} {unit}"));
     for t in takeovers {
         let variant = if t.variant.is_empty() {
@@ -437,14 +422,13 @@ fn markdown(version: &str, takeovers: &[Takeover], recoveries: &[Recovery]) -> S
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.0} ms | {} | {} |",
+            "| {} | {} | {} | {} | {:.0} ms | {} |",
             t.partitions,
             variant,
             opt(t.fresh_ms, "ms"),
             opt(t.wave_ms, "ms"),
             t.takeover_ms,
             t.sockets,
-            opt(t.rss_per_partition_kib, "KiB"),
         );
     }
     let _ = writeln!(s);
@@ -587,7 +571,6 @@ mod tests {
             wave_ms: Some(1.0),
             takeover_ms: 100.0,
             sockets: 1,
-            rss_per_partition_kib: None,
         };
         let one = Takeover {
             partitions: 1,
