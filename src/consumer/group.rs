@@ -377,6 +377,9 @@ impl<L: RebalanceListener> GroupConsumer<L> {
                 abort.abort();
             }
         }
+        // Release the fetch sessions on their brokers (one slot each, 1 000 by default per broker)
+        // instead of leaving them to be evicted; bounded, since a broker may be unreachable.
+        let _ = tokio::time::timeout(timeout, self.reader.close()).await;
         match result {
             Err(ConsumerError::GroupFatal { .. }) | Ok(()) => Ok(()),
             Err(e) => Err(e),
