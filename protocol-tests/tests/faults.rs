@@ -31,11 +31,12 @@ fn config(transactional: bool) -> CampaignConfig {
     cfg
 }
 
-fn plan(seed: u64, consumer_protocol: bool, faults: &[FaultKind]) -> RoundPlan {
+fn plan(seed: u64, consumer_protocol: bool, recover: bool, faults: &[FaultKind]) -> RoundPlan {
     RoundPlan {
         seed,
         consumer_protocol,
         faults: faults.to_vec(),
+        recover,
     }
 }
 
@@ -46,8 +47,10 @@ fn show(r: &RoundReport) {
     }
 }
 
-/// Every fault kind, fenced, on TV2 and TV1 under both protocols: no anomaly, no hanging transaction, no
-/// harness trouble; and the unfenced mode under a zombie is caught.
+/// Every fault kind, fenced, on TV2 and TV1 under both protocols and both fence policies: no anomaly
+/// (with the tolerant policy that includes no member exit on a fence), no hanging transaction, no
+/// harness trouble, and the compaction fault ran on a log the cleaner had worked on; and the unfenced
+/// mode under a zombie is caught.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_campaign_fenced_is_clean_and_unfenced_is_caught() {
     use FaultKind::*;
@@ -58,11 +61,23 @@ async fn short_campaign_fenced_is_clean_and_unfenced_is_caught() {
 
     let kafka = dedicated(campaign_spec(2)).await;
     for p in [
-        plan(0x5eed_0001, true, &[Zombie, LeaderRestart, ForeignTxn]),
+        plan(
+            0x5eed_0001,
+            true,
+            false,
+            &[Zombie, LeaderRestart, ForeignTxn, PartitionMember],
+        ),
         plan(
             0x5eed_0002,
             false,
-            &[KillMidTxn, TxnCoordinatorKill, Rebalance],
+            true,
+            &[
+                KillMidTxn,
+                UnknownOutcome,
+                TxnCoordinatorKill,
+                RestartStorm,
+                Rebalance,
+            ],
         ),
     ] {
         let r = run_round(&kafka, &fenced, &p).await;
@@ -72,7 +87,7 @@ async fn short_campaign_fenced_is_clean_and_unfenced_is_caught() {
     // Unfenced, a thawed zombie's stale flush lands; a second try covers a zombie that happened to hold
     // nothing unflushed when it froze.
     for seed in [0x5eed_0003, 0x5eed_0004] {
-        let r = run_round(&kafka, &unfenced, &plan(seed, false, &[Zombie])).await;
+        let r = run_round(&kafka, &unfenced, &plan(seed, false, false, &[Zombie])).await;
         show(&r);
         assert!(r.infra.is_empty(), "harness trouble: {:?}", r.infra);
         if !r.anomalies.is_empty() {
@@ -89,13 +104,30 @@ async fn short_campaign_fenced_is_clean_and_unfenced_is_caught() {
         &plan(
             0x5eed_0005,
             true,
-            &[GroupCoordinatorKill, KillMidTxn, Zombie],
+            true,
+            &[GroupCoordinatorKill, Latency, Zombie, Compaction],
         ),
     )
     .await;
     show(&r);
     clean.push(r);
 
+    let drawn: std::collections::BTreeSet<FaultKind> =
+        clean.iter().flat_map(|r| r.plan.faults.clone()).collect();
+    assert_eq!(
+        drawn.len(),
+        FaultKind::ALL.len(),
+        "every fault kind runs fenced: {drawn:?}"
+    );
+    let compacted: usize = clean.iter().map(|r| r.compacted).sum();
+    assert!(
+        compacted >= 1,
+        "the compaction fault saw the cleaner remove records before the recoveries"
+    );
+    assert!(
+        clean.iter().any(|r| r.plan.recover) && clean.iter().any(|r| !r.plan.recover),
+        "both fence policies"
+    );
     for r in &clean {
         assert!(
             r.anomalies.is_empty() && r.infra.is_empty(),
