@@ -40,7 +40,7 @@ use snapfence::records::IsolationLevel;
 use snapfence::snapshot::{read_to_target, PartitionLog, RecoveryConfig};
 
 use crate::member::{MemberArgs, MemberLog, MemberProcess};
-use crate::tally::{fold_all, Tally};
+use crate::tally::{fold_all, is_delete, Tally};
 use crate::{unique, ClusterSpec, Fault, FaultProxy, KafkaCluster, Requests};
 
 /// A fault the campaign injects.
@@ -145,6 +145,9 @@ pub struct MemberCommand {
     pub program: PathBuf,
     /// Arguments before [`MemberArgs::to_args`] (e.g. a subcommand that selects member mode).
     pub leading: Vec<String>,
+    /// Pass the member's arguments in this environment variable instead of after `leading` (see
+    /// [`MemberProcess::spawn_command_env`]).
+    pub args_env: Option<String>,
 }
 
 /// What a campaign runs.
@@ -597,9 +600,16 @@ impl<'a> Round<'a> {
                 .map(|(up, local)| (up, local.to_string()))
                 .collect();
         }
+        let own = args.to_args();
         let mut full = self.cfg.member.leading.clone();
-        full.extend(args.to_args());
-        let m = MemberProcess::spawn_command(&self.cfg.member.program, &full)
+        let env = match &self.cfg.member.args_env {
+            Some(var) => Some((var.as_str(), own.as_slice())),
+            None => {
+                full.extend(own.iter().cloned());
+                None
+            }
+        };
+        let m = MemberProcess::spawn_command_env(&self.cfg.member.program, &full, env)
             .map_err(|e| format!("start member: {e}"))?;
         if let Some(p) = proxy {
             self.proxies.insert(m.pid(), p);
@@ -1188,6 +1198,7 @@ impl<'a> Round<'a> {
             self.cfg.partitions,
             self.cfg.keys,
             self.plan.seed,
+            self.plan.faults.contains(&FaultKind::Compaction),
             Arc::clone(&stop),
         ));
         let mut notes = Vec::new();
@@ -1321,7 +1332,7 @@ impl<'a> Round<'a> {
 
     /// The re-fold checker (see the module docs).
     async fn check(&self, written: &HashMap<Bytes, Vec<Bytes>>, report: &mut RoundReport) {
-        let mut read: HashMap<Bytes, Vec<Tally>> = HashMap::new();
+        let mut read: HashMap<Bytes, Vec<Seen>> = HashMap::new();
         for p in 0..self.cfg.partitions {
             let mut log = PartitionLog::new(self.client.clone(), &self.args.snapshots, p);
             let config = RecoveryConfig {
@@ -1347,38 +1358,38 @@ impl<'a> Round<'a> {
                     ));
                     continue;
                 }
-                let Some(t) = value.as_deref().and_then(tally_of_snapshot) else {
-                    report.anomalies.push(format!(
-                        "partition {p}: key {key:?} has a value that is not a snapshot: {value:?}"
-                    ));
-                    continue;
+                let seen = match value.as_deref() {
+                    None => Seen::Deleted,
+                    Some(v) if is_grave(v) => Seen::Deleted,
+                    Some(v) => match tally_of_snapshot(v) {
+                        Some(t) => Seen::Snapshot(t),
+                        None => {
+                            report.anomalies.push(format!(
+                                "partition {p}: key {key:?} has a value that is not a snapshot: \
+                                 {value:?}"
+                            ));
+                            continue;
+                        }
+                    },
                 };
-                read.entry(key).or_default().push(t);
+                read.entry(key).or_default().push(seen);
             }
         }
-        for (key, tallies) in &read {
+        let mut last_position: HashMap<&Bytes, usize> = HashMap::new();
+        for (key, seen) in &read {
             let events = written.get(key).map(Vec::as_slice).unwrap_or_default();
-            let mut prev = 0;
-            for t in tallies {
-                let n = usize::try_from(t.count).unwrap_or(usize::MAX);
-                if n > events.len() || fold_all(&events[..n]) != Some(*t) {
-                    report.anomalies.push(format!(
-                        "{key:?}: snapshot {t:?} is not the fold of its first {n} of {} events",
-                        events.len()
-                    ));
-                }
-                if t.count < prev {
-                    report.anomalies.push(format!(
-                        "{key:?}: snapshots went back from {prev} to {} events (a stale write landed)",
-                        t.count
-                    ));
-                }
-                prev = t.count;
-            }
+            let (problems, at) = check_key(events, seen);
+            report
+                .anomalies
+                .extend(problems.into_iter().map(|p| format!("{key:?}: {p}")));
+            last_position.insert(key, at);
         }
         for (key, events) in written {
             let want = fold_all(events);
-            let got = read.get(key).and_then(|t| t.last()).copied();
+            let got = read.get(key).and_then(|s| s.last()).and_then(|s| match s {
+                Seen::Snapshot(t) => Some(*t),
+                Seen::Deleted => None,
+            });
             if got != want {
                 report.anomalies.push(format!(
                     "{key:?}: recovered {got:?}, but the fold of all {} events is {want:?}",
@@ -1391,8 +1402,26 @@ impl<'a> Round<'a> {
             reported.extend(log.committed.iter().cloned());
         }
         report.snapshots_reported = reported.len();
+        let compacting = self.plan.faults.contains(&FaultKind::Compaction);
         for (key, t) in &reported {
-            if !read.get(key).is_some_and(|ts| ts.contains(t)) {
+            let in_log = read
+                .get(key)
+                .is_some_and(|s| s.contains(&Seen::Snapshot(*t)));
+            // The cleaner removes a snapshot once a later one of its key exists: there, a reported
+            // snapshot must be a fold of the input no later than what the log holds now.
+            let superseded = compacting && {
+                let events = written.get(key).map(Vec::as_slice).unwrap_or_default();
+                // A key whose last record is a delete, or that the log no longer holds at all (its
+                // tombstone cleaned away), stands at the end of its events: the recovered-state check
+                // above holds that to the fold of all of them (a delete can match any of the key's
+                // deletes, so its position from `check_key` may be an earlier one).
+                let end = match read.get(key).and_then(|s| s.last()) {
+                    Some(Seen::Snapshot(_)) => last_position.get(key).copied().unwrap_or(0),
+                    Some(Seen::Deleted) | None => events.len(),
+                };
+                positions(events, t).iter().any(|p| *p <= end)
+            };
+            if !in_log && !superseded {
                 report.anomalies.push(format!(
                     "{key:?}: committed snapshot {t:?} reported by a member is not in the log (lost)"
                 ));
@@ -1482,6 +1511,92 @@ async fn removed_records(client: &Client, topic: &str, p: i32) -> Result<(i64, i
     }
 }
 
+/// One record of a key in the snapshot log, as the checker reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// A snapshot with this tally.
+    Snapshot(Tally),
+    /// A grave or a tombstone: the key was deleted.
+    Deleted,
+}
+
+/// A grave: the flow's envelope for a deleted key (tag 2, then the delete's offset).
+fn is_grave(value: &[u8]) -> bool {
+    value.len() == 9 && value[0] == 2
+}
+
+/// The first index of every stretch of `events` between deletes (0, and one past each delete).
+fn segment_starts(events: &[Bytes]) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(
+            events
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| is_delete(v))
+                .map(|(i, _)| i + 1),
+        )
+        .collect()
+}
+
+/// Where in `events` the tally `t` can stand: every `end` such that the events from a segment start
+/// to `end` (no delete among them) fold to `t`.
+fn positions(events: &[Bytes], t: &Tally) -> Vec<usize> {
+    let n = usize::try_from(t.count).unwrap_or(usize::MAX);
+    segment_starts(events)
+        .into_iter()
+        .filter_map(|s| {
+            let end = s.checked_add(n)?;
+            let stretch = events.get(s..end)?;
+            (!stretch.iter().any(|v| is_delete(v)) && fold_all(stretch) == Some(*t)).then_some(end)
+        })
+        .collect()
+}
+
+/// Checks one key's records in log order against its events: each snapshot must be the fold of the
+/// events from a segment start (the first event, or the one after a delete) up to some point, each
+/// delete must stand for a delete event, and those points must never go back (a stale write would
+/// move them back). Returns the problems and the last point reached.
+fn check_key(events: &[Bytes], seen: &[Seen]) -> (Vec<String>, usize) {
+    let deletes: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| is_delete(v))
+        .map(|(i, _)| i + 1)
+        .collect();
+    let mut problems = Vec::new();
+    let mut at = 0usize;
+    for s in seen {
+        let candidates = match s {
+            Seen::Snapshot(t) => {
+                let c = positions(events, t);
+                if c.is_empty() {
+                    problems.push(format!(
+                        "snapshot {t:?} is not the fold of a run of its {} events",
+                        events.len()
+                    ));
+                    continue;
+                }
+                c
+            }
+            Seen::Deleted => {
+                if deletes.is_empty() {
+                    problems.push("deleted, but none of its events is a delete".into());
+                    continue;
+                }
+                deletes.clone()
+            }
+        };
+        match candidates.iter().find(|p| **p >= at) {
+            Some(p) => at = *p,
+            None => problems.push(format!(
+                "snapshots went back from {at} to {} events (a stale write landed)",
+                candidates.iter().max().copied().unwrap_or(0)
+            )),
+        }
+    }
+    (problems, at)
+}
+
 /// The tally inside a snapshot value: the flow's envelope (version byte, last folded offset) followed by
 /// the [`crate::tally::Counter`] encoding, which is the last 16 bytes.
 fn tally_of_snapshot(value: &[u8]) -> Option<Tally> {
@@ -1499,14 +1614,17 @@ async fn restart_node(kafka: &KafkaCluster, node: i32) -> Result<(), String> {
 }
 
 /// The input producer: bursts of events to random keys (a key always goes to partition `key % partitions`)
-/// until `stop`; returns every event it wrote per key, in the order written. Any delivery failure is
-/// returned as an error, because the oracle would not know whether the event exists.
+/// until `stop`; returns every event it wrote per key, in the order written. With `deletes`, one event in
+/// eight deletes its key ([`is_delete`]), so the snapshot log gets graves and tombstones for the cleaner.
+/// Any delivery failure is returned as an error, because the oracle would not know whether the event
+/// exists.
 async fn produce(
     client: Client,
     input: String,
     partitions: i32,
     keys: usize,
     seed: u64,
+    deletes: bool,
     stop: Arc<AtomicBool>,
 ) -> Result<HashMap<Bytes, Vec<Bytes>>, String> {
     let producer = Producer::new(client, ProducerConfig::default())
@@ -1521,7 +1639,11 @@ async fn produce(
             seq += 1;
             let k = rng.below(keys.max(1));
             let key = Bytes::from(format!("k{k:02}"));
-            let value = Bytes::from(format!("{seed:x}-{seq}"));
+            let value = if deletes && rng.below(8) == 0 {
+                Bytes::from(format!("{seed:x}-{seq}-del"))
+            } else {
+                Bytes::from(format!("{seed:x}-{seq}"))
+            };
             let record = ProducerRecord::new(input.as_str(), Some(value.clone()))
                 .key(key.clone())
                 .partition(k as i32 % partitions.max(1));
@@ -1561,6 +1683,34 @@ mod tests {
         for k in FaultKind::ALL {
             assert_eq!(FaultKind::from_name(k.name()), Some(k));
         }
+    }
+
+    #[test]
+    fn the_key_check_follows_deletes_and_catches_a_stale_write() {
+        let ev: Vec<Bytes> = ["a", "b", "c-del", "d", "e"]
+            .iter()
+            .map(|v| Bytes::from(v.to_string()))
+            .collect();
+        let t = |vs: &[Bytes]| Seen::Snapshot(fold_all(vs).unwrap());
+        let good = [
+            t(&ev[..1]),
+            t(&ev[..2]),
+            Seen::Deleted,
+            t(&ev[3..4]),
+            t(&ev[3..5]),
+        ];
+        assert_eq!(check_key(&ev, &good), (vec![], 5));
+        // A stale snapshot after a newer one, and after the delete.
+        let (p, _) = check_key(&ev, &[t(&ev[..2]), t(&ev[..1])]);
+        assert!(p[0].contains("went back"), "{p:?}");
+        let (p, _) = check_key(&ev, &[t(&ev[3..4]), t(&ev[..2])]);
+        assert!(p[0].contains("went back"), "{p:?}");
+        // A tally that spans a delete is no fold of a run.
+        let spanning = Seen::Snapshot(fold_all([&ev[0], &ev[1], &ev[3]]).unwrap());
+        assert!(check_key(&ev, &[spanning]).0[0].contains("not the fold"));
+        assert!(check_key(&ev[..2], &[Seen::Deleted]).0[0].contains("none of its events"));
+        assert!(is_grave(&[2, 0, 0, 0, 0, 0, 0, 0, 7]));
+        assert!(!is_grave(&[1, 0, 0, 0, 0, 0, 0, 0, 7]));
     }
 
     #[test]

@@ -395,6 +395,16 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
     }
 }
 
+/// Separates the member's arguments in the environment variable [`MemberProcess::spawn_command_env`]
+/// passes them in.
+pub const ARG_SEPARATOR: char = '\u{1f}';
+
+/// The member arguments a harness put into the environment variable `var`, if it did.
+pub fn args_from_env(var: &str) -> Option<Vec<String>> {
+    let v = std::env::var(var).ok()?;
+    Some(v.split(ARG_SEPARATOR).map(str::to_owned).collect())
+}
+
 /// The whole `flow-member` program: parses `args` (without the program name), runs the member on its own
 /// runtime, and exits with its status (64 for bad arguments).
 pub fn member_main(args: &[String]) -> ! {
@@ -513,7 +523,22 @@ impl MemberProcess {
     /// Starts `program` with exactly `argv` (for a program that takes a subcommand before the member's
     /// arguments, as the campaign binary does).
     pub fn spawn_command(program: &Path, argv: &[String]) -> std::io::Result<MemberProcess> {
+        Self::spawn_command_env(program, argv, None)
+    }
+
+    /// [`spawn_command`](Self::spawn_command) with the member's own arguments, `args`, either appended to
+    /// `argv` or (with `env_var`) passed in that environment variable, joined by [`ARG_SEPARATOR`] (for
+    /// a program whose command line something else parses: a test binary that runs as a member, read
+    /// back with [`args_from_env`]).
+    pub fn spawn_command_env(
+        program: &Path,
+        argv: &[String],
+        env_var: Option<(&str, &[String])>,
+    ) -> std::io::Result<MemberProcess> {
         let mut cmd = Command::new(program);
+        if let Some((var, args)) = env_var {
+            cmd.env(var, args.join(&ARG_SEPARATOR.to_string()));
+        }
         cmd.args(argv)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

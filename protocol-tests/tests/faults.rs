@@ -11,6 +11,20 @@ use protocol_tests::campaign::{
     RoundReport,
 };
 use protocol_tests::dedicated;
+use protocol_tests::member::{args_from_env, member_main};
+
+/// The environment variable that carries a member's arguments into this binary.
+const MEMBER_ARGS: &str = "SNAPFENCE_CAMPAIGN_MEMBER_ARGS";
+
+/// Not a check: the entry point of the member processes the campaign starts from this very binary
+/// (libtest owns `main`, so a member is this one test run alone, its arguments in [`MEMBER_ARGS`]).
+/// Run without that variable, as in every ordinary test run, it does nothing.
+#[test]
+fn campaign_member_entry() {
+    if let Some(args) = args_from_env(MEMBER_ARGS) {
+        member_main(&args);
+    }
+}
 
 fn config(transactional: bool) -> CampaignConfig {
     let finder: Finder = Arc::new(|bootstrap, topic| {
@@ -22,8 +36,20 @@ fn config(transactional: bool) -> CampaignConfig {
     });
     let mut cfg = CampaignConfig::new(
         MemberCommand {
-            program: env!("CARGO_BIN_EXE_flow-member").into(),
-            leading: Vec::new(),
+            // This test binary itself, by its inode, runs each member (see `campaign_member_entry`):
+            // `target/debug/flow-member` is replaced whenever another source tree builds into the same
+            // target directory, and a campaign once ran another tree's member that way.
+            program: "/proc/self/exe".into(),
+            leading: [
+                "campaign_member_entry",
+                "--exact",
+                "--nocapture",
+                "--quiet",
+                "--test-threads=1",
+            ]
+            .map(String::from)
+            .to_vec(),
+            args_env: Some(MEMBER_ARGS.into()),
         },
         Some(finder),
     );
