@@ -84,11 +84,14 @@ fn main() {
                 .map_err(|e| e.to_string())
         })
     });
-    let program = std::env::current_exe().unwrap_or_else(|e| usage(&format!("own path: {e}")));
+    // This very executable, by its inode: the path cargo gave it is replaced when another tree builds
+    // into the same target directory during a long run.
+    let program = std::path::PathBuf::from("/proc/self/exe");
     let mut cfg = CampaignConfig::new(
         MemberCommand {
             program,
             leading: vec!["member".into()],
+            args_env: None,
         },
         Some(finder),
     );

@@ -40,8 +40,8 @@ use snapfence::records::IsolationLevel;
 use snapfence::snapshot::{read_to_target, PartitionLog, RecoveryConfig};
 
 use crate::member::{MemberArgs, MemberLog, MemberProcess};
-use crate::tally::{fold_all, Tally};
-use crate::{unique, ClusterSpec, KafkaCluster};
+use crate::tally::{fold_all, is_delete, Tally};
+use crate::{unique, ClusterSpec, Fault, FaultProxy, KafkaCluster, Requests};
 
 /// A fault the campaign injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,11 +62,28 @@ pub enum FaultKind {
     ForeignTxn,
     /// Add a member, then remove one (two rebalances).
     Rebalance,
+    /// Blackhole an owner's proxy to every broker, or to one (the group coordinator's node or a random
+    /// one), past its session timeout while the member keeps running; heal once another member took one
+    /// of its partitions over (or after a bound). Held requests are delivered on the heal, late.
+    PartitionMember,
+    /// Drop the answers to Produce, EndTxn or TxnOffsetCommit (a drawn subset) on an owner's proxy
+    /// while the requests land, for a few seconds: the outcome of its flushes is unknown to it.
+    UnknownOutcome,
+    /// 200-2000 ms added to every frame both ways on every member's proxy for a while: transactions and
+    /// heartbeats race their timeouts.
+    Latency,
+    /// Every member restarted one after another (stopped or killed), two or three times over, events
+    /// flowing: writes race each rebalance. Runs with the tolerant fence policy.
+    RestartStorm,
+    /// The snapshot topic is compacted aggressively (small `segment.ms`, tiny dirty ratio, small
+    /// `delete.retention.ms`); once the cleaner has removed records from it, every member is killed in
+    /// turn so each partition's next owner recovers from a log the cleaner already worked on.
+    Compaction,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::Zombie,
         FaultKind::KillMidTxn,
         FaultKind::LeaderRestart,
@@ -74,6 +91,11 @@ impl FaultKind {
         FaultKind::GroupCoordinatorKill,
         FaultKind::ForeignTxn,
         FaultKind::Rebalance,
+        FaultKind::PartitionMember,
+        FaultKind::UnknownOutcome,
+        FaultKind::Latency,
+        FaultKind::RestartStorm,
+        FaultKind::Compaction,
     ];
 
     /// The kind named `name` (as [`name`](Self::name) spells it).
@@ -91,6 +113,11 @@ impl FaultKind {
             FaultKind::GroupCoordinatorKill => "group-coordinator-kill",
             FaultKind::ForeignTxn => "foreign-txn",
             FaultKind::Rebalance => "rebalance",
+            FaultKind::PartitionMember => "partition-member",
+            FaultKind::UnknownOutcome => "unknown-outcome",
+            FaultKind::Latency => "latency",
+            FaultKind::RestartStorm => "restart-storm",
+            FaultKind::Compaction => "compaction",
         }
     }
 }
@@ -118,6 +145,9 @@ pub struct MemberCommand {
     pub program: PathBuf,
     /// Arguments before [`MemberArgs::to_args`] (e.g. a subcommand that selects member mode).
     pub leading: Vec<String>,
+    /// Pass the member's arguments in this environment variable instead of after `leading` (see
+    /// [`MemberProcess::spawn_command_env`]).
+    pub args_env: Option<String>,
 }
 
 /// What a campaign runs.
@@ -161,6 +191,10 @@ pub fn campaign_spec(tv: i16) -> ClusterSpec {
     ClusterSpec::three_nodes()
         .with_transaction_version(tv)
         .with_prop("group.consumer.session.timeout.ms", "3000")
+        // The cleaner looks for work every half second instead of every 15 s, so a `compaction`
+        // round's snapshot topic is cleaned within the round. Other topics never roll a segment in a
+        // round, so this changes nothing for them.
+        .with_prop("log.cleaner.backoff.ms", "500")
 }
 
 /// A small deterministic generator (SplitMix64), so a round replays from its seed.
@@ -201,6 +235,10 @@ pub struct RoundPlan {
     pub consumer_protocol: bool,
     /// The faults, run one after another.
     pub faults: Vec<FaultKind>,
+    /// Members run [`FencePolicy::Recover`](snapfence::snapshot::FencePolicy::Recover) (a spurious fence
+    /// recovered in place; a member exit on a fence is then an anomaly) instead of `Stop`. Always with
+    /// `restart-storm`, else drawn.
+    pub recover: bool,
 }
 
 impl RoundPlan {
@@ -238,10 +276,13 @@ impl RoundPlan {
                 faults.push(k);
             }
         }
+        // Drawn after the faults, so a seed draws the same faults as before this field existed.
+        let recover = faults.contains(&FaultKind::RestartStorm) || rng.below(2) == 1;
         RoundPlan {
             seed,
             consumer_protocol,
             faults,
+            recover,
         }
     }
 }
@@ -266,6 +307,19 @@ pub struct RoundReport {
     /// Kill-mid-transaction faults after which a snapshot partition of the killed member had an open
     /// transaction (the crash landed inside one).
     pub open_txn_kills: usize,
+    /// Member processes that exited on their own (not stopped or killed by the harness).
+    pub member_exits: usize,
+    /// Of those, exits on a fence (the group's or a newer producer's). With `recover` each is an
+    /// anomaly: a spurious fence must be recovered in place.
+    pub fence_exits: usize,
+    /// Rebalance events the members' flows ran (assignments, revocations, losses), summed.
+    pub rebalances: u64,
+    /// Partitions the members recovered in place after a spurious fence or unknown outcome, summed.
+    pub fences_recovered: u64,
+    /// Times a member rejoined as a new one (evicted, or its producer fenced), summed.
+    pub rejoins: u64,
+    /// Compaction faults that saw the cleaner remove records from the snapshot topic before the kills.
+    pub compacted: usize,
     /// Invariant violations.
     pub anomalies: Vec<String>,
     /// Harness trouble (not a finding about the library).
@@ -281,8 +335,9 @@ impl fmt::Display for RoundReport {
         let faults: Vec<&str> = self.plan.faults.iter().map(|k| k.name()).collect();
         write!(
             f,
-            "seed={:#018x} tv={} {} {} faults=[{}] events={} snapshots={} reported={} restarts={} \
-             anomalies={} infra={} {:.1}s",
+            "seed={:#018x} tv={} {} {} {} faults=[{}] events={} snapshots={} reported={} restarts={} \
+             exits={} fence-exits={} rebalances={} recovered-in-place={} rejoins={} anomalies={} \
+             infra={} {:.1}s",
             self.plan.seed,
             self.transaction_version,
             if self.plan.consumer_protocol {
@@ -295,11 +350,17 @@ impl fmt::Display for RoundReport {
             } else {
                 "unfenced"
             },
+            if self.plan.recover { "recover" } else { "stop" },
             faults.join(","),
             self.events,
             self.snapshots_read,
             self.snapshots_reported,
             self.restarts,
+            self.member_exits,
+            self.fence_exits,
+            self.rebalances,
+            self.fences_recovered,
+            self.rejoins,
             self.anomalies.len(),
             self.infra.len(),
             self.elapsed.as_secs_f64()
@@ -335,9 +396,23 @@ pub fn summary(reports: &[RoundReport]) -> String {
     }
     let kills = by_kind.get(&FaultKind::KillMidTxn).copied().unwrap_or(0);
     let open: usize = reports.iter().map(|r| r.open_txn_kills).sum();
+    let compactions = by_kind.get(&FaultKind::Compaction).copied().unwrap_or(0);
+    let compacted: usize = reports.iter().map(|r| r.compacted).sum();
+    let sum = |f: fn(&RoundReport) -> u64| reports.iter().map(f).sum::<u64>();
     out.push_str(&format!(
         "kill-mid-txn faults that left a transaction open: {open} of {kills}\n\
-         anomalies: {anomalies}\ninfrastructure notes: {infra}\n"
+         compaction faults that saw the cleaner remove records first: {compacted} of {compactions}\n\
+         rounds with the tolerant fence policy: {}\n\
+         member exits: {} (on a fence: {}, of them in tolerant rounds: {})\n\
+         rebalance events: {}, partitions recovered in place: {}, rejoins: {}\n\
+         anomalies: {anomalies}\ninfrastructure notes: {infra}\n",
+        reports.iter().filter(|r| r.plan.recover).count(),
+        sum(|r| r.member_exits as u64),
+        sum(|r| r.fence_exits as u64),
+        sum(|r| if r.plan.recover { r.fence_exits as u64 } else { 0 }),
+        sum(|r| r.rebalances),
+        sum(|r| r.fences_recovered),
+        sum(|r| r.rejoins),
     ));
     for r in reports
         .iter()
@@ -383,6 +458,12 @@ pub async fn run_round(
         snapshots_reported: 0,
         restarts: 0,
         open_txn_kills: 0,
+        member_exits: 0,
+        fence_exits: 0,
+        rebalances: 0,
+        fences_recovered: 0,
+        rejoins: 0,
+        compacted: 0,
         anomalies: Vec::new(),
         infra: Vec::new(),
         notes: Vec::new(),
@@ -413,6 +494,17 @@ struct Round<'a> {
     down: Option<i32>,
     foreign_keys: Vec<Bytes>,
     began: Instant,
+    /// The node addresses a member's proxy stands in front of (empty on an external cluster: members
+    /// then connect directly and the network faults are skipped).
+    brokers: Vec<String>,
+    /// Each member's fault proxy, by pid. A member the supervisor restarts keeps its predecessor's
+    /// proxy, fault included (a partitioned host stays partitioned across a restart).
+    proxies: HashMap<u32, Arc<FaultProxy>>,
+    /// Members the harness killed on purpose (their exit is not theirs).
+    killed: HashSet<u32>,
+    /// Members that exited on their own, and those that exited on a fence.
+    exits: usize,
+    fence_exits: Vec<String>,
 }
 
 impl<'a> Round<'a> {
@@ -429,15 +521,20 @@ impl<'a> Round<'a> {
         snapfence::admin::create_topic(&client, &input, cfg.partitions, -1, &[])
             .await
             .map_err(|e| format!("create {input}: {e}"))?;
-        snapfence::admin::create_topic(
-            &client,
-            &snapshots,
-            cfg.partitions,
-            -1,
-            &[("cleanup.policy", "compact")],
-        )
-        .await
-        .map_err(|e| format!("create {snapshots}: {e}"))?;
+        let mut snapshot_configs = vec![("cleanup.policy", "compact")];
+        if plan.faults.contains(&FaultKind::Compaction) {
+            // A segment rolls every 300 ms of writes, the cleaner takes any log with 1% dirty, and
+            // tombstones and markers are dropped 100 ms after a cleaning pass saw them.
+            snapshot_configs.extend([
+                ("segment.ms", "300"),
+                ("min.cleanable.dirty.ratio", "0.01"),
+                ("delete.retention.ms", "100"),
+                ("min.compaction.lag.ms", "0"),
+            ]);
+        }
+        snapfence::admin::create_topic(&client, &snapshots, cfg.partitions, -1, &snapshot_configs)
+            .await
+            .map_err(|e| format!("create {snapshots}: {e}"))?;
         let mut args = MemberArgs::new(
             &kafka.bootstrap(),
             &unique("fc-group"),
@@ -448,6 +545,16 @@ impl<'a> Round<'a> {
         args.consumer_protocol = plan.consumer_protocol;
         args.transactional = cfg.transactional;
         args.session_timeout = cfg.session_timeout;
+        args.recover = plan.recover;
+        let brokers = if kafka.is_external() {
+            Vec::new()
+        } else {
+            kafka
+                .node_ids()
+                .into_iter()
+                .map(|n| kafka.node_address(n))
+                .collect()
+        };
         Ok(Round {
             kafka,
             cfg,
@@ -461,33 +568,83 @@ impl<'a> Round<'a> {
             down: None,
             foreign_keys: Vec::new(),
             began: Instant::now(),
+            brokers,
+            proxies: HashMap::new(),
+            killed: HashSet::new(),
+            exits: 0,
+            fence_exits: Vec::new(),
         })
     }
 
-    fn spawn_member(&mut self) -> Result<(), String> {
+    /// Starts a member with a fault proxy of its own in front of every broker.
+    async fn spawn_member(&mut self) -> Result<(), String> {
+        self.spawn_member_via(None).await
+    }
+
+    /// Starts a member through `proxy` (a new one when `None`).
+    async fn spawn_member_via(&mut self, proxy: Option<Arc<FaultProxy>>) -> Result<(), String> {
+        let mut args = self.args.clone();
+        let proxy = match proxy {
+            Some(p) => Some(p),
+            None if self.brokers.is_empty() => None,
+            None => Some(Arc::new(
+                FaultProxy::start(self.brokers.clone(), self.rng.next_u64())
+                    .await
+                    .map_err(|e| format!("member proxy: {e}"))?,
+            )),
+        };
+        if let Some(p) = &proxy {
+            args.routes = p
+                .routes()
+                .into_iter()
+                .map(|(up, local)| (up, local.to_string()))
+                .collect();
+        }
+        let own = args.to_args();
         let mut full = self.cfg.member.leading.clone();
-        full.extend(self.args.to_args());
-        let m = MemberProcess::spawn_command(&self.cfg.member.program, &full)
+        let env = match &self.cfg.member.args_env {
+            Some(var) => Some((var.as_str(), own.as_slice())),
+            None => {
+                full.extend(own.iter().cloned());
+                None
+            }
+        };
+        let m = MemberProcess::spawn_command_env(&self.cfg.member.program, &full, env)
             .map_err(|e| format!("start member: {e}"))?;
+        if let Some(p) = proxy {
+            self.proxies.insert(m.pid(), p);
+        }
         self.members.push(m);
         self.spawned += 1;
         Ok(())
     }
 
     /// Replaces every member that exited (a fenced zombie stops; a crashed one is restarted), as a
-    /// supervisor would. Frozen members are left frozen.
-    fn supervise(&mut self, notes: &mut Vec<String>) {
+    /// supervisor would, through the same proxy. Frozen members are left frozen. An exit the harness did
+    /// not cause is counted, and an exit on a fence noted (an anomaly under the tolerant policy).
+    async fn supervise(&mut self, notes: &mut Vec<String>) {
         let mut i = 0;
         while i < self.members.len() {
             let m = &mut self.members[i];
             if !m.is_paused() && !m.is_running() {
+                let pid = m.pid();
                 let log = m.final_log();
+                if !self.killed.contains(&pid) {
+                    self.exits += 1;
+                    if log.fence_exit() {
+                        self.fence_exits.push(format!(
+                            "member {pid} exited on a fence: {}",
+                            log.failure.as_deref().unwrap_or_default()
+                        ));
+                    }
+                }
                 if let Some(f) = &log.failure {
-                    notes.push(format!("member {} exited: {f}", m.pid()));
+                    notes.push(self.stamp(format_args!("member {pid} exited: {f}")));
                 }
                 self.gone.push(log);
                 self.members.swap_remove(i);
-                if let Err(e) = self.spawn_member() {
+                let proxy = self.proxies.get(&pid).cloned();
+                if let Err(e) = self.spawn_member_via(proxy).await {
                     notes.push(e);
                 }
                 continue;
@@ -500,8 +657,59 @@ impl<'a> Round<'a> {
     async fn hold(&mut self, d: Duration, notes: &mut Vec<String>) {
         let until = Instant::now() + d;
         while Instant::now() < until {
-            self.supervise(notes);
+            self.supervise(notes).await;
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills member `i` on purpose (the supervisor restarts it; the exit is not counted as its own).
+    fn kill_member(&mut self, i: usize) {
+        self.killed.insert(self.members[i].pid());
+        self.members[i].kill();
+    }
+
+    /// The proxy of the member with `pid` (`None` on an external cluster).
+    fn proxy_of(&self, pid: u32) -> Option<Arc<FaultProxy>> {
+        self.proxies.get(&pid).cloned()
+    }
+
+    /// Heals every member's proxy.
+    fn heal_network(&self) {
+        for p in self.proxies.values() {
+            p.heal();
+        }
+    }
+
+    /// Waits (up to `bound`) until a member other than `pid` holds one of `held` and has flushed twice
+    /// since it was first seen holding it (a new owner's first flush may only re-state what it
+    /// recovered). True if that happened.
+    async fn await_takeover(
+        &mut self,
+        pid: u32,
+        held: &[i32],
+        bound: Duration,
+        notes: &mut Vec<String>,
+    ) -> bool {
+        let until = Instant::now() + bound;
+        let mut seen: Option<(u32, u64)> = None;
+        loop {
+            let taker = self
+                .members
+                .iter()
+                .find(|m| m.pid() != pid && m.held().iter().any(|p| held.contains(p)))
+                .map(|m| (m.pid(), m.log().flushes));
+            match (seen, taker) {
+                (Some((a, f)), Some((b, g))) if a == b && g >= f + 2 => {
+                    notes.push(format!("member {b} took over and flushed"));
+                    return true;
+                }
+                (Some((a, _)), Some((b, _))) if a == b => {}
+                (_, t) => seen = t,
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            self.hold(Duration::from_millis(100), notes).await;
         }
     }
 
@@ -587,27 +795,11 @@ impl<'a> Round<'a> {
                 // Thaw it only once another member holds one of its partitions and has flushed twice since
                 // (a new owner's first flush may only re-state what it recovered): then the zombie's
                 // first flush is really later than the new owner's.
-                let until = Instant::now() + Duration::from_secs(20);
-                let mut seen: Option<(u32, u64)> = None;
-                loop {
-                    let taker = self
-                        .members
-                        .iter()
-                        .find(|m| m.pid() != pid && m.held().iter().any(|p| held.contains(p)))
-                        .map(|m| (m.pid(), m.log().flushes));
-                    match (seen, taker) {
-                        (Some((a, f)), Some((b, g))) if a == b && g >= f + 2 => {
-                            notes.push(format!("member {b} took over and flushed"));
-                            break;
-                        }
-                        (Some((a, _)), Some((b, _))) if a == b => {}
-                        (_, t) => seen = t,
-                    }
-                    if Instant::now() >= until {
-                        notes.push("no takeover with a flush seen before the thaw".into());
-                        break;
-                    }
-                    self.hold(Duration::from_millis(100), &mut notes).await;
+                if !self
+                    .await_takeover(pid, &held, Duration::from_secs(20), &mut notes)
+                    .await
+                {
+                    notes.push("no takeover with a flush seen before the thaw".into());
                 }
                 if let Some(m) = self.members.iter_mut().find(|m| m.pid() == pid) {
                     m.resume();
@@ -656,7 +848,7 @@ impl<'a> Round<'a> {
                     self.members[i].disarm_and_resume();
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                self.members[i].kill();
+                self.kill_member(i);
                 if inside {
                     report.open_txn_kills += 1;
                     notes.push(format!("killed member {pid} inside its transaction"));
@@ -717,7 +909,7 @@ impl<'a> Round<'a> {
                             "foreign transaction open on snapshot partition {p}"
                         ));
                         // A rebalance while it is open: whoever gets the partition recovers past it.
-                        if let Err(e) = self.spawn_member() {
+                        if let Err(e) = self.spawn_member().await {
                             notes.push(e);
                         }
                         self.hold(Duration::from_secs(4), &mut notes).await;
@@ -732,18 +924,225 @@ impl<'a> Round<'a> {
                 }
             }
             FaultKind::Rebalance => {
-                if let Err(e) = self.spawn_member() {
+                if let Err(e) = self.spawn_member().await {
                     notes.push(e);
                 }
                 self.hold(Duration::from_secs(2), &mut notes).await;
                 let i = self.rng.below(self.members.len());
                 let m = self.members.swap_remove(i);
                 notes.push(format!("removed member {}", m.pid()));
-                self.gone.push(m.close(Duration::from_secs(10)));
+                self.gone.push(close_member(m));
                 self.hold(Duration::from_secs(1), &mut notes).await;
             }
+            FaultKind::PartitionMember => self.partition_member(&mut notes).await,
+            FaultKind::UnknownOutcome => self.unknown_outcome(&mut notes).await,
+            FaultKind::Latency => self.latency(&mut notes).await,
+            FaultKind::RestartStorm => self.restart_storm(&mut notes).await,
+            FaultKind::Compaction => self.compaction(report, &mut notes).await,
         }
         report.notes.append(&mut notes);
+    }
+
+    /// `partition-member`: an owner cut off from every broker or from one, past its session timeout,
+    /// while it keeps running; healed once another member took one of its partitions over and flushed
+    /// (or after a bound: a cut from one node that is not the group coordinator's may evict nobody).
+    async fn partition_member(&mut self, notes: &mut Vec<String>) {
+        let Some(i) = self.owner(notes).await else {
+            return notes.push("partition-member: no owner".into());
+        };
+        let pid = self.members[i].pid();
+        let held = self.members[i].held();
+        let Some(proxy) = self.proxy_of(pid) else {
+            return notes.push("partition-member: no proxy (external cluster)".into());
+        };
+        let targets: Vec<String> = match self.rng.below(3) {
+            0 => self.brokers.clone(),
+            1 => {
+                self.client
+                    .invalidate_coordinator(CoordinatorKind::Group, &self.args.group);
+                match self
+                    .client
+                    .coordinator(CoordinatorKind::Group, &self.args.group)
+                    .await
+                {
+                    Ok(node) => vec![self.kafka.node_address(node)],
+                    Err(e) => {
+                        notes.push(format!("group coordinator: {e}; cutting every broker"));
+                        self.brokers.clone()
+                    }
+                }
+            }
+            _ => vec![self.brokers[self.rng.below(self.brokers.len())].clone()],
+        };
+        for t in &targets {
+            if let Err(e) = proxy.set(t, Fault::Blackhole) {
+                notes.push(format!("partition-member: {e}"));
+            }
+        }
+        notes.push(format!(
+            "cut member {pid} holding {held:?} off from {}",
+            if targets.len() == self.brokers.len() {
+                "every broker".to_owned()
+            } else {
+                format!("{targets:?}")
+            }
+        ));
+        self.hold(self.cfg.session_timeout + Duration::from_secs(2), notes)
+            .await;
+        if !self
+            .await_takeover(pid, &held, Duration::from_secs(12), notes)
+            .await
+        {
+            notes.push("no takeover with a flush seen before the heal".into());
+        }
+        proxy.heal();
+        let held_back: u64 = targets
+            .iter()
+            .filter_map(|t| proxy.stats(t).ok())
+            .map(|s| s.held)
+            .sum();
+        notes.push(self.stamp(format_args!(
+            "healed member {pid}'s links; {held_back} frames had been held"
+        )));
+        self.hold(Duration::from_secs(1), notes).await;
+    }
+
+    /// `unknown-outcome`: an owner's proxy drops the answers to Produce, EndTxn and/or TxnOffsetCommit
+    /// (the requests land) for a few seconds.
+    async fn unknown_outcome(&mut self, notes: &mut Vec<String>) {
+        const KEYS: [(i16, &str); 3] = [(0, "Produce"), (26, "EndTxn"), (28, "TxnOffsetCommit")];
+        let Some(i) = self.owner(notes).await else {
+            return notes.push("unknown-outcome: no owner".into());
+        };
+        let pid = self.members[i].pid();
+        let Some(proxy) = self.proxy_of(pid) else {
+            return notes.push("unknown-outcome: no proxy (external cluster)".into());
+        };
+        let mask = 1 + self.rng.below(7);
+        let chosen: Vec<(i16, &str)> = KEYS
+            .iter()
+            .enumerate()
+            .filter(|(b, _)| mask & (1 << b) != 0)
+            .map(|(_, k)| *k)
+            .collect();
+        proxy.set_all(Fault::DropResponses(Requests::ApiKeys(
+            chosen.iter().map(|(k, _)| *k).collect(),
+        )));
+        let d = Duration::from_millis(1500 + self.rng.below(2500) as u64);
+        notes.push(format!(
+            "member {pid}: answers to {:?} dropped for {:.1}s",
+            chosen.iter().map(|(_, n)| *n).collect::<Vec<_>>(),
+            d.as_secs_f64()
+        ));
+        self.hold(d, notes).await;
+        proxy.heal();
+        let dropped: u64 = self
+            .brokers
+            .iter()
+            .filter_map(|b| proxy.stats(b).ok())
+            .map(|s| s.dropped_responses)
+            .sum();
+        notes.push(self.stamp(format_args!(
+            "healed member {pid}; {dropped} answers dropped so far on its links"
+        )));
+        self.hold(Duration::from_secs(1), notes).await;
+    }
+
+    /// `latency`: every member's links get 200-2000 ms per frame, each way, for 5-8 s.
+    async fn latency(&mut self, notes: &mut Vec<String>) {
+        if self.proxies.is_empty() {
+            return notes.push("latency: no proxy (external cluster)".into());
+        }
+        let pids: Vec<u32> = self.members.iter().map(|m| m.pid()).collect();
+        for pid in pids {
+            let base = Duration::from_millis(200 + self.rng.below(600) as u64);
+            let jitter = Duration::from_millis(self.rng.below(1201) as u64);
+            if let Some(p) = self.proxy_of(pid) {
+                p.set_all(Fault::Latency { base, jitter });
+                notes.push(format!(
+                    "member {pid}: {}-{} ms per frame each way",
+                    base.as_millis(),
+                    (base + jitter).as_millis()
+                ));
+            }
+        }
+        let d = Duration::from_millis(5000 + self.rng.below(3000) as u64);
+        self.hold(d, notes).await;
+        self.heal_network();
+        notes.push(self.stamp("latency healed"));
+        self.hold(Duration::from_secs(1), notes).await;
+    }
+
+    /// `restart-storm`: every member restarted one after another, two or three passes, each restart a
+    /// graceful stop or (one in three) a SIGKILL, with 0.3-1.5 s between them while events flow.
+    async fn restart_storm(&mut self, notes: &mut Vec<String>) {
+        let passes = 2 + self.rng.below(2);
+        let mut restarted = 0;
+        for _ in 0..passes {
+            let pids: Vec<u32> = self.members.iter().map(|m| m.pid()).collect();
+            for pid in pids {
+                let Some(i) = self.members.iter().position(|m| m.pid() == pid) else {
+                    continue;
+                };
+                if self.members[i].is_paused() {
+                    continue;
+                }
+                if self.rng.below(3) == 0 {
+                    // The supervisor restarts it through the same proxy.
+                    self.kill_member(i);
+                } else {
+                    let m = self.members.swap_remove(i);
+                    let proxy = self.proxy_of(pid);
+                    self.gone.push(close_member(m));
+                    if let Err(e) = self.spawn_member_via(proxy).await {
+                        notes.push(e);
+                    }
+                }
+                restarted += 1;
+                let gap = Duration::from_millis(300 + self.rng.below(1200) as u64);
+                self.hold(gap, notes).await;
+            }
+        }
+        notes.push(self.stamp(format_args!(
+            "restart storm: {restarted} restarts in {passes} passes"
+        )));
+        self.hold(Duration::from_secs(1), notes).await;
+    }
+
+    /// `compaction`: waits (up to 20 s) until the cleaner has removed records from a snapshot
+    /// partition, then kills every member in turn, so each partition is recovered by a new owner from
+    /// a log the cleaner already worked on.
+    async fn compaction(&mut self, report: &mut RoundReport, notes: &mut Vec<String>) {
+        let until = Instant::now() + Duration::from_secs(20);
+        let mut cleaned = Vec::new();
+        while cleaned.is_empty() && Instant::now() < until {
+            for p in 0..self.cfg.partitions {
+                match removed_records(&self.client, &self.args.snapshots, p).await {
+                    Ok((removed, span)) if removed > 0 => cleaned.push((p, removed, span)),
+                    Ok(_) => {}
+                    Err(e) => notes.push(format!("compaction: reading partition {p}: {e}")),
+                }
+            }
+            if cleaned.is_empty() {
+                self.hold(Duration::from_millis(500), notes).await;
+            }
+        }
+        if cleaned.is_empty() {
+            notes.push(self.stamp("compaction: the cleaner removed nothing within 20 s"));
+        } else {
+            report.compacted += 1;
+            notes.push(self.stamp(format_args!(
+                "compaction: (partition, records removed, offsets spanned) {cleaned:?}"
+            )));
+        }
+        let pids: Vec<u32> = self.members.iter().map(|m| m.pid()).collect();
+        for pid in pids {
+            if let Some(i) = self.members.iter().position(|m| m.pid() == pid) {
+                self.kill_member(i);
+                notes.push(format!("killed member {pid} to force recoveries"));
+                self.hold(Duration::from_millis(1500), notes).await;
+            }
+        }
     }
 
     /// The snapshot partitions among `partitions` whose last stable offset is below the high watermark.
@@ -787,7 +1186,7 @@ impl<'a> Round<'a> {
 
     async fn run(&mut self, report: &mut RoundReport) {
         for _ in 0..self.cfg.members {
-            if let Err(e) = self.spawn_member() {
+            if let Err(e) = self.spawn_member().await {
                 return report.infra.push(e);
             }
         }
@@ -799,6 +1198,7 @@ impl<'a> Round<'a> {
             self.cfg.partitions,
             self.cfg.keys,
             self.plan.seed,
+            self.plan.faults.contains(&FaultKind::Compaction),
             Arc::clone(&stop),
         ));
         let mut notes = Vec::new();
@@ -807,13 +1207,14 @@ impl<'a> Round<'a> {
         for kind in self.plan.faults.clone() {
             self.fault(kind, report).await;
         }
-        // Heal: every node up, nobody frozen, at least two members.
+        // Heal: every node up, every link clean, nobody frozen, at least two members.
         self.heal_node(report).await;
+        self.heal_network();
         for m in self.members.iter_mut().filter(|m| m.is_paused()) {
             m.resume();
         }
         while self.members.len() < 2 {
-            if let Err(e) = self.spawn_member() {
+            if let Err(e) = self.spawn_member().await {
                 report.infra.push(e);
                 break;
             }
@@ -841,10 +1242,28 @@ impl<'a> Round<'a> {
             m.request_stop();
         }
         for m in members {
-            self.gone.push(m.close(Duration::from_secs(10)));
+            self.gone.push(close_member(m));
         }
         notes.push(self.stamp("members stopped"));
         report.restarts = self.spawned - initial;
+        report.member_exits = self.exits;
+        report.fence_exits = self.fence_exits.len();
+        if self.plan.recover {
+            // The tolerant policy recovers every spurious fence in place: an exit on one is a finding.
+            report.anomalies.extend(self.fence_exits.iter().cloned());
+        } else {
+            notes.extend(self.fence_exits.iter().cloned());
+        }
+        for log in &self.gone {
+            report.fences_recovered += log.stats[0];
+            report.rejoins += log.stats[2];
+            report.rebalances += log.stats[3];
+        }
+        for (pid, p) in &self.proxies {
+            if let Err(e) = p.check() {
+                report.infra.push(format!("proxy of member {pid}: {e}"));
+            }
+        }
         self.find_hanging(report).await;
         notes.push(self.stamp("finder done"));
         self.check(&written, report).await;
@@ -913,7 +1332,7 @@ impl<'a> Round<'a> {
 
     /// The re-fold checker (see the module docs).
     async fn check(&self, written: &HashMap<Bytes, Vec<Bytes>>, report: &mut RoundReport) {
-        let mut read: HashMap<Bytes, Vec<Tally>> = HashMap::new();
+        let mut read: HashMap<Bytes, Vec<Seen>> = HashMap::new();
         for p in 0..self.cfg.partitions {
             let mut log = PartitionLog::new(self.client.clone(), &self.args.snapshots, p);
             let config = RecoveryConfig {
@@ -939,38 +1358,38 @@ impl<'a> Round<'a> {
                     ));
                     continue;
                 }
-                let Some(t) = value.as_deref().and_then(tally_of_snapshot) else {
-                    report.anomalies.push(format!(
-                        "partition {p}: key {key:?} has a value that is not a snapshot: {value:?}"
-                    ));
-                    continue;
+                let seen = match value.as_deref() {
+                    None => Seen::Deleted,
+                    Some(v) if is_grave(v) => Seen::Deleted,
+                    Some(v) => match tally_of_snapshot(v) {
+                        Some(t) => Seen::Snapshot(t),
+                        None => {
+                            report.anomalies.push(format!(
+                                "partition {p}: key {key:?} has a value that is not a snapshot: \
+                                 {value:?}"
+                            ));
+                            continue;
+                        }
+                    },
                 };
-                read.entry(key).or_default().push(t);
+                read.entry(key).or_default().push(seen);
             }
         }
-        for (key, tallies) in &read {
+        let mut last_position: HashMap<&Bytes, usize> = HashMap::new();
+        for (key, seen) in &read {
             let events = written.get(key).map(Vec::as_slice).unwrap_or_default();
-            let mut prev = 0;
-            for t in tallies {
-                let n = usize::try_from(t.count).unwrap_or(usize::MAX);
-                if n > events.len() || fold_all(&events[..n]) != Some(*t) {
-                    report.anomalies.push(format!(
-                        "{key:?}: snapshot {t:?} is not the fold of its first {n} of {} events",
-                        events.len()
-                    ));
-                }
-                if t.count < prev {
-                    report.anomalies.push(format!(
-                        "{key:?}: snapshots went back from {prev} to {} events (a stale write landed)",
-                        t.count
-                    ));
-                }
-                prev = t.count;
-            }
+            let (problems, at) = check_key(events, seen);
+            report
+                .anomalies
+                .extend(problems.into_iter().map(|p| format!("{key:?}: {p}")));
+            last_position.insert(key, at);
         }
         for (key, events) in written {
             let want = fold_all(events);
-            let got = read.get(key).and_then(|t| t.last()).copied();
+            let got = read.get(key).and_then(|s| s.last()).and_then(|s| match s {
+                Seen::Snapshot(t) => Some(*t),
+                Seen::Deleted => None,
+            });
             if got != want {
                 report.anomalies.push(format!(
                     "{key:?}: recovered {got:?}, but the fold of all {} events is {want:?}",
@@ -983,8 +1402,26 @@ impl<'a> Round<'a> {
             reported.extend(log.committed.iter().cloned());
         }
         report.snapshots_reported = reported.len();
+        let compacting = self.plan.faults.contains(&FaultKind::Compaction);
         for (key, t) in &reported {
-            if !read.get(key).is_some_and(|ts| ts.contains(t)) {
+            let in_log = read
+                .get(key)
+                .is_some_and(|s| s.contains(&Seen::Snapshot(*t)));
+            // The cleaner removes a snapshot once a later one of its key exists: there, a reported
+            // snapshot must be a fold of the input no later than what the log holds now.
+            let superseded = compacting && {
+                let events = written.get(key).map(Vec::as_slice).unwrap_or_default();
+                // A key whose last record is a delete, or that the log no longer holds at all (its
+                // tombstone cleaned away), stands at the end of its events: the recovered-state check
+                // above holds that to the fold of all of them (a delete can match any of the key's
+                // deletes, so its position from `check_key` may be an earlier one).
+                let end = match read.get(key).and_then(|s| s.last()) {
+                    Some(Seen::Snapshot(_)) => last_position.get(key).copied().unwrap_or(0),
+                    Some(Seen::Deleted) | None => events.len(),
+                };
+                positions(events, t).iter().any(|p| *p <= end)
+            };
+            if !in_log && !superseded {
                 report.anomalies.push(format!(
                     "{key:?}: committed snapshot {t:?} reported by a member is not in the log (lost)"
                 ));
@@ -1005,6 +1442,161 @@ impl<'a> Round<'a> {
     }
 }
 
+/// Stops a member (it flushes and commits) with a 10 s grace. The wait blocks, so it runs with
+/// `block_in_place`: the member's proxy runs on this runtime and must keep forwarding its last flush.
+fn close_member(m: MemberProcess) -> MemberLog {
+    tokio::task::block_in_place(|| m.close(Duration::from_secs(10)))
+}
+
+/// How many records the cleaner removed from partition `p` of `topic`: the offsets from the first
+/// batch to the high watermark, minus the records the batches still hold (without cleaning every
+/// offset holds a record, data or transaction marker). Returns (removed, offsets spanned).
+async fn removed_records(client: &Client, topic: &str, p: i32) -> Result<(i64, i64), String> {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::protocol::StrBytes;
+    use snapfence::net::{CallOptions, Target, Verdict};
+    let mut offset = 0i64;
+    let mut first: Option<i64> = None;
+    let mut held = 0i64;
+    loop {
+        let build = |_v: i16| {
+            FetchRequest::default()
+                .with_replica_id((-1).into())
+                .with_max_wait_ms(10)
+                .with_min_bytes(1)
+                .with_max_bytes(8 << 20)
+                .with_isolation_level(0)
+                .with_session_epoch(-1)
+                .with_topics(vec![FetchTopic::default()
+                    .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
+                    .with_partitions(vec![FetchPartition::default()
+                        .with_partition(p)
+                        .with_fetch_offset(offset)
+                        .with_log_start_offset(-1)
+                        .with_current_leader_epoch(-1)
+                        .with_partition_max_bytes(4 << 20)])])
+        };
+        let options = CallOptions {
+            max_version: Some(12),
+            ..CallOptions::default()
+        };
+        let resp = client
+            .call(Target::leader(topic, p), &options, build, |r, _| {
+                Verdict::Done(r)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let part = resp
+            .responses
+            .first()
+            .and_then(|t| t.partitions.first())
+            .ok_or("an empty fetch answer")?;
+        if part.error_code != 0 {
+            return Err(format!("fetch error {}", part.error_code));
+        }
+        let hw = part.high_watermark;
+        let mut next = offset;
+        for b in snapfence::records::decode_batches(part.records.clone().unwrap_or_default()) {
+            let b = b.map_err(|e| e.to_string())?;
+            first.get_or_insert(b.base_offset());
+            held += i64::from(b.record_count());
+            next = b.next_offset();
+        }
+        if next <= offset || next >= hw {
+            let span = hw - first.unwrap_or(hw);
+            return Ok(((span - held).max(0), span));
+        }
+        offset = next;
+    }
+}
+
+/// One record of a key in the snapshot log, as the checker reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// A snapshot with this tally.
+    Snapshot(Tally),
+    /// A grave or a tombstone: the key was deleted.
+    Deleted,
+}
+
+/// A grave: the flow's envelope for a deleted key (tag 2, then the delete's offset).
+fn is_grave(value: &[u8]) -> bool {
+    value.len() == 9 && value[0] == 2
+}
+
+/// The first index of every stretch of `events` between deletes (0, and one past each delete).
+fn segment_starts(events: &[Bytes]) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(
+            events
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| is_delete(v))
+                .map(|(i, _)| i + 1),
+        )
+        .collect()
+}
+
+/// Where in `events` the tally `t` can stand: every `end` such that the events from a segment start
+/// to `end` (no delete among them) fold to `t`.
+fn positions(events: &[Bytes], t: &Tally) -> Vec<usize> {
+    let n = usize::try_from(t.count).unwrap_or(usize::MAX);
+    segment_starts(events)
+        .into_iter()
+        .filter_map(|s| {
+            let end = s.checked_add(n)?;
+            let stretch = events.get(s..end)?;
+            (!stretch.iter().any(|v| is_delete(v)) && fold_all(stretch) == Some(*t)).then_some(end)
+        })
+        .collect()
+}
+
+/// Checks one key's records in log order against its events: each snapshot must be the fold of the
+/// events from a segment start (the first event, or the one after a delete) up to some point, each
+/// delete must stand for a delete event, and those points must never go back (a stale write would
+/// move them back). Returns the problems and the last point reached.
+fn check_key(events: &[Bytes], seen: &[Seen]) -> (Vec<String>, usize) {
+    let deletes: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| is_delete(v))
+        .map(|(i, _)| i + 1)
+        .collect();
+    let mut problems = Vec::new();
+    let mut at = 0usize;
+    for s in seen {
+        let candidates = match s {
+            Seen::Snapshot(t) => {
+                let c = positions(events, t);
+                if c.is_empty() {
+                    problems.push(format!(
+                        "snapshot {t:?} is not the fold of a run of its {} events",
+                        events.len()
+                    ));
+                    continue;
+                }
+                c
+            }
+            Seen::Deleted => {
+                if deletes.is_empty() {
+                    problems.push("deleted, but none of its events is a delete".into());
+                    continue;
+                }
+                deletes.clone()
+            }
+        };
+        match candidates.iter().find(|p| **p >= at) {
+            Some(p) => at = *p,
+            None => problems.push(format!(
+                "snapshots went back from {at} to {} events (a stale write landed)",
+                candidates.iter().max().copied().unwrap_or(0)
+            )),
+        }
+    }
+    (problems, at)
+}
+
 /// The tally inside a snapshot value: the flow's envelope (version byte, last folded offset) followed by
 /// the [`crate::tally::Counter`] encoding, which is the last 16 bytes.
 fn tally_of_snapshot(value: &[u8]) -> Option<Tally> {
@@ -1022,14 +1614,17 @@ async fn restart_node(kafka: &KafkaCluster, node: i32) -> Result<(), String> {
 }
 
 /// The input producer: bursts of events to random keys (a key always goes to partition `key % partitions`)
-/// until `stop`; returns every event it wrote per key, in the order written. Any delivery failure is
-/// returned as an error, because the oracle would not know whether the event exists.
+/// until `stop`; returns every event it wrote per key, in the order written. With `deletes`, one event in
+/// eight deletes its key ([`is_delete`]), so the snapshot log gets graves and tombstones for the cleaner.
+/// Any delivery failure is returned as an error, because the oracle would not know whether the event
+/// exists.
 async fn produce(
     client: Client,
     input: String,
     partitions: i32,
     keys: usize,
     seed: u64,
+    deletes: bool,
     stop: Arc<AtomicBool>,
 ) -> Result<HashMap<Bytes, Vec<Bytes>>, String> {
     let producer = Producer::new(client, ProducerConfig::default())
@@ -1044,7 +1639,11 @@ async fn produce(
             seq += 1;
             let k = rng.below(keys.max(1));
             let key = Bytes::from(format!("k{k:02}"));
-            let value = Bytes::from(format!("{seed:x}-{seq}"));
+            let value = if deletes && rng.below(8) == 0 {
+                Bytes::from(format!("{seed:x}-{seq}-del"))
+            } else {
+                Bytes::from(format!("{seed:x}-{seq}"))
+            };
             let record = ProducerRecord::new(input.as_str(), Some(value.clone()))
                 .key(key.clone())
                 .partition(k as i32 % partitions.max(1));
@@ -1087,6 +1686,34 @@ mod tests {
     }
 
     #[test]
+    fn the_key_check_follows_deletes_and_catches_a_stale_write() {
+        let ev: Vec<Bytes> = ["a", "b", "c-del", "d", "e"]
+            .iter()
+            .map(|v| Bytes::from(v.to_string()))
+            .collect();
+        let t = |vs: &[Bytes]| Seen::Snapshot(fold_all(vs).unwrap());
+        let good = [
+            t(&ev[..1]),
+            t(&ev[..2]),
+            Seen::Deleted,
+            t(&ev[3..4]),
+            t(&ev[3..5]),
+        ];
+        assert_eq!(check_key(&ev, &good), (vec![], 5));
+        // A stale snapshot after a newer one, and after the delete.
+        let (p, _) = check_key(&ev, &[t(&ev[..2]), t(&ev[..1])]);
+        assert!(p[0].contains("went back"), "{p:?}");
+        let (p, _) = check_key(&ev, &[t(&ev[3..4]), t(&ev[..2])]);
+        assert!(p[0].contains("went back"), "{p:?}");
+        // A tally that spans a delete is no fold of a run.
+        let spanning = Seen::Snapshot(fold_all([&ev[0], &ev[1], &ev[3]]).unwrap());
+        assert!(check_key(&ev, &[spanning]).0[0].contains("not the fold"));
+        assert!(check_key(&ev[..2], &[Seen::Deleted]).0[0].contains("none of its events"));
+        assert!(is_grave(&[2, 0, 0, 0, 0, 0, 0, 0, 7]));
+        assert!(!is_grave(&[1, 0, 0, 0, 0, 0, 0, 0, 7]));
+    }
+
+    #[test]
     fn a_snapshot_value_yields_its_tally_and_garbage_does_not() {
         use snapfence::snapshot::Fold as _;
         let t = Tally { count: 3, hash: 9 };
@@ -1103,6 +1730,7 @@ mod tests {
             seed: 0xabc,
             consumer_protocol: false,
             faults: vec![FaultKind::Zombie, FaultKind::ForeignTxn],
+            recover: false,
         };
         let mut r = RoundReport {
             plan,
@@ -1113,6 +1741,12 @@ mod tests {
             snapshots_reported: 1,
             restarts: 0,
             open_txn_kills: 0,
+            member_exits: 0,
+            fence_exits: 0,
+            rebalances: 0,
+            fences_recovered: 0,
+            rejoins: 0,
+            compacted: 0,
             anomalies: vec![],
             infra: vec![],
             notes: vec![],

@@ -12,10 +12,13 @@
 //! | `persisting N` | a flush of N changed keys starts now (a transaction is about to begin) |
 //! | `persisted MICROS` | that flush succeeded after MICROS microseconds |
 //! | `committed KEY COUNT HASH` | that key's snapshot with this tally was committed by the flush |
-//! | `failed fenced=B ERROR` | persist, commit or poll failed; the process exits with status 2 |
+//! | `stats FENCES REACQUIRED REJOINS REBALANCES` | its [`FlowStats`](snapfence::snapshot::FlowStats) changed to these |
+//! | `failed fenced=B producer_fenced=B ERROR` | persist, commit or poll failed; the process exits with status 2 |
 //! | `stopped` | its stdin closed; it flushed, committed and exits with status 0 |
 //!
-//! It exits when its stdin closes (so it never outlives the test that started it; the parent-death
+//! With `--routes`, every connection goes through the harness's fault proxy for this member (broker
+//! address to proxy listener; an address without a route is refused, so nothing reaches a broker around
+//! the proxy). It exits when its stdin closes (so it never outlives the test that started it; the parent-death
 //! signal of [`crate::procs`] covers a crashed parent too).
 //!
 //! # References
@@ -31,8 +34,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use snapfence::consumer::{GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset};
-use snapfence::net::{Client, ClientConfig};
-use snapfence::snapshot::{Flow, FlowConfig, PersistenceMode, SnapshotConfig};
+use snapfence::net::{Client, ClientConfig, DialFuture, Dialer, TcpDialer};
+use snapfence::snapshot::{
+    FencePolicy, Flow, FlowConfig, FlowStats, PersistenceMode, SnapshotConfig,
+};
 
 use crate::procs;
 use crate::tally::{Counter, Tally};
@@ -62,6 +67,26 @@ pub struct MemberArgs {
     pub commit_every: Duration,
     /// The recovery stall deadline (transactional mode).
     pub recovery_stall_timeout: Duration,
+    /// Broker address to the proxy listener to dial instead (empty: connect directly).
+    pub routes: Vec<(String, String)>,
+    /// [`FencePolicy::Recover`] (a spurious fence is recovered in place, the member keeps running)
+    /// instead of [`FencePolicy::Stop`] (every refused commit ends the member).
+    pub recover: bool,
+}
+
+/// Dials each broker address through its route, and refuses addresses without one.
+#[derive(Debug)]
+struct Routed(HashMap<String, String>);
+
+impl Dialer for Routed {
+    fn dial<'a>(&'a self, addr: &'a str, tcp: &'a TcpDialer) -> DialFuture<'a> {
+        match self.0.get(addr) {
+            Some(local) => tcp.connect(local),
+            None => {
+                Box::pin(async move { Err(std::io::Error::other(format!("{addr} has no route"))) })
+            }
+        }
+    }
 }
 
 impl MemberArgs {
@@ -80,6 +105,8 @@ impl MemberArgs {
             persist_every: Duration::from_millis(300),
             commit_every: Duration::from_secs(1),
             recovery_stall_timeout: Duration::from_secs(30),
+            routes: Vec::new(),
+            recover: false,
         }
     }
 
@@ -114,6 +141,18 @@ impl MemberArgs {
             ("--persist-every-ms", ms(self.persist_every)),
             ("--commit-every-ms", ms(self.commit_every)),
             ("--recovery-stall-ms", ms(self.recovery_stall_timeout)),
+            (
+                "--fence-policy",
+                if self.recover { "recover" } else { "stop" }.into(),
+            ),
+            (
+                "--routes",
+                self.routes
+                    .iter()
+                    .map(|(a, b)| format!("{a}={b}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_owned(), v])
@@ -160,6 +199,23 @@ impl MemberArgs {
         a.persist_every = ms("persist-every-ms")?;
         a.commit_every = ms("commit-every-ms")?;
         a.recovery_stall_timeout = ms("recovery-stall-ms")?;
+        a.recover = match map.get("fence-policy").map(String::as_str) {
+            None | Some("stop") => false,
+            Some("recover") => true,
+            Some(p) => return Err(format!("--fence-policy {p}: want stop or recover")),
+        };
+        for route in map
+            .get("routes")
+            .map(String::as_str)
+            .unwrap_or_default()
+            .split(',')
+            .filter(|r| !r.is_empty())
+        {
+            let (from, to) = route
+                .split_once('=')
+                .ok_or_else(|| format!("--routes: {route:?} is not ADDR=ADDR"))?;
+            a.routes.push((from.to_owned(), to.to_owned()));
+        }
         Ok(a)
     }
 
@@ -190,8 +246,28 @@ impl MemberArgs {
         c.commit_offsets_interval = self.commit_every;
         // The campaign's supervisor counts a fenced zombie by its exit (a refused commit stops the
         // member, as kafka-flow's does); the tolerant default is exercised by tests/storm.rs.
-        c.fence_policy = snapfence::snapshot::FencePolicy::Stop;
+        // With `recover`, the tolerant default: a spurious fence must not end the member.
+        c.fence_policy = if self.recover {
+            FencePolicy::Recover
+        } else {
+            FencePolicy::Stop
+        };
+        if !self.routes.is_empty() {
+            // Through the fault proxy a lost answer is resent after the request timeout: keep it short
+            // enough that a round sees the resend.
+            c.snapshots.producer.request_timeout = Duration::from_secs(5);
+        }
         c
+    }
+
+    /// The client configuration: through the routes when there are any.
+    pub fn client_config(&self) -> ClientConfig {
+        let c = ClientConfig::new(&self.bootstrap);
+        if self.routes.is_empty() {
+            c
+        } else {
+            c.with_dialer(Routed(self.routes.iter().cloned().collect()))
+        }
     }
 }
 
@@ -215,9 +291,14 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     };
-    let failed =
-        |e: &snapfence::snapshot::FlowError| format!("failed fenced={} {e}", e.is_fenced());
-    let client = match Client::connect(ClientConfig::new(&args.bootstrap)).await {
+    let failed = |e: &snapfence::snapshot::FlowError| {
+        format!(
+            "failed fenced={} producer_fenced={} {e}",
+            e.is_fenced(),
+            e.is_producer_fenced()
+        )
+    };
+    let client = match Client::connect(args.client_config()).await {
         Ok(c) => c,
         Err(e) => {
             say(format!("failed fenced=false connect: {e}"));
@@ -236,6 +317,7 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
     let mut reported: HashMap<Bytes, Tally> = HashMap::new();
     let mut last_persist = Instant::now();
     let mut last_commit = Instant::now();
+    let mut stats = FlowStats::default();
     loop {
         let stopping = stop.load(Ordering::SeqCst);
         // Flush before polling: a member thawed after a freeze acts on its stale state first, as a real
@@ -258,9 +340,14 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
                 say(failed(&e));
                 return 2;
             }
-            if !changed.is_empty() {
+            // A fence recovered in place inside this flush dropped some partition's writes unflushed
+            // and returned nothing: report none of this flush as committed (what did land is reported
+            // after a later flush that finds the key unchanged since).
+            let absorbed = flow.stats() != stats;
+            if !changed.is_empty() && !absorbed {
                 say(format!("persisted {}", flush_began.elapsed().as_micros()));
             }
+            let changed = if absorbed { Vec::new() } else { changed };
             for (k, t) in changed {
                 say(format!(
                     "committed {} {} {}",
@@ -286,6 +373,14 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
             say(failed(&e));
             return 2;
         }
+        let now_stats = flow.stats();
+        if now_stats != stats {
+            stats = now_stats;
+            say(format!(
+                "stats {} {} {} {}",
+                stats.fences_recovered, stats.reacquisitions, stats.rejoins, stats.rebalance_events
+            ));
+        }
         let now_held = flow.partitions().await;
         if now_held != held {
             held = now_held;
@@ -298,6 +393,16 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
             ));
         }
     }
+}
+
+/// Separates the member's arguments in the environment variable [`MemberProcess::spawn_command_env`]
+/// passes them in.
+pub const ARG_SEPARATOR: char = '\u{1f}';
+
+/// The member arguments a harness put into the environment variable `var`, if it did.
+pub fn args_from_env(var: &str) -> Option<Vec<String>> {
+    let v = std::env::var(var).ok()?;
+    Some(v.split(ARG_SEPARATOR).map(str::to_owned).collect())
 }
 
 /// The whole `flow-member` program: parses `args` (without the program name), runs the member on its own
@@ -339,6 +444,8 @@ pub struct MemberLog {
     pub committed: Vec<(Bytes, Tally)>,
     /// Its `failed` line, if any.
     pub failure: Option<String>,
+    /// Its last `stats` line: fences recovered in place, reacquisitions, rejoins, rebalance events.
+    pub stats: [u64; 4],
     /// Said `stopped`.
     pub stopped: bool,
     /// Its stdout closed (it exited or was killed).
@@ -346,6 +453,13 @@ pub struct MemberLog {
 }
 
 impl MemberLog {
+    /// Whether it exited on a fence (the group's or a newer producer's): its `failed` line says so.
+    pub fn fence_exit(&self) -> bool {
+        self.failure
+            .as_deref()
+            .is_some_and(|f| f.contains("fenced=true"))
+    }
+
     fn take_line(&mut self, line: &str) {
         let mut words = line.split_whitespace();
         match words.next() {
@@ -368,6 +482,11 @@ impl MemberLog {
                 }
             }
             Some("failed") => self.failure = Some(line.to_owned()),
+            Some("stats") => {
+                for (slot, w) in self.stats.iter_mut().zip(words) {
+                    *slot = w.parse().unwrap_or(*slot);
+                }
+            }
             Some("stopped") => self.stopped = true,
             _ => {}
         }
@@ -404,7 +523,22 @@ impl MemberProcess {
     /// Starts `program` with exactly `argv` (for a program that takes a subcommand before the member's
     /// arguments, as the campaign binary does).
     pub fn spawn_command(program: &Path, argv: &[String]) -> std::io::Result<MemberProcess> {
+        Self::spawn_command_env(program, argv, None)
+    }
+
+    /// [`spawn_command`](Self::spawn_command) with the member's own arguments, `args`, either appended to
+    /// `argv` or (with `env_var`) passed in that environment variable, joined by [`ARG_SEPARATOR`] (for
+    /// a program whose command line something else parses: a test binary that runs as a member, read
+    /// back with [`args_from_env`]).
+    pub fn spawn_command_env(
+        program: &Path,
+        argv: &[String],
+        env_var: Option<(&str, &[String])>,
+    ) -> std::io::Result<MemberProcess> {
         let mut cmd = Command::new(program);
+        if let Some((var, args)) = env_var {
+            cmd.env(var, args.join(&ARG_SEPARATOR.to_string()));
+        }
         cmd.args(argv)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -570,6 +704,8 @@ mod tests {
         a.consumer_protocol = true;
         a.transactional = false;
         a.session_timeout = Duration::from_millis(3500);
+        a.recover = true;
+        a.routes = vec![("127.0.0.1:9092".into(), "127.0.0.1:40001".into())];
         let b = MemberArgs::parse(&a.to_args()).unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         let mut bad = a.to_args();
@@ -590,7 +726,8 @@ mod tests {
             "persisting 2",
             "persisted 1500",
             "committed k1 4 99",
-            "failed fenced=true stale",
+            "stats 2 1 1 5",
+            "failed fenced=false producer_fenced=true stale",
             "stopped",
         ] {
             log.take_line(l);
@@ -603,6 +740,9 @@ mod tests {
             log.committed,
             vec![(Bytes::from_static(b"k1"), Tally { count: 4, hash: 99 })]
         );
-        assert!(log.failure.unwrap().contains("fenced=true"));
+        assert_eq!(log.stats, [2, 1, 1, 5]);
+        assert!(log.fence_exit());
+        log.failure = Some("failed fenced=false producer_fenced=false timeout".into());
+        assert!(!log.fence_exit());
     }
 }

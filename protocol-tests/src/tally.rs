@@ -30,9 +30,24 @@ pub fn step(t: Option<Tally>, value: &[u8]) -> Tally {
     }
 }
 
-/// The fold of `values` from scratch, `None` for no events.
+/// Whether an event deletes its key: its value ends with `-del`. The key's state goes away (the flow
+/// writes a grave, then a tombstone) and its next event starts a fresh tally.
+pub fn is_delete(value: &[u8]) -> bool {
+    value.ends_with(b"-del")
+}
+
+/// The fold of `values` from scratch, `None` for no events (or when the last one deleted the key).
 pub fn fold_all<'a>(values: impl IntoIterator<Item = &'a Bytes>) -> Option<Tally> {
-    values.into_iter().fold(None, |t, v| Some(step(t, v)))
+    values.into_iter().fold(
+        None,
+        |t, v| {
+            if is_delete(v) {
+                None
+            } else {
+                Some(step(t, v))
+            }
+        },
+    )
 }
 
 /// The [`Fold`] over [`Tally`]: 16 bytes, count then hash, big-endian.
@@ -42,7 +57,12 @@ pub struct Counter;
 impl Fold for Counter {
     type State = Tally;
     fn fold(&self, _key: &Bytes, state: &mut Option<Tally>, event: &Record) -> Change {
-        *state = Some(step(*state, event.value.as_deref().unwrap_or_default()));
+        let value = event.value.as_deref().unwrap_or_default();
+        if is_delete(value) {
+            *state = None;
+            return Change::Delete;
+        }
+        *state = Some(step(*state, value));
         Change::Update
     }
     fn encode(&self, s: &Tally) -> Bytes {
@@ -75,5 +95,8 @@ mod tests {
         assert_eq!(Counter.decode(&Counter.encode(&ab)).unwrap(), ab);
         assert!(Counter.decode(b"short").is_err());
         assert_eq!(fold_all([]), None);
+        let del = Bytes::from_static(b"x-del");
+        assert_eq!(fold_all([&a, &del]), None);
+        assert_eq!(fold_all([&a, &del, &b]), fold_all([&b]));
     }
 }

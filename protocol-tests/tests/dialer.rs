@@ -16,12 +16,13 @@ use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, Fetc
 use kafka_protocol::messages::{MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use protocol_tests::{cluster, unique, ClusterSpec, Fault, FaultProxy, KafkaCluster, Requests};
+use snapfence::consumer::committed_offsets;
 use snapfence::net::{
     CallOptions, Client, ClientConfig, ConnectionFailure, DialFuture, Dialer, NetError, Target,
     TcpDialer, Verdict,
 };
 use snapfence::producer::{
-    Producer, ProducerConfig, ProducerError, ProducerRecord, TransactionalConfig,
+    Producer, ProducerConfig, ProducerError, ProducerRecord, TopicPartition, TransactionalConfig,
     TransactionalProducer,
 };
 use snapfence::records::{visible_in, AbortedTransaction, IsolationLevel};
@@ -405,10 +406,18 @@ fn txn_config(id: &str) -> TransactionalConfig {
 
 /// Inside a transaction, a lost Produce answer and then a lost EndTxn answer: the batch is resent
 /// and kept once, the commit is sent again and holds, and a read_committed reader sees each record
-/// exactly once.
+/// exactly once. On transaction version 2 and 1 (TV1 adds partitions with AddPartitionsToTxn and
+/// ends without an epoch bump, so the resent EndTxn meets a different coordinator path).
 #[tokio::test]
 async fn lost_answers_inside_a_transaction_neither_duplicate_nor_lose() {
-    let kafka = cluster(ClusterSpec::kafka4()).await;
+    for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
+        lost_answers_inside_a_transaction(spec).await;
+    }
+}
+
+async fn lost_answers_inside_a_transaction(spec: ClusterSpec) {
+    let tv = spec.transaction_version.unwrap_or(2);
+    let kafka = cluster(spec).await;
     let Some(s) = through_proxy(&kafka, Duration::from_secs(3)).await else {
         return;
     };
@@ -417,6 +426,11 @@ async fn lost_answers_inside_a_transaction_neither_duplicate_nor_lose() {
         .await
         .expect("init");
     p.begin().expect("begin");
+    assert_eq!(
+        i16::from(p.transaction_version()),
+        tv,
+        "the leg runs the version it names"
+    );
     s.proxy
         .set(
             &s.broker,
@@ -494,5 +508,298 @@ async fn latency_slows_but_breaks_nothing() {
     }
     s.proxy.heal();
     assert_eq!(values(&s.client, &topic).await, ["x", "y", "z"]);
+    s.proxy.check().expect("no proxy failure");
+}
+
+const ADD_OFFSETS_TO_TXN: i16 = 25;
+const TXN_OFFSET_COMMIT: i16 = 28;
+
+/// The committed offset of `group` for partition 0 of `topic` (pending transactional offsets waited
+/// out).
+async fn committed(client: &Client, group: &str, topic: &str) -> Option<i64> {
+    let tp = TopicPartition::new(topic, 0);
+    committed_offsets(client, group, std::slice::from_ref(&tp))
+        .await
+        .expect("committed offsets")
+        .get(&tp)
+        .copied()
+        .flatten()
+}
+
+/// A TxnOffsetCommit that lands but whose answer is lost (twice) is sent again inside the same
+/// transaction; the commit holds once: the record is read once, the group's offset is the one sent,
+/// and the next transaction moves it on. TV2 and TV1 (where AddOffsetsToTxn comes first).
+#[tokio::test]
+async fn lost_txn_offset_commit_answers_commit_once() {
+    for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
+        let kafka = cluster(spec).await;
+        let Some(s) = through_proxy(&kafka, Duration::from_secs(2)).await else {
+            return;
+        };
+        let out = topic(&s.client, "dial-toc-out").await;
+        let input = topic(&s.client, "dial-toc-in").await;
+        let group = unique("dial-toc-g");
+        let member = protocol_tests::join_classic(&s.client, &group, "", 60_000)
+            .await
+            .expect("join");
+        let mut p = TransactionalProducer::init(s.client.clone(), txn_config(&unique("dial-toc")))
+            .await
+            .expect("init");
+        p.begin().expect("begin");
+        p.send(record(&out, "first"))
+            .await
+            .expect("send")
+            .await
+            .expect("delivered");
+        s.proxy
+            .set(
+                &s.broker,
+                Fault::DropResponses(Requests::ApiKeys(vec![
+                    ADD_OFFSETS_TO_TXN,
+                    TXN_OFFSET_COMMIT,
+                ])),
+            )
+            .expect("set");
+        let before = s.proxy.stats(&s.broker).expect("stats").dropped_responses;
+        let (sent, ()) = tokio::join!(
+            p.send_offsets(
+                [(TopicPartition::new(input.as_str(), 0), 7.into())],
+                &member
+            ),
+            async {
+                // Two answers lost: the first attempt and its first resend.
+                until(|| {
+                    s.proxy
+                        .stats(&s.broker)
+                        .is_ok_and(|st| st.dropped_responses >= before + 2)
+                })
+                .await;
+                s.proxy.heal();
+            }
+        );
+        sent.expect("the offset commit, sent again, is answered");
+        p.commit().await.expect("commit");
+        assert_eq!(values_committed(&s.client, &out).await, ["first"]);
+        assert_eq!(committed(&s.client, &group, &input).await, Some(7));
+
+        // The next transaction, with nothing lost, moves the offset on: nothing of the resends is
+        // left pending to hold it back.
+        p.begin().expect("begin");
+        p.send_offsets(
+            [(TopicPartition::new(input.as_str(), 0), 9.into())],
+            &member,
+        )
+        .await
+        .expect("offsets");
+        p.commit().await.expect("commit");
+        assert_eq!(committed(&s.client, &group, &input).await, Some(9));
+        assert_eq!(values_committed(&s.client, &out).await, ["first"]);
+        s.proxy.check().expect("no proxy failure");
+    }
+}
+
+/// Every EndTxn answer lost until the operation timeout: the request landed, so the commit happened,
+/// but the producer cannot know; it reports `CommitOutcomeUnknown` (class outcome-unknown, never a
+/// plain failure), refuses to abort, and after the heal the commit called again finds it done. A next
+/// owner of the transactional id then starts cleanly, and read_committed sees each record once.
+#[tokio::test]
+async fn an_end_txn_never_answered_is_reported_unknown_and_the_next_owner_finds_it_committed() {
+    for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
+        let kafka = cluster(spec).await;
+        let Some(s) = through_proxy(&kafka, Duration::from_secs(2)).await else {
+            return;
+        };
+        let out = topic(&s.client, "dial-endtxn").await;
+        let id = unique("dial-endtxn");
+        let mut config = txn_config(&id);
+        config.operation_timeout = Duration::from_secs(6);
+        let mut p = TransactionalProducer::init(s.client.clone(), config.clone())
+            .await
+            .expect("init");
+        p.begin().expect("begin");
+        p.send(record(&out, "one"))
+            .await
+            .expect("send")
+            .await
+            .expect("delivered");
+        s.proxy
+            .set(
+                &s.broker,
+                Fault::DropResponses(Requests::ApiKeys(vec![END_TXN])),
+            )
+            .expect("set");
+        let started = tokio::time::Instant::now();
+        let err = p.commit().await.expect_err("no EndTxn answer ever came");
+        let waited = started.elapsed();
+        assert!(
+            matches!(err, ProducerError::CommitOutcomeUnknown { .. }) && err.is_outcome_unknown(),
+            "{err:?}"
+        );
+        assert!(
+            waited < Duration::from_secs(20),
+            "bounded by the operation timeout: {waited:?}"
+        );
+        assert!(s.proxy.stats(&s.broker).expect("stats").dropped_responses >= 1);
+        let refused = p
+            .abort()
+            .await
+            .expect_err("no abort while the commit may land");
+        assert!(
+            matches!(refused, ProducerError::IllegalState { .. }),
+            "{refused:?}"
+        );
+        s.proxy.heal();
+        // The commit did land: read_committed shows it before anyone resolves anything.
+        assert_eq!(values_committed(&s.client, &out).await, ["one"]);
+        p.commit()
+            .await
+            .expect("the commit called again finds it done");
+        // A next owner of the id fences this one and commits its own transaction on top.
+        let mut next = TransactionalProducer::init(s.client.clone(), config)
+            .await
+            .expect("the next owner's init");
+        next.begin().expect("begin");
+        next.send(record(&out, "two"))
+            .await
+            .expect("send")
+            .await
+            .expect("delivered");
+        next.commit().await.expect("commit");
+        assert_eq!(values_committed(&s.client, &out).await, ["one", "two"]);
+        p.begin().expect("begin");
+        let stale = p.send(record(&out, "stale")).await.expect("queued");
+        let late = match stale.await {
+            Err(e) => Err(e),
+            Ok(_) => p.commit().await,
+        };
+        let late = late.expect_err("the old owner is fenced");
+        assert!(late.is_fatal() || late.is_abortable(), "{late:?}");
+        assert_eq!(values_committed(&s.client, &out).await, ["one", "two"]);
+        s.proxy.check().expect("no proxy failure");
+    }
+}
+
+/// A deadline for one step of a test, so a hang fails with what hung instead of running forever.
+async fn within<T>(what: &str, d: Duration, f: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(d, f).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what} hung for more than {d:?}"),
+    }
+}
+
+/// On three nodes, only the group coordinator's node is cut off (blackholed) while the transaction
+/// coordinator's node and the record's partition leader stay reachable. The transaction's writes go on;
+/// the offset commit, which needs the group coordinator, fails typed within the operation timeout; an
+/// OffsetFetch fails typed too; nothing hangs. The abort (the transaction coordinator's business)
+/// succeeds during the cut, and after the heal the same producer commits records and offsets, once.
+#[tokio::test]
+async fn a_cut_to_the_group_coordinator_alone_fails_the_offset_commit_typed_and_heals() {
+    use snapfence::net::CoordinatorKind;
+    let kafka = cluster(ClusterSpec::three_nodes()).await;
+    let Some(s) = through_proxy(&kafka, Duration::from_secs(2)).await else {
+        return;
+    };
+    // A group and a transactional id whose coordinators are on different nodes.
+    let mut pick = None;
+    for _ in 0..50 {
+        let (g, t) = (unique("dial-cut-g"), unique("dial-cut-t"));
+        let gc = s
+            .client
+            .coordinator(CoordinatorKind::Group, &g)
+            .await
+            .expect("group coordinator");
+        let tc = s
+            .client
+            .coordinator(CoordinatorKind::Transaction, &t)
+            .await
+            .expect("transaction coordinator");
+        if gc != tc {
+            pick = Some((g, gc, t, tc));
+            break;
+        }
+    }
+    let (group, gc, txn_id, tc) = pick.expect("coordinators on different nodes");
+    // A one-partition topic led by a node other than the group coordinator's.
+    let mut led_elsewhere = None;
+    for _ in 0..10 {
+        let t = topic(&s.client, "dial-cut-out").await;
+        if s.client.leader(&t, 0).await.expect("leader").node != gc {
+            led_elsewhere = Some(t);
+            break;
+        }
+    }
+    let out = led_elsewhere.expect("a topic not led by the group coordinator's node");
+    let input = TopicPartition::new(out.as_str(), 0);
+    let member = protocol_tests::join_classic(&s.client, &group, "", 60_000)
+        .await
+        .expect("join");
+    let mut config = txn_config(&txn_id);
+    config.operation_timeout = Duration::from_secs(8);
+    let mut p = TransactionalProducer::init(s.client.clone(), config)
+        .await
+        .expect("init");
+    let rec = |v: &str| record(&out, v);
+
+    let cut = kafka.node_address(gc);
+    s.proxy.set(&cut, Fault::Blackhole).expect("cut");
+    p.begin().expect("begin");
+    within(
+        "a send to a reachable leader",
+        Duration::from_secs(30),
+        async { p.send(rec("cut-off")).await.expect("send").await },
+    )
+    .await
+    .expect("the record's leader is reachable: delivered");
+    let started = tokio::time::Instant::now();
+    let err = within(
+        "send_offsets during the cut",
+        Duration::from_secs(60),
+        async { p.send_offsets([(input.clone(), 1.into())], &member).await },
+    )
+    .await
+    .expect_err("the group coordinator is unreachable");
+    eprintln!(
+        "send_offsets with the group coordinator (node {gc}) cut, transaction coordinator node {tc}: \
+         {err:?} after {:?}",
+        started.elapsed()
+    );
+    // What 4.4 gives: the operation timeout, abortable (nothing was applied: the requests never
+    // reached the coordinator), naming the coordinator lookup's last answer.
+    assert!(
+        matches!(err, ProducerError::Timeout { .. }) && err.is_abortable(),
+        "typed, and the transaction must not commit: {err:?}"
+    );
+    let fetch = within(
+        "OffsetFetch during the cut",
+        Duration::from_secs(60),
+        async { committed_offsets(&s.client, &group, std::slice::from_ref(&input)).await },
+    )
+    .await;
+    assert!(fetch.is_err(), "{fetch:?}");
+    eprintln!("OffsetFetch during the cut: {fetch:?}");
+    assert!(s.proxy.stats(&cut).expect("stats").held >= 1);
+    within("abort during the cut", Duration::from_secs(60), p.abort())
+        .await
+        .expect("the abort goes to the reachable transaction coordinator");
+
+    s.proxy.heal();
+    p.begin().expect("begin");
+    within(
+        "the transaction after the heal",
+        Duration::from_secs(90),
+        async {
+            p.send(rec("healed")).await.expect("send").await?;
+            p.send_offsets([(input.clone(), 2.into())], &member).await?;
+            p.commit().await
+        },
+    )
+    .await
+    .expect("after the heal the transaction commits");
+    assert_eq!(committed(&s.client, &group, &out).await, Some(2));
+    assert_eq!(
+        values_committed(&s.client, &out).await,
+        ["healed"],
+        "nothing of the aborted transaction"
+    );
     s.proxy.check().expect("no proxy failure");
 }

@@ -11,6 +11,20 @@ use protocol_tests::campaign::{
     RoundReport,
 };
 use protocol_tests::dedicated;
+use protocol_tests::member::{args_from_env, member_main};
+
+/// The environment variable that carries a member's arguments into this binary.
+const MEMBER_ARGS: &str = "SNAPFENCE_CAMPAIGN_MEMBER_ARGS";
+
+/// Not a check: the entry point of the member processes the campaign starts from this very binary
+/// (libtest owns `main`, so a member is this one test run alone, its arguments in [`MEMBER_ARGS`]).
+/// Run without that variable, as in every ordinary test run, it does nothing.
+#[test]
+fn campaign_member_entry() {
+    if let Some(args) = args_from_env(MEMBER_ARGS) {
+        member_main(&args);
+    }
+}
 
 fn config(transactional: bool) -> CampaignConfig {
     let finder: Finder = Arc::new(|bootstrap, topic| {
@@ -22,8 +36,20 @@ fn config(transactional: bool) -> CampaignConfig {
     });
     let mut cfg = CampaignConfig::new(
         MemberCommand {
-            program: env!("CARGO_BIN_EXE_flow-member").into(),
-            leading: Vec::new(),
+            // This test binary itself, by its inode, runs each member (see `campaign_member_entry`):
+            // `target/debug/flow-member` is replaced whenever another source tree builds into the same
+            // target directory, and a campaign once ran another tree's member that way.
+            program: "/proc/self/exe".into(),
+            leading: [
+                "campaign_member_entry",
+                "--exact",
+                "--nocapture",
+                "--quiet",
+                "--test-threads=1",
+            ]
+            .map(String::from)
+            .to_vec(),
+            args_env: Some(MEMBER_ARGS.into()),
         },
         Some(finder),
     );
@@ -31,11 +57,12 @@ fn config(transactional: bool) -> CampaignConfig {
     cfg
 }
 
-fn plan(seed: u64, consumer_protocol: bool, faults: &[FaultKind]) -> RoundPlan {
+fn plan(seed: u64, consumer_protocol: bool, recover: bool, faults: &[FaultKind]) -> RoundPlan {
     RoundPlan {
         seed,
         consumer_protocol,
         faults: faults.to_vec(),
+        recover,
     }
 }
 
@@ -46,8 +73,10 @@ fn show(r: &RoundReport) {
     }
 }
 
-/// Every fault kind, fenced, on TV2 and TV1 under both protocols: no anomaly, no hanging transaction, no
-/// harness trouble; and the unfenced mode under a zombie is caught.
+/// Every fault kind, fenced, on TV2 and TV1 under both protocols and both fence policies: no anomaly
+/// (with the tolerant policy that includes no member exit on a fence), no hanging transaction, no
+/// harness trouble, and the compaction fault ran on a log the cleaner had worked on; and the unfenced
+/// mode under a zombie is caught.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_campaign_fenced_is_clean_and_unfenced_is_caught() {
     use FaultKind::*;
@@ -58,11 +87,23 @@ async fn short_campaign_fenced_is_clean_and_unfenced_is_caught() {
 
     let kafka = dedicated(campaign_spec(2)).await;
     for p in [
-        plan(0x5eed_0001, true, &[Zombie, LeaderRestart, ForeignTxn]),
+        plan(
+            0x5eed_0001,
+            true,
+            false,
+            &[Zombie, LeaderRestart, ForeignTxn, PartitionMember],
+        ),
         plan(
             0x5eed_0002,
             false,
-            &[KillMidTxn, TxnCoordinatorKill, Rebalance],
+            true,
+            &[
+                KillMidTxn,
+                UnknownOutcome,
+                TxnCoordinatorKill,
+                RestartStorm,
+                Rebalance,
+            ],
         ),
     ] {
         let r = run_round(&kafka, &fenced, &p).await;
@@ -72,7 +113,7 @@ async fn short_campaign_fenced_is_clean_and_unfenced_is_caught() {
     // Unfenced, a thawed zombie's stale flush lands; a second try covers a zombie that happened to hold
     // nothing unflushed when it froze.
     for seed in [0x5eed_0003, 0x5eed_0004] {
-        let r = run_round(&kafka, &unfenced, &plan(seed, false, &[Zombie])).await;
+        let r = run_round(&kafka, &unfenced, &plan(seed, false, false, &[Zombie])).await;
         show(&r);
         assert!(r.infra.is_empty(), "harness trouble: {:?}", r.infra);
         if !r.anomalies.is_empty() {
@@ -89,13 +130,30 @@ async fn short_campaign_fenced_is_clean_and_unfenced_is_caught() {
         &plan(
             0x5eed_0005,
             true,
-            &[GroupCoordinatorKill, KillMidTxn, Zombie],
+            true,
+            &[GroupCoordinatorKill, Latency, Zombie, Compaction],
         ),
     )
     .await;
     show(&r);
     clean.push(r);
 
+    let drawn: std::collections::BTreeSet<FaultKind> =
+        clean.iter().flat_map(|r| r.plan.faults.clone()).collect();
+    assert_eq!(
+        drawn.len(),
+        FaultKind::ALL.len(),
+        "every fault kind runs fenced: {drawn:?}"
+    );
+    let compacted: usize = clean.iter().map(|r| r.compacted).sum();
+    assert!(
+        compacted >= 1,
+        "the compaction fault saw the cleaner remove records before the recoveries"
+    );
+    assert!(
+        clean.iter().any(|r| r.plan.recover) && clean.iter().any(|r| !r.plan.recover),
+        "both fence policies"
+    );
     for r in &clean {
         assert!(
             r.anomalies.is_empty() && r.infra.is_empty(),
