@@ -12,7 +12,7 @@
 //! | `persisting N` | a flush of N changed keys starts now (a transaction is about to begin) |
 //! | `persisted MICROS` | that flush succeeded after MICROS microseconds |
 //! | `committed KEY COUNT HASH` | that key's snapshot with this tally was committed by the flush |
-//! | `stats FENCES REACQUIRED REJOINS REBALANCES` | its [`FlowStats`](snapfence::snapshot::FlowStats) changed to these |
+//! | `stats FENCES REACQUIRED REJOINS REBALANCES` | its [`FlowStats`] changed to these |
 //! | `failed fenced=B producer_fenced=B ERROR` | persist, commit or poll failed; the process exits with status 2 |
 //! | `stopped` | its stdin closed; it flushed, committed and exits with status 0 |
 //!
