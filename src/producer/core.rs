@@ -372,6 +372,17 @@ impl<T> ProducerCore<T> {
                 let action = classify(Api::Produce, a.code);
                 let outcome = match action {
                     Action::Ok | Action::Duplicate => Outcome::Acked,
+                    // The leader appended the batch and then gave up waiting for its replicas (the
+                    // broker's own timeout, or fewer in-sync replicas than required after the append):
+                    // the batch may be in the log, as if the answer had been lost.
+                    Action::Retry(_)
+                        if matches!(
+                            a.code,
+                            ErrorCode::RequestTimedOut | ErrorCode::NotEnoughReplicasAfterAppend
+                        ) =>
+                    {
+                        Outcome::NoAnswer
+                    }
                     Action::Retry(_) => Outcome::Retriable,
                     Action::SequenceBroken => Outcome::SequenceBroken,
                     Action::StaleEpoch => Outcome::StaleEpoch,

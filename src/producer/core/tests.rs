@@ -284,6 +284,26 @@ fn late_retriable_answer_gives_up() {
     assert!(e.is_abortable() && !e.is_outcome_unknown(), "{e}");
 }
 
+/// REQUEST_TIMED_OUT and NOT_ENOUGH_REPLICAS_AFTER_APPEND come after the leader appended: a batch that
+/// runs out of delivery time after one is reported as outcome unknown, never as not written.
+#[test]
+fn answers_given_after_the_append_leave_the_outcome_unknown() {
+    for code in [
+        ErrorCode::RequestTimedOut,
+        ErrorCode::NotEnoughReplicasAfterAppend,
+    ] {
+        let t0 = Instant::now();
+        let mut c = core(false);
+        let mut enc = FakeEncoder::default();
+        c.append(&tp(0), rec(10), 1, t0).unwrap();
+        c.flush();
+        let s = send(&mut c, t0, &mut enc).remove(0);
+        let fx = c.on_answer(s.id, err(code), t0 + Duration::from_secs(6));
+        let e = fx.completions[0].result.as_ref().unwrap_err();
+        assert!(e.is_outcome_unknown(), "{code:?}: {e}");
+    }
+}
+
 #[test]
 fn never_sent_batches_expire_as_not_written() {
     let t0 = Instant::now();
