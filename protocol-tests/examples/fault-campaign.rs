@@ -1,10 +1,12 @@
 //! The long fault campaign, one command:
 //!
 //! `cargo run --release -p protocol-tests --example fault-campaign -- --rounds 200 [--seed N] [--tv 2|1|both]
-//! [--unfenced] [--round-seed X] [--faults KIND,KIND] [--verbose]`
+//! [--legs 4.4-tv2,4.4-tv1,4.2,3.9] [--unfenced] [--round-seed X] [--faults KIND,KIND] [--verbose]`
 //!
 //! Starts a three-node cluster per transaction version (`--tv both`, the default, alternates rounds between
-//! a TV2 and a TV1 cluster), runs the rounds drawn from the seed (printed first, so a run can be repeated),
+//! a TV2 and a TV1 cluster of Kafka 4.4) or per leg named by `--legs` (Kafka 4.4 at either transaction
+//! version, 4.2, 3.9; rounds go round the legs in that order, and on 3.9, which has no KIP-848, a round
+//! drawn for the consumer protocol runs classic), runs the rounds drawn from the seed (printed first, so a run can be repeated),
 //! prints one line per round, a running total every ten rounds and, at the end, the rounds, faults by kind,
 //! anomalies and the seeds to replay. `--round-seed X` replays one round (with the same `--faults`, if
 //! any); `--faults` draws only from those kinds; `--verbose` prints every round's notes. Exit status 1
@@ -15,7 +17,7 @@ use std::io::Write as _;
 use std::sync::Arc;
 
 use protocol_tests::campaign::{
-    campaign_spec, run_round, summary, CampaignConfig, FaultKind, Finder, MemberCommand, RoundPlan,
+    run_round, summary, CampaignConfig, FaultKind, Finder, Leg, MemberCommand, RoundPlan,
 };
 use protocol_tests::member::member_main;
 use protocol_tests::KafkaCluster;
@@ -28,7 +30,7 @@ fn main() {
     let mut rounds = 200u64;
     let mut seed = None;
     let mut round_seed = None;
-    let mut tvs = vec![2i16, 1];
+    let mut legs = vec![Leg::Kafka44Tv2, Leg::Kafka44Tv1];
     let mut transactional = true;
     let mut verbose = false;
     let mut kinds = Vec::new();
@@ -44,12 +46,22 @@ fn main() {
             "--seed" => seed = Some(number(&value())),
             "--round-seed" => round_seed = Some(number(&value())),
             "--tv" => {
-                tvs = match value().as_str() {
-                    "2" => vec![2],
-                    "1" => vec![1],
-                    "both" => vec![2, 1],
+                legs = match value().as_str() {
+                    "2" => vec![Leg::Kafka44Tv2],
+                    "1" => vec![Leg::Kafka44Tv1],
+                    "both" => vec![Leg::Kafka44Tv2, Leg::Kafka44Tv1],
                     v => usage(&format!("--tv {v}: want 2, 1 or both")),
                 }
+            }
+            "--legs" => {
+                legs = value()
+                    .split(',')
+                    .map(|name| {
+                        Leg::from_name(name).unwrap_or_else(|| {
+                            usage(&format!("no leg {name:?} (4.4-tv2, 4.4-tv1, 4.2, 3.9)"))
+                        })
+                    })
+                    .collect();
             }
             "--unfenced" => transactional = false,
             "--verbose" => verbose = true,
@@ -71,10 +83,11 @@ fn main() {
             .unwrap_or(1)
     });
     if round_seed.is_some() {
-        rounds = tvs.len() as u64;
+        rounds = legs.len() as u64;
     }
     println!(
-        "fault campaign: seed={seed} rounds={rounds} tv={tvs:?} {}",
+        "fault campaign: seed={seed} rounds={rounds} legs={:?} {}",
+        legs.iter().map(|l| l.name()).collect::<Vec<_>>(),
         if transactional { "fenced" } else { "unfenced" }
     );
     let finder: Finder = Arc::new(|bootstrap, topic| {
@@ -102,25 +115,27 @@ fn main() {
         .build()
         .unwrap_or_else(|e| usage(&format!("no runtime: {e}")));
     let began = std::time::Instant::now();
-    // Every cluster up front and rounds alternating between them, so a run cut short still covers both
-    // transaction versions.
-    let clusters: Vec<(i16, KafkaCluster)> = tvs
+    // Every cluster up front and rounds going round them, so a run cut short still covers every leg.
+    let clusters: Vec<(Leg, KafkaCluster)> = legs
         .iter()
-        .map(|tv| match KafkaCluster::start(&campaign_spec(*tv)) {
+        .map(|leg| match KafkaCluster::start(&leg.spec()) {
             Ok(k) => {
-                println!("tv={tv}: three nodes at {}", k.bootstrap());
-                (*tv, k)
+                println!("{}: three nodes at {}", leg.name(), k.bootstrap());
+                (*leg, k)
             }
-            Err(e) => usage(&format!("cluster for tv={tv}: {e}")),
+            Err(e) => usage(&format!("cluster for {}: {e}", leg.name())),
         })
         .collect();
     let mut reports = Vec::new();
     for r in 0..rounds {
-        let (_, kafka) = &clusters[(r % clusters.len() as u64) as usize];
-        let plan = match round_seed {
+        let (leg, kafka) = &clusters[(r % clusters.len() as u64) as usize];
+        let mut plan = match round_seed {
             Some(s) => RoundPlan::from_seed_among(s, &kinds),
             None => RoundPlan::draw_among(seed, r, &kinds),
         };
+        if !leg.has_consumer_protocol() {
+            plan = plan.classic_only();
+        }
         let report = runtime.block_on(run_round(kafka, &cfg, &plan));
         println!("round {r}: {report}");
         for a in report.anomalies.iter().chain(&report.infra) {
@@ -166,7 +181,7 @@ fn number(text: &str) -> u64 {
 
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "fault-campaign: {problem}\nusage: fault-campaign [--rounds N] [--seed N] [--tv 2|1|both] \
+        "fault-campaign: {problem}\nusage: fault-campaign [--rounds N] [--seed N] [--tv 2|1|both] [--legs LIST] \
          [--unfenced] [--round-seed X] [--faults KIND,...] [--verbose]"
     );
     std::process::exit(2)

@@ -188,13 +188,68 @@ impl CampaignConfig {
 /// `transaction.version` `tv`, with the KIP-848 session timeout at the broker's minimum of 3 s so a
 /// frozen member is evicted quickly under both protocols.
 pub fn campaign_spec(tv: i16) -> ClusterSpec {
-    ClusterSpec::three_nodes()
-        .with_transaction_version(tv)
-        .with_prop("group.consumer.session.timeout.ms", "3000")
-        // The cleaner looks for work every half second instead of every 15 s, so a `compaction`
-        // round's snapshot topic is cleaned within the round. Other topics never roll a segment in a
-        // round, so this changes nothing for them.
-        .with_prop("log.cleaner.backoff.ms", "500")
+    campaign_props(ClusterSpec::three_nodes().with_transaction_version(tv))
+}
+
+/// A cluster the campaign can run its rounds on: a Kafka release and its transaction version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Leg {
+    /// Kafka 4.4, transaction.version 2.
+    Kafka44Tv2,
+    /// Kafka 4.4, transaction.version 1.
+    Kafka44Tv1,
+    /// Kafka 4.2 (transaction.version 2; KIP-848 before KIP-1251's assignment epochs).
+    Kafka42,
+    /// Kafka 3.9 as it ships: no KIP-890 part 2, the classic group coordinator, no KIP-848.
+    Kafka39,
+}
+
+impl Leg {
+    /// Every leg, in a fixed order.
+    pub const ALL: [Leg; 4] = [Leg::Kafka44Tv2, Leg::Kafka44Tv1, Leg::Kafka42, Leg::Kafka39];
+
+    /// A short stable name (`4.4-tv2`, `4.4-tv1`, `4.2`, `3.9`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Leg::Kafka44Tv2 => "4.4-tv2",
+            Leg::Kafka44Tv1 => "4.4-tv1",
+            Leg::Kafka42 => "4.2",
+            Leg::Kafka39 => "3.9",
+        }
+    }
+
+    /// The leg named `name`.
+    pub fn from_name(name: &str) -> Option<Leg> {
+        Self::ALL.into_iter().find(|l| l.name() == name)
+    }
+
+    /// Whether the leg's brokers serve the KIP-848 consumer protocol.
+    pub fn has_consumer_protocol(self) -> bool {
+        self != Leg::Kafka39
+    }
+
+    /// Its three-node cluster, with the campaign's broker settings.
+    pub fn spec(self) -> ClusterSpec {
+        let three = |base: ClusterSpec| ClusterSpec { nodes: 3, ..base };
+        match self {
+            Leg::Kafka44Tv2 => campaign_spec(2),
+            Leg::Kafka44Tv1 => campaign_spec(1),
+            Leg::Kafka42 => campaign_props(three(ClusterSpec::kafka42())),
+            // No consumer-protocol settings: 3.9 as it ships has no KIP-848 to set them for.
+            Leg::Kafka39 => cleaner_props(three(ClusterSpec::kafka39())),
+        }
+    }
+}
+
+fn campaign_props(spec: ClusterSpec) -> ClusterSpec {
+    cleaner_props(spec.with_prop("group.consumer.session.timeout.ms", "3000"))
+}
+
+fn cleaner_props(spec: ClusterSpec) -> ClusterSpec {
+    // The cleaner looks for work every half second instead of every 15 s, so a `compaction`
+    // round's snapshot topic is cleaned within the round. Other topics never roll a segment in a
+    // round, so this changes nothing for them.
+    spec.with_prop("log.cleaner.backoff.ms", "500")
 }
 
 /// A small deterministic generator (SplitMix64), so a round replays from its seed.
@@ -233,6 +288,8 @@ pub struct RoundPlan {
     pub seed: u64,
     /// KIP-848 consumer protocol, else classic.
     pub consumer_protocol: bool,
+    /// Classic rounds only: the eager range assignor instead of cooperative-sticky.
+    pub eager: bool,
     /// The faults, run one after another.
     pub faults: Vec<FaultKind>,
     /// Members run [`FencePolicy::Recover`](snapfence::snapshot::FencePolicy::Recover) (a spurious fence
@@ -278,12 +335,21 @@ impl RoundPlan {
         }
         // Drawn after the faults, so a seed draws the same faults as before this field existed.
         let recover = faults.contains(&FaultKind::RestartStorm) || rng.below(2) == 1;
+        // Drawn last for the same reason: a third of the classic rounds run eager.
+        let eager = rng.below(3) == 0 && !consumer_protocol;
         RoundPlan {
             seed,
             consumer_protocol,
+            eager,
             faults,
             recover,
         }
+    }
+
+    /// This plan on a cluster without the KIP-848 consumer protocol (3.9 as it ships): classic instead.
+    pub fn classic_only(mut self) -> RoundPlan {
+        self.consumer_protocol = false;
+        self
     }
 }
 
@@ -292,7 +358,9 @@ impl RoundPlan {
 pub struct RoundReport {
     /// What was drawn.
     pub plan: RoundPlan,
-    /// The cluster's `transaction.version`.
+    /// The broker release the round ran on.
+    pub broker: String,
+    /// The cluster's `transaction.version` (1 on releases before 4.0, which have no KIP-890 part 2).
     pub transaction_version: i16,
     /// Fenced or not.
     pub transactional: bool,
@@ -335,13 +403,16 @@ impl fmt::Display for RoundReport {
         let faults: Vec<&str> = self.plan.faults.iter().map(|k| k.name()).collect();
         write!(
             f,
-            "seed={:#018x} tv={} {} {} {} faults=[{}] events={} snapshots={} reported={} restarts={} \
+            "seed={:#018x} kafka={} tv={} {} {} {} faults=[{}] events={} snapshots={} reported={} restarts={} \
              exits={} fence-exits={} rebalances={} recovered-in-place={} rejoins={} anomalies={} \
              infra={} {:.1}s",
             self.plan.seed,
+            self.broker,
             self.transaction_version,
             if self.plan.consumer_protocol {
                 "consumer"
+            } else if self.plan.eager {
+                "eager"
             } else {
                 "classic"
             },
@@ -380,9 +451,13 @@ pub fn summary(reports: &[RoundReport]) -> String {
     let infra: usize = reports.iter().map(|r| r.infra.len()).sum();
     let events: usize = reports.iter().map(|r| r.events).sum();
     let mut out = format!(
-        "rounds: {} ({} classic, {} consumer protocol; tv2 {}, tv1 {})\nevents: {events}\nfaults by kind:\n",
+        "rounds: {} ({} classic, {} of them eager, {} consumer protocol; tv2 {}, tv1 {})\nevents: {events}\nfaults by kind:\n",
         reports.len(),
         reports.iter().filter(|r| !r.plan.consumer_protocol).count(),
+        reports
+            .iter()
+            .filter(|r| !r.plan.consumer_protocol && r.plan.eager)
+            .count(),
         reports.iter().filter(|r| r.plan.consumer_protocol).count(),
         reports.iter().filter(|r| r.transaction_version == 2).count(),
         reports.iter().filter(|r| r.transaction_version == 1).count(),
@@ -445,12 +520,19 @@ pub async fn run_round(
     plan: &RoundPlan,
 ) -> RoundReport {
     let began = Instant::now();
+    let major: u32 = kafka
+        .version()
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(4);
     let tv = kafka
         .spec()
         .and_then(|s| s.transaction_version)
-        .unwrap_or(2);
+        .unwrap_or(if major >= 4 { 2 } else { 1 });
     let mut report = RoundReport {
         plan: plan.clone(),
+        broker: kafka.version().to_string(),
         transaction_version: tv,
         transactional: cfg.transactional,
         events: 0,
@@ -543,6 +625,7 @@ impl<'a> Round<'a> {
             &unique("fc-txn"),
         );
         args.consumer_protocol = plan.consumer_protocol;
+        args.eager = plan.eager;
         args.transactional = cfg.transactional;
         args.session_timeout = cfg.session_timeout;
         args.recover = plan.recover;
@@ -1678,6 +1761,12 @@ mod tests {
             .map(|r| RoundPlan::draw(1, r).consumer_protocol)
             .collect();
         assert_eq!(protocols.len(), 2);
+        let plans: Vec<RoundPlan> = (0..60).map(|r| RoundPlan::draw(1, r)).collect();
+        assert!(plans.iter().any(|p| p.eager), "some classic rounds run eager");
+        assert!(plans.iter().any(|p| !p.eager && !p.consumer_protocol));
+        assert!(plans.iter().all(|p| !(p.eager && p.consumer_protocol)));
+        let classic = plans.iter().find(|p| p.consumer_protocol).unwrap().clone();
+        assert!(!classic.classic_only().consumer_protocol);
         let only = RoundPlan::draw_among(1, 5, &[FaultKind::Zombie]);
         assert_eq!(only.faults, vec![FaultKind::Zombie]);
         for k in FaultKind::ALL {
@@ -1729,11 +1818,13 @@ mod tests {
         let plan = RoundPlan {
             seed: 0xabc,
             consumer_protocol: false,
+            eager: false,
             faults: vec![FaultKind::Zombie, FaultKind::ForeignTxn],
             recover: false,
         };
         let mut r = RoundReport {
             plan,
+            broker: "4.4.0".into(),
             transaction_version: 2,
             transactional: true,
             events: 10,

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use snapfence::consumer::{GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset};
+use snapfence::consumer::{Assignor, GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset};
 use snapfence::net::{Client, ClientConfig, DialFuture, Dialer, TcpDialer};
 use snapfence::snapshot::{
     FencePolicy, Flow, FlowConfig, FlowStats, PersistenceMode, SnapshotConfig,
@@ -55,8 +55,12 @@ pub struct MemberArgs {
     pub snapshots: String,
     /// The transactional id prefix of the snapshot store.
     pub txn_prefix: String,
-    /// `true`: the KIP-848 consumer protocol; `false`: classic (cooperative-sticky).
+    /// `true`: the KIP-848 consumer protocol; `false`: classic (cooperative-sticky, or eager with
+    /// [`eager`](Self::eager)).
     pub consumer_protocol: bool,
+    /// Classic only: the eager range assignor (every member revokes everything at each rebalance)
+    /// instead of cooperative-sticky.
+    pub eager: bool,
     /// Fenced (transactional) or not.
     pub transactional: bool,
     /// Classic session timeout (the consumer protocol's comes from the broker).
@@ -100,6 +104,7 @@ impl MemberArgs {
             snapshots: snapshots.into(),
             txn_prefix: prefix.into(),
             consumer_protocol: false,
+            eager: false,
             transactional: true,
             session_timeout: Duration::from_secs(6),
             persist_every: Duration::from_millis(300),
@@ -123,6 +128,8 @@ impl MemberArgs {
                 "--protocol",
                 if self.consumer_protocol {
                     "consumer"
+                } else if self.eager {
+                    "eager"
                 } else {
                     "classic"
                 }
@@ -185,10 +192,11 @@ impl MemberArgs {
             &text("snapshots")?,
             &text("txn-prefix")?,
         );
-        a.consumer_protocol = match text("protocol")?.as_str() {
-            "consumer" => true,
-            "classic" => false,
-            p => return Err(format!("--protocol {p}: want classic or consumer")),
+        (a.consumer_protocol, a.eager) = match text("protocol")?.as_str() {
+            "consumer" => (true, false),
+            "classic" => (false, false),
+            "eager" => (false, true),
+            p => return Err(format!("--protocol {p}: want classic, eager or consumer")),
         };
         a.transactional = match text("mode")?.as_str() {
             "transactional" => true,
@@ -230,6 +238,10 @@ impl MemberArgs {
         if self.consumer_protocol {
             group.protocol = GroupProtocol::Consumer {
                 server_assignor: None,
+            };
+        } else if self.eager {
+            group.protocol = GroupProtocol::Classic {
+                assignors: vec![Assignor::Range],
             };
         }
         let mut consumer = GroupConsumerConfig::new(group);

@@ -61,6 +61,7 @@ fn plan(seed: u64, consumer_protocol: bool, recover: bool, faults: &[FaultKind])
     RoundPlan {
         seed,
         consumer_protocol,
+        eager: false,
         faults: faults.to_vec(),
         recover,
     }
