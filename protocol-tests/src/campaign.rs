@@ -1762,7 +1762,10 @@ mod tests {
             .collect();
         assert_eq!(protocols.len(), 2);
         let plans: Vec<RoundPlan> = (0..60).map(|r| RoundPlan::draw(1, r)).collect();
-        assert!(plans.iter().any(|p| p.eager), "some classic rounds run eager");
+        assert!(
+            plans.iter().any(|p| p.eager),
+            "some classic rounds run eager"
+        );
         assert!(plans.iter().any(|p| !p.eager && !p.consumer_protocol));
         assert!(plans.iter().all(|p| !(p.eager && p.consumer_protocol)));
         let classic = plans.iter().find(|p| p.consumer_protocol).unwrap().clone();
