@@ -720,6 +720,10 @@ mod tests {
         a.routes = vec![("127.0.0.1:9092".into(), "127.0.0.1:40001".into())];
         let b = MemberArgs::parse(&a.to_args()).unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        let mut eager = a.clone();
+        (eager.consumer_protocol, eager.eager) = (false, true);
+        let back = MemberArgs::parse(&eager.to_args()).unwrap();
+        assert!(back.eager && !back.consumer_protocol);
         let mut bad = a.to_args();
         bad.truncate(bad.len() - 1);
         assert!(MemberArgs::parse(&bad)
