@@ -256,31 +256,49 @@ fn run(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    block_on_and_write(
+        async { Ok(run_all(&options).await?.markdown()) },
+        options.out.as_deref(),
+        "benchmark",
+    )
+}
+
+/// Runs `work` on a two-worker runtime and writes the markdown it returns to `out` (stdout when
+/// `None`); the exit status: 0, or 1 when the runtime, the work or the write failed.
+fn block_on_and_write(
+    work: impl std::future::Future<Output = Result<String, Error>>,
+    out: Option<&Path>,
+    what: &str,
+) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("tokio runtime");
-    match runtime.block_on(run_all(&options)) {
-        Ok(report) => {
-            let text = report.markdown();
-            match &options.out {
-                Some(path) => {
-                    if let Err(e) = std::fs::write(path, &text) {
-                        eprintln!("cannot write {}: {e}", path.display());
-                        return 1;
-                    }
-                    eprintln!("wrote {}", path.display());
-                }
-                None => print!("{text}"),
-            }
-            0
-        }
+    {
+        Ok(r) => r,
         Err(e) => {
-            eprintln!("benchmark failed: {e}");
-            1
+            eprintln!("cannot start a tokio runtime: {e}");
+            return 1;
         }
+    };
+    let text = match runtime.block_on(work) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("{what} failed: {e}");
+            return 1;
+        }
+    };
+    match out {
+        Some(path) => {
+            if let Err(e) = std::fs::write(path, &text) {
+                eprintln!("cannot write {}: {e}", path.display());
+                return 1;
+            }
+            eprintln!("wrote {}", path.display());
+        }
+        None => print!("{text}"),
     }
+    0
 }
 
 /// A client under test: how to start its process for one workload.

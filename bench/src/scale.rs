@@ -113,36 +113,7 @@ pub fn main(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot start a tokio runtime: {e}");
-            return 1;
-        }
-    };
-    match runtime.block_on(run(&options)) {
-        Ok(text) => {
-            match &options.out {
-                Some(path) => {
-                    if let Err(e) = std::fs::write(path, &text) {
-                        eprintln!("cannot write {}: {e}", path.display());
-                        return 1;
-                    }
-                    eprintln!("wrote {}", path.display());
-                }
-                None => print!("{text}"),
-            }
-            0
-        }
-        Err(e) => {
-            eprintln!("scale benchmark failed: {e}");
-            1
-        }
-    }
+    crate::block_on_and_write(run(&options), options.out.as_deref(), "scale benchmark")
 }
 
 async fn run(options: &Options) -> Result<String, Error> {
