@@ -211,6 +211,21 @@ impl super::Dialer for InMemory {
     }
 }
 
+/// What a stub broker that serves a transactional producer advertises, as `(api key, min, max)`:
+/// Produce, Metadata, FindCoordinator, ApiVersions, InitProducerId, AddPartitionsToTxn,
+/// AddOffsetsToTxn, EndTxn and TxnOffsetCommit.
+pub(crate) const TRANSACTIONAL_BROKER_APIS: &[(i16, i16, i16)] = &[
+    (0, 3, 11),
+    (3, 1, 12),
+    (10, 0, 4),
+    (18, 0, 3),
+    (22, 0, 4),
+    (24, 0, 3),
+    (25, 0, 3),
+    (26, 0, 3),
+    (28, 0, 3),
+];
+
 /// ApiVersions advertising `(api key, min, max)` for each of `keys`.
 pub(crate) fn api_versions(
     keys: &[(i16, i16, i16)],

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use kafka_protocol::messages::{InitProducerIdResponse, ProducerId};
 
-use crate::net::testing::{api_versions, coordinator_is_self, one_node_metadata, InMemory, Peer};
+use crate::net::testing::{
+    api_versions, coordinator_is_self, one_node_metadata, InMemory, Peer, TRANSACTIONAL_BROKER_APIS,
+};
 use crate::net::{Client, ClientConfig};
 use crate::producer::{ErrorClass, ProducerError, TransactionalConfig, TransactionalProducer};
 use crate::wire::ErrorCode;
@@ -34,16 +36,7 @@ async fn serve(
         let version = request.header.request_api_version;
         match request.header.request_api_key {
             18 => {
-                let answer = api_versions(&[
-                    (0, 3, 11),
-                    (3, 1, 12),
-                    (10, 0, 4),
-                    (22, 0, 4),
-                    (24, 0, 3),
-                    (25, 0, 3),
-                    (26, 0, 3),
-                    (28, 0, 3),
-                ]);
+                let answer = api_versions(TRANSACTIONAL_BROKER_APIS);
                 peer.respond(id, &answer, version.min(3)).await;
             }
             3 => {

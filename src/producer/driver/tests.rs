@@ -13,7 +13,9 @@ use kafka_protocol::messages::{InitProducerIdResponse, ProducerId};
 use tokio::time::timeout;
 
 use super::Inner;
-use crate::net::testing::{api_versions, coordinator_is_self, loopback, one_node_metadata, Peer};
+use crate::net::testing::{
+    api_versions, coordinator_is_self, loopback, one_node_metadata, Peer, TRANSACTIONAL_BROKER_APIS,
+};
 use crate::net::{Client, ClientConfig};
 use crate::producer::{
     Producer, ProducerConfig, ProducerError, ProducerRecord, TransactionalConfig,
@@ -35,17 +37,7 @@ async fn serve(mut peer: Peer, addr: SocketAddr) {
         let version = request.header.request_api_version;
         match request.header.request_api_key {
             18 => {
-                let answer = api_versions(&[
-                    (0, 3, 11),
-                    (3, 1, 12),
-                    (10, 0, 4),
-                    (18, 0, 3),
-                    (22, 0, 4),
-                    (24, 0, 3),
-                    (25, 0, 3),
-                    (26, 0, 3),
-                    (28, 0, 3),
-                ]);
+                let answer = api_versions(TRANSACTIONAL_BROKER_APIS);
                 peer.respond(id, &answer, version.min(3)).await;
             }
             3 => {
