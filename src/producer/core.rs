@@ -213,8 +213,9 @@ impl<T> ProducerCore<T> {
 
     /// Batches to send now: retries first (same bytes, same sequence, in order), then new batches of
     /// ready partitions whose in-flight window has room. Only partitions `allow` lets through are
-    /// considered (a TV1 transaction only produces to enrolled partitions; the driver keeps one sending
-    /// lane per partition).
+    /// considered (a TV1 transaction only produces to enrolled partitions; the driver holds back a
+    /// partition whose leader it does not know yet). The sequencer's window bounds what is out per
+    /// partition (`max_in_flight`).
     pub(crate) fn poll_send(
         &mut self,
         now: Instant,

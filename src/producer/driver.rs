@@ -1,21 +1,39 @@
-//! The async driver shared by both producers: one background task that owns the timers and hands batches
-//! to per-partition sending lanes, over the sans-IO [`ProducerCore`] and [`TxnMachine`].
+//! The async driver shared by both producers: one background task that owns the timers and hands
+//! Produce requests to one sender task per broker, over the sans-IO [`ProducerCore`] and [`TxnMachine`].
 //!
 //! Locking: one `std::sync::Mutex` around the cores, never held across an await. Record outcomes are
 //! delivered after the lock is released.
 //!
-//! Supervision: every task this driver spawns (itself, the lanes, an enrolment, an id fetch) runs under
-//! [`crate::supervise`]. When one panics or is cancelled, [`Inner::task_failed`] releases what it held
-//! (the lane slot, the in-flight flag), fails the records it carried and everything unsent with
+//! Supervision: every task this driver spawns (itself, the per-broker senders, the leader lookup, an
+//! enrolment, an id fetch) runs under [`crate::supervise`]. When one panics or is cancelled, [`Inner::task_failed`] releases what it held
+//! (the sender slot, the in-flight flag), fails the records it carried and everything unsent with
 //! [`ProducerError::TaskFailed`], and makes the producer fatal, so every waiter (a `Delivery`, a flush,
 //! a commit, the next send) gets a typed error instead of waiting on a task that is gone.
 //!
-//! Ordering: each partition has at most one *lane* task at a time, which sends the partition's batches
-//! one request after another in sequence order. A lane never races another lane of the same partition,
-//! so the broker sees sequences in order and OUT_OF_ORDER_SEQUENCE_NUMBER only ever means a real gap or
-//! a predecessor being retried.
+//! Requests: each pass of the background task takes every batch the core lets out (up to
+//! `max_in_flight` per partition, retries first) and groups them by the partition leader in the cached
+//! metadata: one Produce per broker carries one batch of every partition led there, across topics (a
+//! partition with several batches ready goes into that many requests, one batch each, in sequence
+//! order, as Produce v3+ allows one batch per partition per request). A partition whose leader is not
+//! cached is held back while one metadata refresh looks it up.
+//!
+//! Ordering: Kafka answers the requests of one connection in the order it received them, and appends
+//! a partition's batches in sequence order only. Each broker has one *sender* task that puts its
+//! requests on the broker's pooled connection in the order the core handed them out: it keeps every
+//! request it has started in one list and polls them in that order, so each request queues its frame
+//! (the connection's slot lock, in-flight permit and writer queue are all first-come first-served)
+//! before the next one starts. Up to five requests of a partition are then in flight on one connection,
+//! in sequence order, and the broker sees them in that order.
+//!
+//! What the ordering cannot cover, the sequencer does: after a leader change a partition's batches can
+//! be out on two connections at once, and after a connection reset every request on it is unanswered
+//! (each batch *may* have been written). The unanswered batches are resent with the same sequences and
+//! bytes, oldest first and before anything new, so the broker deduplicates what it had already written;
+//! a batch that reaches the broker ahead of a predecessor is refused OUT_OF_ORDER_SEQUENCE_NUMBER and
+//! resent after it, and only an attempt that left as the partition's oldest unacknowledged batch can
+//! prove a real gap (see `sequence.rs`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,8 +56,10 @@ use super::{
     messages, ErrorClass, ProducerConfig, ProducerError, ProducerIdEpoch, ProducerRecord,
     RecordMetadata, TopicPartition,
 };
-use crate::net::{CallOptions, Client, NetError, Target, Verdict};
-use crate::wire::ErrorCode;
+use crate::net::{CallOptions, Client, ClusterMetadata, NetError, Target, Verdict};
+use crate::wire::{
+    ErrorCode, PRODUCE_MAX, PRODUCE_MAX_TV1, PRODUCE_MIN_IDEMPOTENT, PRODUCE_MIN_TV2,
+};
 
 /// Where a record's outcome is delivered.
 pub(crate) type Reply = oneshot::Sender<Result<RecordMetadata, ProducerError>>;
@@ -66,8 +86,14 @@ impl Future for Delivery {
 pub(crate) struct Shared {
     pub(crate) core: ProducerCore<Reply>,
     pub(crate) txn: Option<TxnMachine>,
-    /// Partitions with a lane task sending.
-    lanes: HashSet<TopicPartition>,
+    /// Brokers with a sender task running, by node id, with the requests it has yet to start.
+    senders: HashMap<i32, SenderSlot>,
+    /// Topic names as the wire carries them, made once per topic rather than once per request.
+    topic_names: HashMap<Arc<str>, TopicName>,
+    /// A metadata refresh for partitions whose leader is not cached is under way.
+    refresh_in_flight: bool,
+    /// When the last refresh ended, so a leaderless partition does not refresh in a tight loop.
+    last_refresh: Option<tokio::time::Instant>,
     /// TV1: an AddPartitionsToTxn is out.
     pub(crate) add_in_flight: bool,
     /// Idempotent: the epoch ran out and InitProducerId must fetch a new id.
@@ -81,8 +107,10 @@ pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) config: ProducerConfig,
     pub(crate) transactional_id: Option<String>,
+    /// The transactional id as the wire carries it, made once.
+    wire_transactional_id: Option<TransactionalId>,
     shared: Mutex<Shared>,
-    /// Wakes the background task (new data, a lane finished, an answer changed something).
+    /// Wakes the background task (new data, a request answered, an answer changed something).
     wake: Notify,
     /// Wakes callers waiting for memory, a flush or in-flight requests to drain.
     changed: Notify,
@@ -91,13 +119,31 @@ pub(crate) struct Inner {
     pub(crate) faults: crate::supervise::Faults,
 }
 
+/// A broker's sender task: the requests it has yet to start, and how to tell it there are more.
+struct SenderSlot {
+    queue: VecDeque<ProduceJob>,
+    wake: Arc<Notify>,
+}
+
+/// One Produce request: at most one batch per partition, every partition led by `node`.
+struct ProduceJob {
+    node: i32,
+    batches: Vec<ToSend>,
+    /// Each batch's topic name as the wire carries it (parallel to `batches`).
+    names: Vec<TopicName>,
+    /// `(min, max)` Produce version for this producer and transaction version.
+    versions: (i16, i16),
+}
+
 /// The driver's spawned tasks, named for the error their failure becomes.
 #[derive(Debug, Clone)]
 enum Task {
     /// The background task itself ([`Inner::run`]).
     Driver,
-    /// A partition's sending lane.
-    Lane(TopicPartition),
+    /// The task that sends Produce requests to one broker.
+    Sender(i32),
+    /// The metadata refresh for partitions whose leader is not cached.
+    Leaders,
     /// A TV1 AddPartitionsToTxn.
     AddPartitions,
     /// An idempotent producer's new-id fetch.
@@ -108,7 +154,8 @@ impl std::fmt::Display for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Task::Driver => f.write_str("driver"),
-            Task::Lane(tp) => write!(f, "lane {tp}"),
+            Task::Sender(node) => write!(f, "sender to broker {node}"),
+            Task::Leaders => f.write_str("leader lookup"),
             Task::AddPartitions => f.write_str("add partitions"),
             Task::ProducerId => f.write_str("producer id"),
         }
@@ -123,14 +170,21 @@ impl Inner {
         txn: Option<TxnMachine>,
     ) -> Arc<Inner> {
         let core = ProducerCore::new(&config, transactional_id.is_some());
+        let wire_transactional_id = transactional_id
+            .as_ref()
+            .map(|id| TransactionalId(StrBytes::from_string(id.clone())));
         Arc::new(Inner {
             client,
             config,
             transactional_id,
+            wire_transactional_id,
             shared: Mutex::new(Shared {
                 core,
                 txn,
-                lanes: HashSet::new(),
+                senders: HashMap::new(),
+                topic_names: HashMap::new(),
+                refresh_in_flight: false,
+                last_refresh: None,
                 add_in_flight: false,
                 need_new_id: false,
                 new_id_in_flight: false,
@@ -187,9 +241,16 @@ impl Inner {
             let mut s = self.lock();
             let mut fx = match task {
                 Task::Driver => s.core.abandon(&err, None),
-                Task::Lane(tp) => {
-                    s.lanes.remove(tp);
-                    s.core.abandon(&err, Some(tp))
+                Task::Sender(node) => {
+                    // Which of the requests out were this sender's no longer matters: the producer is
+                    // fatal, so every batch with a request out fails now (an answer still arriving on
+                    // another sender finds no batch and is ignored).
+                    s.senders.remove(node);
+                    s.core.abandon(&err, None)
+                }
+                Task::Leaders => {
+                    s.refresh_in_flight = false;
+                    s.core.fail_unsent(&err)
                 }
                 Task::AddPartitions => {
                     s.add_in_flight = false;
@@ -436,12 +497,13 @@ impl Inner {
             #[cfg(test)]
             self.faults.hit("driver");
             let now = crate::clock::now();
-            let mut lanes: Vec<(TopicPartition, Vec<ToSend>)> = Vec::new();
+            let mut start: Vec<(i32, Arc<Notify>)> = Vec::new();
             let mut add: Option<TxnRequest> = None;
             let mut new_id = false;
+            let mut refresh: Option<Vec<String>> = None;
             let (replies, next) = {
                 let mut s = self.lock();
-                if s.closed && s.lanes.is_empty() && !s.add_in_flight {
+                if s.closed && s.senders.is_empty() && !s.add_in_flight && !s.refresh_in_flight {
                     return;
                 }
                 let fx = s.core.expire(now);
@@ -456,32 +518,50 @@ impl Inner {
                     s.new_id_in_flight = true;
                     new_id = true;
                 }
-                let Shared {
-                    core,
-                    txn,
-                    lanes: busy,
-                    ..
-                } = &mut *s;
+                let versions = self.produce_versions(&s);
+                let meta = self.client.cached_metadata();
+                let mut leaderless: HashSet<Arc<str>> = HashSet::new();
+                let Shared { core, txn, .. } = &mut *s;
                 let mut allow = |tp: &TopicPartition| {
-                    !busy.contains(tp) && txn.as_ref().is_none_or(|t| t.can_produce(tp))
+                    if !txn.as_ref().is_none_or(|t| t.can_produce(tp)) {
+                        return false;
+                    }
+                    if meta.leader(&tp.topic, tp.partition).is_none() {
+                        leaderless.insert(tp.topic.clone());
+                        return false;
+                    }
+                    true
                 };
                 let mut encoder = RecordsEncoder {
                     compression: self.config.compression,
                 };
                 let (out, fx) = core.poll_send(now, &mut allow, &mut encoder);
-                let mut by_part: HashMap<TopicPartition, Vec<ToSend>> = HashMap::new();
-                for b in out {
-                    if let Some(t) = txn.as_mut() {
+                if let Some(t) = txn.as_mut() {
+                    for b in &out {
                         t.on_produce_sent(&b.partition);
                     }
-                    by_part.entry(b.partition.clone()).or_default().push(b);
                 }
-                for (tp, batches) in by_part {
-                    busy.insert(tp.clone());
-                    lanes.push((tp, batches));
+                for job in requests_by_leader(&meta, out, versions, &mut s.topic_names) {
+                    let slot = s.senders.entry(job.node).or_insert_with(|| {
+                        let wake = Arc::new(Notify::new());
+                        start.push((job.node, wake.clone()));
+                        SenderSlot {
+                            queue: VecDeque::new(),
+                            wake,
+                        }
+                    });
+                    slot.wake.notify_one();
+                    slot.queue.push_back(job);
+                }
+                if !leaderless.is_empty() && !s.refresh_in_flight {
+                    s.refresh_in_flight = true;
+                    let mut topics: Vec<String> =
+                        leaderless.iter().map(|t| t.to_string()).collect();
+                    topics.sort();
+                    refresh = Some(topics);
                 }
                 replies.extend(self.apply(&mut s, fx));
-                let next = [
+                let mut next = [
                     s.core.next_wakeup(now),
                     s.txn
                         .as_ref()
@@ -490,13 +570,27 @@ impl Inner {
                 .into_iter()
                 .flatten()
                 .min();
+                if !leaderless.is_empty() {
+                    // A held-back retry is due already; the refresh's end wakes this task, so only look
+                    // again shortly rather than spin until then.
+                    next = next.map(|at| at.max(now + LEADERLESS_RECHECK));
+                }
                 (replies, next)
             };
             deliver(replies);
-            for (tp, batches) in lanes {
+            for (node, wake) in start {
                 let inner = self.clone();
-                let task = Task::Lane(tp.clone());
-                self.supervise(task, async move { inner.lane(tp, batches).await });
+                self.supervise(
+                    Task::Sender(node),
+                    async move { inner.sender(node, wake).await },
+                );
+            }
+            if let Some(topics) = refresh {
+                let inner = self.clone();
+                self.supervise(
+                    Task::Leaders,
+                    async move { inner.refresh_leaders(topics).await },
+                );
             }
             if let Some(req) = add {
                 let inner = self.clone();
@@ -519,33 +613,104 @@ impl Inner {
         }
     }
 
-    /// Sends one partition's batches one request after another, in sequence order.
-    async fn lane(self: Arc<Self>, tp: TopicPartition, batches: Vec<ToSend>) {
-        for b in batches {
-            #[cfg(test)]
-            self.faults.hit("lane");
-            let answer = self.produce(&b).await;
+    /// The Produce versions this producer may send now: idempotent from v3; in a transaction, those of
+    /// its transaction version (the caps are `wire`'s one table).
+    fn produce_versions(&self, s: &Shared) -> (i16, i16) {
+        match (
+            &self.transactional_id,
+            s.txn.as_ref().map(TxnMachine::txn_version),
+        ) {
+            (None, _) => (PRODUCE_MIN_IDEMPOTENT, PRODUCE_MAX),
+            (Some(_), Some(TxnVersion::V2)) => (PRODUCE_MIN_TV2, PRODUCE_MAX),
+            (Some(_), _) => (PRODUCE_MIN_IDEMPOTENT, PRODUCE_MAX_TV1),
+        }
+    }
+
+    /// One broker's sender: starts its requests in the order they were queued and feeds each answer
+    /// to the core. Ends once it has nothing queued and nothing out.
+    ///
+    /// Every started request stays in `out`, and `out` is polled front to back, so a request is polled
+    /// for the first time only after every request queued before it; each one queues its frame on the
+    /// broker's connection at its first poll unless a first-come first-served wait (the connection slot,
+    /// an in-flight permit, writer queue space) holds it, and then it waits behind the earlier ones. That
+    /// is what keeps a partition's requests on the wire in sequence order.
+    async fn sender(self: Arc<Self>, node: i32, wake: Arc<Notify>) {
+        let mut out: Vec<Pin<Box<InFlightProduce>>> = Vec::new();
+        loop {
+            let jobs = {
+                let mut s = self.lock();
+                let queued = s
+                    .senders
+                    .get_mut(&node)
+                    .map(|slot| std::mem::take(&mut slot.queue))
+                    .unwrap_or_default();
+                if queued.is_empty() && out.is_empty() {
+                    s.senders.remove(&node);
+                    break;
+                }
+                queued
+            };
+            for job in jobs {
+                #[cfg(test)]
+                self.faults.hit("sender");
+                let inner = self.clone();
+                out.push(Box::pin(async move {
+                    let answers = inner.produce(&job).await;
+                    (job, answers)
+                }));
+            }
+            let answered = tokio::select! {
+                done = PollInOrder(&mut out) => done,
+                _ = wake.notified() => Vec::new(),
+            };
+            if answered.is_empty() {
+                continue;
+            }
             let replies = {
                 let mut s = self.lock();
-                let fx = s.core.on_answer(b.id, answer, crate::clock::now());
-                self.apply(&mut s, fx)
+                let now = crate::clock::now();
+                let mut replies = Vec::new();
+                for (job, answers) in answered {
+                    for (b, answer) in job.batches.iter().zip(answers) {
+                        let fx = s.core.on_answer(b.id, answer, now);
+                        replies.extend(self.apply(&mut s, fx));
+                    }
+                }
+                replies
             };
             deliver(replies);
+            self.changed.notify_waiters();
+            self.wake();
         }
-        self.lock().lanes.remove(&tp);
         self.changed.notify_waiters();
         self.wake();
     }
 
-    /// One Produce carrying one batch, sent once (the core decides about retries).
-    async fn produce(&self, b: &ToSend) -> ProduceAnswer {
-        let (min_version, max_version) = match &self.transactional_id {
-            None => (3, 12),
-            Some(_) => match self.lock().txn.as_ref().map(TxnMachine::txn_version) {
-                Some(TxnVersion::V2) => (12, 12),
-                _ => (3, 11),
-            },
-        };
+    /// Looks up the leaders of `topics` once, not sooner than a retry backoff after the last lookup.
+    async fn refresh_leaders(self: Arc<Self>, topics: Vec<String>) {
+        #[cfg(test)]
+        self.faults.hit("leaders");
+        let last = self.lock().last_refresh;
+        if let Some(at) = last {
+            tokio::time::sleep_until(at + self.config.retry_backoff).await;
+        }
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        if let Err(e) = self.client.metadata(&names).await {
+            // Not final: the batches wait (within their delivery timeout) and the next pass asks again.
+            tracing::debug!(error = %e, ?topics, "looking up partition leaders failed");
+        }
+        {
+            let mut s = self.lock();
+            s.refresh_in_flight = false;
+            s.last_refresh = Some(tokio::time::Instant::now());
+        }
+        self.wake();
+    }
+
+    /// One Produce carrying `job`'s batches, sent once (the core decides about retries). One answer per
+    /// batch, in the job's order.
+    async fn produce(&self, job: &ProduceJob) -> Vec<ProduceAnswer> {
+        let (min_version, max_version) = job.versions;
         let options = CallOptions {
             timeout: Some(self.config.request_timeout + Duration::from_secs(5)),
             min_version: Some(min_version),
@@ -553,47 +718,70 @@ impl Inner {
             max_retries: Some(0),
         };
         let timeout_ms = i32::try_from(self.config.request_timeout.as_millis()).unwrap_or(i32::MAX);
-        let txn_id = self.transactional_id.clone();
-        let build = |_version: i16| {
+        let make = || {
+            let mut by_topic: BTreeMap<&Arc<str>, (&TopicName, Vec<PartitionProduceData>)> =
+                BTreeMap::new();
+            for (b, name) in job.batches.iter().zip(&job.names) {
+                by_topic
+                    .entry(&b.partition.topic)
+                    .or_insert_with(|| (name, Vec::new()))
+                    .1
+                    .push(
+                        PartitionProduceData::default()
+                            .with_index(b.partition.partition)
+                            .with_records(Some(b.records.clone())),
+                    );
+            }
+            let topic_data = by_topic
+                .into_values()
+                .map(|(name, parts)| {
+                    TopicProduceData::default()
+                        .with_name(name.clone())
+                        .with_partition_data(parts)
+                })
+                .collect();
             ProduceRequest::default()
-                .with_transactional_id(
-                    txn_id
-                        .as_ref()
-                        .map(|id| TransactionalId(StrBytes::from_string(id.clone()))),
-                )
+                .with_transactional_id(self.wire_transactional_id.clone())
                 .with_acks(-1)
                 .with_timeout_ms(timeout_ms)
-                .with_topic_data(vec![TopicProduceData::default()
-                    .with_name(TopicName(StrBytes::from_string(
-                        b.partition.topic.to_string(),
-                    )))
-                    .with_partition_data(vec![PartitionProduceData::default()
-                        .with_index(b.partition.partition)
-                        .with_records(Some(b.records.clone()))])])
+                .with_topic_data(topic_data)
         };
-        let target = Target::leader(b.partition.topic.clone(), b.partition.partition);
         let result = self
             .client
-            .call(target, &options, build, |r, _| Verdict::Done(r))
+            .call(
+                Target::Broker(job.node),
+                &options,
+                |_| make(),
+                |r, _| Verdict::Done(r),
+            )
             .await;
         match result {
-            Ok(response) => response
-                .responses
+            Ok(response) => job
+                .batches
                 .iter()
-                .filter(|t| *t.name.0 == *b.partition.topic)
-                .flat_map(|t| t.partition_responses.iter())
-                .find(|p| p.index == b.partition.partition)
-                .map_or_else(
-                    || ProduceAnswer::NoAnswer("the answer omitted the partition".into()),
-                    |p| {
-                        ProduceAnswer::Partition(PartitionAnswer {
-                            code: ErrorCode::from_code(p.error_code),
-                            base_offset: p.base_offset,
-                            log_append_time_ms: p.log_append_time_ms,
-                        })
-                    },
-                ),
-            Err(e) => net_to_produce_answer(&e),
+                .map(|b| {
+                    response
+                        .responses
+                        .iter()
+                        .filter(|t| *t.name.0 == *b.partition.topic)
+                        .flat_map(|t| t.partition_responses.iter())
+                        .find(|p| p.index == b.partition.partition)
+                        .map_or_else(
+                            || ProduceAnswer::NoAnswer("the answer omitted the partition".into()),
+                            |p| {
+                                ProduceAnswer::Partition(PartitionAnswer {
+                                    code: ErrorCode::from_code(p.error_code),
+                                    base_offset: p.base_offset,
+                                    log_append_time_ms: p.log_append_time_ms,
+                                })
+                            },
+                        )
+                })
+                .collect(),
+            Err(e) => {
+                let answer = net_to_produce_answer(&e);
+                vec![answer; job.batches.len()]
+            }
         }
     }
 
@@ -656,6 +844,79 @@ impl Inner {
         };
         deliver(replies);
         self.wake();
+    }
+}
+
+/// How soon a pass that held partitions back for want of a leader looks again, at the latest.
+const LEADERLESS_RECHECK: Duration = Duration::from_millis(10);
+
+/// Groups the batches the core let out into Produce requests: one per leader per round, each carrying
+/// at most one batch per partition. A partition with several batches puts its k-th into the leader's
+/// k-th request, so its requests are queued in sequence order. Every batch's leader is in `meta` (the
+/// driver lets out only partitions whose leader is cached).
+fn requests_by_leader(
+    meta: &ClusterMetadata,
+    batches: Vec<ToSend>,
+    versions: (i16, i16),
+    names: &mut HashMap<Arc<str>, TopicName>,
+) -> Vec<ProduceJob> {
+    // Per leader, its requests in order; per partition, how many of its batches are placed already.
+    let mut jobs: BTreeMap<i32, Vec<ProduceJob>> = BTreeMap::new();
+    let mut placed: HashMap<TopicPartition, usize> = HashMap::new();
+    for b in batches {
+        let node = meta
+            .leader(&b.partition.topic, b.partition.partition)
+            .map_or(-1, |l| l.node);
+        let round = placed.entry(b.partition.clone()).or_insert(0);
+        let requests = jobs.entry(node).or_default();
+        if requests.len() <= *round {
+            requests.push(ProduceJob {
+                node,
+                batches: Vec::new(),
+                names: Vec::new(),
+                versions,
+            });
+        }
+        let name = names
+            .entry(b.partition.topic.clone())
+            .or_insert_with(|| TopicName(StrBytes::from_string(b.partition.topic.to_string())))
+            .clone();
+        requests[*round].names.push(name);
+        requests[*round].batches.push(b);
+        *round += 1;
+    }
+    jobs.into_values().flatten().collect()
+}
+
+/// A started Produce request of a sender, with its batches and their answers once it ends.
+type InFlightProduce = dyn Future<Output = (ProduceJob, Vec<ProduceAnswer>)> + Send;
+
+/// Polls every started request front to back, and resolves with those that ended (at least one), taken
+/// out of the list in order. The front-to-back poll is what orders the requests' frames (see
+/// [`Inner::sender`]).
+struct PollInOrder<'a>(&'a mut Vec<Pin<Box<InFlightProduce>>>);
+
+impl Future for PollInOrder<'_> {
+    type Output = Vec<(ProduceJob, Vec<ProduceAnswer>)>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < self.0.len() {
+            match self.0[i].as_mut().poll(cx) {
+                Poll::Ready(answered) => {
+                    // The finished future is dropped here; its output is what it leaves behind.
+                    drop(self.0.remove(i));
+                    done.push(answered);
+                }
+                Poll::Pending => i += 1,
+            }
+        }
+        if done.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(done)
+        }
     }
 }
 
@@ -856,5 +1117,7 @@ pub(crate) async fn init_idempotent_id(
     }
 }
 
+#[cfg(test)]
+mod pipeline_tests;
 #[cfg(test)]
 mod tests;

@@ -200,13 +200,14 @@ pub enum ProducerError {
         class: ErrorClass,
     },
 
-    /// One of the producer's background tasks (the driver, a partition's sending lane, a partition
-    /// enrolment, a producer-id fetch) panicked or was cancelled. Fatal. The records that task carried
+    /// One of the producer's background tasks (the driver, a broker's sender, a leader lookup, a
+    /// partition enrolment, a producer-id fetch) panicked or was cancelled. Fatal. The records that task carried
     /// fail with this error although a request for them may have reached the broker (their outcome is
     /// unknown); every unsent record fails with it too, and later calls are refused.
     #[error("producer task {task:?} failed: {failure}")]
     TaskFailed {
-        /// Which task: `driver`, `lane <topic>-<partition>`, `add partitions`, `producer id`.
+        /// Which task: `driver`, `sender to broker <node id>`, `leader lookup`, `add partitions`,
+        /// `producer id`.
         task: String,
         /// How it ended: the panic's message, or that it was cancelled.
         failure: String,

@@ -12,9 +12,11 @@
 //! - A batch answered with a definite error (too large, invalid) was not written, and because sequences
 //!   must be contiguous, nothing behind it in the window can be written either: the partition's sequence
 //!   is *broken* until an epoch bump starts it again at 0.
-//! - OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID on the *first* batch in flight is a real gap (the
-//!   broker's last sequence is not the one before it); on a later batch it only means a predecessor is
-//!   being retried, so that batch is retried too.
+//! - OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID on the *first* batch in flight, for an attempt
+//!   that was sent when it already was the first, is a real gap (the broker's last sequence is not the
+//!   one before it). On a later batch, or on an attempt sent while a predecessor was still out (up to
+//!   five requests per partition are in flight, and a predecessor's retry may be answered first over a
+//!   new connection), it only means a predecessor had not landed yet, so that batch is retried too.
 //!
 //! Once a broken partition has heard back about every batch in its window, the batches known not to be
 //! written are handed back to be re-sequenced under a new epoch (the idempotent producer bumps its epoch
@@ -108,6 +110,10 @@ struct Entry {
     state: EntryState,
     /// Some attempt went unanswered, so the broker may hold it.
     maybe_written: bool,
+    /// The latest attempt left while an older batch of the partition was still unacknowledged. Its
+    /// OUT_OF_ORDER answer may then be about that predecessor not having landed *yet* (its answer, or
+    /// its retry's, can arrive first over another connection), so it is never read as a gap.
+    sent_behind: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -198,12 +204,14 @@ impl Sequencer {
         }
         let base = p.next_seq;
         p.next_seq = seq_add(base, count);
+        let sent_behind = !p.window.is_empty();
         p.window.push_back(Entry {
             id,
             base_seq: base,
             count,
             state: EntryState::InFlight,
             maybe_written: false,
+            sent_behind,
         });
         (p.ids, base)
     }
@@ -215,14 +223,16 @@ impl Sequencer {
         if p.broken.is_some() {
             return None;
         }
-        let e = p
+        let pos = p
             .window
-            .iter_mut()
-            .find(|e| e.state != EntryState::InFlight)?;
+            .iter()
+            .position(|e| e.state != EntryState::InFlight)?;
+        let e = &mut p.window[pos];
         if e.state != EntryState::Resend {
             return None;
         }
         e.state = EntryState::InFlight;
+        e.sent_behind = pos > 0;
         Some(e.id)
     }
 
@@ -239,7 +249,9 @@ impl Sequencer {
             // Not ours any more (the window was reset by an epoch change); nothing to decide.
             return Resolution::Failed;
         };
-        let first = pos == 0;
+        // Only an attempt that left as the oldest unacknowledged batch can prove a gap: everything before
+        // it had been acknowledged when it was sent, so the broker's refusal is about the log itself.
+        let first = pos == 0 && !p.window[pos].sent_behind;
         let broken = p.broken.is_some();
         let entry = &mut p.window[pos];
         match outcome {
@@ -494,6 +506,36 @@ mod tests {
         assert_eq!(s.on_outcome(&tp(), 1, Outcome::Acked), Resolution::Done);
         assert_eq!(s.on_outcome(&tp(), 2, Outcome::Acked), Resolution::Done);
         assert_eq!(s.assign(&tp(), 3, 1).1, 4);
+    }
+
+    /// An OUT_OF_ORDER answer to an attempt sent while a predecessor was unacknowledged is never a gap,
+    /// even when the predecessor's retry was acknowledged first and made it the oldest batch: with several
+    /// requests in flight, that answer only says the predecessor had not landed yet.
+    #[test]
+    fn out_of_order_sent_behind_a_predecessor_is_retried_not_a_gap() {
+        let mut s = Sequencer::new(ids(0), 5);
+        s.assign(&tp(), 1, 1);
+        s.assign(&tp(), 2, 1);
+        // 1's request is lost (its connection reset) and 1 is resent while 2's first attempt is still out.
+        assert_eq!(
+            s.on_outcome(&tp(), 1, Outcome::NoAnswer),
+            Resolution::Resend
+        );
+        assert_eq!(s.poll_resend(&tp()), Some(1));
+        assert_eq!(s.on_outcome(&tp(), 1, Outcome::Acked), Resolution::Done);
+        // 2's old attempt is answered last: it reached the broker before 1 did.
+        assert_eq!(
+            s.on_outcome(&tp(), 2, Outcome::SequenceBroken),
+            Resolution::Resend
+        );
+        assert!(!s.is_broken(&tp()));
+        assert_eq!(s.poll_resend(&tp()), Some(2));
+        // Resent as the oldest batch, the same answer now is a real gap.
+        assert_eq!(
+            s.on_outcome(&tp(), 2, Outcome::SequenceBroken),
+            Resolution::Held
+        );
+        assert!(s.is_broken(&tp()));
     }
 
     /// OUT_OF_ORDER on the first batch in flight is a real gap: the partition stops until an epoch bump,

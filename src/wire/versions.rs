@@ -16,11 +16,24 @@ use kafka_protocol::protocol::{HeaderVersion, Message, VersionRange};
 use super::codec::{decode_body, decode_response_header};
 use super::{ApiRequest, ErrorCode, WireError};
 
-/// APIs this client deliberately speaks below kafka-protocol's newest version, and why.
-const CLIENT_CAPS: &[(i16, i16)] = &[
-    // Produce v13 addresses topics by id instead of name (KIP-516); the producer addresses them by name.
-    (0, 12),
-];
+/// The newest Produce this client sends: v13 addresses topics by id instead of name (KIP-516), and the
+/// producer addresses them by name.
+pub(crate) const PRODUCE_MAX: i16 = 12;
+
+/// The oldest Produce an idempotent or transactional producer sends: v3 is the first that carries record
+/// batches v2 (producer id, epoch and sequence) and a transactional id.
+pub(crate) const PRODUCE_MIN_IDEMPOTENT: i16 = 3;
+
+/// The newest Produce inside a transaction under transaction version 1: v12 means "this producer speaks
+/// TV2" (KIP-890 part 2: the broker enrols the partition itself), which a TV1 transaction must not claim.
+pub(crate) const PRODUCE_MAX_TV1: i16 = 11;
+
+/// The oldest Produce of a TV2 transaction, for the same reason.
+pub(crate) const PRODUCE_MIN_TV2: i16 = 12;
+
+/// APIs this client deliberately speaks below kafka-protocol's newest version, and why. The one table
+/// of version caps: the producer reads the Produce constants above rather than keeping its own.
+const CLIENT_CAPS: &[(i16, i16)] = &[(0, PRODUCE_MAX)];
 
 /// The versions of `api_key` this client will send: kafka-protocol's range, capped by the table above.
 /// `None` for an API kafka-protocol does not know.

@@ -110,27 +110,27 @@ fn assert_refused(inner: &Arc<Inner>, expect_task: &str) {
     }
 }
 
-/// A lane that panics fails the record it carried with a fatal error naming the lane and the panic,
-/// releases its partition's lane slot, and the producer refuses later sends: no Delivery waits on a
-/// dead lane.
+/// A broker's sender that panics fails the record it carried with a fatal error naming the sender and
+/// the panic, gives up its slot, and the producer refuses later sends: no Delivery waits on a dead
+/// sender.
 #[tokio::test]
-async fn a_panicked_lane_fails_its_records_and_frees_its_partition() {
+async fn a_panicked_sender_fails_its_records_and_frees_its_slot() {
     let (addr, stub) = stub_broker().await;
     let producer = Producer::new(client(addr).await, config(Duration::ZERO))
         .await
         .unwrap();
     let inner = producer.inner().clone();
-    inner.faults.arm("lane", 1);
+    inner.faults.arm("sender", 1);
     let delivery = producer.send(record()).await.unwrap();
     let outcome = timeout(PATIENCE, delivery)
         .await
-        .expect("the record's Delivery resolves although its lane died");
-    assert_task_failed(&outcome.unwrap_err(), "lane t-0", "lane");
+        .expect("the record's Delivery resolves although its sender died");
+    assert_task_failed(&outcome.unwrap_err(), "sender to broker 1", "sender");
     assert!(
-        inner.lock().lanes.is_empty(),
-        "the dead lane's partition is free"
+        inner.lock().senders.is_empty(),
+        "the dead sender's slot is free"
     );
-    assert_refused(&inner, "lane t-0");
+    assert_refused(&inner, "sender to broker 1");
     timeout(PATIENCE, producer.flush())
         .await
         .expect("flush returns");
@@ -217,5 +217,38 @@ async fn a_panicked_enrolment_fails_the_transaction() {
         .expect("commit returns");
     let err = commit.expect_err("a transaction whose enrolment died cannot commit");
     assert!(err.is_fatal(), "{err:?}");
+    stub.abort();
+}
+
+/// The lookup of a leader missing from the metadata cache that panics clears its in-flight flag and
+/// makes the producer fatal: the record held back for want of a leader fails typed instead of waiting
+/// for a lookup that never ends.
+#[tokio::test]
+async fn a_panicked_leader_lookup_fails_the_held_records() {
+    let (addr, stub) = stub_broker().await;
+    let client = client(addr).await;
+    let producer = Producer::new(client.clone(), config(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let inner = producer.inner().clone();
+    let delivery = producer.send(record()).await.unwrap();
+    settle().await;
+    inner.faults.arm("leaders", 1);
+    // The leader is forgotten (as after NOT_LEADER_OR_FOLLOWER), so the flush's pass must look it up.
+    client.invalidate_leader("t", 0);
+    let (outcome, flushed) = tokio::join!(
+        timeout(PATIENCE, delivery),
+        timeout(PATIENCE, producer.flush())
+    );
+    let outcome = outcome.expect("the held record's Delivery resolves although the lookup died");
+    assert_task_failed(&outcome.unwrap_err(), "leader lookup", "leaders");
+    flushed.expect("flush returns");
+    assert!(
+        !inner.lock().refresh_in_flight,
+        "the in-flight flag is clear"
+    );
+    // `try_append` picks the partition from the cache before it asks the core.
+    client.metadata(&["t"]).await.unwrap();
+    assert_refused(&inner, "leader lookup");
     stub.abort();
 }

@@ -46,8 +46,8 @@ impl BrokerCaps {
 /// brokers.
 pub(crate) fn version_cap(api: Api, tv: TxnVersion) -> i16 {
     match (api, tv) {
-        (Api::Produce, TxnVersion::V1) => 11,
-        (Api::Produce, TxnVersion::V2) => i16::MAX,
+        (Api::Produce, TxnVersion::V1) => crate::wire::PRODUCE_MAX_TV1,
+        (Api::Produce, TxnVersion::V2) => crate::wire::PRODUCE_MAX,
         (Api::TxnOffsetCommit, TxnVersion::V1) => 4,
         (Api::TxnOffsetCommit, TxnVersion::V2) => 5,
         (Api::EndTxn, TxnVersion::V1) => 4,
