@@ -263,7 +263,7 @@ impl<T> ProducerCore<T> {
         }
         // New batches.
         for tp in self.acc.ready(now) {
-            while self.acc.is_ready(&tp, now) && seq.can_send_new(&tp) && allow(&tp) {
+            while self.acc.is_ready(&tp, now) && seq.can_send_new(&tp, now) && allow(&tp) {
                 let batch = self.acc.drain(&tp).expect("ready implies a batch");
                 let count = i32::try_from(batch.len()).unwrap_or(i32::MAX);
                 let (ids, base_seq) = seq.assign(&tp, batch.id, count);
@@ -294,7 +294,7 @@ impl<T> ProducerCore<T> {
                     }
                     Err(reason) => {
                         // Never sent: the sequence is taken back as if the broker had rejected it.
-                        seq.on_outcome(&tp, batch.id, Outcome::Rejected);
+                        seq.on_outcome(&tp, batch.id, Outcome::Rejected, now);
                         let err = ProducerError::Broker {
                             api: "encode",
                             code: ErrorCode::InvalidRecord,
@@ -401,7 +401,7 @@ impl<T> ProducerCore<T> {
             fx.refresh_leader.push(tp.clone());
         }
         let seq = self.seq.as_mut().expect("a batch in flight implies ids");
-        let mut resolution = seq.on_outcome(&tp, id, outcome);
+        let mut resolution = seq.on_outcome(&tp, id, outcome, now);
         if resolution == Resolution::Resend && now >= self.flights[&id].deadline {
             resolution = seq.give_up(&tp, id);
         }
@@ -423,11 +423,14 @@ impl<T> ProducerCore<T> {
             Resolution::Held if !self.transactional => {
                 self.flights.get_mut(&id).expect("present").state = FlightState::Held;
             }
-            Resolution::Held | Resolution::Failed | Resolution::Unknown => {
+            Resolution::Held | Resolution::Failed | Resolution::Unknown | Resolution::OrderLost => {
                 let f = self.flights.remove(&id).expect("present");
                 self.acc.release(f.batch.reserved);
                 fx.memory_freed = true;
                 let err = match (resolution, action) {
+                    (Resolution::OrderLost, _) => ProducerError::OrderLost {
+                        topic_partition: tp.clone(),
+                    },
                     (Resolution::Unknown, _) => ProducerError::DeliveryOutcomeUnknown {
                         topic_partition: tp.clone(),
                         reason,

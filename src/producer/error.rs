@@ -90,6 +90,17 @@ pub enum ProducerError {
         transactional: bool,
     },
 
+    /// The batch was not written, and a later batch of the same partition already was: the broker had
+    /// lost its state for this producer (expired after a long idle, or removed with the log's segments)
+    /// and took the later batch first. Writing this one now would put it out of order, so it is not
+    /// retried. Abortable inside a transaction; for the idempotent producer the records are lost and
+    /// the caller decides whether sending them again, after their successors, is acceptable.
+    #[error("delivery to {topic_partition} failed: a later batch was written first, so this one can no longer land in order")]
+    OrderLost {
+        /// Where the batch was going.
+        topic_partition: crate::producer::TopicPartition,
+    },
+
     /// A broker answered with an error code; `class` says what it means for this request.
     #[error("{api} failed: {code}")]
     Broker {
@@ -240,7 +251,9 @@ impl ProducerError {
             ProducerError::Broker { class, .. }
             | ProducerError::Timeout { class, .. }
             | ProducerError::Net { class, .. } => *class,
-            ProducerError::TransactionAborted => ErrorClass::Abortable,
+            ProducerError::TransactionAborted | ProducerError::OrderLost { .. } => {
+                ErrorClass::Abortable
+            }
             ProducerError::UnknownPartition { .. } => ErrorClass::Refused,
             ProducerError::BufferFull { .. } => ErrorClass::Retriable,
             ProducerError::IllegalState { .. } | ProducerError::RecordTooLarge { .. } => {

@@ -18,6 +18,17 @@
 //!   five requests per partition are in flight, and a predecessor's retry may be answered first over a
 //!   new connection), it only means a predecessor had not landed yet, so that batch is retried too.
 //!
+//! - The broker enforces all of this only once it keeps state for the producer id on the partition.
+//!   Without state (a producer it has never seen there, or one whose state expired or went with the
+//!   log's segments) it takes the first batch at *any* sequence. If that batch is refused for a passing
+//!   reason (not enough replicas, a leader not yet ready) and the one behind it arrives next, the second
+//!   is written first and the pair is out of order for good. So a partition sends one batch at a time
+//!   until the broker has acknowledged one of this producer id's batches there (and again after
+//!   [`CONFIRMATION_TTL`] without an acknowledgement); only then are up to five in flight.
+//! - Should the broker lose that state anyway and write a later batch ahead of an earlier one, the
+//!   earlier one comes back OUT_OF_ORDER with a later batch already acknowledged. Resending it under a
+//!   new epoch would write it after its successor, so it fails instead ([`Resolution::OrderLost`]).
+//!
 //! Once a broken partition has heard back about every batch in its window, the batches known not to be
 //! written are handed back to be re-sequenced under a new epoch (the idempotent producer bumps its epoch
 //! itself; a transactional one aborts and bumps through InitProducerId, KIP-360). Partitions that were
@@ -30,6 +41,7 @@
 //! - Message format v2: `baseSequence` wraps from `i32::MAX` to 0
 
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use super::TopicPartition;
 
@@ -50,6 +62,12 @@ impl std::fmt::Display for ProducerIdEpoch {
 
 /// The most batches in flight per partition the broker's duplicate detection covers.
 pub(crate) const MAX_IN_FLIGHT: usize = 5;
+
+/// How long the broker's state for this producer on a partition is trusted after its last
+/// acknowledgement there. Kafka drops an idle producer's state after `producer.id.expiration.ms`
+/// (a day by default); past this much quiet a partition sends one batch alone again, which costs one
+/// round trip and nothing else.
+pub(crate) const CONFIRMATION_TTL: Duration = Duration::from_secs(300);
 
 /// The producer's handle on one batch, stable across retries.
 pub(crate) type BatchId = u64;
@@ -86,6 +104,10 @@ pub(crate) enum Resolution {
     Resend,
     /// Fail the batch: it was not written.
     Failed,
+    /// Fail the batch: it was not written, and a later batch of its partition already was (the broker
+    /// had lost its state for this producer and took the later one first). Written now it would land
+    /// out of order, so it is not retried.
+    OrderLost,
     /// Fail the batch as outcome-unknown: it may have been written and cannot be retried safely.
     Unknown,
     /// Not written, and it can be re-sequenced under a new epoch once the partition is resolved; keep it.
@@ -114,6 +136,8 @@ struct Entry {
     /// OUT_OF_ORDER answer may then be about that predecessor not having landed *yet* (its answer, or
     /// its retry's, can arrive first over another connection), so it is never read as a gap.
     sent_behind: bool,
+    /// A later batch of the partition was acknowledged while this one was not.
+    later_acked: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -125,6 +149,9 @@ struct PartitionSeq {
     window: VecDeque<Entry>,
     /// A gap or a stale epoch: nothing new goes out until an epoch bump.
     broken: Option<ProducerIdEpoch>,
+    /// When the broker last acknowledged a batch of this producer id here: it keeps state for the
+    /// producer and enforces the sequence, so more than one batch may be in flight.
+    confirmed: Option<(i64, Instant)>,
 }
 
 /// A batch the sequencer hands back after a partition was resolved, to be re-sequenced.
@@ -141,6 +168,9 @@ pub(crate) struct Sequencer {
     ids: ProducerIdEpoch,
     max_in_flight: usize,
     partitions: HashMap<TopicPartition, PartitionSeq>,
+    /// Whether a partition sends one batch alone until the broker has acknowledged one (always, but
+    /// the window tests below switch it off to look at the window rules by themselves).
+    confirm_first: bool,
 }
 
 impl Sequencer {
@@ -149,6 +179,7 @@ impl Sequencer {
             ids,
             max_in_flight: max_in_flight.clamp(1, MAX_IN_FLIGHT),
             partitions: HashMap::new(),
+            confirm_first: true,
         }
     }
 
@@ -166,13 +197,15 @@ impl Sequencer {
                 next_seq: 0,
                 window: VecDeque::new(),
                 broken: None,
+                confirmed: None,
             })
     }
 
     /// Whether a new batch may be sequenced for `tp` now: the window has room, no retry is waiting (retries
     /// go first, in order), the sequence is not broken, and the partition is on the current epoch or can
-    /// move to it because nothing is in flight.
-    pub(crate) fn can_send_new(&self, tp: &TopicPartition) -> bool {
+    /// move to it because nothing is in flight; beyond the first batch in flight, the broker must be
+    /// known to keep state for this producer here (see the module docs).
+    pub(crate) fn can_send_new(&self, tp: &TopicPartition, now: Instant) -> bool {
         let Some(p) = self.partitions.get(tp) else {
             return true;
         };
@@ -182,8 +215,12 @@ impl Sequencer {
         if p.ids != self.ids {
             return p.window.is_empty();
         }
-        p.window.len() < self.max_in_flight
-            && p.window.iter().all(|e| e.state == EntryState::InFlight)
+        let trusted = !self.confirm_first
+            || p.confirmed.is_some_and(|(id, at)| {
+                id == self.ids.id && now.saturating_duration_since(at) < CONFIRMATION_TTL
+            });
+        let room = if trusted { self.max_in_flight } else { 1 };
+        p.window.len() < room && p.window.iter().all(|e| e.state == EntryState::InFlight)
     }
 
     /// Gives a new batch of `count` records its sequence and marks it in flight. Call only when
@@ -194,7 +231,6 @@ impl Sequencer {
         id: BatchId,
         count: i32,
     ) -> (ProducerIdEpoch, i32) {
-        debug_assert!(self.can_send_new(tp), "assign without room on {tp}");
         debug_assert!(count > 0);
         let ids = self.ids;
         let p = self.part(tp);
@@ -212,6 +248,7 @@ impl Sequencer {
             state: EntryState::InFlight,
             maybe_written: false,
             sent_behind,
+            later_acked: false,
         });
         (p.ids, base)
     }
@@ -242,6 +279,7 @@ impl Sequencer {
         tp: &TopicPartition,
         id: BatchId,
         outcome: Outcome,
+        now: Instant,
     ) -> Resolution {
         let ids = self.ids;
         let p = self.part(tp);
@@ -257,6 +295,10 @@ impl Sequencer {
         match outcome {
             Outcome::Acked => {
                 p.window.remove(pos);
+                for earlier in p.window.range_mut(..pos) {
+                    earlier.later_acked = true;
+                }
+                p.confirmed = Some((p.ids.id, now));
                 Resolution::Done
             }
             Outcome::Retriable | Outcome::NoAnswer => {
@@ -271,6 +313,12 @@ impl Sequencer {
                     entry.state = EntryState::Resend;
                     Resolution::Resend
                 }
+            }
+            Outcome::SequenceBroken if entry.later_acked => {
+                // Refused as out of order although a later batch was written: the broker took that
+                // one first. There is no gap to close, only a batch that can no longer be in order.
+                p.window.remove(pos);
+                Resolution::OrderLost
             }
             Outcome::SequenceBroken if !first && !broken => {
                 // A predecessor is still in flight or being retried: this is the broker refusing to skip
@@ -454,57 +502,176 @@ mod tests {
         TopicPartition::new("t", 0)
     }
 
+    fn now() -> Instant {
+        Instant::now()
+    }
+
+    /// A sequencer that trusts the broker to keep state for the producer from the first batch on, so
+    /// the window rules can be looked at by themselves.
+    fn trusting(ids: ProducerIdEpoch, max_in_flight: usize) -> Sequencer {
+        let mut s = Sequencer::new(ids, max_in_flight);
+        s.confirm_first = false;
+        s
+    }
+
     #[test]
     fn sequences_are_contiguous_per_partition() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         let other = TopicPartition::new("t", 1);
         assert_eq!(s.assign(&tp(), 1, 3), (ids(0), 0));
         assert_eq!(s.assign(&tp(), 2, 2), (ids(0), 3));
         assert_eq!(s.assign(&other, 3, 4), (ids(0), 0));
         assert_eq!(s.next_seq(&tp()), 5);
-        assert_eq!(s.on_outcome(&tp(), 1, Outcome::Acked), Resolution::Done);
+        assert_eq!(
+            s.on_outcome(&tp(), 1, Outcome::Acked, now()),
+            Resolution::Done
+        );
         assert_eq!(s.assign(&tp(), 4, 1), (ids(0), 5));
     }
 
     /// The broker remembers only five batches per producer and partition, so a sixth must wait.
     #[test]
     fn at_most_five_in_flight() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         for i in 0..5 {
-            assert!(s.can_send_new(&tp()));
+            assert!(s.can_send_new(&tp(), now()));
             s.assign(&tp(), i, 1);
         }
-        assert!(!s.can_send_new(&tp()));
-        s.on_outcome(&tp(), 0, Outcome::Acked);
-        assert!(s.can_send_new(&tp()));
+        assert!(!s.can_send_new(&tp(), now()));
+        s.on_outcome(&tp(), 0, Outcome::Acked, now());
+        assert!(s.can_send_new(&tp(), now()));
         // A configured window above five is clamped to five.
-        let s = Sequencer::new(ids(0), 50);
+        let s = trusting(ids(0), 50);
         assert_eq!(s.max_in_flight, 5);
+    }
+
+    /// Until the broker has acknowledged one of the producer's batches on a partition it keeps no state
+    /// for it there and would take any sequence first, so the partition sends one batch at a time; after
+    /// that acknowledgement the window opens to five, and it closes to one again after a long quiet or
+    /// under a new producer id.
+    #[test]
+    fn one_batch_alone_until_the_broker_knows_the_producer() {
+        let t0 = now();
+        let mut s = Sequencer::new(ids(0), 5);
+        assert!(s.can_send_new(&tp(), t0));
+        s.assign(&tp(), 1, 1);
+        assert!(
+            !s.can_send_new(&tp(), t0),
+            "a second batch before any acknowledgement could be written first"
+        );
+        // A passing refusal leaves the partition unconfirmed: still one at a time.
+        assert_eq!(
+            s.on_outcome(&tp(), 1, Outcome::Retriable, t0),
+            Resolution::Resend
+        );
+        assert_eq!(s.poll_resend(&tp()), Some(1));
+        assert!(!s.can_send_new(&tp(), t0));
+        assert_eq!(s.on_outcome(&tp(), 1, Outcome::Acked, t0), Resolution::Done);
+        for id in 2..7 {
+            assert!(s.can_send_new(&tp(), t0), "batch {id} may join the window");
+            s.assign(&tp(), id, 1);
+        }
+        assert!(!s.can_send_new(&tp(), t0), "five is the most");
+        for id in 2..7 {
+            assert_eq!(
+                s.on_outcome(&tp(), id, Outcome::Acked, t0),
+                Resolution::Done
+            );
+        }
+        // Quiet for longer than the broker's state is trusted: one alone again.
+        let later = t0 + CONFIRMATION_TTL;
+        s.assign(&tp(), 7, 1);
+        assert!(!s.can_send_new(&tp(), later));
+        assert_eq!(
+            s.on_outcome(&tp(), 7, Outcome::Acked, later),
+            Resolution::Done
+        );
+        // An epoch bump keeps the producer id, and the broker's state with it.
+        s.adopt(ids(1));
+        s.assign(&tp(), 8, 1);
+        assert!(s.can_send_new(&tp(), later));
+        assert_eq!(
+            s.on_outcome(&tp(), 8, Outcome::Acked, later),
+            Resolution::Done
+        );
+        // A new producer id is unknown to the broker.
+        s.adopt(ProducerIdEpoch { id: 8, epoch: 0 });
+        s.assign(&tp(), 9, 1);
+        assert!(!s.can_send_new(&tp(), later));
+    }
+
+    /// A broker that lost its state for the producer took batch 2 while it refused batch 1 for a passing
+    /// reason: 1's resend is refused as out of order behind an acknowledged successor. Written under a new
+    /// epoch it would land after 2, so it fails as `OrderLost`, and the partition goes on (it has no gap:
+    /// the broker continues from 2).
+    #[test]
+    fn a_batch_overtaken_by_an_acknowledged_successor_fails_rather_than_land_out_of_order() {
+        let mut s = trusting(ids(0), 5);
+        s.assign(&tp(), 1, 1);
+        s.assign(&tp(), 2, 1);
+        assert_eq!(
+            s.on_outcome(&tp(), 1, Outcome::Retriable, now()),
+            Resolution::Resend
+        );
+        assert_eq!(
+            s.on_outcome(&tp(), 2, Outcome::Acked, now()),
+            Resolution::Done
+        );
+        assert_eq!(s.poll_resend(&tp()), Some(1));
+        assert_eq!(
+            s.on_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
+            Resolution::OrderLost
+        );
+        assert!(!s.is_broken(&tp()));
+        assert_eq!(s.in_window(&tp()), 0);
+        assert!(s.can_send_new(&tp(), now()));
+        assert_eq!(s.assign(&tp(), 3, 1), (ids(0), 2));
+        // Its answer lost rather than refused, batch 1 may have landed before 2: a resend of it is
+        // acknowledged as a duplicate, as usual.
+        let mut s = trusting(ids(0), 5);
+        s.assign(&tp(), 1, 1);
+        s.assign(&tp(), 2, 1);
+        s.on_outcome(&tp(), 1, Outcome::NoAnswer, now());
+        s.on_outcome(&tp(), 2, Outcome::Acked, now());
+        assert_eq!(s.poll_resend(&tp()), Some(1));
+        assert_eq!(
+            s.on_outcome(&tp(), 1, Outcome::Acked, now()),
+            Resolution::Done
+        );
     }
 
     /// A retry keeps its sequence (so the broker can deduplicate it), and goes before new batches.
     #[test]
     fn retries_keep_their_sequence_and_go_first() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 2);
         s.assign(&tp(), 2, 2);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::NoAnswer),
+            s.on_outcome(&tp(), 1, Outcome::NoAnswer, now()),
             Resolution::Resend
         );
         // The second batch is refused as out of order while the first is being retried: not a gap.
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken),
+            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Resend
         );
-        assert!(!s.can_send_new(&tp()), "new data must wait behind retries");
+        assert!(
+            !s.can_send_new(&tp(), now()),
+            "new data must wait behind retries"
+        );
         assert_eq!(s.poll_resend(&tp()), Some(1));
         assert_eq!(s.base_seq(&tp(), 1), Some(0));
         assert_eq!(s.poll_resend(&tp()), Some(2));
         assert_eq!(s.base_seq(&tp(), 2), Some(2));
         assert_eq!(s.poll_resend(&tp()), None);
-        assert_eq!(s.on_outcome(&tp(), 1, Outcome::Acked), Resolution::Done);
-        assert_eq!(s.on_outcome(&tp(), 2, Outcome::Acked), Resolution::Done);
+        assert_eq!(
+            s.on_outcome(&tp(), 1, Outcome::Acked, now()),
+            Resolution::Done
+        );
+        assert_eq!(
+            s.on_outcome(&tp(), 2, Outcome::Acked, now()),
+            Resolution::Done
+        );
         assert_eq!(s.assign(&tp(), 3, 1).1, 4);
     }
 
@@ -513,26 +680,29 @@ mod tests {
     /// requests in flight, that answer only says the predecessor had not landed yet.
     #[test]
     fn out_of_order_sent_behind_a_predecessor_is_retried_not_a_gap() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
         s.assign(&tp(), 2, 1);
         // 1's request is lost (its connection reset) and 1 is resent while 2's first attempt is still out.
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::NoAnswer),
+            s.on_outcome(&tp(), 1, Outcome::NoAnswer, now()),
             Resolution::Resend
         );
         assert_eq!(s.poll_resend(&tp()), Some(1));
-        assert_eq!(s.on_outcome(&tp(), 1, Outcome::Acked), Resolution::Done);
+        assert_eq!(
+            s.on_outcome(&tp(), 1, Outcome::Acked, now()),
+            Resolution::Done
+        );
         // 2's old attempt is answered last: it reached the broker before 1 did.
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken),
+            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Resend
         );
         assert!(!s.is_broken(&tp()));
         assert_eq!(s.poll_resend(&tp()), Some(2));
         // Resent as the oldest batch, the same answer now is a real gap.
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken),
+            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         assert!(s.is_broken(&tp()));
@@ -542,26 +712,29 @@ mod tests {
     /// and the not-written batches come back, in order, to be re-sequenced from 0.
     #[test]
     fn gap_on_first_batch_breaks_partition_and_requeues_after_bump() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
         s.assign(&tp(), 2, 1);
         s.assign(&tp(), 3, 1);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::SequenceBroken),
+            s.on_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         assert!(s.is_broken(&tp()));
-        assert!(!s.can_send_new(&tp()));
+        assert!(!s.can_send_new(&tp(), now()));
         assert!(
             s.resolved_broken().is_empty(),
             "2 and 3 are still in flight"
         );
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken),
+            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         // A transient error behind the gap: not written (nothing after a gap is).
-        assert_eq!(s.on_outcome(&tp(), 3, Outcome::Retriable), Resolution::Held);
+        assert_eq!(
+            s.on_outcome(&tp(), 3, Outcome::Retriable, now()),
+            Resolution::Held
+        );
         assert_eq!(s.resolved_broken(), vec![(tp(), true)]);
         assert!(s.bump_local_epoch());
         assert_eq!(s.ids(), ids(1));
@@ -576,15 +749,15 @@ mod tests {
     /// outcome-unknown instead.
     #[test]
     fn maybe_written_batch_is_never_requeued() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
         s.assign(&tp(), 2, 1);
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::NoAnswer),
+            s.on_outcome(&tp(), 2, Outcome::NoAnswer, now()),
             Resolution::Resend
         );
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::SequenceBroken),
+            s.on_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         assert_eq!(
@@ -600,15 +773,15 @@ mod tests {
 
     #[test]
     fn maybe_written_then_gap_is_unknown() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::NoAnswer),
+            s.on_outcome(&tp(), 1, Outcome::NoAnswer, now()),
             Resolution::Resend
         );
         assert_eq!(s.poll_resend(&tp()), Some(1));
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::SequenceBroken),
+            s.on_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
             Resolution::Unknown
         );
         assert_eq!(s.in_window(&tp()), 0);
@@ -617,16 +790,16 @@ mod tests {
     /// A definite rejection fails only that batch ("not written"), and breaks the sequence behind it.
     #[test]
     fn rejected_batch_fails_and_breaks_the_rest() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
         s.assign(&tp(), 2, 1);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::Rejected),
+            s.on_outcome(&tp(), 1, Outcome::Rejected, now()),
             Resolution::Failed
         );
         assert!(s.is_broken(&tp()));
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken),
+            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         assert_eq!(s.resolved_broken(), vec![(tp(), true)]);
@@ -635,11 +808,11 @@ mod tests {
     /// Rejecting the newest batch leaves no gap: its sequence is simply reused, no epoch bump needed.
     #[test]
     fn rejected_newest_batch_reuses_its_sequence() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 2);
         s.assign(&tp(), 2, 3);
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::Rejected),
+            s.on_outcome(&tp(), 2, Outcome::Rejected, now()),
             Resolution::Failed
         );
         assert!(!s.is_broken(&tp()));
@@ -651,13 +824,13 @@ mod tests {
     /// answered with a definite error.
     #[test]
     fn give_up_distinguishes_maybe_written() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
-        s.on_outcome(&tp(), 1, Outcome::Retriable);
+        s.on_outcome(&tp(), 1, Outcome::Retriable, now());
         assert_eq!(s.give_up(&tp(), 1), Resolution::Failed);
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
-        s.on_outcome(&tp(), 1, Outcome::NoAnswer);
+        s.on_outcome(&tp(), 1, Outcome::NoAnswer, now());
         assert_eq!(s.give_up(&tp(), 1), Resolution::Unknown);
         assert!(s.is_broken(&tp()));
     }
@@ -666,16 +839,16 @@ mod tests {
     /// epoch until they drain, then starts at 0 under the new one.
     #[test]
     fn adoption_waits_for_the_window_to_drain() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         let idle = TopicPartition::new("t", 1);
         s.assign(&idle, 9, 4);
-        s.on_outcome(&idle, 9, Outcome::Acked);
+        s.on_outcome(&idle, 9, Outcome::Acked, now());
         s.assign(&tp(), 1, 1);
         s.adopt(ids(1));
-        assert!(!s.can_send_new(&tp()));
+        assert!(!s.can_send_new(&tp(), now()));
         assert_eq!(s.assign(&idle, 10, 1), (ids(1), 0));
-        s.on_outcome(&tp(), 1, Outcome::Acked);
-        assert!(s.can_send_new(&tp()));
+        s.on_outcome(&tp(), 1, Outcome::Acked, now());
+        assert!(s.can_send_new(&tp(), now()));
         assert_eq!(s.assign(&tp(), 2, 1), (ids(1), 0));
     }
 
@@ -688,7 +861,7 @@ mod tests {
 
     #[test]
     fn epoch_exhaustion_needs_a_new_id() {
-        let mut s = Sequencer::new(
+        let mut s = trusting(
             ProducerIdEpoch {
                 id: 1,
                 epoch: i16::MAX,
@@ -707,10 +880,10 @@ mod tests {
     /// An INVALID_PRODUCER_EPOCH answer: the batch was not written and the partition needs the new epoch.
     #[test]
     fn stale_epoch_holds_the_batch() {
-        let mut s = Sequencer::new(ids(0), 5);
+        let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 2);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::StaleEpoch),
+            s.on_outcome(&tp(), 1, Outcome::StaleEpoch, now()),
             Resolution::Held
         );
         assert!(s.any_broken());

@@ -156,30 +156,41 @@ fn retries_resend_the_same_bytes_and_sequence() {
     assert_eq!(m.offset, None);
 }
 
+/// A partition sends one batch alone until the broker has acknowledged one (before that the broker
+/// has no state for the producer and would take a later batch first); then up to five are in flight.
 #[test]
 fn at_most_five_batches_in_flight_per_partition() {
     let t0 = Instant::now();
     let mut c = core(false);
     let mut enc = FakeEncoder::default();
-    one_per_batch(&mut c, 0, 7, t0);
+    one_per_batch(&mut c, 0, 8, t0);
     c.append(&tp(1), rec(10), 100, t0).unwrap();
     c.flush();
+    let seqs_of = |out: &[ToSend], p: i32| -> Vec<i32> {
+        out.iter()
+            .filter(|s| s.partition == tp(p))
+            .map(|s| s.base_sequence)
+            .collect()
+    };
     let out = send(&mut c, t0, &mut enc);
-    let p0: Vec<i32> = out
-        .iter()
-        .filter(|s| s.partition == tp(0))
-        .map(|s| s.base_sequence)
-        .collect();
-    assert_eq!(p0, vec![0, 1, 2, 3, 4]);
+    assert_eq!(
+        seqs_of(&out, 0),
+        vec![0],
+        "one alone before any acknowledgement"
+    );
     assert!(
         out.iter().any(|s| s.partition == tp(1)),
         "other partitions are not held up"
     );
     assert!(send(&mut c, t0, &mut enc).is_empty());
     c.on_answer(out[0].id, ok(0), t0);
+    let out = send(&mut c, t0, &mut enc);
+    assert_eq!(seqs_of(&out, 0), vec![1, 2, 3, 4, 5]);
+    assert!(send(&mut c, t0, &mut enc).is_empty());
+    c.on_answer(out[0].id, ok(1), t0);
     let next = send(&mut c, t0, &mut enc);
     assert_eq!(next.len(), 1);
-    assert_eq!(next[0].base_sequence, 5);
+    assert_eq!(next[0].base_sequence, 6);
 }
 
 /// OUT_OF_ORDER_SEQUENCE_NUMBER on the first batch in flight: a real gap. The idempotent producer
@@ -189,8 +200,11 @@ fn idempotent_gap_bumps_epoch_and_resequences() {
     let t0 = Instant::now();
     let mut c = core(false);
     let mut enc = FakeEncoder::default();
-    one_per_batch(&mut c, 0, 3, t0);
+    one_per_batch(&mut c, 0, 4, t0);
     c.flush();
+    // The first batch goes alone and is written: the broker knows the producer.
+    let known = send(&mut c, t0, &mut enc).remove(0);
+    c.on_answer(known.id, ok(0), t0);
     let out = send(&mut c, t0, &mut enc);
     assert_eq!(out.len(), 3);
     let fx = c.on_answer(out[0].id, err(ErrorCode::OutOfOrderSequenceNumber), t0);

@@ -6,7 +6,8 @@
 //! The brokers are loopback sockets over one shared in-memory log per partition that applies Kafka's
 //! idempotence rule as a model (a batch is appended only at the next expected sequence, a resend of
 //! one of the last five appended batches is acknowledged with its first offset, anything else is
-//! OUT_OF_ORDER_SEQUENCE_NUMBER). The model stands in for no broker behaviour these tests claim: they
+//! OUT_OF_ORDER_SEQUENCE_NUMBER; and, as Kafka does, a partition with no state for the producer yet
+//! takes its first batch at whatever sequence it carries). The model stands in for no broker behaviour these tests claim: they
 //! test that the producer's sequencing and resending keep every record exactly once and in order when
 //! the answers come late, out of order, wrong or not at all. The real broker's side of the same story
 //! is `protocol-tests/tests/producer.rs` (a leader killed during a burst on three nodes).
@@ -52,6 +53,9 @@ enum Plan {
     WriteAnswerTimedOut,
     /// Apply, then close the connection without answering it or anything queued behind it.
     WriteThenReset,
+    /// Do not apply; answer this code for every partition (a passing refusal such as
+    /// NOT_ENOUGH_REPLICAS).
+    Refuse(ErrorCode),
 }
 
 /// A Produce request as the broker read it: which node, and the how-many-th on that node.
@@ -105,7 +109,12 @@ impl Model {
             batch.record_count(),
         );
         let log = self.logs.entry(partition).or_default();
-        if epoch > log.epoch {
+        if log.batches.is_empty() {
+            // No state for the producer here: Kafka takes the first batch at any sequence (the
+            // state may have gone with the log's segments).
+            log.epoch = epoch;
+            log.next_seq = base;
+        } else if epoch > log.epoch {
             log.epoch = epoch;
             log.next_seq = 0;
         }
@@ -357,7 +366,10 @@ fn produce(node: i32, request: &ProduceRequest, plan: Plan, m: &mut Model) -> Pr
                 .iter()
                 .map(|p| {
                     let records = p.records.clone().unwrap_or_default();
-                    let (code, offset) = m.apply(node, p.index, records);
+                    let (code, offset) = match plan {
+                        Plan::Refuse(code) => (code, -1),
+                        _ => m.apply(node, p.index, records),
+                    };
                     let code = match plan {
                         Plan::WriteAnswerTimedOut => ErrorCode::RequestTimedOut,
                         _ => code,
@@ -470,6 +482,33 @@ async fn pipelined_burst_over_two_brokers_lands_once_in_order() {
     assert_eq!(
         m.read_below_highest, 0,
         "every partition's batches reached its broker in sequence order"
+    );
+}
+
+/// The broker keeps no state for a new producer on a partition and takes its first batch at any
+/// sequence. Its first request refused for a passing reason (NOT_ENOUGH_REPLICAS, nothing written),
+/// the partition's second batch must not reach it first: it would be written at offset 0 and the first
+/// batch after it. The producer sends one batch alone until one is acknowledged, then pipelines.
+#[tokio::test]
+async fn a_refused_first_batch_is_not_overtaken_while_the_broker_knows_no_producer() {
+    let c = cluster(
+        &[(0, 1), (1, 1)],
+        Box::new(|seen, _| match seen.nth {
+            1 => Plan::Refuse(ErrorCode::NotEnoughReplicas),
+            _ => Plan::Answer {
+                delay: Duration::from_millis(5),
+            },
+        }),
+    )
+    .await;
+    let p = producer(&c).await;
+    let parts = [0, 1];
+    let acks = burst(&p, &parts, 40).await;
+    assert_exactly_once_in_order(&c, &acks, &parts, 40);
+    let m = c.model.lock().unwrap();
+    assert!(
+        m.outstanding[&1].1 >= 2,
+        "once the broker knew the producer, requests were pipelined"
     );
 }
 
