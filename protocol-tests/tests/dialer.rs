@@ -3,7 +3,8 @@
 //! cut response fails the request as a dead connection, and a Produce whose answer is lost is retried
 //! by the idempotent producer without a duplicate in the log, or reported as of unknown outcome once
 //! its delivery timeout runs out; inside a transaction, lost Produce and EndTxn answers are resent and
-//! the committed records appear once.
+//! the committed records appear once. The lost-answer tests run on Kafka 4.4 (TV2, and TV1 where
+//! transactions are involved) and on 3.9, whose transactions predate KIP-890.
 //!
 //! # References
 //! - KIP-98 (idempotent producer: sequence numbers let the broker drop a retried batch it already has)
@@ -319,7 +320,13 @@ async fn a_response_reset_midway_fails_as_a_dead_connection() {
 /// broker keeps one copy: the record is delivered and appears once in the log.
 #[tokio::test]
 async fn a_lost_produce_answer_is_retried_without_a_duplicate() {
-    let kafka = cluster(ClusterSpec::kafka4()).await;
+    for spec in produce_legs() {
+        lost_produce_answer_is_retried_without_a_duplicate_on(spec).await;
+    }
+}
+
+async fn lost_produce_answer_is_retried_without_a_duplicate_on(spec: ClusterSpec) {
+    let kafka = cluster(spec).await;
     let Some(s) = through_proxy(&kafka, Duration::from_secs(30)).await else {
         return;
     };
@@ -359,7 +366,13 @@ async fn a_lost_produce_answer_is_retried_without_a_duplicate() {
 /// outcome as unknown, not as a failure: and indeed the record was written, once.
 #[tokio::test]
 async fn a_produce_never_answered_is_reported_as_unknown_and_was_written_once() {
-    let kafka = cluster(ClusterSpec::kafka4()).await;
+    for spec in produce_legs() {
+        produce_never_answered_is_reported_as_unknown_and_was_written_once_on(spec).await;
+    }
+}
+
+async fn produce_never_answered_is_reported_as_unknown_and_was_written_once_on(spec: ClusterSpec) {
+    let kafka = cluster(spec).await;
     let Some(s) = through_proxy(&kafka, Duration::from_secs(30)).await else {
         return;
     };
@@ -410,13 +423,17 @@ fn txn_config(id: &str) -> TransactionalConfig {
 /// ends without an epoch bump, so the resent EndTxn meets a different coordinator path).
 #[tokio::test]
 async fn lost_answers_inside_a_transaction_neither_duplicate_nor_lose() {
-    for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
+    for spec in [
+        ClusterSpec::kafka4(),
+        ClusterSpec::kafka4_tv1(),
+        ClusterSpec::kafka39(),
+    ] {
         lost_answers_inside_a_transaction(spec).await;
     }
 }
 
 async fn lost_answers_inside_a_transaction(spec: ClusterSpec) {
-    let tv = spec.transaction_version.unwrap_or(2);
+    let tv = expected_tv(&spec);
     let kafka = cluster(spec).await;
     let Some(s) = through_proxy(&kafka, Duration::from_secs(3)).await else {
         return;
@@ -468,6 +485,19 @@ async fn lost_answers_inside_a_transaction(spec: ClusterSpec) {
     committed.expect("the commit, sent again, holds");
     assert_eq!(values_committed(&s.client, &topic).await, ["one", "two"]);
     s.proxy.check().expect("no proxy failure");
+}
+
+/// The transaction version a leg's cluster runs: what it was formatted with, else the release's
+/// default (2 from 4.0, 1 before: 3.9 has no KIP-890 part 2).
+fn expected_tv(spec: &ClusterSpec) -> i16 {
+    spec.transaction_version
+        .unwrap_or(if spec.version.major() >= 4 { 2 } else { 1 })
+}
+
+/// The Kafka releases the lost-answer tests run on: the newest, and 3.9 (the last 3.x, before
+/// KIP-890: no epoch bump per transaction, and its own Produce and EndTxn versions).
+fn produce_legs() -> [ClusterSpec; 2] {
+    [ClusterSpec::kafka4(), ClusterSpec::kafka39()]
 }
 
 /// Added latency with jitter, both ways, slows every exchange (each answer waits at least twice the
@@ -531,7 +561,11 @@ async fn committed(client: &Client, group: &str, topic: &str) -> Option<i64> {
 /// and the next transaction moves it on. TV2 and TV1 (where AddOffsetsToTxn comes first).
 #[tokio::test]
 async fn lost_txn_offset_commit_answers_commit_once() {
-    for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
+    for spec in [
+        ClusterSpec::kafka4(),
+        ClusterSpec::kafka4_tv1(),
+        ClusterSpec::kafka39(),
+    ] {
         let kafka = cluster(spec).await;
         let Some(s) = through_proxy(&kafka, Duration::from_secs(2)).await else {
             return;
@@ -604,7 +638,11 @@ async fn lost_txn_offset_commit_answers_commit_once() {
 /// owner of the transactional id then starts cleanly, and read_committed sees each record once.
 #[tokio::test]
 async fn an_end_txn_never_answered_is_reported_unknown_and_the_next_owner_finds_it_committed() {
-    for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
+    for spec in [
+        ClusterSpec::kafka4(),
+        ClusterSpec::kafka4_tv1(),
+        ClusterSpec::kafka39(),
+    ] {
         let kafka = cluster(spec).await;
         let Some(s) = through_proxy(&kafka, Duration::from_secs(2)).await else {
             return;
