@@ -98,7 +98,11 @@ pub(crate) fn classify(api: Api, code: ErrorCode) -> Action {
     }
     match api {
         Api::InitProducerId => match code {
-            E::NotCoordinator | E::CoordinatorNotAvailable => Retry(Refresh::Coordinator),
+            // NETWORK_EXCEPTION: the driver's stand-in for a transport failure before anything was
+            // sent (the coordinator's node unreachable), so look the coordinator up again.
+            E::NotCoordinator | E::CoordinatorNotAvailable | E::NetworkException => {
+                Retry(Refresh::Coordinator)
+            }
             E::CoordinatorLoadInProgress | E::ConcurrentTransactions | E::RequestTimedOut => {
                 Retry(Refresh::Nothing)
             }
@@ -109,7 +113,9 @@ pub(crate) fn classify(api: Api, code: ErrorCode) -> Action {
             _ => Fatal,
         },
         Api::AddPartitionsToTxn => match code {
-            E::NotCoordinator | E::CoordinatorNotAvailable => Retry(Refresh::Coordinator),
+            E::NotCoordinator | E::CoordinatorNotAvailable | E::NetworkException => {
+                Retry(Refresh::Coordinator)
+            }
             E::CoordinatorLoadInProgress
             | E::ConcurrentTransactions
             | E::UnknownTopicOrPartition
@@ -122,7 +128,9 @@ pub(crate) fn classify(api: Api, code: ErrorCode) -> Action {
             _ => Fatal,
         },
         Api::AddOffsetsToTxn => match code {
-            E::NotCoordinator | E::CoordinatorNotAvailable => Retry(Refresh::Coordinator),
+            E::NotCoordinator | E::CoordinatorNotAvailable | E::NetworkException => {
+                Retry(Refresh::Coordinator)
+            }
             E::CoordinatorLoadInProgress | E::ConcurrentTransactions => Retry(Refresh::Nothing),
             E::InvalidProducerEpoch => Fenced,
             E::GroupAuthorizationFailed => Abortable,
@@ -131,7 +139,9 @@ pub(crate) fn classify(api: Api, code: ErrorCode) -> Action {
             _ => Fatal,
         },
         Api::TxnOffsetCommit => match code {
-            E::NotCoordinator | E::CoordinatorNotAvailable => Retry(Refresh::Coordinator),
+            E::NotCoordinator | E::CoordinatorNotAvailable | E::NetworkException => {
+                Retry(Refresh::Coordinator)
+            }
             // CONCURRENT_TRANSACTIONS: under TV2 the implicit enrolment of __consumer_offsets is still
             // completing the previous transaction.
             E::CoordinatorLoadInProgress
@@ -154,7 +164,9 @@ pub(crate) fn classify(api: Api, code: ErrorCode) -> Action {
             _ => Fatal,
         },
         Api::EndTxn => match code {
-            E::NotCoordinator | E::CoordinatorNotAvailable => Retry(Refresh::Coordinator),
+            E::NotCoordinator | E::CoordinatorNotAvailable | E::NetworkException => {
+                Retry(Refresh::Coordinator)
+            }
             E::CoordinatorLoadInProgress | E::ConcurrentTransactions => Retry(Refresh::Nothing),
             E::InvalidProducerEpoch => Fenced,
             E::InvalidTxnState | E::InvalidProducerIdMapping | E::UnknownProducerId => Fatal,
@@ -310,6 +322,11 @@ mod tests {
             assert_eq!(classify(api, E::Unknown(31337)), Action::Fatal);
             assert_eq!(
                 classify(api, E::CoordinatorNotAvailable),
+                Action::Retry(Refresh::Coordinator)
+            );
+            // A coordinator that could not be reached is looked up again, as one that moved.
+            assert_eq!(
+                classify(api, E::NetworkException),
                 Action::Retry(Refresh::Coordinator)
             );
         }

@@ -1053,9 +1053,10 @@ pub(crate) async fn send_txn(client: &Client, req: &TxnRequest) -> TxnResponse {
         Err(e) => match e.error_code() {
             // FindCoordinator's own answer (e.g. COORDINATOR_NOT_AVAILABLE): the request never left.
             Some(code) => req.answered_with(code),
-            None if e.is_transport() || e.is_retriable() => {
-                req.answered_with(ErrorCode::CoordinatorNotAvailable)
-            }
+            // Not sent: the coordinator's node could not be reached. NETWORK_EXCEPTION says so in an
+            // operation's `last_error`, where COORDINATOR_NOT_AVAILABLE would blame the broker.
+            None if e.is_transport() => req.answered_with(ErrorCode::NetworkException),
+            None if e.is_retriable() => req.answered_with(ErrorCode::CoordinatorNotAvailable),
             // A fault in the exchange (undecodable answer): the coordinator may have acted.
             None => TxnResponse::NoAnswer(e.to_string()),
         },

@@ -11,19 +11,26 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kafka_protocol::messages::{InitProducerIdResponse, ProducerId};
+use kafka_protocol::messages::{
+    AddOffsetsToTxnResponse, FindCoordinatorRequest, InitProducerIdResponse, ProducerId,
+};
+use kafka_protocol::protocol::Decodable;
 
 use crate::net::testing::{
     api_versions, coordinator_is_self, one_node_metadata, InMemory, Peer, TRANSACTIONAL_BROKER_APIS,
 };
 use crate::net::{Client, ClientConfig};
-use crate::producer::{ErrorClass, ProducerError, TransactionalConfig, TransactionalProducer};
+use crate::producer::{
+    ErrorClass, ProducerError, TopicPartition, TransactionalConfig, TransactionalProducer,
+};
 use crate::wire::ErrorCode;
+use crate::GroupMetadata;
 
 const ADDR: &str = "127.0.0.1:9092";
 
 /// One broker (node 1, itself), coordinator for everything. InitProducerId is answered `busy` for
 /// the first `busy_answers` attempts (counted in `attempts` across connections), then with id 7.
+/// AddOffsetsToTxn is accepted; TxnOffsetCommit is read and never answered.
 async fn serve(
     mut peer: Peer,
     addr: SocketAddr,
@@ -44,9 +51,24 @@ async fn serve(
                     .await
             }
             10 => {
-                let answer = coordinator_is_self(addr, "tx", version);
+                let mut body = request.body.clone();
+                let key = FindCoordinatorRequest::decode(&mut body, version)
+                    .ok()
+                    .map(|r| {
+                        r.coordinator_keys
+                            .first()
+                            .map_or_else(|| r.key.to_string(), ToString::to_string)
+                    })
+                    .unwrap_or_default();
+                let answer = coordinator_is_self(addr, &key, version);
                 peer.respond(id, &answer, version).await;
             }
+            25 => {
+                peer.respond(id, &AddOffsetsToTxnResponse::default(), version)
+                    .await
+            }
+            // The group coordinator that takes the offset commit and never answers it.
+            28 => {}
             22 => {
                 let n = attempts.fetch_add(1, Ordering::SeqCst);
                 let answer = if n < busy_answers {
@@ -164,4 +186,37 @@ async fn init_retries_after_the_machine_backoff_on_tokio_time() {
         crate::producer::TransactionState::Ready,
         "initialised"
     );
+}
+
+/// A TxnOffsetCommit that the group coordinator takes and never answers ends at the operation's
+/// deadline (5 s), not at the request's own timeout (the client's, 30 s): `send_offsets` fails then,
+/// abortable, naming the missing answer as REQUEST_TIMED_OUT. Before the driver cut attempts at the
+/// deadline, the attempt under way ran its whole request timeout first.
+#[tokio::test(start_paused = true)]
+async fn send_offsets_never_answered_ends_at_the_operation_deadline() {
+    let client = client(ErrorCode::None, 0, Arc::new(AtomicUsize::new(0))).await;
+    let timeout = Duration::from_secs(5);
+    let mut p = TransactionalProducer::init(client, config(timeout))
+        .await
+        .expect("init");
+    p.begin().expect("begin");
+    let group = GroupMetadata::new("g", 5, "m-1", None).expect("group metadata");
+    let began = tokio::time::Instant::now();
+    let err = p
+        .send_offsets([(TopicPartition::new("in", 0), 1.into())], &group)
+        .await
+        .expect_err("never answered");
+    let waited = began.elapsed();
+    assert!(
+        waited >= timeout && waited < timeout + Duration::from_secs(2),
+        "ended at the operation deadline, not the request timeout: {waited:?}"
+    );
+    match &err {
+        ProducerError::Timeout { op, last_error, .. } => {
+            assert_eq!(*op, "send_offsets");
+            assert_eq!(*last_error, Some(ErrorCode::RequestTimedOut));
+        }
+        other => panic!("expected the send_offsets timeout, got {other:?}"),
+    }
+    assert!(err.is_abortable(), "{err:?}");
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use super::driver::{deliver, send_txn, Delivery, Inner};
-use super::txn::{BrokerCaps, Coordinator, Step, TxnMachine, TxnVersion};
+use super::txn::{BrokerCaps, Coordinator, Step, TxnMachine, TxnResponse, TxnVersion};
 use super::{
     OffsetAndMetadata, ProducerError, ProducerIdEpoch, ProducerRecord, TopicPartition,
     TransactionState, TransactionalConfig,
@@ -283,7 +283,28 @@ impl TransactionalProducer {
             loop {
                 match step {
                     Step::Send(req) => {
-                        let resp = send_txn(&self.inner.client, &req).await;
+                        let deadline = self
+                            .with_txn(|t| t.op_deadline())
+                            .filter(|at| crate::clock::now() < *at);
+                        let attempt = send_txn(&self.inner.client, &req);
+                        let resp = match deadline {
+                            // An attempt started before the operation's deadline ends there, not at
+                            // its request timeout (a coordinator's node that never answers a connect
+                            // would otherwise hold the operation a request timeout past its own).
+                            // Unanswered, as far as the machine can tell: it may have reached the
+                            // coordinator. The one attempt a backoff can start after the deadline
+                            // runs as usual, and the machine ends the operation on its answer.
+                            Some(at) => {
+                                tokio::time::timeout_at(tokio::time::Instant::from_std(at), attempt)
+                                    .await
+                                    .unwrap_or_else(|_| {
+                                        TxnResponse::NoAnswer(
+                                            "still unanswered at the operation's deadline".into(),
+                                        )
+                                    })
+                            }
+                            None => attempt.await,
+                        };
                         let mut s = self.inner.lock();
                         let t = s
                             .txn

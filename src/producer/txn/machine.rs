@@ -287,6 +287,12 @@ impl TxnMachine {
     }
 
     /// The span of the open transaction, for the driver to enter around its requests.
+    /// When the operation under way must end: the driver ends an attempt still out at that instant
+    /// as unanswered, so no operation overruns its timeout by a request timeout.
+    pub(crate) fn op_deadline(&self) -> Option<Instant> {
+        self.state.op_deadline()
+    }
+
     pub(crate) fn span(&self) -> Option<&Span> {
         self.state.txn().map(|t| &t.span)
     }

@@ -161,6 +161,18 @@ impl State {
         }
     }
 
+    /// When the operation under way must end, if one is.
+    pub(super) fn op_deadline(&self) -> Option<Instant> {
+        match self {
+            State::Initializing(op) => Some(op.deadline),
+            State::InTransaction {
+                offsets: Some(op), ..
+            } => Some(op.deadline),
+            State::Committing { end, .. } | State::Aborting { end, .. } => Some(end.deadline),
+            _ => None,
+        }
+    }
+
     pub(super) fn public(&self) -> TransactionState {
         match self {
             State::Uninitialized => TransactionState::Uninitialized,
