@@ -63,6 +63,9 @@ async fn kafka4_reports_transaction_version_2() {
     assert!(client.supports(node, PRODUCE, 12).await.unwrap());
     assert!(client.supports(node, END_TXN, 5).await.unwrap());
     assert!(client.supports(node, TXN_OFFSET_COMMIT, 5).await.unwrap());
+    // Produce v13 (topics by id, KIP-516) is what the idempotent and TV2 producers send here, so every
+    // producer test on this release writes by topic id.
+    assert_eq!(client.api_version(node, PRODUCE), Some(13));
 }
 
 /// The same 4.x release formatted with transaction.version=1 reports level 1: the difference between

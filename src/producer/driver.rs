@@ -58,7 +58,8 @@ use super::{
 };
 use crate::net::{CallOptions, Client, ClusterMetadata, NetError, Target, Verdict};
 use crate::wire::{
-    ErrorCode, PRODUCE_MAX, PRODUCE_MAX_TV1, PRODUCE_MIN_IDEMPOTENT, PRODUCE_MIN_TV2,
+    ErrorCode, PRODUCE_MAX, PRODUCE_MAX_BY_NAME, PRODUCE_MAX_TV1, PRODUCE_MIN_IDEMPOTENT,
+    PRODUCE_MIN_TV2,
 };
 
 /// Where a record's outcome is delivered.
@@ -131,7 +132,10 @@ struct ProduceJob {
     batches: Vec<ToSend>,
     /// Each batch's topic name as the wire carries it (parallel to `batches`).
     names: Vec<TopicName>,
-    /// `(min, max)` Produce version for this producer and transaction version.
+    /// Each batch's topic id (parallel to `batches`), which Produce v13+ sends instead of the name.
+    topic_ids: Vec<uuid::Uuid>,
+    /// `(min, max)` Produce version for this producer and transaction version, the max held to v12
+    /// when a topic's id is not known.
     versions: (i16, i16),
 }
 
@@ -718,13 +722,13 @@ impl Inner {
             max_retries: Some(0),
         };
         let timeout_ms = i32::try_from(self.config.request_timeout.as_millis()).unwrap_or(i32::MAX);
-        let make = || {
-            let mut by_topic: BTreeMap<&Arc<str>, (&TopicName, Vec<PartitionProduceData>)> =
+        let make = |version: i16| {
+            let mut by_topic: BTreeMap<&Arc<str>, (usize, Vec<PartitionProduceData>)> =
                 BTreeMap::new();
-            for (b, name) in job.batches.iter().zip(&job.names) {
+            for (i, b) in job.batches.iter().enumerate() {
                 by_topic
                     .entry(&b.partition.topic)
-                    .or_insert_with(|| (name, Vec::new()))
+                    .or_insert_with(|| (i, Vec::new()))
                     .1
                     .push(
                         PartitionProduceData::default()
@@ -734,10 +738,13 @@ impl Inner {
             }
             let topic_data = by_topic
                 .into_values()
-                .map(|(name, parts)| {
-                    TopicProduceData::default()
-                        .with_name(name.clone())
-                        .with_partition_data(parts)
+                .map(|(i, parts)| {
+                    let topic = TopicProduceData::default().with_partition_data(parts);
+                    if version >= 13 {
+                        topic.with_topic_id(job.topic_ids[i])
+                    } else {
+                        topic.with_name(job.names[i].clone())
+                    }
                 })
                 .collect();
             ProduceRequest::default()
@@ -748,36 +755,58 @@ impl Inner {
         };
         let result = self
             .client
-            .call(
-                Target::Broker(job.node),
-                &options,
-                |_| make(),
-                |r, _| Verdict::Done(r),
-            )
+            .call(Target::Broker(job.node), &options, make, |r, v| {
+                Verdict::Done((r, v))
+            })
             .await;
         match result {
-            Ok(response) => job
-                .batches
-                .iter()
-                .map(|b| {
-                    response
-                        .responses
-                        .iter()
-                        .filter(|t| *t.name.0 == *b.partition.topic)
-                        .flat_map(|t| t.partition_responses.iter())
-                        .find(|p| p.index == b.partition.partition)
-                        .map_or_else(
-                            || ProduceAnswer::NoAnswer("the answer omitted the partition".into()),
-                            |p| {
-                                ProduceAnswer::Partition(PartitionAnswer {
+            Ok((response, version)) => {
+                // Each batch's answer, found by topic (by id from v13 on, by name before) and
+                // partition, in one pass over the answer.
+                let by_id: HashMap<uuid::Uuid, &str> = job
+                    .topic_ids
+                    .iter()
+                    .zip(&job.batches)
+                    .map(|(id, b)| (*id, &*b.partition.topic))
+                    .collect();
+                let index: HashMap<(&str, i32), usize> = job
+                    .batches
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| ((&*b.partition.topic, b.partition.partition), i))
+                    .collect();
+                let mut answers: HashMap<usize, PartitionAnswer> = HashMap::new();
+                for t in &response.responses {
+                    let topic = if version >= 13 {
+                        by_id.get(&t.topic_id).copied()
+                    } else {
+                        Some(&*t.name.0)
+                    };
+                    let Some(topic) = topic else { continue };
+                    for p in &t.partition_responses {
+                        if let Some(&i) = index.get(&(topic, p.index)) {
+                            answers.insert(
+                                i,
+                                PartitionAnswer {
                                     code: ErrorCode::from_code(p.error_code),
                                     base_offset: p.base_offset,
                                     log_append_time_ms: p.log_append_time_ms,
-                                })
-                            },
+                                },
+                            );
+                        }
+                    }
+                }
+                job.batches
+                    .iter()
+                    .enumerate()
+                    .map(|(i, _)| {
+                        answers.remove(&i).map_or_else(
+                            || ProduceAnswer::NoAnswer("the answer omitted the partition".into()),
+                            ProduceAnswer::Partition,
                         )
-                })
-                .collect(),
+                    })
+                    .collect()
+            }
             Err(e) => {
                 let answer = net_to_produce_answer(&e);
                 vec![answer; job.batches.len()]
@@ -874,15 +903,29 @@ fn requests_by_leader(
                 node,
                 batches: Vec::new(),
                 names: Vec::new(),
+                topic_ids: Vec::new(),
                 versions,
             });
         }
+        let request = &mut requests[*round];
         let name = names
             .entry(b.partition.topic.clone())
             .or_insert_with(|| TopicName(StrBytes::from_string(b.partition.topic.to_string())))
             .clone();
-        requests[*round].names.push(name);
-        requests[*round].batches.push(b);
+        let id = meta
+            .topics
+            .get(&*b.partition.topic)
+            .map(|t| t.id)
+            .filter(|id| !id.is_zero());
+        match id {
+            Some(id) => request.topic_ids.push(uuid::Uuid::from_bytes(id.0)),
+            None => {
+                request.topic_ids.push(uuid::Uuid::nil());
+                request.versions.1 = request.versions.1.min(PRODUCE_MAX_BY_NAME);
+            }
+        }
+        request.names.push(name);
+        request.batches.push(b);
         *round += 1;
     }
     jobs.into_values().flatten().collect()

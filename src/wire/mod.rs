@@ -31,8 +31,8 @@ pub use versions::{client_versions, client_versions_of, BrokerApiVersions, Featu
 pub(crate) use codec::{decode_response, encode_request, request_api, response_correlation_id};
 pub(crate) use frame::FrameDecoder;
 pub(crate) use versions::{
-    decode_api_versions, initial_api_versions_version, PRODUCE_MAX, PRODUCE_MAX_TV1,
-    PRODUCE_MIN_IDEMPOTENT, PRODUCE_MIN_TV2,
+    decode_api_versions, initial_api_versions_version, PRODUCE_MAX, PRODUCE_MAX_BY_NAME,
+    PRODUCE_MAX_TV1, PRODUCE_MIN_IDEMPOTENT, PRODUCE_MIN_TV2,
 };
 
 /// Internals the cargo-fuzz targets drive directly; not part of the public API.

@@ -16,9 +16,12 @@ use kafka_protocol::protocol::{HeaderVersion, Message, VersionRange};
 use super::codec::{decode_body, decode_response_header};
 use super::{ApiRequest, ErrorCode, WireError};
 
-/// The newest Produce this client sends: v13 addresses topics by id instead of name (KIP-516), and the
-/// producer addresses them by name.
-pub(crate) const PRODUCE_MAX: i16 = 12;
+/// The newest Produce this client sends: v13 addresses topics by id instead of name (KIP-516).
+pub(crate) const PRODUCE_MAX: i16 = 13;
+
+/// The newest Produce that addresses topics by name, for a request whose topic ids are not known (a
+/// cluster whose metadata carries none).
+pub(crate) const PRODUCE_MAX_BY_NAME: i16 = 12;
 
 /// The oldest Produce an idempotent or transactional producer sends: v3 is the first that carries record
 /// batches v2 (producer id, epoch and sequence) and a transactional id.
@@ -31,8 +34,9 @@ pub(crate) const PRODUCE_MAX_TV1: i16 = 11;
 /// The oldest Produce of a TV2 transaction, for the same reason.
 pub(crate) const PRODUCE_MIN_TV2: i16 = 12;
 
-/// APIs this client deliberately speaks below kafka-protocol's newest version, and why. The one table
-/// of version caps: the producer reads the Produce constants above rather than keeping its own.
+/// APIs this client holds at a version it was written for, whatever kafka-protocol learns later (a
+/// newer Produce changes what the producer must put in it). The one table of version caps: the
+/// producer reads the Produce constants above rather than keeping its own.
 const CLIENT_CAPS: &[(i16, i16)] = &[(0, PRODUCE_MAX)];
 
 /// The versions of `api_key` this client will send: kafka-protocol's range, capped by the table above.
@@ -226,14 +230,14 @@ mod tests {
 
     #[test]
     fn usable_is_the_highest_common_version() {
-        let b = broker(&[(3, 0, 99), (18, 0, 2), (0, 3, 13), (10, 0, 6)]);
+        let b = broker(&[(3, 0, 99), (18, 0, 2), (0, 3, 14), (10, 0, 6)]);
         // Metadata: broker newer than kafka-protocol → ours caps it.
         assert_eq!(b.usable(3), Some(kafka_protocol_versions_max(3)));
         // ApiVersions: broker older → theirs caps it.
         assert_eq!(b.usable(18), Some(2));
-        // Produce: our table caps it below both.
-        assert_eq!(b.usable(0), Some(12));
-        assert!(b.supports(0, 12) && !b.supports(0, 13));
+        // Produce: our table holds it at the newest version the producer was written for.
+        assert_eq!(b.usable(0), Some(PRODUCE_MAX));
+        assert!(b.supports(0, PRODUCE_MAX) && !b.supports(0, PRODUCE_MAX + 1));
         assert_eq!(b.usable_at_least(10, 4), Some(6));
         assert_eq!(b.usable_at_least(18, 3), None);
         // Not listed by the broker at all.

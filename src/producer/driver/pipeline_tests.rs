@@ -42,6 +42,7 @@ use crate::wire::ErrorCode;
 
 const TOPIC: &str = "t";
 const PATIENCE: Duration = Duration::from_secs(20);
+const TOPIC_ID: uuid::Uuid = uuid::Uuid::from_u128(0x5eed_f00d_0000_4000_8000_0000_0000_0017);
 
 /// What a broker does with one Produce request (decided when it is read, carried out in order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +88,11 @@ struct Model {
     outstanding: HashMap<i32, (usize, usize)>,
     /// Requests that carried more than one partition.
     multi_partition_requests: usize,
+    /// The newest Produce the brokers advertise (12 unless a test asks for 13).
+    produce_max: i16,
+    /// Produce topics addressed by id (v13) and by name.
+    topics_by_id: usize,
+    topics_by_name: usize,
     /// Resends acknowledged as already written.
     duplicates: usize,
     out_of_order: usize,
@@ -155,8 +161,14 @@ impl Drop for Cluster {
 
 /// Two brokers (nodes 1 and 2); `leaders` maps each partition of topic `t` to its leader.
 async fn cluster(leaders: &[(i32, i32)], script: Script) -> Cluster {
+    cluster_speaking(leaders, script, 12).await
+}
+
+/// As [`cluster`], the brokers advertising Produce up to `produce_max`.
+async fn cluster_speaking(leaders: &[(i32, i32)], script: Script, produce_max: i16) -> Cluster {
     let model = Arc::new(Mutex::new(Model {
         leaders: leaders.iter().copied().collect(),
+        produce_max,
         ..Model::default()
     }));
     let script = Arc::new(Mutex::new(script));
@@ -283,7 +295,7 @@ async fn serve(
         let header = decode_request_header_from_buffer(&mut request).unwrap();
         let (id, version) = (header.correlation_id, header.request_api_version);
         let answer = match header.request_api_key {
-            18 => frame_api_versions(id, version),
+            18 => frame_api_versions(id, version, model.lock().unwrap().produce_max),
             3 => frame(id, &metadata(&addrs, &model.lock().unwrap()), version),
             22 => frame(
                 id,
@@ -318,8 +330,8 @@ async fn serve(
     }
 }
 
-fn frame_api_versions(id: i32, version: i16) -> Bytes {
-    let answer = api_versions(&[(0, 3, 12), (3, 1, 12), (18, 0, 3), (22, 0, 4)]);
+fn frame_api_versions(id: i32, version: i16, produce_max: i16) -> Bytes {
+    let answer = api_versions(&[(0, 3, produce_max), (3, 1, 12), (18, 0, 3), (22, 0, 4)]);
     frame(id, &answer, version.min(3))
 }
 
@@ -342,6 +354,7 @@ fn metadata(addrs: &[SocketAddr], m: &Model) -> MetadataResponse {
         .with_controller_id(BrokerId(1))
         .with_topics(vec![MetadataResponseTopic::default()
             .with_name(Some(TopicName(StrBytes::from_static_str(TOPIC))))
+            .with_topic_id(TOPIC_ID)
             .with_partitions(
                 partitions
                     .into_iter()
@@ -361,6 +374,12 @@ fn produce(node: i32, request: &ProduceRequest, plan: Plan, m: &mut Model) -> Pr
         .topic_data
         .iter()
         .map(|t| {
+            if t.topic_id == TOPIC_ID && t.name.0.is_empty() {
+                m.topics_by_id += 1;
+            } else {
+                assert_eq!(&*t.name.0, TOPIC, "a topic this cluster has");
+                m.topics_by_name += 1;
+            }
             let partitions = t
                 .partition_data
                 .iter()
@@ -382,6 +401,7 @@ fn produce(node: i32, request: &ProduceRequest, plan: Plan, m: &mut Model) -> Pr
                 .collect();
             TopicProduceResponse::default()
                 .with_name(t.name.clone())
+                .with_topic_id(t.topic_id)
                 .with_partition_responses(partitions)
         })
         .collect();
@@ -510,6 +530,39 @@ async fn a_refused_first_batch_is_not_overtaken_while_the_broker_knows_no_produc
         m.outstanding[&1].1 >= 2,
         "once the broker knew the producer, requests were pipelined"
     );
+}
+
+/// Brokers that speak Produce v13 get the topic by id (KIP-516), and the answers, which name it by
+/// id too, still reach the right batches; brokers that stop at v12 get the name.
+#[tokio::test]
+async fn produce_addresses_the_topic_by_id_where_the_broker_speaks_v13() {
+    for (produce_max, by_id) in [(13, true), (12, false)] {
+        let c = cluster_speaking(
+            &[(0, 1), (1, 2)],
+            Box::new(|_, _| Plan::Answer {
+                delay: Duration::ZERO,
+            }),
+            produce_max,
+        )
+        .await;
+        let p = producer(&c).await;
+        let parts = [0, 1];
+        let acks = burst(&p, &parts, 20).await;
+        assert_exactly_once_in_order(&c, &acks, &parts, 20);
+        let m = c.model.lock().unwrap();
+        let (ids, names) = (m.topics_by_id, m.topics_by_name);
+        if by_id {
+            assert!(
+                ids > 0 && names == 0,
+                "v13: by id ({ids}), not by name ({names})"
+            );
+        } else {
+            assert!(
+                ids == 0 && names > 0,
+                "v12: by name ({names}), not by id ({ids})"
+            );
+        }
+    }
 }
 
 /// A batch whose acknowledgement is lost (written, answered REQUEST_TIMED_OUT) is resent while the
