@@ -9,6 +9,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -29,7 +31,9 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// or `SNAPFENCE_BOOTSTRAP` names an external cluster.
 async fn isolated(spec: ClusterSpec) -> Option<KafkaCluster> {
     if std::env::var("SNAPFENCE_BOOTSTRAP").is_ok_and(|b| !b.trim().is_empty()) {
-        eprintln!("skipped: SNAPFENCE_BOOTSTRAP names an external cluster; these tests need their own");
+        eprintln!(
+            "skipped: SNAPFENCE_BOOTSTRAP names an external cluster; these tests need their own"
+        );
         return None;
     }
     let started = tokio::task::spawn_blocking(move || KafkaCluster::start(&spec))
@@ -52,8 +56,9 @@ fn netns_exists(name: &str) -> bool {
 /// Leader and ISR of partition 0 of `topic` as broker `node` sees it (None when it does not answer in
 /// time or knows no such partition).
 async fn view(client: &Client, node: i32, topic: &str) -> Option<(i32, Vec<i32>)> {
-    let request = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
-        .with_name(Some(TopicName(StrBytes::from_string(topic.to_owned()))))]));
+    let request =
+        MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_string(topic.to_owned()))))]));
     let resp = tokio::time::timeout(
         Duration::from_secs(3),
         client.send_once(Target::Broker(node), |_| request.clone()),
@@ -62,8 +67,7 @@ async fn view(client: &Client, node: i32, topic: &str) -> Option<(i32, Vec<i32>)
     .ok()?
     .ok()?;
     let p = resp.0.topics.first()?.partitions.first()?;
-    (p.error_code == 0)
-        .then(|| (p.leader_id.0, p.isr_nodes.iter().map(|b| b.0).collect()))
+    (p.error_code == 0).then(|| (p.leader_id.0, p.isr_nodes.iter().map(|b| b.0).collect()))
 }
 
 /// Every record of partition 0 of `topic` as `(offset, value)`, read at read_committed from the
@@ -80,7 +84,10 @@ async fn read_all(client: &Client, topic: &str) -> Vec<(i64, String)> {
         } else if still_since.elapsed() >= Duration::from_secs(1) {
             return records;
         }
-        assert!(Instant::now() < deadline, "{topic}: the log end kept moving");
+        assert!(
+            Instant::now() < deadline,
+            "{topic}: the log end kept moving"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -204,7 +211,10 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
                 break *l;
             }
         }
-        assert!(Instant::now() < until, "no agreed leader with ISR 3: {views:?}");
+        assert!(
+            Instant::now() < until,
+            "no agreed leader with ISR 3: {views:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let others: Vec<i32> = kafka
@@ -216,16 +226,21 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
     let mut config = ProducerConfig::default();
     config.linger = Duration::from_millis(2);
     config.request_timeout = Duration::from_secs(5);
-    config.delivery_timeout = Duration::from_secs(20);
+    // Shorter than the failover takes (about 8-10 s here), so records stuck on the cut-off leader expire
+    // and are reported failed or outcome-unknown, and the producer must carry on after that.
+    config.delivery_timeout = Duration::from_secs(6);
     let producer = Producer::new(client.clone(), config)
         .await
         .expect("idempotent producer");
 
-    // The writer: one record every 10 ms; each delivery is awaited on a task of its own.
+    // The writer: one record every 10 ms; each delivery is awaited on a task of its own, which also
+    // measures how long the record took from `send` to its outcome.
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let next = Arc::new(AtomicU32::new(0));
     let writer = {
         let producer = producer.clone();
         let topic = topic.clone();
+        let next = Arc::clone(&next);
         tokio::spawn(async move {
             let mut pending = Vec::new();
             let mut i = 0u32;
@@ -233,24 +248,34 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
                 let value = format!("{i:06}");
                 let record = ProducerRecord::new(topic.as_str(), Some(Bytes::from(value.clone())))
                     .partition(0);
+                let sent = Instant::now();
                 match producer.send(record).await {
                     Ok(delivery) => pending.push((
                         i,
-                        tokio::spawn(async move { delivery.await.map(|m| m.offset) }),
+                        tokio::spawn(async move {
+                            let r = delivery.await.map(|m| m.offset);
+                            (r, sent.elapsed())
+                        }),
                     )),
-                    Err(e) => pending.push((i, tokio::spawn(async move { Err(e) }))),
+                    Err(e) => {
+                        pending.push((i, tokio::spawn(async move { (Err(e), sent.elapsed()) })))
+                    }
                 }
                 i += 1;
+                next.store(i, Ordering::SeqCst);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(10)) => {}
                     _ = stop_rx.changed() => {}
                 }
             }
             let mut outcomes = BTreeMap::new();
+            let mut slowest = Duration::ZERO;
             for (i, task) in pending {
-                outcomes.insert(i, outcome(task.await.expect("delivery task")));
+                let (result, took) = task.await.expect("delivery task");
+                slowest = slowest.max(took);
+                outcomes.insert(i, outcome(result));
             }
-            outcomes
+            (outcomes, slowest)
         })
     };
 
@@ -275,13 +300,12 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    eprintln!(
-        "majority view {new_leader:?}; the cut-off leader's own view: {old_leader_view:?}"
-    );
+    eprintln!("majority view {new_leader:?}; the cut-off leader's own view: {old_leader_view:?}");
     // Keep the cut a few seconds after the failover, so writes meet the new leader and the stale one.
     tokio::time::sleep(Duration::from_secs(4)).await;
     kafka.heal_all().expect("heal");
     let healed_at = Instant::now();
+    let first_after_heal = next.load(Ordering::SeqCst);
     assert!(kafka.cut_pairs().is_empty());
     // The old leader catches up and rejoins the ISR.
     let mut rejoined = None;
@@ -290,7 +314,10 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
             view(&client, others[0], &topic).await,
             view(&client, leader, &topic).await,
         ];
-        if views.iter().all(|v| v.as_ref().is_some_and(|(_, isr)| isr.len() == 3)) {
+        if views
+            .iter()
+            .all(|v| v.as_ref().is_some_and(|(_, isr)| isr.len() == 3))
+        {
             rejoined = Some((views[0].clone(), healed_at.elapsed()));
             break;
         }
@@ -299,7 +326,7 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
     eprintln!("after the heal: {rejoined:?}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop_tx.send(true).expect("stop the writer");
-    let outcomes = writer.await.expect("writer task");
+    let (outcomes, slowest) = writer.await.expect("writer task");
     producer.close().await;
 
     let log = read_all(&client, &topic).await;
@@ -321,7 +348,8 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
         }
     }
     eprintln!(
-        "sent {}, acknowledged {acked}, failed {failed}, outcome unknown {unknown}, read {}; errors {errors:?}",
+        "sent {}, acknowledged {acked}, failed {failed}, outcome unknown {unknown}, read {}; slowest \
+         outcome {slowest:?}; errors {errors:?}",
         outcomes.len(),
         log.len()
     );
@@ -335,7 +363,24 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
         panic!("the majority never elected a leader other than {leader} (last view of the cut-off leader: {old_leader_view:?})")
     });
     eprintln!("leader {leader} -> {elected} after {after:?}, ISR {isr:?}");
-    assert!(rejoined.is_some(), "node {leader} never rejoined the ISR after the heal");
+    assert!(
+        rejoined.is_some(),
+        "node {leader} never rejoined the ISR after the heal"
+    );
+    // The writes felt it: records waited for the failover (or expired waiting).
+    assert!(
+        failed + unknown > 0 || slowest >= Duration::from_secs(2),
+        "no record was delayed or lost by the cut (slowest {slowest:?})"
+    );
+    // The producer carried on after its expired batches: records sent after the heal were written.
+    let acked_after_heal = outcomes
+        .range(first_after_heal..)
+        .filter(|(_, o)| matches!(o, Outcome::Acked(_)))
+        .count();
+    assert!(
+        acked_after_heal > 0,
+        "no record sent after the heal (from #{first_after_heal}) was acknowledged"
+    );
 
     // Accounting.
     let mut seen: BTreeMap<u32, Vec<i64>> = BTreeMap::new();
@@ -344,7 +389,10 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
         let i: u32 = value
             .parse()
             .unwrap_or_else(|_| panic!("foreign record {value:?} at {offset}"));
-        assert!(outcomes.contains_key(&i), "record {i} at {offset} was never sent");
+        assert!(
+            outcomes.contains_key(&i),
+            "record {i} at {offset} was never sent"
+        );
         seen.entry(i).or_default().push(*offset);
         order.push(i);
     }
@@ -361,16 +409,26 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
                     panic!("record {i} was acknowledged (offset {offset:?}) but is not in the log")
                 });
                 if let Some(offset) = offset {
-                    assert_eq!(at, &vec![*offset], "record {i} acknowledged at another offset");
+                    assert_eq!(
+                        at,
+                        &vec![*offset],
+                        "record {i} acknowledged at another offset"
+                    );
                 }
             }
             Outcome::Failed(e) => {
-                assert!(!seen.contains_key(i), "record {i} reported not written ({e}) is there");
+                assert!(
+                    !seen.contains_key(i),
+                    "record {i} reported not written ({e}) is there"
+                );
             }
             Outcome::Unknown(_) => {}
         }
     }
-    assert!(acked > 100, "too few records acknowledged to mean anything: {acked}");
+    assert!(
+        acked > 100,
+        "too few records acknowledged to mean anything: {acked}"
+    );
     assert!(leaked.is_empty(), "namespaces left after drop: {leaked:?}");
 }
 
@@ -393,7 +451,18 @@ async fn isolated_cluster_answers_and_leaves_no_namespace_behind() {
     let broker = &metadata.brokers[&1];
     assert_eq!(
         (broker.host.as_str(), broker.port),
-        ("127.0.0.1", i32::from(kafka.node_address(1).rsplit(':').next().unwrap().parse::<u16>().unwrap())),
+        (
+            "127.0.0.1",
+            i32::from(
+                kafka
+                    .node_address(1)
+                    .rsplit(':')
+                    .next()
+                    .unwrap()
+                    .parse::<u16>()
+                    .unwrap()
+            )
+        ),
         "the client listener is advertised as the forwarder"
     );
     assert!(matches!(
