@@ -32,6 +32,10 @@
 //!   [`KafkaCluster::pause`]/[`KafkaCluster::resume`] = SIGSTOP/SIGCONT (a frozen process whose sockets stay
 //!   open), [`KafkaCluster::stop`] = SIGTERM (a controlled shutdown) with SIGKILL after 60 s,
 //!   [`KafkaCluster::restart`] = start again on the same data dir and ports, then wait until ready.
+//! - **Partitions between brokers.** With [`ClusterSpec::with_isolated_brokers`] every broker runs in a
+//!   network namespace of its own and clients reach it through a forwarder on 127.0.0.1;
+//!   [`KafkaCluster::partition_brokers`] / [`KafkaCluster::isolate_broker`] then drop the packets between
+//!   brokers silently, and [`KafkaCluster::heal_brokers`] / [`KafkaCluster::heal_all`] undo it.
 //! - **No JVM left behind**: every JVM gets its own process group and `PR_SET_PDEATHSIG(SIGKILL)` from one
 //!   long-lived spawner thread (so it dies with the test process, even on SIGKILL); dropping a cluster kills
 //!   its nodes; an `atexit` hook kills and deletes this process's clusters; and pid files under
