@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::netns::{self, Isolation};
 use crate::probe::Probe;
 use crate::progress::{Observer, Progress, Step};
 use crate::security::Listener;
@@ -40,6 +41,9 @@ pub(crate) struct LocalCluster {
     dir: PathBuf,
     pub(crate) nodes: Vec<Node>,
     pub(crate) started_in: Duration,
+    /// The namespaces and forwarders of a cluster with isolated brokers. Dropped after the JVMs are
+    /// killed ([`Drop`] of this struct runs before its fields are dropped).
+    pub(crate) isolation: Option<Isolation>,
 }
 
 pub(crate) struct Node {
@@ -150,10 +154,25 @@ impl LocalCluster {
             .map(|s| s.listeners())
             .unwrap_or_default();
         let per_node = 2 + secured.len();
-        let ports = free_ports(spec.nodes * per_node)?;
+        let ids: Vec<i32> = (1..=spec.nodes as i32).collect();
+        // Isolated: each node's listeners are on fixed ports in its own namespace; only the forwarders
+        // take 127.0.0.1 ports, and they hold them, so no port can clash.
+        let (ports, isolation) = if spec.isolated_brokers {
+            let iso = Isolation::create(&ids)?;
+            let mut ports = Vec::new();
+            for &id in &ids {
+                let fwd = iso.forwarder_port(id).ok_or_else(|| FixtureError::Netns {
+                    detail: format!("no forwarder for node {id}"),
+                })?;
+                ports.extend([fwd, netns::CONTROLLER_PORT]);
+            }
+            (ports, Some(iso))
+        } else {
+            (free_ports(spec.nodes * per_node)?, None)
+        };
         let nodes: Vec<Node> = (0..spec.nodes)
             .map(|i| Node {
-                id: i as i32 + 1,
+                id: ids[i],
                 broker_port: ports[per_node * i],
                 controller_port: ports[per_node * i + 1],
                 secured: secured
@@ -172,6 +191,7 @@ impl LocalCluster {
             dir,
             nodes,
             started_in: Duration::ZERO,
+            isolation,
         })
     }
 
@@ -183,10 +203,25 @@ impl LocalCluster {
         self.wait_ready(Instant::now() + READY_TIMEOUT)
     }
 
+    /// The namespaces of an isolated cluster. Panics otherwise (callers check first).
+    pub(crate) fn isolation_ref(&self) -> &Isolation {
+        self.isolation
+            .as_ref()
+            .expect("checked by the caller: a cluster with isolated brokers")
+    }
+
+    /// The address node `id`'s listeners bind: its private address when isolated, else 127.0.0.1.
+    fn bind_host(&self, id: i32) -> String {
+        match self.isolation {
+            Some(_) => netns::node_ip(id),
+            None => "127.0.0.1".into(),
+        }
+    }
+
     fn voters(&self) -> String {
         self.nodes
             .iter()
-            .map(|n| format!("{}@127.0.0.1:{}", n.id, n.controller_port))
+            .map(|n| format!("{}@{}:{}", n.id, self.bind_host(n.id), n.controller_port))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -213,28 +248,57 @@ impl LocalCluster {
             }
             None => Default::default(),
         };
-        set(
-            "listeners",
-            &format!(
-                "PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}{secured_endpoints}",
-                node.broker_port, node.controller_port
-            ),
-        );
-        set(
-            "advertised.listeners",
-            &format!(
-                "PLAINTEXT://127.0.0.1:{}{secured_endpoints}",
-                node.broker_port
-            ),
-        );
-        set(
-            "listener.security.protocol.map",
-            &format!("PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT{secured_map}"),
-        );
-        for (k, v) in &secured_props {
-            set(k, v);
+        if self.isolation.is_some() {
+            // Clients: the private address, advertised as the node's forwarder in the root namespace.
+            // Brokers and controllers: the private addresses, so a cut between namespaces cuts them.
+            let ip = netns::node_ip(node.id);
+            let (client, internal, controller) = (
+                netns::CLIENT_PORT,
+                netns::INTERNAL_PORT,
+                netns::CONTROLLER_PORT,
+            );
+            set(
+                "listeners",
+                &format!(
+                    "PLAINTEXT://{ip}:{client},INTERNAL://{ip}:{internal},CONTROLLER://{ip}:{controller}"
+                ),
+            );
+            set(
+                "advertised.listeners",
+                &format!(
+                    "PLAINTEXT://127.0.0.1:{},INTERNAL://{ip}:{internal}",
+                    node.broker_port
+                ),
+            );
+            set(
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            );
+            set("inter.broker.listener.name", "INTERNAL");
+        } else {
+            set(
+                "listeners",
+                &format!(
+                    "PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}{secured_endpoints}",
+                    node.broker_port, node.controller_port
+                ),
+            );
+            set(
+                "advertised.listeners",
+                &format!(
+                    "PLAINTEXT://127.0.0.1:{}{secured_endpoints}",
+                    node.broker_port
+                ),
+            );
+            set(
+                "listener.security.protocol.map",
+                &format!("PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT{secured_map}"),
+            );
+            for (k, v) in &secured_props {
+                set(k, v);
+            }
+            set("inter.broker.listener.name", "PLAINTEXT");
         }
-        set("inter.broker.listener.name", "PLAINTEXT");
         set("log.dirs", &node.dir.join("data").display().to_string());
         set("num.partitions", "1");
         set("auto.create.topics.enable", "false");
@@ -324,7 +388,20 @@ impl LocalCluster {
     /// `java <heap> <flags> <log config> -cp libs/* <main>`; the rest of the arguments are the caller's.
     fn java(&self, node: &Node, heap: &str, main: &str) -> Command {
         let (_, _, log_flag) = self.log_config(node);
-        let mut cmd = Command::new(jars::java_binary());
+        // An isolated broker runs in its namespace: `ip netns exec` execs java in place (same pid).
+        let ns = self
+            .isolation
+            .as_ref()
+            .filter(|_| main == "kafka.Kafka")
+            .and_then(|iso| iso.namespace_of(node.id));
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(jars::java_binary());
+                c
+            }
+            None => Command::new(jars::java_binary()),
+        };
         cmd.arg(format!("-Xms{heap}")).arg(format!("-Xmx{heap}"));
         cmd.args(&self.jvm.flags);
         if let Some(archive) = &self.jvm.archive {

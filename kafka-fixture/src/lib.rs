@@ -32,6 +32,10 @@
 //!   [`KafkaCluster::pause`]/[`KafkaCluster::resume`] = SIGSTOP/SIGCONT (a frozen process whose sockets stay
 //!   open), [`KafkaCluster::stop`] = SIGTERM (a controlled shutdown) with SIGKILL after 60 s,
 //!   [`KafkaCluster::restart`] = start again on the same data dir and ports, then wait until ready.
+//! - **Partitions between brokers.** With [`ClusterSpec::with_isolated_brokers`] every broker runs in a
+//!   network namespace of its own and clients reach it through a forwarder on 127.0.0.1;
+//!   [`KafkaCluster::partition_brokers`] / [`KafkaCluster::isolate_broker`] then drop the packets between
+//!   brokers silently, and [`KafkaCluster::heal_brokers`] / [`KafkaCluster::heal_all`] undo it.
 //! - **No JVM left behind**: every JVM gets its own process group and `PR_SET_PDEATHSIG(SIGKILL)` from one
 //!   long-lived spawner thread (so it dies with the test process, even on SIGKILL); dropping a cluster kills
 //!   its nodes; an `atexit` hook kills and deletes this process's clusters; and pid files under
@@ -139,6 +143,7 @@
 
 mod cluster;
 mod jars;
+mod netns;
 pub mod probe;
 pub mod procs;
 mod progress;
@@ -260,6 +265,10 @@ pub struct ClusterSpec {
     /// Secured client listeners, users and ACL enforcement (see [`SecuritySpec`]). None = the plain
     /// fixture: one PLAINTEXT listener, no authorizer.
     pub security: Option<SecuritySpec>,
+    /// Each broker in a network namespace of its own, reached by clients through a forwarder on
+    /// 127.0.0.1, so the network between brokers can be cut (see
+    /// [`with_isolated_brokers`](Self::with_isolated_brokers)).
+    pub isolated_brokers: bool,
 }
 
 impl ClusterSpec {
@@ -272,6 +281,7 @@ impl ClusterSpec {
             group_version: None,
             broker_props: Vec::new(),
             security: None,
+            isolated_brokers: false,
         }
     }
 
@@ -349,6 +359,26 @@ impl ClusterSpec {
         }
     }
 
+    /// This spec with every broker in a Linux network namespace of its own, so that
+    /// [`KafkaCluster::partition_brokers`] and [`KafkaCluster::isolate_broker`] can cut the network
+    /// between brokers while clients still reach every one of them. Needs root and `ip` (iproute2); the
+    /// start fails with [`FixtureError::NetnsUnavailable`] otherwise. Not combinable with
+    /// [`with_security`](Self::with_security).
+    ///
+    /// Per cluster: a hub namespace holding a bridge, one namespace per broker joined to it by a veth
+    /// pair, and the private subnet 10.213.0.0/24 (broker N is 10.213.0.N; every cluster has its own
+    /// copy, so concurrent clusters never meet). Each broker binds its client, inter-broker and controller
+    /// listeners on its private address; its client listener is advertised as 127.0.0.1:P, a forwarder in
+    /// the test process whose upstream sockets are made inside the hub namespace. Nothing but those
+    /// 127.0.0.1 listeners is added to the root namespace. Drop deletes the namespaces (with their links);
+    /// an `atexit` hook and a sweep at the next start catch what a crash left.
+    pub fn with_isolated_brokers(self) -> ClusterSpec {
+        ClusterSpec {
+            isolated_brokers: true,
+            ..self
+        }
+    }
+
     fn validate(&self) -> Result<(), FixtureError> {
         if self.nodes == 0 {
             return Err(FixtureError::BadSpec(
@@ -357,6 +387,11 @@ impl ClusterSpec {
         }
         if let Some(security) = &self.security {
             security.validate()?;
+            if self.isolated_brokers {
+                return Err(FixtureError::BadSpec(
+                    "isolated brokers have plaintext listeners only (no SecuritySpec)".into(),
+                ));
+            }
         }
         Ok(())
     }
@@ -418,6 +453,19 @@ pub enum FixtureError {
     /// The spec cannot be run.
     #[error("bad cluster spec: {0}")]
     BadSpec(String),
+    /// Isolated brokers ([`ClusterSpec::with_isolated_brokers`]) cannot be had here: not root, or no
+    /// `ip` command. Tests that need them skip with this message.
+    #[error("network namespaces are not available: {detail}")]
+    NetnsUnavailable {
+        /// Why.
+        detail: String,
+    },
+    /// Making or changing the namespaces, links or routes of isolated brokers failed.
+    #[error("network namespace setup failed: {detail}")]
+    Netns {
+        /// The command and its output.
+        detail: String,
+    },
 }
 
 impl FixtureError {
@@ -602,6 +650,69 @@ impl KafkaCluster {
     /// Blocking form of [`restart`](Self::restart), for code outside async tests.
     pub fn restart_blocking(&self, node: i32) -> Result<(), FixtureError> {
         self.local_only("restart_blocking").restart(node)
+    }
+
+    fn isolated(&self, what: &str) -> Result<&LocalCluster, FixtureError> {
+        match &self.inner {
+            Inner::Local(c) if c.isolation.is_some() => Ok(c),
+            _ => Err(FixtureError::BadSpec(format!(
+                "{what}() needs a cluster started with ClusterSpec::with_isolated_brokers()"
+            ))),
+        }
+    }
+
+    /// Cuts the network between brokers `a` and `b`, both ways, while clients still reach both: each
+    /// of their namespaces gets a permanent neighbour entry for the other's address with a MAC address
+    /// nobody owns, so their packets to each other are dropped *silently* (no RST, no ICMP, no error:
+    /// new connections hang in SYN retransmits, established ones stall until a timeout of the broker's
+    /// own). Controller traffic between the two is cut too (the nodes are combined broker+controller).
+    /// Cutting a pair that is cut already does nothing. Errors for a cluster without
+    /// [`ClusterSpec::with_isolated_brokers`] or an unknown node.
+    pub fn partition_brokers(&self, a: i32, b: i32) -> Result<(), FixtureError> {
+        self.isolated("partition_brokers")?
+            .isolation_ref()
+            .partition(a, b)
+    }
+
+    /// Undoes [`partition_brokers`](Self::partition_brokers): the entries are deleted, ARP finds the
+    /// real addresses again and stalled connections resume with their retransmits. A pair that is not
+    /// cut is left alone.
+    pub fn heal_brokers(&self, a: i32, b: i32) -> Result<(), FixtureError> {
+        self.isolated("heal_brokers")?.isolation_ref().heal(a, b)
+    }
+
+    /// Cuts `node` from every other broker ([`partition_brokers`](Self::partition_brokers) with each);
+    /// clients still reach it through its forwarder.
+    pub fn isolate_broker(&self, node: i32) -> Result<(), FixtureError> {
+        let iso = self.isolated("isolate_broker")?.isolation_ref();
+        for other in iso.node_ids().into_iter().filter(|&o| o != node) {
+            iso.partition(node, other)?;
+        }
+        Ok(())
+    }
+
+    /// Heals every cut this cluster has.
+    pub fn heal_all(&self) -> Result<(), FixtureError> {
+        let iso = self.isolated("heal_all")?.isolation_ref();
+        for (a, b) in iso.cuts() {
+            iso.heal(a, b)?;
+        }
+        Ok(())
+    }
+
+    /// The broker pairs cut now, (lower id, higher id). Empty for a cluster without isolated brokers.
+    pub fn cut_pairs(&self) -> Vec<(i32, i32)> {
+        self.isolated("cut_pairs")
+            .map(|c| c.isolation_ref().cuts())
+            .unwrap_or_default()
+    }
+
+    /// The network namespaces (names under `/var/run/netns`) of a cluster with isolated brokers, hub
+    /// first; empty otherwise. They are deleted when the cluster is dropped.
+    pub fn namespaces(&self) -> Vec<String> {
+        self.isolated("namespaces")
+            .map(|c| c.isolation_ref().namespaces())
+            .unwrap_or_default()
     }
 
     /// The folder holding the broker's jars (and so `kafka-clients`), for Java interop peers run with
