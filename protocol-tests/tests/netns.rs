@@ -228,7 +228,8 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
     config.request_timeout = Duration::from_secs(5);
     // Shorter than the failover takes (about 8-10 s here), so records stuck on the cut-off leader expire
     // and are reported failed or outcome-unknown, and the producer must carry on after that.
-    config.delivery_timeout = Duration::from_secs(6);
+    let delivery_timeout = Duration::from_secs(6);
+    config.delivery_timeout = delivery_timeout;
     let producer = Producer::new(client.clone(), config)
         .await
         .expect("idempotent producer");
@@ -371,6 +372,12 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
     assert!(
         failed + unknown > 0 || slowest >= Duration::from_secs(2),
         "no record was delayed or lost by the cut (slowest {slowest:?})"
+    );
+    // The delivery timeout bounds when every outcome is reported, for a batch the cut-off leader holds
+    // in flight too (the slack covers the linger and a loaded machine).
+    assert!(
+        slowest <= delivery_timeout + Duration::from_secs(3),
+        "an outcome came {slowest:?} after its send, past the delivery timeout of {delivery_timeout:?}"
     );
     // The producer carried on after its expired batches: records sent after the heal were written.
     let acked_after_heal = outcomes

@@ -70,6 +70,9 @@ pub(crate) struct ToSend {
     pub(crate) base_sequence: i32,
     /// 0 for the first attempt.
     pub(crate) attempt: u32,
+    /// When the batch's delivery timeout runs out: the driver ends a request still unanswered then,
+    /// so the timeout bounds when the outcome is reported, as it promises.
+    pub(crate) deadline: Instant,
 }
 
 /// A record's final outcome, with whatever the driver attached to it.
@@ -258,6 +261,7 @@ impl<T> ProducerCore<T> {
                     ids: f.ids,
                     base_sequence: f.base_seq,
                     attempt: f.attempts,
+                    deadline: f.deadline,
                 });
             }
         }
@@ -278,6 +282,7 @@ impl<T> ProducerCore<T> {
                             ids,
                             base_sequence: base_seq,
                             attempt: 0,
+                            deadline,
                         });
                         self.flights.insert(
                             batch.id,

@@ -753,12 +753,31 @@ impl Inner {
                 .with_timeout_ms(timeout_ms)
                 .with_topic_data(topic_data)
         };
-        let result = self
+        let call = self
             .client
             .call(Target::Broker(job.node), &options, make, |r, v| {
                 Verdict::Done((r, v))
-            })
-            .await;
+            });
+        // The request ends when the first of its batches' delivery timeouts runs out, so that timeout
+        // bounds when an outcome is reported (the broker may hold a Produce for its whole timeout
+        // waiting for replicas). Dropping the call leaves the connection as it is: a frame already
+        // queued is still written and its answer thrown away, so every batch is unanswered, and the
+        // core reports the expired ones as of unknown outcome and resends the rest.
+        let expires = job.batches.iter().map(|b| b.deadline).min();
+        let result = match expires.filter(|at| *at > crate::clock::now()) {
+            Some(at) => {
+                match tokio::time::timeout_at(tokio::time::Instant::from_std(at), call).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        let answer = ProduceAnswer::NoAnswer(
+                            "the delivery timeout ran out with the request unanswered".into(),
+                        );
+                        return vec![answer; job.batches.len()];
+                    }
+                }
+            }
+            None => call.await,
+        };
         match result {
             Ok((response, version)) => {
                 // Each batch's answer, found by topic (by id from v13 on, by name before) and

@@ -565,6 +565,52 @@ async fn produce_addresses_the_topic_by_id_where_the_broker_speaks_v13() {
     }
 }
 
+/// A broker that holds every Produce far past the delivery timeout (as a leader waiting for replicas
+/// it cannot reach does, up to the request's timeout): the outcome is reported when the delivery
+/// timeout runs out, as of unknown outcome, not when the request's own timeout would end it.
+#[tokio::test]
+async fn the_delivery_timeout_bounds_a_request_the_broker_holds() {
+    let c = cluster(
+        &[(0, 1)],
+        Box::new(|_, _| Plan::Answer {
+            delay: Duration::from_secs(60),
+        }),
+    )
+    .await;
+    let client = Client::connect(ClientConfig::new(&c.addrs[0].to_string()))
+        .await
+        .unwrap();
+    let delivery_timeout = Duration::from_secs(1);
+    let p = Producer::new(
+        client,
+        ProducerConfig {
+            delivery_timeout,
+            request_timeout: Duration::from_secs(30),
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    let began = tokio::time::Instant::now();
+    let d = p
+        .send(ProducerRecord::new(TOPIC, Some(Bytes::from("held"))).partition(0))
+        .await
+        .unwrap();
+    let err = timeout(PATIENCE, d)
+        .await
+        .expect("an outcome within patience")
+        .expect_err("never answered");
+    let waited = began.elapsed();
+    assert!(
+        waited >= delivery_timeout && waited < delivery_timeout + Duration::from_secs(2),
+        "reported at the delivery timeout, not the request timeout: {waited:?}"
+    );
+    assert!(
+        err.is_outcome_unknown(),
+        "it may have been written: {err:?}"
+    );
+}
+
 /// A batch whose acknowledgement is lost (written, answered REQUEST_TIMED_OUT) is resent while the
 /// batches behind it are in flight and written; the resend is acknowledged as the batch already
 /// written, with its first offset, and nothing is written twice.
