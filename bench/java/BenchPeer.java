@@ -21,7 +21,7 @@ public class BenchPeer {
     public static void main(String[] a) throws Exception {
         switch (a[0]) {
             case "plain-seq", "plain-burst" -> plain(a[1], a[2], Integer.parseInt(a[3]), Integer.parseInt(a[4]),
-                Integer.parseInt(a[5]), a[0].equals("plain-burst"));
+                Integer.parseInt(a[5]), a[0].equals("plain-burst"), a.length > 6 ? Integer.parseInt(a[6]) : 1);
             case "txn-seq" -> txn(a, Integer.parseInt(a[8]), Integer.parseInt(a[9]), 1);
             case "txn-burst" -> txn(a, Integer.parseInt(a[8]), Integer.parseInt(a[9]), Integer.parseInt(a[10]));
             case "recover" -> {
@@ -67,13 +67,14 @@ public class BenchPeer {
         return p;
     }
 
-    static void plain(String bootstrap, String topic, int n, int size, int lingerMs, boolean burst) throws Exception {
+    // PARTITIONS (plain-burst's optional last argument): record i goes to partition i % PARTITIONS.
+    static void plain(String bootstrap, String topic, int n, int size, int lingerMs, boolean burst, int partitions) throws Exception {
         try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(producerProps(bootstrap, lingerMs))) {
             producer.send(new ProducerRecord<>(topic, 0, key(n), value(size, n))).get();
             long t = System.nanoTime();
             if (burst) {
                 List<Future<RecordMetadata>> pending = new ArrayList<>(n);
-                for (int i = 0; i < n; i++) pending.add(producer.send(new ProducerRecord<>(topic, 0, key(i), value(size, i))));
+                for (int i = 0; i < n; i++) pending.add(producer.send(new ProducerRecord<>(topic, i % partitions, key(i), value(size, i))));
                 for (Future<RecordMetadata> f : pending) f.get();
             } else {
                 for (int i = 0; i < n; i++) producer.send(new ProducerRecord<>(topic, 0, key(i), value(size, i))).get();

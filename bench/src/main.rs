@@ -9,7 +9,7 @@
 //! snapfence-bench peer WORKLOAD ARGS...     snapfence's side of one workload (a child of `run`)
 //! ```
 //!
-//! `--workloads` picks rows by key (`a-a,a-b,a-c,b-base,b-1,b-16,b-256,b-2000,recovery,takeover`; default
+//! `--workloads` picks rows by key (`a-a,a-b,a-c,b-base,b-spread,b-1,b-16,b-256,b-2000,recovery,takeover`; default
 //! all), `--clients` picks clients (`snapfence,java,confluent,rdkafka`), for profiling one case by hand.
 //! `--repeat N` (default 5) runs the short rows (A(c), B's baseline, caps 256 and 2000: ~0.1 s each for
 //! us) N times per client, interleaved, and reports the median with the range: one 100 ms sample on a
@@ -50,6 +50,9 @@ const A_SIZE: usize = 100;
 const B_KEYS: usize = 2000;
 const B_SIZE: usize = 10 * 1024;
 const B_CAPS: [usize; 4] = [1, 16, 256, 2000];
+/// Experiment B' (issue 17): B's 2 000 records per partition, 1 KiB each, over this many partitions at
+/// once: one request per broker carrying every partition is what it measures.
+const SPREAD_PARTITIONS: usize = 16;
 /// Recovery data sets: (keys, value bytes).
 const RECOVERY: [(usize, usize); 2] = [(2000, 10 * 1024), (200_000, 100)];
 /// Takeover: committed state, then the crashed owner's open transaction.
@@ -61,8 +64,9 @@ const SESSION_MS: i32 = 600_000;
 /// three times as long: every produce there waits for a second replica).
 const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
 /// The workload keys `--workloads` takes.
-const WORKLOADS: [&str; 10] = [
-    "a-a", "a-b", "a-c", "b-base", "b-1", "b-16", "b-256", "b-2000", "recovery", "takeover",
+const WORKLOADS: [&str; 11] = [
+    "a-a", "a-b", "a-c", "b-base", "b-spread", "b-1", "b-16", "b-256", "b-2000", "recovery",
+    "takeover",
 ];
 
 fn main() {
@@ -540,6 +544,17 @@ impl Bench<'_> {
                 .await?;
             section.push(Row::time(label(text, short), row, Target::Baseline));
         }
+        if wants("b-spread") {
+            let text = format!(
+                "B' plain idempotent producer, {SPREAD_PARTITIONS} partitions x {B_KEYS} x 1 KiB all at once"
+            );
+            let row = self
+                .each(next_turn(), short, |_| {
+                    self.spread_args(B_KEYS * SPREAD_PARTITIONS, 1024, 5, SPREAD_PARTITIONS)
+                })
+                .await?;
+            section.push(Row::time(label(text, short), row, Target::Spread));
+        }
         for cap in B_CAPS {
             if !wants(&format!("b-{cap}")) {
                 continue;
@@ -644,12 +659,37 @@ impl Bench<'_> {
         ])
     }
 
+    /// plain-burst spread over a fresh topic of `partitions` partitions (record i to partition
+    /// i % partitions).
+    async fn spread_args(
+        &self,
+        n: usize,
+        size: usize,
+        linger_ms: u64,
+        partitions: usize,
+    ) -> Result<Vec<String>, Error> {
+        let topic = self.topic_of(partitions as i32).await?;
+        Ok(vec![
+            "plain-burst".to_owned(),
+            self.kafka.bootstrap(),
+            topic,
+            n.to_string(),
+            size.to_string(),
+            linger_ms.to_string(),
+            partitions.to_string(),
+        ])
+    }
+
     async fn topic(&self) -> Result<String, Error> {
+        self.topic_of(1).await
+    }
+
+    async fn topic_of(&self, partitions: i32) -> Result<String, Error> {
         let topic = unique("bench");
         snapfence::admin::create_topic(
             self.client,
             &topic,
-            1,
+            partitions,
             -1,
             &[("cleanup.policy", "compact")],
         )

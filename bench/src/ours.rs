@@ -30,14 +30,15 @@ pub async fn run(work: Work) -> Result<Outcome, Error> {
             n,
             size,
             linger_ms,
-        } => plain(&bootstrap, &topic, n, size, linger_ms, false).await,
+        } => plain(&bootstrap, &topic, n, size, linger_ms, false, 1).await,
         Work::PlainBurst {
             bootstrap,
             topic,
             n,
             size,
             linger_ms,
-        } => plain(&bootstrap, &topic, n, size, linger_ms, true).await,
+            partitions,
+        } => plain(&bootstrap, &topic, n, size, linger_ms, true, partitions).await,
         Work::TxnSeq { txn, n, size } => group_commit(txn, n, size, 256, false).await,
         Work::TxnBurst { txn, n, size, cap } => group_commit(txn, n, size, cap, true).await,
         Work::Recover {
@@ -173,6 +174,7 @@ async fn plain(
     size: usize,
     linger_ms: u64,
     burst: bool,
+    partitions: usize,
 ) -> Result<Outcome, Error> {
     let client = connect(bootstrap).await?;
     let mut config = ProducerConfig::default();
@@ -181,7 +183,7 @@ async fn plain(
     let record = |i: usize| {
         ProducerRecord::new(topic, Some(value(size, i)))
             .key(key(i))
-            .partition(0)
+            .partition((i % partitions) as i32)
     };
     // Warm-up: metadata, the producer id and the connection, before the clock starts.
     producer.send(record(n)).await?.await?;

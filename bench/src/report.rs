@@ -61,6 +61,8 @@ pub enum Target {
     Transactional,
     /// Experiment B, cap 256: at most 1.03x our own plain baseline (and [`Target::Transactional`]).
     NearBaseline,
+    /// At most 0.8x both the Java client and confluent-kafka (experiment B', issue 17).
+    Spread,
     /// At most 0.7x the Java consumer.
     Recovery,
     /// Peak RSS at most the recovered bytes plus 32 MiB.
@@ -175,6 +177,15 @@ impl Section {
                 }
                 if let Some(r) = vs(CONFLUENT) {
                     parts.push(format!("<=1x confluent: {}", mark(r <= 1.0)));
+                }
+                parts.join("; ")
+            }
+            Target::Spread => {
+                let mut parts = Vec::new();
+                for (peer, name) in [(JAVA, "Java"), (CONFLUENT, "confluent")] {
+                    if let Some(r) = vs(peer) {
+                        parts.push(format!("<=0.8x {name}: {}", mark(r <= 0.8)));
+                    }
                 }
                 parts.join("; ")
             }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! plain-seq   BOOTSTRAP TOPIC N SIZE LINGER_MS        idempotent producer, each write awaited (A(a))
-//! plain-burst BOOTSTRAP TOPIC N SIZE LINGER_MS        idempotent producer, all writes at once (B baseline)
+//! plain-burst BOOTSTRAP TOPIC N SIZE LINGER_MS [P]    idempotent producer, all writes at once (B baseline);
+//!                                                      with P, record i goes to partition i % P
 //! txn-seq     BOOTSTRAP TOPIC TXN_ID INPUT GROUP GENERATION MEMBER N SIZE       one write per transaction,
 //!                                                      issued one at a time (A(b))
 //! txn-burst   BOOTSTRAP TOPIC TXN_ID INPUT GROUP GENERATION MEMBER N SIZE CAP   N writes issued at once,
@@ -54,6 +55,8 @@ pub enum Work {
         n: usize,
         size: usize,
         linger_ms: u64,
+        /// Record i goes to partition `i % partitions`.
+        partitions: usize,
     },
     TxnSeq {
         txn: TxnArgs,
@@ -121,7 +124,9 @@ impl Work {
             "fill" => 5,
             _ => return Err(usage()),
         };
-        if args.len() != expected {
+        // plain-burst may name the number of partitions to spread over.
+        let optional = usize::from(name == "plain-burst");
+        if args.len() < expected || args.len() > expected + optional {
             return Err(usage());
         }
         Ok(match name {
@@ -138,6 +143,7 @@ impl Work {
                 n: num(3)?,
                 size: num(4)?,
                 linger_ms: num(5)? as u64,
+                partitions: if args.len() > 6 { num(6)?.max(1) } else { 1 },
             },
             "txn-seq" => Work::TxnSeq {
                 txn: txn()?,

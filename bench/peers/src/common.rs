@@ -16,6 +16,15 @@ impl Args {
     pub fn s(&self, i: usize) -> &str {
         self.0.get(i).map(String::as_str).unwrap_or_else(|| usage())
     }
+    /// Argument `i` as a number, `default` if the command line stops before it.
+    pub fn n_or(&self, i: usize, default: usize) -> usize {
+        if self.0.len() > i {
+            self.n(i)
+        } else {
+            default
+        }
+    }
+
     pub fn n(&self, i: usize) -> usize {
         self.s(i).parse().unwrap_or_else(|_| usage())
     }

@@ -69,9 +69,18 @@ fn producer(
 }
 
 fn record(topic: &str, k: &[u8], v: &[u8]) -> Result<ProducerRecord<Vec<u8>, Vec<u8>>, Error> {
+    record_to(topic, 0, k, v)
+}
+
+fn record_to(
+    topic: &str,
+    partition: i32,
+    k: &[u8],
+    v: &[u8],
+) -> Result<ProducerRecord<Vec<u8>, Vec<u8>>, Error> {
     Ok(ProducerRecord::with_partition_key(
         topic.to_owned(),
-        Some(0),
+        Some(partition),
         Some(k.to_vec()),
         Some(v.to_vec()),
     )?)
@@ -86,9 +95,12 @@ async fn plain(a: &Args, burst: bool) -> Result<(), Error> {
         .await?;
     let began = Instant::now();
     if burst {
+        // plain-burst's optional PARTITIONS: record i goes to partition i % PARTITIONS.
+        let parts = a.n_or(6, 1).max(1);
         let mut pending = Vec::with_capacity(n);
         for i in 0..n {
-            pending.push(Producer::send(&p, record(topic, &key(i), &value(size, i))?).await?);
+            let r = record_to(topic, (i % parts) as i32, &key(i), &value(size, i))?;
+            pending.push(Producer::send(&p, r).await?);
         }
         for f in pending {
             f.get().await?;

@@ -54,12 +54,12 @@ async fn plain(a: &Args, burst: bool) -> Result<(), Error> {
     let (keys, values): (Vec<_>, Vec<_>) = (0..n).map(|i| (key(i), value(size, i))).unzip();
     let began = Instant::now();
     if burst {
+        // plain-burst's optional PARTITIONS: record i goes to partition i % PARTITIONS.
+        let parts = a.n_or(6, 1).max(1);
         let mut pending = Vec::with_capacity(n);
         for i in 0..n {
-            pending.push(
-                p.send_result(record(topic, &keys[i], &values[i]))
-                    .map_err(|(e, _)| e)?,
-            );
+            let r = record(topic, &keys[i], &values[i]).partition((i % parts) as i32);
+            pending.push(p.send_result(r).map_err(|(e, _)| e)?);
         }
         for d in pending {
             d.await?.map_err(|(e, _)| e)?;
