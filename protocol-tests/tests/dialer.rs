@@ -13,9 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
-use kafka_protocol::messages::{MetadataRequest, TopicName};
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::messages::MetadataRequest;
 use protocol_tests::{cluster, unique, ClusterSpec, Fault, FaultProxy, KafkaCluster, Requests};
 use snapfence::consumer::committed_offsets;
 use snapfence::net::{
@@ -135,23 +133,7 @@ async fn fetch(
     offset: i64,
     isolation: IsolationLevel,
 ) -> kafka_protocol::messages::fetch_response::PartitionData {
-    let build = |_v: i16| {
-        FetchRequest::default()
-            .with_replica_id((-1).into())
-            .with_max_wait_ms(50)
-            .with_min_bytes(1)
-            .with_max_bytes(16 << 20)
-            .with_isolation_level(isolation.as_i8())
-            .with_session_epoch(-1)
-            .with_topics(vec![FetchTopic::default()
-                .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
-                .with_partitions(vec![FetchPartition::default()
-                    .with_partition(0)
-                    .with_fetch_offset(offset)
-                    .with_log_start_offset(-1)
-                    .with_current_leader_epoch(-1)
-                    .with_partition_max_bytes(8 << 20)])])
-    };
+    let build = |_v: i16| protocol_tests::fetch_by_name(topic, 0, offset, isolation);
     let options = CallOptions {
         max_version: Some(12),
         ..CallOptions::default()

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
@@ -102,21 +101,7 @@ async fn read_once(client: &Client, topic: &str) -> (Vec<(i64, String)>, i64) {
             ..CallOptions::default()
         };
         let build = |_v: i16| {
-            FetchRequest::default()
-                .with_replica_id((-1).into())
-                .with_max_wait_ms(50)
-                .with_min_bytes(1)
-                .with_max_bytes(16 << 20)
-                .with_isolation_level(IsolationLevel::ReadCommitted.as_i8())
-                .with_session_epoch(-1)
-                .with_topics(vec![FetchTopic::default()
-                    .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
-                    .with_partitions(vec![FetchPartition::default()
-                        .with_partition(0)
-                        .with_fetch_offset(offset)
-                        .with_log_start_offset(-1)
-                        .with_current_leader_epoch(-1)
-                        .with_partition_max_bytes(8 << 20)])])
+            protocol_tests::fetch_by_name(topic, 0, offset, IsolationLevel::ReadCommitted)
         };
         let resp = client
             .call(Target::leader(topic, 0), &options, build, |r, _| {

@@ -13,7 +13,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
 use kafka_protocol::messages::TopicName;
 use kafka_protocol::protocol::StrBytes;
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
@@ -85,23 +84,7 @@ async fn read(client: &Client, topic: &str, isolation: IsolationLevel) -> Read {
             max_version: Some(12),
             ..CallOptions::default()
         };
-        let build = |_v: i16| {
-            FetchRequest::default()
-                .with_replica_id((-1).into())
-                .with_max_wait_ms(50)
-                .with_min_bytes(1)
-                .with_max_bytes(16 << 20)
-                .with_isolation_level(isolation.as_i8())
-                .with_session_epoch(-1)
-                .with_topics(vec![FetchTopic::default()
-                    .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
-                    .with_partitions(vec![FetchPartition::default()
-                        .with_partition(0)
-                        .with_fetch_offset(offset)
-                        .with_log_start_offset(-1)
-                        .with_current_leader_epoch(-1)
-                        .with_partition_max_bytes(8 << 20)])])
-        };
+        let build = |_v: i16| protocol_tests::fetch_by_name(topic, 0, offset, isolation);
         let resp = client
             .call(Target::leader(topic, 0), &options, build, |r, _| {
                 Verdict::Done(r)
@@ -862,21 +845,7 @@ async fn read_partition(client: &Client, topic: &str, partition: i32) -> Vec<(i6
             ..CallOptions::default()
         };
         let build = |_v: i16| {
-            FetchRequest::default()
-                .with_replica_id((-1).into())
-                .with_max_wait_ms(50)
-                .with_min_bytes(1)
-                .with_max_bytes(16 << 20)
-                .with_isolation_level(IsolationLevel::ReadUncommitted.as_i8())
-                .with_session_epoch(-1)
-                .with_topics(vec![FetchTopic::default()
-                    .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
-                    .with_partitions(vec![FetchPartition::default()
-                        .with_partition(partition)
-                        .with_fetch_offset(offset)
-                        .with_log_start_offset(-1)
-                        .with_current_leader_epoch(-1)
-                        .with_partition_max_bytes(8 << 20)])])
+            protocol_tests::fetch_by_name(topic, partition, offset, IsolationLevel::ReadUncommitted)
         };
         let resp = client
             .call(Target::leader(topic, partition), &options, build, |r, _| {
