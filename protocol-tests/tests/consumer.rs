@@ -18,98 +18,24 @@ use kafka_protocol::messages::{
     TopicName, TransactionalId,
 };
 use kafka_protocol::protocol::StrBytes;
+use protocol_tests::raw::{
+    batch, connect as client, new_topic, produce, produce_raw, reader_config,
+};
 use protocol_tests::{cluster, dedicated, unique, ClusterSpec, KafkaCluster};
 use snapfence::consumer::{
     commit_offsets, list_offsets, Assignor, ConsumerError, GroupConfig, GroupConsumer,
     GroupConsumerConfig, GroupProtocol, LostReason, OffsetReset, OffsetSpec, PartitionReader,
-    ReaderConfig, RebalanceListener, StartAt, TopicPartition,
+    RebalanceListener, StartAt, TopicPartition,
 };
-use snapfence::net::{CallOptions, Client, ClientConfig, Target, Verdict};
-use snapfence::records::{BatchBuilder, Compression, IsolationLevel, NewRecord, ProducerStamp};
+use snapfence::net::{CallOptions, Client, Target, Verdict};
+use snapfence::records::{IsolationLevel, ProducerStamp};
 use snapfence::ErrorCode;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 // ------------------------------------------------------------------------------------------ helpers
 
-async fn client(kafka: &KafkaCluster) -> Client {
-    Client::connect(ClientConfig::new(&kafka.bootstrap()))
-        .await
-        .expect("connect")
-}
-
 async fn topic(client: &Client, partitions: i32) -> String {
-    let name = unique("t");
-    snapfence::admin::create_topic(client, &name, partitions, 1, &[])
-        .await
-        .expect("create topic");
-    name
-}
-
-fn batch(values: &[&str], stamp: ProducerStamp) -> bytes::Bytes {
-    let mut b = BatchBuilder::new(Compression::None, 1 << 20);
-    for v in values {
-        let appended = b
-            .try_append(&NewRecord {
-                timestamp: 0,
-                key: None,
-                value: Some(v.as_bytes()),
-                headers: &[],
-            })
-            .expect("encode");
-        assert!(appended);
-    }
-    b.seal(stamp).expect("seal").bytes().clone()
-}
-
-/// A raw Produce (acks=all) of one batch; returns the base offset.
-async fn produce_raw(
-    client: &Client,
-    topic: &str,
-    partition: i32,
-    records: bytes::Bytes,
-    transactional_id: Option<&str>,
-) -> i64 {
-    let t = topic.to_string();
-    client
-        .call(
-            Target::leader(topic, partition),
-            &CallOptions::default(),
-            |_| {
-                ProduceRequest::default()
-                    .with_transactional_id(
-                        transactional_id
-                            .map(|id| TransactionalId(StrBytes::from_string(id.into()))),
-                    )
-                    .with_acks(-1)
-                    .with_timeout_ms(10_000)
-                    .with_topic_data(vec![TopicProduceData::default()
-                        .with_name(TopicName(StrBytes::from_string(t.clone())))
-                        .with_partition_data(vec![PartitionProduceData::default()
-                            .with_index(partition)
-                            .with_records(Some(records.clone()))])])
-            },
-            |r, _| {
-                let p = &r.responses[0].partition_responses[0];
-                Verdict::from_code(p.error_code, (p.error_code, p.base_offset))
-            },
-        )
-        .await
-        .map(|(code, offset)| {
-            assert_eq!(code, 0, "produce error {}", ErrorCode::from_code(code));
-            offset
-        })
-        .expect("produce")
-}
-
-async fn produce(client: &Client, topic: &str, partition: i32, values: &[&str]) -> i64 {
-    produce_raw(
-        client,
-        topic,
-        partition,
-        batch(values, ProducerStamp::NONE),
-        None,
-    )
-    .await
+    new_topic(client, "t", partitions).await
 }
 
 /// A transaction opened with raw requests (InitProducerId, AddPartitionsToTxn, Produce), left open
@@ -241,13 +167,6 @@ async fn read_up_to(reader: &mut PartitionReader, want: usize, until: Duration) 
 /// Reads everything that arrives within `until`.
 async fn read_all(reader: &mut PartitionReader, until: Duration) -> Vec<String> {
     read_up_to(reader, usize::MAX, until).await
-}
-
-fn reader_config(isolation: IsolationLevel) -> ReaderConfig {
-    let mut c = ReaderConfig::default();
-    c.isolation = isolation;
-    c.max_wait = Duration::from_millis(100);
-    c
 }
 
 // ------------------------------------------------------------------------ isolation levels
@@ -509,7 +428,10 @@ async fn reader_follows_a_leader_change() {
             writer
                 .call(
                     Target::leader(t.as_str(), 0),
-                    &CallOptions::default(),
+                    &CallOptions {
+                        max_version: Some(protocol_tests::raw::BY_NAME),
+                        ..CallOptions::default()
+                    },
                     |_| {
                         ProduceRequest::default()
                             .with_acks(-1)

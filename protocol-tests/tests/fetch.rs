@@ -15,100 +15,26 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     AddPartitionsToTxnRequest, BrokerId, EndTxnRequest, FetchRequest, InitProducerIdRequest,
-    ProduceRequest, ProducerId, TopicName, TransactionalId,
+    ProducerId, TopicName, TransactionalId,
 };
 use kafka_protocol::protocol::StrBytes;
 use metrics::{Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder};
 use metrics::{SharedString, Unit};
-use protocol_tests::{cluster, dedicated, unique, ClusterSpec, KafkaCluster};
-use snapfence::consumer::{PartitionReader, ReaderConfig, StartAt, TopicPartition};
-use snapfence::net::{CallOptions, Client, ClientConfig, Target, Verdict};
-use snapfence::records::{BatchBuilder, Compression, IsolationLevel, NewRecord, ProducerStamp};
+use protocol_tests::raw::{
+    batch, connect as client, new_topic, produce, produce_raw, reader_config,
+};
+use protocol_tests::{cluster, dedicated, unique, ClusterSpec};
+use snapfence::consumer::{PartitionReader, StartAt, TopicPartition};
+use snapfence::net::{CallOptions, Client, Target, Verdict};
+use snapfence::records::{IsolationLevel, ProducerStamp};
 use snapfence::ErrorCode;
 
 // ------------------------------------------------------------------------------------------ helpers
 
-async fn client(kafka: &KafkaCluster) -> Client {
-    Client::connect(ClientConfig::new(&kafka.bootstrap()))
-        .await
-        .expect("connect")
-}
-
 async fn topic(client: &Client, partitions: i32) -> String {
-    let name = unique("f");
-    snapfence::admin::create_topic(client, &name, partitions, 1, &[])
-        .await
-        .expect("create topic");
-    name
-}
-
-fn batch(values: &[String], stamp: ProducerStamp) -> bytes::Bytes {
-    let mut b = BatchBuilder::new(Compression::None, 1 << 20);
-    for v in values {
-        let appended = b
-            .try_append(&NewRecord {
-                timestamp: 0,
-                key: None,
-                value: Some(v.as_bytes()),
-                headers: &[],
-            })
-            .expect("encode");
-        assert!(appended);
-    }
-    b.seal(stamp).expect("seal").bytes().clone()
-}
-
-/// A raw Produce (acks=all) of one batch.
-async fn produce_raw(
-    client: &Client,
-    topic: &str,
-    partition: i32,
-    records: bytes::Bytes,
-    transactional_id: Option<&str>,
-) {
-    let t = topic.to_string();
-    client
-        .call(
-            Target::leader(topic, partition),
-            &CallOptions {
-                max_version: Some(12),
-                ..CallOptions::default()
-            },
-            |_| {
-                ProduceRequest::default()
-                    .with_transactional_id(
-                        transactional_id
-                            .map(|id| TransactionalId(StrBytes::from_string(id.to_string()))),
-                    )
-                    .with_acks(-1)
-                    .with_timeout_ms(30_000)
-                    .with_topic_data(vec![TopicProduceData::default()
-                        .with_name(TopicName(StrBytes::from_string(t.clone())))
-                        .with_partition_data(vec![PartitionProduceData::default()
-                            .with_index(partition)
-                            .with_records(Some(records.clone()))])])
-            },
-            |r, _| {
-                let p = &r.responses[0].partition_responses[0];
-                Verdict::from_code(p.error_code, p.base_offset)
-            },
-        )
-        .await
-        .expect("produce");
-}
-
-async fn produce(client: &Client, topic: &str, partition: i32, values: &[String]) {
-    produce_raw(
-        client,
-        topic,
-        partition,
-        batch(values, ProducerStamp::NONE),
-        None,
-    )
-    .await
+    new_topic(client, "f", partitions).await
 }
 
 /// One transaction of raw requests (InitProducerId, AddPartitionsToTxn, Produce, EndTxn) writing
@@ -191,13 +117,6 @@ async fn transaction(
 
 fn values(p: i32, from: usize, n: usize) -> Vec<String> {
     (from..from + n).map(|i| format!("{p}-{i}")).collect()
-}
-
-fn reader_config(isolation: IsolationLevel) -> ReaderConfig {
-    let mut c = ReaderConfig::default();
-    c.isolation = isolation;
-    c.max_wait = Duration::from_millis(100);
-    c
 }
 
 fn assign_all(reader: &mut PartitionReader, topic: &str, partitions: i32) {
