@@ -105,14 +105,15 @@ pub enum Command {
     DemoOwner(demo::OwnerArgs),
 }
 
-/// Where a run reads and writes.
+/// Where a run reads and writes. Each is `Send`, so a run's future is too: a program may spawn it on a
+/// multi-threaded runtime.
 pub struct Io<'a> {
     /// Results.
-    pub out: &'a mut dyn Write,
+    pub out: &'a mut (dyn Write + Send),
     /// Errors, notes, prompts and the progress indicator.
-    pub err: &'a mut dyn Write,
+    pub err: &'a mut (dyn Write + Send),
     /// Answers to confirmation prompts.
-    pub input: &'a mut dyn BufRead,
+    pub input: &'a mut (dyn BufRead + Send),
     /// Whether stderr is a terminal (the binary sets it so): progress is drawn, and errors and help are
     /// coloured, only then.
     pub progress: bool,
