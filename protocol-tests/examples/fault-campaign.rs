@@ -1,7 +1,8 @@
 //! The long fault campaign, one command:
 //!
 //! `cargo run --release -p protocol-tests --example fault-campaign -- --rounds 200 [--seed N] [--tv 2|1|both]
-//! [--legs 4.4-tv2,4.4-tv1,4.2,3.9] [--unfenced] [--round-seed X] [--faults KIND,KIND] [--verbose]`
+//! [--legs 4.4-tv2,4.4-tv1,4.2,3.9] [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,KIND]
+//! [--verbose]`
 //!
 //! Starts a three-node cluster per transaction version (`--tv both`, the default, alternates rounds between
 //! a TV2 and a TV1 cluster of Kafka 4.4) or per leg named by `--legs` (Kafka 4.4 at either transaction
@@ -9,8 +10,10 @@
 //! drawn for the consumer protocol runs classic), runs the rounds drawn from the seed (printed first, so a run can be repeated),
 //! prints one line per round, a running total every ten rounds and, at the end, the rounds, faults by kind,
 //! anomalies and the seeds to replay. `--round-seed X` replays one round (with the same `--faults`, if
-//! any); `--faults` draws only from those kinds; `--verbose` prints every round's notes. Exit status 1
-//! when any anomaly was found.
+//! any); `--faults` draws only from those kinds; `--verbose` prints every round's notes. `--parallel N`
+//! (default 1) runs up to N rounds at once, never two on the same cluster: round r always runs on leg
+//! r mod legs and is drawn from (seed, r) alone, so a round replays the same whatever N was. Exit status 1
+//! when any anomaly was found, 2 when a round's task died.
 //! Members are this same executable run as `fault-campaign member ...` (examples have no sibling binaries).
 
 use std::io::Write as _;
@@ -33,6 +36,7 @@ fn main() {
     let mut legs = vec![Leg::Kafka44Tv2, Leg::Kafka44Tv1];
     let mut transactional = true;
     let mut verbose = false;
+    let mut parallel = 1u64;
     let mut kinds = Vec::new();
     let mut it = argv.iter();
     while let Some(a) = it.next() {
@@ -63,6 +67,7 @@ fn main() {
                     })
                     .collect();
             }
+            "--parallel" => parallel = number(&value()).max(1),
             "--unfenced" => transactional = false,
             "--verbose" => verbose = true,
             "--faults" => {
@@ -126,47 +131,89 @@ fn main() {
             Err(e) => usage(&format!("cluster for {}: {e}", leg.name())),
         })
         .collect();
+    let parallel = parallel.min(clusters.len() as u64) as usize;
+    let legs_n = clusters.len() as u64;
+    let cfg = Arc::new(cfg);
+    let kinds = Arc::new(kinds);
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut reports = Vec::new();
-    for r in 0..rounds {
-        let (leg, kafka) = &clusters[(r % clusters.len() as u64) as usize];
-        let mut plan = match round_seed {
-            Some(s) => RoundPlan::from_seed_among(s, &kinds),
-            None => RoundPlan::draw_among(seed, r, &kinds),
-        };
-        if !leg.has_consumer_protocol() {
-            plan = plan.classic_only();
+    let mut lost = Vec::new();
+    runtime.block_on(async {
+        // Fair (FIFO) permits: with one permit the rounds run in index order, as they always have.
+        let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, (leg, kafka)) in clusters.into_iter().enumerate() {
+            let (permits, cfg, kinds, done_tx) =
+                (permits.clone(), cfg.clone(), kinds.clone(), done_tx.clone());
+            tasks.spawn(async move {
+                let mut r = i as u64;
+                while r < rounds {
+                    let mut plan = match round_seed {
+                        Some(s) => RoundPlan::from_seed_among(s, &kinds),
+                        None => RoundPlan::draw_among(seed, r, &kinds),
+                    };
+                    if !leg.has_consumer_protocol() {
+                        plan = plan.classic_only();
+                    }
+                    let Ok(_permit) = permits.acquire().await else {
+                        return;
+                    };
+                    let report = run_round(&kafka, &cfg, &plan).await;
+                    if done_tx.send((r, report)).is_err() {
+                        return;
+                    }
+                    r += legs_n;
+                }
+                drop(kafka);
+            });
         }
-        let report = runtime.block_on(run_round(kafka, &cfg, &plan));
-        println!("round {r}: {report}");
-        for a in report.anomalies.iter().chain(&report.infra) {
-            println!("    {a}");
+        drop(done_tx);
+        // Every round's line as it ends; the channel closes when every leg's task has ended, by
+        // finishing or by dying (a death is reported below, with the rounds it never ran).
+        while let Some((r, report)) = done_rx.recv().await {
+            println!("round {r}: {report}");
+            for a in report.anomalies.iter().chain(&report.infra) {
+                println!("    {a}");
+            }
+            // The notes say where the time went: shown for every finding and every slow round.
+            if verbose
+                || !report.anomalies.is_empty()
+                || report.elapsed > std::time::Duration::from_secs(40)
+            {
+                for n in &report.notes {
+                    println!("    note: {n}");
+                }
+            }
+            reports.push(report);
+            if reports.len() % 10 == 0 && (reports.len() as u64) < rounds {
+                // A running total, so a run stopped early still ends with one in its log.
+                println!(
+                    "--- after {} rounds, {:.0}s ---\n{}",
+                    reports.len(),
+                    began.elapsed().as_secs_f64(),
+                    summary(&reports)
+                );
+            }
+            let _ = std::io::stdout().flush();
         }
-        // The notes say where the time went: shown for every finding and every slow round.
-        if verbose
-            || !report.anomalies.is_empty()
-            || report.elapsed > std::time::Duration::from_secs(40)
-        {
-            for n in &report.notes {
-                println!("    note: {n}");
+        while let Some(ended) = tasks.join_next().await {
+            if let Err(e) = ended {
+                lost.push(e.to_string());
             }
         }
-        reports.push(report);
-        if (r + 1) % 10 == 0 && r + 1 < rounds {
-            // A running total, so a run stopped early still ends with one in its log.
-            println!(
-                "--- after {} rounds, {:.0}s ---\n{}",
-                r + 1,
-                began.elapsed().as_secs_f64(),
-                summary(&reports)
-            );
-        }
-        let _ = std::io::stdout().flush();
-    }
+    });
     println!(
         "\ncampaign seed={seed} done in {:.0}s\n{}",
         began.elapsed().as_secs_f64(),
         summary(&reports)
     );
+    if !lost.is_empty() || (reports.len() as u64) < rounds {
+        println!(
+            "rounds run: {} of {rounds}; leg tasks that died: {lost:?}",
+            reports.len()
+        );
+        std::process::exit(2);
+    }
     let anomalies = reports.iter().any(|r| !r.anomalies.is_empty());
     std::process::exit(i32::from(anomalies));
 }
@@ -182,7 +229,7 @@ fn number(text: &str) -> u64 {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "fault-campaign: {problem}\nusage: fault-campaign [--rounds N] [--seed N] [--tv 2|1|both] [--legs LIST] \
-         [--unfenced] [--round-seed X] [--faults KIND,...] [--verbose]"
+         [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,...] [--verbose]"
     );
     std::process::exit(2)
 }

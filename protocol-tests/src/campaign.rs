@@ -133,7 +133,7 @@ impl fmt::Display for FaultKind {
 /// operator tool's KIP-664 finder, so the campaign checks the finder users run. The future need not be
 /// `Send` (the tool's writer-based output is not), so a round runs on the caller's task.
 pub type Finder = Arc<
-    dyn Fn(String, String) -> Pin<Box<dyn Future<Output = Result<Vec<String>, String>>>>
+    dyn Fn(String, String) -> Pin<Box<dyn Future<Output = Result<Vec<String>, String>> + Send>>
         + Send
         + Sync,
 >;
