@@ -17,7 +17,7 @@ use snapfence::producer::{
 };
 use snapfence::records::IsolationLevel;
 use snapfence::snapshot::{
-    recover, Assignment, MetadataSource, PartitionLog, RecoveredState, RecoveryConfig,
+    recover, Assignment, MetadataSource, PartitionLog, RecoveredState, RecoveryConfig, SharedLogs,
     SnapshotConfig, SnapshotError, SnapshotStore, StallDiagnosis,
 };
 use snapfence::GroupMetadata;
@@ -506,5 +506,131 @@ async fn recovery_waits_out_a_foreign_transaction() {
             kafka.version()
         );
         store.close().await;
+    }
+}
+
+/// Sixteen snapshot partitions recovered at once through one shared reader and through a reader each:
+/// the same committed state (an aborted transaction's keys absent from both), and the shared reads
+/// need a fraction of the Fetch requests, since each carries every partition the broker leads. On 4.x
+/// (Fetch by topic id) and 3.9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_of_many_partitions_shares_fetches() {
+    const PARTITIONS: i32 = 16;
+    /// Keys per partition per transaction: one batch of ~2 KiB each.
+    const KEYS: usize = 15;
+    /// Transactions; the one numbered ABORTED is aborted.
+    const ROUNDS: usize = 12;
+    const ABORTED: usize = 5;
+    for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka39()] {
+        let kafka = cluster(spec).await;
+        let client = client(&kafka).await;
+        let topic = unique("snapshots");
+        snapfence::admin::create_topic(
+            &client,
+            &topic,
+            PARTITIONS,
+            -1,
+            &[("cleanup.policy", "compact")],
+        )
+        .await
+        .unwrap();
+        let mut producer =
+            TransactionalProducer::init(client.clone(), TransactionalConfig::new(unique("fill")))
+                .await
+                .unwrap();
+        let value = Bytes::from(vec![b'v'; 100]);
+        for round in 0..ROUNDS {
+            producer.begin().unwrap();
+            let mut acks = Vec::new();
+            for p in 0..PARTITIONS {
+                for k in 0..KEYS {
+                    let record = ProducerRecord::new(topic.as_str(), Some(value.clone()))
+                        .key(b(&format!("r{round}-p{p}-k{k}")))
+                        .partition(p);
+                    acks.push(producer.send(record).await.unwrap());
+                }
+            }
+            for ack in acks {
+                ack.await.unwrap();
+            }
+            if round != ABORTED {
+                producer.commit().await.unwrap();
+            } else {
+                producer.abort().await.unwrap();
+            }
+        }
+
+        // Small chunks, so that each partition takes several fetches; still above one batch, because a
+        // batch larger than the bound comes whole only as the first of a response (KIP-74), truncated
+        // (no progress) anywhere else.
+        let mut reader = snapfence::consumer::ReaderConfig::default();
+        reader.partition_max_bytes = 4096;
+        let cfg = RecoveryConfig {
+            stall_timeout: Some(Duration::from_secs(30)),
+            ..RecoveryConfig::default()
+        };
+        let shared = SharedLogs::new(client.clone(), &topic, reader.clone());
+        let mut reads = tokio::task::JoinSet::new();
+        for p in 0..PARTITIONS {
+            let mut log = shared.log(p);
+            let cfg = cfg.clone();
+            reads.spawn(async move { (p, recover(&mut log, p, &cfg).await.unwrap().0) });
+        }
+        let mut by_shared = std::collections::BTreeMap::new();
+        while let Some(done) = reads.join_next().await {
+            let (p, state) = done.unwrap();
+            by_shared.insert(p, state);
+        }
+
+        let mut reads = tokio::task::JoinSet::new();
+        for p in 0..PARTITIONS {
+            let client = client.clone();
+            let topic = topic.clone();
+            let reader = reader.clone();
+            let cfg = cfg.clone();
+            reads.spawn(async move {
+                let mut log = PartitionLog::with_reader(client, &topic, p, reader);
+                let state = recover(&mut log, p, &cfg).await.unwrap().0;
+                (p, state, log.fetch_stats().requests)
+            });
+        }
+        let mut separate_requests = 0;
+        while let Some(done) = reads.join_next().await {
+            let (p, state, requests) = done.unwrap();
+            separate_requests += requests;
+            let ours = &by_shared[&p];
+            assert_eq!(
+                ours.len(),
+                (ROUNDS - 1) * KEYS,
+                "{}: partition {p}",
+                kafka.version()
+            );
+            for k in 0..KEYS {
+                for round in 0..ROUNDS {
+                    let key = format!("r{round}-p{p}-k{k}");
+                    let expected = (round != ABORTED).then_some(&value[..]);
+                    assert_eq!(ours.get(&key), expected, "{key}");
+                }
+            }
+            // Compared as sets: the state's iteration order is its table's, not the log's.
+            let theirs: std::collections::BTreeMap<_, _> = state.iter().collect();
+            let mine: std::collections::BTreeMap<_, _> = ours.iter().collect();
+            assert!(
+                mine == theirs,
+                "{}: partition {p}: states differ",
+                kafka.version()
+            );
+        }
+        let shared_requests = shared.fetch_requests();
+        eprintln!(
+            "{}: {PARTITIONS} partitions recovered with {shared_requests} shared Fetch requests, \
+             {separate_requests} with a reader each",
+            kafka.version()
+        );
+        assert!(
+            shared_requests > 0 && shared_requests * 4 <= separate_requests,
+            "{}: shared {shared_requests}, separate {separate_requests}",
+            kafka.version()
+        );
     }
 }

@@ -41,7 +41,7 @@ mod types;
 #[cfg(test)]
 mod idle_tests;
 #[cfg(test)]
-mod supervise_tests;
+pub(crate) mod supervise_tests;
 
 pub use assignor::{Assignor, RebalanceProtocol};
 pub use config::{GroupConfig, GroupProtocol};

@@ -85,7 +85,7 @@ async fn a_dead_membership_task_fails_the_next_poll() {
 }
 
 /// One broker (node 1, itself) leading partition 0 of topic `t`; ApiVersions and Metadata only.
-async fn leader_stub() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+pub(crate) async fn leader_stub() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     loopback(|mut peer: Peer, addr| async move {
         while let Some(request) = peer.next_request().await {
             let id = request.header.correlation_id;

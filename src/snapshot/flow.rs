@@ -30,8 +30,8 @@ use super::fold_core::{envelope, open_envelope, Opened};
 use super::fold_core::{open_envelope, Opened};
 use super::fold_core::{Folded, Landing, PartitionCore};
 use super::group_commit::{GroupCommit, MetadataSource, TransactionRunner, TryWriteError};
-use super::log::PartitionLog;
 use super::recovery::{recover, RecoveryConfig};
+use super::shared_log::SharedLogs;
 use super::store::{SnapshotConfig, SnapshotStore};
 use super::topic::{self, MissingSnapshotTopic, SnapshotTopicError};
 use crate::consumer::{
@@ -233,8 +233,11 @@ pub struct FlowConfig {
     /// writes and commits on its own (a slow or fenced partition does not hold the others); this bounds
     /// how many do so together. Default 8; 0 counts as 1.
     pub max_concurrent_partitions: usize,
-    /// The recovery reader's fetch settings (sizes, waits, backoff). Its isolation is always
-    /// read_committed, whatever is set here. Default [`ReaderConfig::default`].
+    /// The recovery reader's fetch settings (sizes, waits, backoff). One reader serves the recovery
+    /// reads of every partition the flow takes over ([`SharedLogs`](super::SharedLogs)), so
+    /// `partition_max_bytes` bounds each partition's chunk and `max_bytes` each Fetch of all of them.
+    /// Its isolation is always read_committed, whatever is set here. Default
+    /// [`ReaderConfig::default`].
     pub recovery_reader: ReaderConfig,
     /// How long each recovery fetch lets the broker wait for data. Default 500 ms.
     pub recovery_fetch_wait: Duration,
@@ -665,6 +668,8 @@ struct Shared<F: Fold> {
     /// The fence handling's decisions and counters (see `fence_core`). A plain lock, never held
     /// across an await.
     fence: Mutex<FenceCore>,
+    /// The recovery reads of every partition taken over, sharing one Fetch per broker.
+    recovery_reads: SharedLogs,
 }
 
 impl<F: Fold> Shared<F> {
@@ -918,12 +923,7 @@ impl<F: Fold> Shared<F> {
         tp: &TopicPartition,
         assigned_offset: i64,
     ) -> Result<PartitionCore<F::State>, FlowError> {
-        let mut log = PartitionLog::with_reader(
-            self.client.clone(),
-            &self.config.snapshots.snapshot_topic,
-            tp.partition,
-            self.config.recovery_reader.clone(),
-        );
+        let mut log = self.recovery_reads.log(tp.partition);
         let recovery = RecoveryConfig {
             stall_timeout: match self.config.mode {
                 PersistenceMode::Transactional => self.config.snapshots.recovery_stall_timeout,
@@ -1251,6 +1251,11 @@ impl<F: Fold> Flow<F> {
             failure: Mutex::new(None),
             null_keys: AtomicU64::new(0),
             fence: Mutex::new(FenceCore::new(config.fence_policy)),
+            recovery_reads: SharedLogs::new(
+                client.clone(),
+                &config.snapshots.snapshot_topic,
+                config.recovery_reader.clone(),
+            ),
         });
         let consumer = GroupConsumer::subscribe(
             client,

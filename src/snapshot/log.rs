@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::recovery::{LogChunk, LogError, SnapshotLog};
 use crate::consumer::{
-    list_offsets, OffsetSpec, PartitionReader, ReaderConfig, StartAt, TopicPartition,
+    list_offsets, FetchStats, OffsetSpec, PartitionReader, ReaderConfig, StartAt, TopicPartition,
 };
 use crate::net::Client;
 use crate::records::IsolationLevel;
@@ -43,19 +43,28 @@ impl PartitionLog {
         }
     }
 
-    async fn offset(&self, spec: OffsetSpec, isolation: IsolationLevel) -> Result<i64, LogError> {
-        let offsets = list_offsets(
-            &self.client,
-            std::slice::from_ref(&self.partition),
-            spec,
-            isolation,
-        )
-        .await?;
-        offsets
-            .get(&self.partition)
-            .copied()
-            .ok_or_else(|| LogError::NoOffset(self.partition.clone()))
+    /// What this log's Fetch requests carried so far.
+    pub fn fetch_stats(&self) -> FetchStats {
+        self.reader.fetch_stats()
     }
+
+    async fn offset(&self, spec: OffsetSpec, isolation: IsolationLevel) -> Result<i64, LogError> {
+        offset_of(&self.client, &self.partition, spec, isolation).await
+    }
+}
+
+/// `partition`'s offset that `spec` names, as `isolation` sees it.
+pub(super) async fn offset_of(
+    client: &Client,
+    partition: &TopicPartition,
+    spec: OffsetSpec,
+    isolation: IsolationLevel,
+) -> Result<i64, LogError> {
+    let offsets = list_offsets(client, std::slice::from_ref(partition), spec, isolation).await?;
+    offsets
+        .get(partition)
+        .copied()
+        .ok_or_else(|| LogError::NoOffset(partition.clone()))
 }
 
 impl SnapshotLog for PartitionLog {

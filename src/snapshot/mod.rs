@@ -26,6 +26,9 @@ mod group_commit;
 mod log;
 mod recovery;
 mod runner;
+mod shared_log;
+#[cfg(test)]
+mod shared_log_tests;
 mod state;
 mod store;
 mod topic;
@@ -43,6 +46,7 @@ pub use log::PartitionLog;
 pub use recovery::{
     read_to_target, recover, LogChunk, LogError, RecoveryConfig, RecoveryStats, SnapshotLog,
 };
+pub use shared_log::{SharedLogs, SharedPartitionLog};
 pub use state::{RecoveredIter, RecoveredState};
 pub use store::{Assignment, SnapshotConfig, SnapshotStore};
 pub use topic::{MissingSnapshotTopic, SnapshotTopicError};

@@ -37,6 +37,13 @@ pub enum LogError {
     /// The broker's offset answer left the partition out.
     #[error("no offset returned for {0}")]
     NoOffset(crate::producer::TopicPartition),
+    /// The shared reader's Fetch failed (see [`SharedLogs`](super::SharedLogs)); shared because one
+    /// Fetch's failure can reach every read waiting on it.
+    #[error("shared recovery read: {0}")]
+    SharedFetch(std::sync::Arc<crate::consumer::ConsumerError>),
+    /// The shared reader's task ended (how, if it died) before answering.
+    #[error("the shared recovery reader {0}")]
+    ReaderGone(String),
 }
 
 /// What one read_committed fetch delivered.
