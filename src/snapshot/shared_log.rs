@@ -9,15 +9,19 @@
 //!
 //! - **One room per partition.** After a partition's chunk is delivered, the next Fetch reads its
 //!   following chunk ahead into the partition's room, so the recovery folds one chunk while the next is
-//!   on the wire. A partition whose room is full is paused: memory is bounded by one chunk
+//!   on the wire. A partition at the end the broker last reported is not read ahead, and a Fetch that
+//!   only reads ahead does not wait at the broker: a long poll would hold the connection, which the
+//!   flow's other requests share. A partition whose room is full is paused: memory is bounded by one chunk
 //!   (`partition_max_bytes`) per partition plus what one Fetch per broker carries.
 //! - **Fetches in step.** Before each Fetch the driver gives the reads up to a few milliseconds to
 //!   take the chunks waiting in their rooms, so the Fetch carries every partition rather than the few
 //!   whose rooms happened to be empty when it left.
-//! - **Seeks cancel the Fetch in flight.** A read that joins (a new partition) or asks for an offset
-//!   other than the one read ahead needs the reader, so the Fetch in flight is dropped (the reader's
-//!   fetch is cancel-safe: nothing applied, no position moved) and started again with it. A closed
-//!   partition is unassigned before the next Fetch, without cancelling.
+//! - **Seeks wait for the Fetch in flight.** A read that joins (a new partition) or asks for an offset
+//!   other than the one read ahead needs the reader, and is applied once the Fetch in flight is
+//!   answered: at once if any partition it carries has data, else by the first waiting read's
+//!   deadline. Cancelling the Fetch would not be sooner (a broker answers one connection's requests in
+//!   order, so the next request would wait behind the dropped one) and would waste its answer. A
+//!   closed partition is unassigned before the next Fetch.
 //! - **An empty chunk after `max_wait`.** A read whose partition has nothing new gets an empty chunk at
 //!   its own deadline, as a read of its own would, so the recovery's stall watch runs as before.
 //! - **Failures are typed.** A partition-level error of the reader goes to that partition's read only
@@ -284,14 +288,9 @@ async fn drive(
             tokio::pin!(fetch);
             loop {
                 tokio::select! {
-                    r = &mut fetch => break Some(r),
+                    r = &mut fetch => break r,
                     c = commands.recv(), if open => match c {
-                        Some(c) => {
-                            deliver(core.command(c));
-                            if core.needs_reader() {
-                                break None;
-                            }
-                        }
+                        Some(c) => deliver(core.command(c)),
                         None => open = false,
                     },
                 }
@@ -303,9 +302,7 @@ async fn drive(
         );
         let now = crate::clock::now();
         match result {
-            // Cancelled for a seek: the next pass applies it and fetches again.
-            None => {}
-            Some(Ok(parts)) => {
+            Ok(parts) => {
                 let delivered = parts
                     .into_iter()
                     .map(|p| {
@@ -314,9 +311,13 @@ async fn drive(
                         (p.partition, records)
                     })
                     .collect();
-                deliver(core.fetched(now, delivered, |tp| reader.position(tp)));
+                deliver(core.fetched(now, delivered, |tp| {
+                    let (high_watermark, last_stable) = reader.watermarks(tp);
+                    let end = last_stable.filter(|&o| o >= 0).or(high_watermark);
+                    (reader.position(tp), end)
+                }));
             }
-            Some(Err(e)) => deliver(core.failed(now, Arc::new(e))),
+            Err(e) => deliver(core.failed(now, Arc::new(e))),
         }
     }
 }
@@ -343,6 +344,16 @@ struct Part<R> {
     room: Option<(i64, LogChunk)>,
     /// The read waiting for a chunk.
     want: Option<Want<R>>,
+    /// The reader's position had reached the end the last answer reported (the last stable offset):
+    /// nothing to read ahead, so only a waiting read makes the partition worth a Fetch.
+    at_end: bool,
+}
+
+impl<R> Part<R> {
+    /// Whether the next Fetch should carry this partition.
+    fn fetchable(&self) -> bool {
+        self.room.is_none() && (self.want.is_some() || self.seek.is_some() || !self.at_end)
+    }
 }
 
 #[derive(Debug)]
@@ -439,6 +450,7 @@ impl<R> Core<R> {
             seek: None,
             room: None,
             want: None,
+            at_end: false,
         });
         match part.room.take() {
             Some((start, chunk)) if start == offset => return Some((reply, chunk)),
@@ -463,16 +475,10 @@ impl<R> Core<R> {
         }
     }
 
-    /// Whether a read waits on a seek or an assignment, which the Fetch in flight holds up.
-    pub(super) fn needs_reader(&self) -> bool {
-        self.parts
-            .values()
-            .any(|p| p.want.is_some() && p.seek.is_some())
-    }
-
-    /// Whether any partition has an empty room, so the next Fetch has something to read.
+    /// Whether the next Fetch has a partition to carry: a waiting read, or an empty room to read ahead
+    /// into with more to read.
     pub(super) fn fetching(&self) -> bool {
-        self.parts.values().any(|p| p.room.is_none())
+        self.parts.values().any(Part::fetchable)
     }
 
     /// Whether a chunk read ahead waits in a room for its read.
@@ -480,11 +486,21 @@ impl<R> Core<R> {
         self.parts.values().any(|p| p.room.is_some())
     }
 
-    /// How long the next Fetch may wait: until the first waiting read's deadline, at most `idle`.
+    /// How long the next Fetch may wait: until the first waiting read's deadline, at most `idle`; not
+    /// at all when it only reads ahead (a long poll would hold the connection, which other requests
+    /// share, for nobody).
     pub(super) fn wait(&self, now: Instant, idle: Duration) -> Duration {
-        self.parts
+        let wants: Vec<_> = self
+            .parts
             .values()
+            .filter(|p| p.fetchable())
             .filter_map(|p| p.want.as_ref())
+            .collect();
+        if wants.is_empty() {
+            return Duration::ZERO;
+        }
+        wants
+            .iter()
             .map(|w| w.deadline.saturating_duration_since(now))
             .fold(idle, Duration::min)
     }
@@ -502,24 +518,25 @@ impl<R> Core<R> {
                     Some(_) => plan.seek.push((tp.clone(), offset)),
                 }
                 part.reader_at = Some(offset);
+                part.at_end = false;
             }
-            if part.room.is_some() {
-                plan.pause.push(tp.clone());
-            } else {
+            if part.fetchable() {
                 plan.resume.push(tp.clone());
+            } else {
+                plan.pause.push(tp.clone());
             }
         }
         plan
     }
 
-    /// A Fetch answered with `delivered` records per partition; `position` is the reader's position of
-    /// each partition after it. Fills rooms, answers reads, and gives an empty chunk to every read
-    /// whose deadline has passed.
+    /// A Fetch answered with `delivered` records per partition; `reader` gives each partition's
+    /// position after it and the end the answer reported (the last stable offset), if any. Fills rooms,
+    /// answers reads, and gives an empty chunk to every read whose deadline has passed.
     pub(super) fn fetched(
         &mut self,
         now: Instant,
         mut delivered: BTreeMap<TopicPartition, Records>,
-        position: impl Fn(&TopicPartition) -> Option<i64>,
+        reader: impl Fn(&TopicPartition) -> (Option<i64>, Option<i64>),
     ) -> Vec<(R, Result<LogChunk, LogError>)> {
         let mut out = Vec::new();
         for (tp, part) in &mut self.parts {
@@ -527,7 +544,9 @@ impl<R> Core<R> {
                 continue;
             };
             let records = delivered.remove(tp).unwrap_or_default();
-            let next = position(tp).unwrap_or(start);
+            let (position, end) = reader(tp);
+            let next = position.unwrap_or(start);
+            part.at_end = end.is_some_and(|end| next >= end);
             if records.is_empty() && next == start {
                 continue;
             }

@@ -49,7 +49,6 @@ fn later() -> Instant {
 fn reads_ahead_one_chunk_and_answers_from_the_room() {
     let mut core: Core<&str> = Core::default();
     assert!(core.want(tp(0), 0, later(), "first").is_none());
-    assert!(core.needs_reader(), "a new partition needs the reader");
     let plan = core.prepare();
     assert_eq!(
         format!("{plan:?}")
@@ -58,9 +57,8 @@ fn reads_ahead_one_chunk_and_answers_from_the_room() {
         1,
         "{plan:?}"
     );
-    assert!(!core.needs_reader());
 
-    let out = core.fetched(Instant::now(), answer(0, &["a", "b"]), |_| Some(2));
+    let out = core.fetched(Instant::now(), answer(0, &["a", "b"]), |_| (Some(2), None));
     assert_eq!(out.len(), 1);
     let (who, chunk) = &out[0];
     assert_eq!(*who, "first");
@@ -72,7 +70,7 @@ fn reads_ahead_one_chunk_and_answers_from_the_room() {
     let plan = format!("{:?}", core.prepare());
     assert!(plan.contains("resume: [TopicPartition"), "{plan}");
     assert!(core
-        .fetched(Instant::now(), answer(0, &["c"]), |_| Some(3))
+        .fetched(Instant::now(), answer(0, &["c"]), |_| (Some(3), None))
         .is_empty());
     // The room is full: paused, and nothing more to fetch.
     assert!(!core.fetching());
@@ -90,7 +88,6 @@ fn reads_ahead_one_chunk_and_answers_from_the_room() {
             next_offset: 3
         }
     );
-    assert!(!core.needs_reader(), "the reader is already at 3");
 }
 
 /// A read at an offset other than the room's start drops the room and seeks.
@@ -99,20 +96,63 @@ fn a_read_elsewhere_drops_the_room_and_seeks() {
     let mut core: Core<&str> = Core::default();
     core.want(tp(0), 0, later(), "first");
     core.prepare();
-    core.fetched(Instant::now(), answer(0, &["a"]), |_| Some(1));
+    core.fetched(Instant::now(), answer(0, &["a"]), |_| (Some(1), None));
     core.prepare();
-    core.fetched(Instant::now(), answer(0, &["b"]), |_| Some(2));
+    core.fetched(Instant::now(), answer(0, &["b"]), |_| (Some(2), None));
     assert!(core.want(tp(0), 0, later(), "again").is_none());
-    assert!(core.needs_reader());
     let plan = format!("{:?}", core.prepare());
     assert!(
         plan.contains("seek: [(TopicPartition { topic: \"t\", partition: 0 }, 0)]"),
         "{plan}"
     );
-    let out = core.fetched(Instant::now(), answer(0, &["a"]), |_| Some(1));
+    let out = core.fetched(Instant::now(), answer(0, &["a"]), |_| (Some(1), None));
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, "again");
     assert_eq!(out[0].1.as_ref().unwrap().records, records(&["a"]));
+}
+
+/// A partition whose position reached the end the broker reported is not read ahead, and a Fetch
+/// that would only read ahead does not wait at the broker.
+#[test]
+fn no_read_ahead_at_the_end_and_no_long_poll_for_read_ahead() {
+    let mut core: Core<&str> = Core::default();
+    let now = Instant::now();
+    core.want(tp(0), 0, now + Duration::from_millis(300), "p0");
+    core.want(tp(1), 0, now + Duration::from_millis(300), "p1");
+    core.prepare();
+    assert_eq!(
+        core.wait(now, Duration::from_millis(500)),
+        Duration::from_millis(300)
+    );
+    // p0 reaches its end, p1 does not; both reads answered.
+    let both = BTreeMap::from([(tp(0), records(&["a"])), (tp(1), records(&["b"]))]);
+    let out = core.fetched(now, both, |t| {
+        if t.partition == 0 {
+            (Some(1), Some(1))
+        } else {
+            (Some(1), Some(9))
+        }
+    });
+    assert_eq!(out.len(), 2);
+    assert!(core.fetching(), "p1 has more to read ahead");
+    assert_eq!(core.wait(now, Duration::from_millis(500)), Duration::ZERO);
+    let plan = format!("{:?}", core.prepare());
+    assert!(
+        plan.contains("pause: [TopicPartition { topic: \"t\", partition: 0 }]"),
+        "{plan}"
+    );
+    core.fetched(now, answer(1, &["c"]), |t| {
+        let at = if t.partition == 0 { 1 } else { 2 };
+        (Some(at), Some(at))
+    });
+    assert!(!core.fetching(), "both at their end, nobody waiting");
+    // A read at the end makes the partition worth a (waiting) Fetch again.
+    core.want(tp(0), 1, now + Duration::from_millis(200), "p0 again");
+    assert!(core.fetching());
+    assert_eq!(
+        core.wait(now, Duration::from_millis(500)),
+        Duration::from_millis(200)
+    );
 }
 
 /// A chunk fetched from before a seek is dropped: the seek reads from where the read wants.
@@ -123,11 +163,11 @@ fn a_chunk_from_before_a_seek_is_dropped() {
     core.prepare();
     // While the Fetch is out, the read gives up and another asks from 5.
     core.want(tp(0), 5, later(), "from five");
-    let out = core.fetched(Instant::now(), answer(0, &["a"]), |_| Some(1));
+    let out = core.fetched(Instant::now(), answer(0, &["a"]), |_| (Some(1), None));
     assert!(out.is_empty(), "the stale chunk went nowhere");
     let plan = format!("{:?}", core.prepare());
     assert!(plan.contains(", 5)]"), "{plan}");
-    let out = core.fetched(Instant::now(), answer(0, &["f"]), |_| Some(6));
+    let out = core.fetched(Instant::now(), answer(0, &["f"]), |_| (Some(6), None));
     assert_eq!(out[0].0, "from five");
     assert_eq!(out[0].1.as_ref().unwrap().next_offset, 6);
 }
@@ -145,8 +185,12 @@ fn an_idle_read_gets_an_empty_chunk_at_its_deadline() {
         core.wait(now, Duration::from_millis(500)),
         Duration::from_millis(100)
     );
-    assert!(core.fetched(now, BTreeMap::new(), |_| None).is_empty());
-    let out = core.fetched(now + Duration::from_millis(150), BTreeMap::new(), |_| None);
+    assert!(core
+        .fetched(now, BTreeMap::new(), |_| (None, None))
+        .is_empty());
+    let out = core.fetched(now + Duration::from_millis(150), BTreeMap::new(), |_| {
+        (None, None)
+    });
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, "p0");
     assert_eq!(
@@ -169,7 +213,7 @@ fn a_position_moved_without_records_is_a_chunk() {
     let mut core: Core<&str> = Core::default();
     core.want(tp(0), 0, later(), "first");
     core.prepare();
-    let out = core.fetched(Instant::now(), BTreeMap::new(), |_| Some(4));
+    let out = core.fetched(Instant::now(), BTreeMap::new(), |_| (Some(4), None));
     assert_eq!(out.len(), 1);
     assert_eq!(
         out[0].1.as_ref().unwrap(),
@@ -231,7 +275,7 @@ fn a_closed_partition_is_unassigned() {
     let plan = format!("{:?}", core.prepare());
     assert!(plan.contains("unassign: [TopicPartition"), "{plan}");
     assert!(core
-        .fetched(Instant::now(), answer(0, &["late"]), |_| Some(1))
+        .fetched(Instant::now(), answer(0, &["late"]), |_| (Some(1), None))
         .is_empty());
 }
 
