@@ -13,7 +13,9 @@
 //! partition's recovery read folds A's snapshots. Measured: A's time to hold all N, the persist wave, B's
 //! time to hold all N (from `Flow::start`, the group join included) and B's sockets to the broker. At 64 partitions B also runs with one acquisition at a time (the
 //! behaviour before acquisitions ran concurrently) and with a connection set per partition
-//! (`partition_client_ids`), for comparison.
+//! (`partition_client_ids`), for comparison. Then member C (`snapfence-bench scale-hold`, a process
+//! of its own, so that A's and B's freed memory cannot hide its growth) takes all N over from B and
+//! reports its resident set before and after: the memory each held partition costs.
 //!
 //! Per key count K: one snapshot partition of K keys x 100 B, recovered by a child process
 //! (`snapfence-bench peer recover`), which reports its time and peak resident set.
@@ -94,6 +96,8 @@ struct Takeover {
     wave_ms: Option<f64>,
     takeover_ms: f64,
     sockets: usize,
+    /// Member C, in a process of its own: resident set grown per partition it took over, KiB.
+    rss_per_partition_kib: Option<f64>,
 }
 
 /// One recovery row.
@@ -258,6 +262,15 @@ async fn takeover_rows(
         let (takeover_ms, _) = hold_all(&mut b, n, began).await?;
         let sockets = broker_sockets(kafka);
         b.close().await?;
+        // C: the same takeover in a process of its own, for what each held partition costs in memory
+        // (in this process A's and B's freed memory is reused, and hides it).
+        let rss_per_partition_kib = if i == 0 {
+            Some(held_rss_per_partition(
+                kafka, &input, &snapshots, &group, &prefix, n,
+            )?)
+        } else {
+            None
+        };
         eprintln!(
             "   {n} partitions{}: fresh {fresh_ms:.0} ms, wave {wave_ms:.0} ms, takeover {takeover_ms:.0} ms, {sockets} sockets",
             if variant.is_empty() { String::new() } else { format!(" ({variant})") }
@@ -269,9 +282,100 @@ async fn takeover_rows(
             wave_ms: (i == 0).then_some(wave_ms),
             takeover_ms,
             sockets,
+            rss_per_partition_kib,
         });
     }
     Ok(rows)
+}
+
+/// Runs member C (`snapfence-bench scale-hold`) and returns its resident set's growth from connected
+/// to holding all `n` partitions, per partition.
+fn held_rss_per_partition(
+    kafka: &KafkaCluster,
+    input: &str,
+    snapshots: &str,
+    group: &str,
+    prefix: &str,
+    n: usize,
+) -> Result<f64, Error> {
+    let exe = std::env::current_exe()?;
+    let output = Command::new(exe)
+        .args([
+            "scale-hold",
+            &kafka.bootstrap(),
+            input,
+            snapshots,
+            group,
+            prefix,
+        ])
+        .arg(n.to_string())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let field = |name: &str| -> Option<f64> {
+        let line = stdout.lines().rev().find_map(|l| l.strip_prefix("HOLD "))?;
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))?
+            .parse()
+            .ok()
+    };
+    let (Some(before), Some(after), Some(took)) =
+        (field("before_kib"), field("after_kib"), field("ms"))
+    else {
+        return Err(format!(
+            "the scale-hold child printed no result: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    };
+    let per = (after - before) / n as f64;
+    eprintln!(
+        "   {n} partitions in a process of its own: {took:.0} ms, RSS {before:.0} -> {after:.0} KiB, {per:.1} KiB per partition"
+    );
+    Ok(per)
+}
+
+/// `snapfence-bench scale-hold BOOTSTRAP INPUT SNAPSHOTS GROUP PREFIX N`: member C. Connects, reads its
+/// resident set, takes all N partitions over, reads it again, and prints
+/// `HOLD ms=.. before_kib=.. after_kib=..`.
+pub fn hold_main(args: &[String]) -> i32 {
+    let [bootstrap, input, snapshots, group, prefix, n] = args else {
+        eprintln!("usage: snapfence-bench scale-hold BOOTSTRAP INPUT SNAPSHOTS GROUP PREFIX N");
+        return 2;
+    };
+    let Ok(n) = n.parse::<usize>() else {
+        eprintln!("N must be a number: {n}");
+        return 2;
+    };
+    let work = async move {
+        let client = Client::connect(ClientConfig::new(bootstrap)).await?;
+        client
+            .metadata(&[input.as_str(), snapshots.as_str()])
+            .await?;
+        let before = rss_kib().ok_or("no VmRSS in /proc/self/status")?;
+        let began = Instant::now();
+        let mut c = Flow::start(
+            client,
+            flow_config(input, snapshots, group, prefix),
+            Counter,
+        )
+        .await?;
+        let (took, _) = hold_all(&mut c, n, began).await?;
+        let after = rss_kib().ok_or("no VmRSS in /proc/self/status")?;
+        c.close().await?;
+        Ok(format!(
+            "HOLD ms={took:.3} before_kib={before} after_kib={after}\n"
+        ))
+    };
+    crate::block_on_and_write(work, None, "scale-hold")
+}
+
+/// This process's current resident set (`VmRSS`), KiB.
+fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 async fn recovery_row(
@@ -381,9 +485,9 @@ fn markdown(version: &str, takeovers: &[Takeover], recoveries: &[Recovery]) -> S
     let _ = writeln!(s, "Kafka {version}, 1 node. `snapfence-bench scale`.\n");
     let _ = writeln!(
         s,
-        "| partitions | member B | A: fresh acquisition | A: persist wave | B: takeover (join + all recovered) | B: sockets to the broker |"
+        "| partitions | member B | A: fresh acquisition | A: persist wave | B: takeover (join + all recovered) | B: sockets to the broker | C (own process): RSS per held partition |"
     );
-    let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|---:|");
     let opt = |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.0} {unit}"));
     for t in takeovers {
         let variant = if t.variant.is_empty() {
@@ -393,13 +497,15 @@ fn markdown(version: &str, takeovers: &[Takeover], recoveries: &[Recovery]) -> S
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.0} ms | {} |",
+            "| {} | {} | {} | {} | {:.0} ms | {} | {} |",
             t.partitions,
             variant,
             opt(t.fresh_ms, "ms"),
             opt(t.wave_ms, "ms"),
             t.takeover_ms,
             t.sockets,
+            t.rss_per_partition_kib
+                .map_or("-".to_string(), |k| format!("{k:.1} KiB")),
         );
     }
     let _ = writeln!(s);
@@ -542,6 +648,7 @@ mod tests {
             wave_ms: Some(1.0),
             takeover_ms: 100.0,
             sockets: 1,
+            rss_per_partition_kib: None,
         };
         let one = Takeover {
             partitions: 1,
