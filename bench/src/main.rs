@@ -80,7 +80,7 @@ fn main() {
         }
         Some("scale-hold") => scale::hold_main(&args[1..]),
         _ => {
-            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench scale [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE]
+            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench scale [--nodes 1|3] [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE]
        snapfence-bench peer WORKLOAD ARGS...");
             2
         }

@@ -3,7 +3,7 @@
 //! flow runtime to take partitions over with.
 //!
 //! ```text
-//! snapfence-bench scale [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE]
+//! snapfence-bench scale [--nodes 1|3] [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE]
 //! ```
 //!
 //! Per partition count N, on one node: an input topic and a compacted snapshot topic of N partitions,
@@ -53,6 +53,8 @@ struct Options {
     keys: Vec<usize>,
     out: Option<PathBuf>,
     svg: Option<PathBuf>,
+    /// 1, or 3 (replication factor 3, `min.insync.replicas` 2).
+    nodes: usize,
 }
 
 fn options(args: &[String]) -> Result<Options, String> {
@@ -61,6 +63,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         keys: vec![10_000, 100_000, 1_000_000],
         out: None,
         svg: None,
+        nodes: 1,
     };
     let nums = |v: &str| -> Result<Vec<usize>, String> {
         v.split(',')
@@ -80,6 +83,13 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--keys" => o.keys = nums(value)?,
             "--out" => o.out = Some(PathBuf::from(value)),
             "--svg" => o.svg = Some(PathBuf::from(value)),
+            "--nodes" => {
+                o.nodes = match value.as_str() {
+                    "1" => 1,
+                    "3" => 3,
+                    _ => return Err(format!("--nodes takes 1 or 3, not {value}")),
+                }
+            }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -121,8 +131,13 @@ pub fn main(args: &[String]) -> i32 {
 }
 
 async fn run(options: &Options) -> Result<String, Error> {
-    eprintln!("== starting 1 node");
-    let kafka = dedicated(ClusterSpec::kafka4()).await;
+    eprintln!("== starting {} node(s)", options.nodes);
+    let spec = if options.nodes == 3 {
+        ClusterSpec::three_nodes()
+    } else {
+        ClusterSpec::kafka4()
+    };
+    let kafka = dedicated(spec).await;
     let client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
     let mut takeovers = Vec::new();
     for &n in &options.partitions {
@@ -138,7 +153,12 @@ async fn run(options: &Options) -> Result<String, Error> {
         std::fs::write(path, svg(&takeovers, &recoveries))?;
         eprintln!("wrote {}", path.display());
     }
-    Ok(markdown(kafka.version(), &takeovers, &recoveries))
+    Ok(markdown(
+        kafka.version(),
+        options.nodes,
+        &takeovers,
+        &recoveries,
+    ))
 }
 
 fn flow_config(input: &str, snapshots: &str, group: &str, prefix: &str) -> FlowConfig {
@@ -480,9 +500,19 @@ fn broker_sockets(kafka: &KafkaCluster) -> usize {
     count
 }
 
-fn markdown(version: &str, takeovers: &[Takeover], recoveries: &[Recovery]) -> String {
+fn markdown(
+    version: &str,
+    nodes: usize,
+    takeovers: &[Takeover],
+    recoveries: &[Recovery],
+) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "Kafka {version}, 1 node. `snapfence-bench scale`.\n");
+    let cluster = if nodes == 3 {
+        "3 nodes, replication factor 3, min.insync.replicas 2"
+    } else {
+        "1 node"
+    };
+    let _ = writeln!(s, "Kafka {version}, {cluster}. `snapfence-bench scale`.\n");
     let _ = writeln!(
         s,
         "| partitions | member B | A: fresh acquisition | A: persist wave | B: takeover (join + all recovered) | B: sockets to the broker | C (own process): RSS per held partition |"
