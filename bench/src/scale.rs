@@ -391,11 +391,7 @@ pub fn hold_main(args: &[String]) -> i32 {
 
 /// This process's current resident set (`VmRSS`), KiB.
 fn rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    crate::workload::status_kib("VmRSS:")
 }
 
 async fn recovery_row(

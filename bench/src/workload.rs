@@ -263,10 +263,15 @@ pub fn value(size: usize, i: usize) -> Bytes {
 
 /// This process's peak resident set size (`VmHWM` in `/proc/self/status`), KiB.
 pub fn peak_rss_kib() -> Option<u64> {
+    status_kib("VmHWM:")
+}
+
+/// A KiB figure of `/proc/self/status`, by its label (`VmHWM:`, `VmRSS:`).
+pub fn status_kib(label: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(label))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 

@@ -490,19 +490,13 @@ impl<R> Core<R> {
     /// at all when it only reads ahead (a long poll would hold the connection, which other requests
     /// share, for nobody).
     pub(super) fn wait(&self, now: Instant, idle: Duration) -> Duration {
-        let wants: Vec<_> = self
-            .parts
+        self.parts
             .values()
             .filter(|p| p.fetchable())
             .filter_map(|p| p.want.as_ref())
-            .collect();
-        if wants.is_empty() {
-            return Duration::ZERO;
-        }
-        wants
-            .iter()
-            .map(|w| w.deadline.saturating_duration_since(now))
-            .fold(idle, Duration::min)
+            .map(|w| w.deadline.saturating_duration_since(now).min(idle))
+            .min()
+            .unwrap_or(Duration::ZERO)
     }
 
     /// The reader changes due before the next Fetch; the core then counts them as done.
