@@ -28,6 +28,9 @@ const STARTED_LINE: &str = "Kafka Server started";
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// Per-request timeout of the readiness probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Partitions of `__consumer_offsets` and of `__transaction_state` on every fixture cluster. Readiness
+/// checks each of them is loaded, so the count lives here once.
+const INTERNAL_PARTITIONS: i32 = 4;
 /// JVM flags that cut start-up time on a small machine (measurements in the crate docs): C1-only JIT
 /// compiles the start-up path sooner and is most of the gain; serial GC has the least to set up and no
 /// GC threads competing for two cores. Override with `SNAPFENCE_KAFKA_JVM_OPTS` (benchmarks that want the
@@ -305,10 +308,16 @@ impl LocalCluster {
         set("default.replication.factor", &rf);
         set("min.insync.replicas", min_isr);
         set("offsets.topic.replication.factor", &rf);
-        set("offsets.topic.num.partitions", "4");
+        set(
+            "offsets.topic.num.partitions",
+            &INTERNAL_PARTITIONS.to_string(),
+        );
         set("transaction.state.log.replication.factor", &rf);
         set("transaction.state.log.min.isr", min_isr);
-        set("transaction.state.log.num.partitions", "4");
+        set(
+            "transaction.state.log.num.partitions",
+            &INTERNAL_PARTITIONS.to_string(),
+        );
         set("share.coordinator.state.topic.replication.factor", &rf);
         set("share.coordinator.state.topic.min.isr", min_isr);
         set("group.initial.rebalance.delay.ms", "0");
@@ -605,15 +614,35 @@ impl LocalCluster {
             .ok_or_else(|| not_yet("no node is running".into()))?;
         let mut probe = Probe::connect(&first.address(), PROBE_TIMEOUT)
             .map_err(|e| not_yet(format!("node {}: {e}", first.id)))?;
+        // Every partition of both internal topics, not one: a coordinator that answers FindCoordinator
+        // may still be loading the partition a test's group or id hashes to, and answers 14
+        // COORDINATOR_LOAD_IN_PROGRESS to the group or transaction call itself (seen on 3.9 with the
+        // KIP-848 preview). One key per partition, found by the brokers' own hash.
         for (key_type, what) in [(0i8, "group"), (1i8, "transactional id")] {
-            let (error, coordinator) = probe
-                .find_coordinator(key_type, "snapfence-fixture-ready")
-                .map_err(|e| not_yet(format!("FindCoordinator({what}): {e}")))?;
-            if error != 0 || coordinator < 0 {
-                // Usually 15 COORDINATOR_NOT_AVAILABLE while the internal topic is created.
-                return Err(not_yet(format!(
-                    "FindCoordinator({what}) answered error code {error}"
-                )));
+            for partition in 0..INTERNAL_PARTITIONS {
+                let key = key_for_partition("snapfence-fixture-ready", partition);
+                let (error, coordinator) = probe
+                    .find_coordinator(key_type, &key)
+                    .map_err(|e| not_yet(format!("FindCoordinator({what} {key}): {e}")))?;
+                if error != 0 || coordinator < 0 {
+                    // Usually 15 COORDINATOR_NOT_AVAILABLE while the internal topic is created.
+                    return Err(not_yet(format!(
+                        "FindCoordinator({what} {key}) answered error code {error}"
+                    )));
+                }
+                let node = live.iter().find(|n| n.id == coordinator).ok_or_else(|| {
+                    not_yet(format!(
+                        "{what} {key}: coordinator {coordinator} is not running"
+                    ))
+                })?;
+                let error = Probe::connect(&node.address(), PROBE_TIMEOUT)
+                    .and_then(|mut p| p.describe_error(key_type, &key))
+                    .map_err(|e| not_yet(format!("describing {what} {key}: {e}")))?;
+                if matches!(error, 14..=16) {
+                    return Err(not_yet(format!(
+                        "{what} {key} (partition {partition}): node {coordinator} answered error code {error}"
+                    )));
+                }
             }
         }
         Ok(())
@@ -928,6 +957,23 @@ fn fnv1a(text: &str) -> u64 {
     })
 }
 
+/// `prefix-N` for the smallest N whose key the brokers place on internal partition `partition`: Java's
+/// `String.hashCode`, made non-negative by Kafka's `Utils.abs` (`Math.abs`, with `i32::MIN` mapped to 0),
+/// modulo the partition count, as both the group and the transaction coordinator place keys.
+fn key_for_partition(prefix: &str, partition: i32) -> String {
+    (0u32..)
+        .map(|n| format!("{prefix}-{n}"))
+        .find(|key| internal_partition(key, INTERNAL_PARTITIONS) == partition)
+        .expect("some suffix lands on every partition")
+}
+
+fn internal_partition(key: &str, partitions: i32) -> i32 {
+    let hash = key
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    hash.checked_abs().unwrap_or(0) % partitions
+}
+
 enum ProbeOutcome {
     /// Keep polling until the deadline.
     NotYet(String),
@@ -990,6 +1036,25 @@ fn base64url(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_land_on_the_partitions_java_places_them() {
+        // "hello".hashCode() = 99162322; "polygenelubricants".hashCode() = i32::MIN, which Utils.abs maps
+        // to 0; "Aa".hashCode() = 2112 (the classic collision with "BB"); a negative hash is made positive
+        // by Math.abs, not by clearing the sign bit: "snapfence-group".hashCode() = -279937063, on
+        // partition 3 of 4 (clearing the bit would say 1).
+        assert_eq!(internal_partition("hello", 1000), 322);
+        assert_eq!(internal_partition("snapfence-group", 4), 3);
+        assert_eq!(internal_partition("polygenelubricants", 7), 0);
+        assert_eq!(internal_partition("Aa", 50), 2112 % 50);
+        assert_eq!(internal_partition("BB", 50), 2112 % 50);
+        for p in 0..INTERNAL_PARTITIONS {
+            assert_eq!(
+                internal_partition(&key_for_partition("k", p), INTERNAL_PARTITIONS),
+                p
+            );
+        }
+    }
 
     /// Only well-formed `logger=LEVEL` entries reach the properties file: anything else could inject
     /// arbitrary log4j settings.

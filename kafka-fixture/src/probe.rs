@@ -16,11 +16,14 @@ use std::time::Duration;
 
 use bytes::{Buf as _, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersionsResponse;
+use kafka_protocol::messages::describe_groups_response::DescribeGroupsResponse;
+use kafka_protocol::messages::describe_transactions_response::DescribeTransactionsResponse;
 use kafka_protocol::messages::find_coordinator_response::FindCoordinatorResponse;
 use kafka_protocol::messages::metadata_response::MetadataResponse;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest, RequestHeader,
-    ResponseHeader,
+    ApiKey, ApiVersionsRequest, DescribeGroupsRequest, DescribeTransactionsRequest,
+    FindCoordinatorRequest, GroupId, MetadataRequest, RequestHeader, ResponseHeader,
+    TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Message, StrBytes};
 
@@ -233,6 +236,41 @@ impl Probe {
             Ok((c.error_code, c.node_id.0))
         } else {
             Ok((response.error_code, response.node_id.0))
+        }
+    }
+
+    /// The error code this broker, as coordinator, answers for `key` of `key_type` (0 = group,
+    /// 1 = transactional id) when asked to describe it: DescribeGroups or DescribeTransactions. 14
+    /// COORDINATOR_LOAD_IN_PROGRESS while the key's internal partition is being loaded, 15 or 16 while
+    /// this broker is not (yet) its coordinator; anything else means the partition is served (an unknown
+    /// key answers 0 with a dead group, or 69 GROUP_ID_NOT_FOUND, or 105 TRANSACTIONAL_ID_NOT_FOUND).
+    pub fn describe_error(&mut self, key_type: i8, key: &str) -> Result<i16, ProbeError> {
+        let key = StrBytes::from_string(key.to_owned());
+        if key_type == 0 {
+            let version =
+                self.version_for(ApiKey::DescribeGroups, DescribeGroupsRequest::VERSIONS)?;
+            let request = DescribeGroupsRequest::default().with_groups(vec![GroupId(key)]);
+            let response: DescribeGroupsResponse =
+                self.call(ApiKey::DescribeGroups, version, &request)?;
+            response
+                .groups
+                .first()
+                .map(|g| g.error_code)
+                .ok_or_else(|| self.protocol("DescribeGroups answered no group".into()))
+        } else {
+            let version = self.version_for(
+                ApiKey::DescribeTransactions,
+                DescribeTransactionsRequest::VERSIONS,
+            )?;
+            let request = DescribeTransactionsRequest::default()
+                .with_transactional_ids(vec![TransactionalId(key)]);
+            let response: DescribeTransactionsResponse =
+                self.call(ApiKey::DescribeTransactions, version, &request)?;
+            response
+                .transaction_states
+                .first()
+                .map(|t| t.error_code)
+                .ok_or_else(|| self.protocol("DescribeTransactions answered no state".into()))
         }
     }
 
