@@ -9,9 +9,9 @@
 //! snapfence-bench peer WORKLOAD ARGS...     snapfence's side of one workload (a child of `run`)
 //! ```
 //!
-//! `--workloads` picks rows by key (`a-a,a-b,a-c,b-base,b-spread,b-1,b-16,b-256,b-2000,recovery,takeover`; default
+//! `--workloads` picks rows by key (`marker,a-a,a-b,a-base,a-c,b-base,b-spread,b-1,b-16,b-256,b-2000,recovery,takeover`; default
 //! all), `--clients` picks clients (`snapfence,java,confluent,rdkafka`), for profiling one case by hand.
-//! `--repeat N` (default 5) runs the short rows (A(c), B's baseline, caps 256 and 2000: ~0.1 s each for
+//! `--repeat N` (default 5) runs the short rows (A(c) and its baseline, B's baseline, caps 256 and 2000: ~0.1 s each for
 //! us) N times per client, interleaved, and reports the median with the range: one 100 ms sample on a
 //! shared 2-core machine moves by 2x between runs. `--broker` sets a broker property and
 //! `--transaction-version` the cluster's finalised transaction.version (default 2), to show what a
@@ -63,10 +63,12 @@ const SESSION_MS: i32 = 600_000;
 /// A child that takes longer is killed and its cell reads "failed" (`--child-timeout`; three nodes get
 /// three times as long: every produce there waits for a second replica).
 const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
+/// Transactions of the marker round's run.
+const MARKER_TRANSACTIONS: usize = 40;
 /// The workload keys `--workloads` takes.
-const WORKLOADS: [&str; 11] = [
-    "a-a", "a-b", "a-c", "b-base", "b-spread", "b-1", "b-16", "b-256", "b-2000", "recovery",
-    "takeover",
+const WORKLOADS: [&str; 13] = [
+    "marker", "a-a", "a-b", "a-base", "a-c", "b-base", "b-spread", "b-1", "b-16", "b-256",
+    "b-2000", "recovery", "takeover",
 ];
 
 fn main() {
@@ -502,7 +504,20 @@ impl Bench<'_> {
                 text
             }
         };
-        use report::Target;
+        use report::{Plain, Target};
+
+        // The broker's wait per transaction, every transactional row's floor (ours only: it is the
+        // broker's figure, measured through our client's round trips).
+        if wants("marker") {
+            let cells = self
+                .ours_only(|| self.marker_args(MARKER_TRANSACTIONS))
+                .await?;
+            section.push(Row::time(
+                format!("marker round: EndTxn answered to transaction complete ({MARKER_TRANSACTIONS} transactions of 1 B, median)"),
+                cells,
+                Target::Marker,
+            ));
+        }
 
         // Experiment A.
         if wants("a-a") {
@@ -513,7 +528,11 @@ impl Bench<'_> {
                     self.plain_args("plain-seq", A_KEYS, A_SIZE, 0)
                 })
                 .await?;
-            section.push(Row::time(label(text, 1), row, Target::None));
+            section.push(Row::time(
+                label(text, 1),
+                row,
+                Target::Baseline(Plain::ASeq),
+            ));
         }
         if wants("a-b") {
             let text = format!("A(b) group-committed transactions, {A_KEYS} one at a time");
@@ -522,7 +541,26 @@ impl Bench<'_> {
                     self.txn_args("txn-seq", A_KEYS, A_SIZE, None)
                 })
                 .await?;
-            section.push(Row::time(label(text, 1), row, Target::Transactional));
+            section.push(Row::time(
+                label(text, 1),
+                row,
+                Target::Transactional(Plain::ASeq),
+            ));
+        }
+        if wants("a-base") {
+            let text = format!(
+                "A plain idempotent producer, {A_KEYS} x {A_SIZE} B all at once (A(c)'s baseline)"
+            );
+            let row = self
+                .each(next_turn(), short, |_| {
+                    self.plain_args("plain-burst", A_KEYS, A_SIZE, 5)
+                })
+                .await?;
+            section.push(Row::time(
+                label(text, short),
+                row,
+                Target::Baseline(Plain::ABurst),
+            ));
         }
         if wants("a-c") {
             let text = format!("A(c) group-committed transactions, {A_KEYS} all at once (cap 256)");
@@ -531,7 +569,11 @@ impl Bench<'_> {
                     self.txn_args("txn-burst", A_KEYS, A_SIZE, Some(256))
                 })
                 .await?;
-            section.push(Row::time(label(text, short), row, Target::Transactional));
+            section.push(Row::time(
+                label(text, short),
+                row,
+                Target::Transactional(Plain::ABurst),
+            ));
         }
 
         // Experiment B.
@@ -543,7 +585,11 @@ impl Bench<'_> {
                     self.plain_args("plain-burst", B_KEYS, B_SIZE, 5)
                 })
                 .await?;
-            section.push(Row::time(label(text, short), row, Target::Baseline));
+            section.push(Row::time(
+                label(text, short),
+                row,
+                Target::Baseline(Plain::BBurst),
+            ));
         }
         if wants("b-spread") {
             let text = format!(
@@ -567,13 +613,12 @@ impl Bench<'_> {
                     self.txn_args("txn-burst", B_KEYS, B_SIZE, Some(cap))
                 })
                 .await?;
-            let target = if cap == 256 {
-                Target::NearBaseline
-            } else {
-                Target::Transactional
-            };
             let text = format!("B group commit, cap {cap}");
-            section.push(Row::time(label(text, reps), row, target));
+            section.push(Row::time(
+                label(text, reps),
+                row,
+                Target::Transactional(Plain::BBurst),
+            ));
         }
 
         // Recovery.
@@ -696,6 +741,37 @@ impl Bench<'_> {
         )
         .await?;
         Ok(topic)
+    }
+
+    /// `txn-marker`'s arguments: like [`Self::txn_args`] without the size and cap.
+    async fn marker_args(&self, n: usize) -> Result<Vec<String>, Error> {
+        let mut args = self.txn_args("txn-marker", n, 0, None).await?;
+        args.pop(); // the size
+        Ok(args)
+    }
+
+    /// Runs a workload once for snapfence alone; the other clients' cells stay empty.
+    async fn ours_only<F, Fut>(&self, setup: F) -> Result<Vec<Cell>, Error>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<String>, Error>>,
+    {
+        let mut cells = vec![Cell::Missing; self.contenders.len()];
+        let Some(i) = self.contenders.iter().position(|c| c.name == report::OURS) else {
+            return Ok(cells);
+        };
+        let args = setup().await?;
+        eprintln!("   {:<16} {}", report::OURS, args.join(" "));
+        let cmd = self.contenders[i].command(&args);
+        let timeout = self.child_timeout;
+        let cell = tokio::task::spawn_blocking(move || run_child(cmd, timeout)).await?;
+        match &cell {
+            Cell::Done(o) => eprintln!("   {:<16} {o}", ""),
+            Cell::Failed(why) => eprintln!("   {} failed: {why}", report::OURS),
+            Cell::Missing => {}
+        }
+        cells[i] = cell;
+        Ok(cells)
     }
 
     /// A transactional workload's arguments: a fresh topic, transactional id and group member.

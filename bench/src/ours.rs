@@ -41,6 +41,7 @@ pub async fn run(work: Work) -> Result<Outcome, Error> {
         } => plain(&bootstrap, &topic, n, size, linger_ms, true, partitions).await,
         Work::TxnSeq { txn, n, size } => group_commit(txn, n, size, 256, false).await,
         Work::TxnBurst { txn, n, size, cap } => group_commit(txn, n, size, cap, true).await,
+        Work::TxnMarker { txn, n } => marker(txn, n).await,
         Work::Recover {
             bootstrap,
             topic,
@@ -257,6 +258,62 @@ async fn group_commit(
     Ok(Outcome {
         ms: ms(elapsed),
         txns: Some(transactions),
+        records: n as u64,
+        ..Outcome::default()
+    })
+}
+
+/// The marker round: the broker's work per transaction after EndTxn is answered (the COMMIT markers to
+/// the snapshot partition and to `__consumer_offsets`, then CompleteCommit in the transaction log), which
+/// the next transaction of the same id must wait for whatever the client. `n` transactions of one 1-byte
+/// record and a fenced offset commit each, one after the other; after each commit, DescribeTransactions
+/// is asked back to back until the coordinator no longer says PrepareCommit. `ms` is the median time from
+/// the commit's return to that answer (resolution: one DescribeTransactions round trip). One warm-up
+/// transaction comes first.
+async fn marker(txn: crate::workload::TxnArgs, n: usize) -> Result<Outcome, Error> {
+    let client = connect(&txn.bootstrap).await?;
+    let group = GroupMetadata::new(&txn.group, txn.generation, &txn.member, None)?;
+    let input = TopicPartition::new(txn.input.as_str(), 0);
+    let mut producer =
+        TransactionalProducer::init(client.clone(), TransactionalConfig::new(&txn.txn_id)).await?;
+    let mut rounds = Vec::with_capacity(n);
+    for i in 0..=n {
+        producer.begin()?;
+        let record = ProducerRecord::new(txn.topic.as_str(), Some(value(1, i)))
+            .key(key(i))
+            .partition(0);
+        let delivery = producer.send(record).await?;
+        producer.send_buffered();
+        producer
+            .send_offsets([(input.clone(), (i as i64).into())], &group)
+            .await?;
+        producer.commit().await?;
+        let answered = Instant::now();
+        delivery.await?;
+        loop {
+            let state = snapfence::admin::describe_transaction(&client, &txn.txn_id)
+                .await?
+                .ok_or("the coordinator does not know the transactional id")?
+                .state;
+            if state != "PrepareCommit" {
+                break;
+            }
+            if answered.elapsed() > Duration::from_secs(30) {
+                return Err("a transaction stayed in PrepareCommit for 30 s".into());
+            }
+        }
+        if i > 0 {
+            rounds.push(ms(answered.elapsed()));
+        }
+    }
+    producer.close().await;
+    rounds.sort_by(f64::total_cmp);
+    Ok(Outcome {
+        ms: rounds
+            .get(n / 2)
+            .copied()
+            .ok_or("no transactions were asked for")?,
+        txns: Some(n as u64),
         records: n as u64,
         ..Outcome::default()
     })

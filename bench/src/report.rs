@@ -51,16 +51,28 @@ pub fn median(runs: Vec<Cell>) -> Cell {
     Cell::Done(mid)
 }
 
+/// The plain (idempotent, no transaction) row a transactional row's floor starts from: the same records
+/// written the same way, in one stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Plain {
+    /// A(a): A's records, each write awaited before the next (A(b)'s floor).
+    ASeq,
+    /// A's records, all at once (A(c)'s floor).
+    ABurst,
+    /// B's baseline (the B caps' floor).
+    BBurst,
+}
+
 /// What a row is held to.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Target {
-    None,
-    /// Experiment B's plain baseline: the reference of [`Target::NearBaseline`].
-    Baseline,
-    /// At most 0.8x the Java client and no slower than confluent-kafka.
-    Transactional,
-    /// Experiment B, cap 256: at most 1.03x our own plain baseline (and [`Target::Transactional`]).
-    NearBaseline,
+    /// A plain row whose time the floor of [`Target::Transactional`] rows starts from.
+    Baseline(Plain),
+    /// At most 0.8x the Java client, no slower than confluent-kafka, and at most 1.10x the broker's
+    /// floor: the plain row's time plus one marker round (the [`Target::Marker`] row) per transaction.
+    Transactional(Plain),
+    /// The marker round: the broker's work per transaction after EndTxn is answered (`txn-marker`).
+    Marker,
     /// At most 0.8x both the Java client and confluent-kafka (experiment B', issue 17).
     Spread,
     /// At most 0.7x the Java consumer.
@@ -70,6 +82,9 @@ pub enum Target {
     /// Under one second.
     Takeover,
 }
+
+/// How far above the broker's floor a transactional row may be (issue 17: the client adds at most 10%).
+const FLOOR_SLACK: f64 = 1.10;
 
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -135,6 +150,31 @@ impl Section {
         self.clients.iter().position(|c| *c == name)
     }
 
+    /// A transactional row against the broker's floor: the plain row's time (ours, this round) plus our
+    /// median run's transactions times this round's marker round. None when any of them is missing.
+    fn floor(&self, row: &Row, plain: Plain) -> Option<String> {
+        let i = self.index(OURS)?;
+        let o = row.cells.get(i)?.outcome()?;
+        let txns = o.txns?;
+        let ours_in = |target: Target| {
+            self.rows
+                .iter()
+                .find(|r| r.target == target)
+                .and_then(|r| r.value(i))
+        };
+        let (base, marker) = (ours_in(Target::Baseline(plain))?, ours_in(Target::Marker)?);
+        let floor = base + txns as f64 * marker;
+        let r = o.ms / floor;
+        let mark = if r <= FLOOR_SLACK {
+            "met"
+        } else {
+            "**missed**"
+        };
+        Some(format!(
+            "{r:.2}x the floor {floor:.0} ms = {base:.0} + {txns} x {marker:.1} ms (<={FLOOR_SLACK:.2}): {mark}"
+        ))
+    }
+
     /// The verdict on a row's target, as table text.
     fn verdict(&self, row: &Row) -> String {
         let ours = self.index(OURS).and_then(|i| row.value(i));
@@ -144,33 +184,11 @@ impl Section {
         };
         let mark = |ok: bool| if ok { "met" } else { "**missed**" };
         match row.target {
-            Target::None | Target::Baseline => String::new(),
-            Target::Transactional | Target::NearBaseline => {
+            Target::Baseline(_) | Target::Marker => String::new(),
+            Target::Transactional(plain) => {
                 let mut parts = Vec::new();
-                if row.target == Target::NearBaseline {
-                    let base = self
-                        .rows
-                        .iter()
-                        .find(|r| r.target == Target::Baseline)
-                        .and_then(|r| self.index(OURS).and_then(|i| r.value(i)));
-                    if let (Some(o), Some(b)) = (ours, base) {
-                        let r = o / b;
-                        // The same bytes in N serial transactions instead of one stream: what each
-                        // transaction adds (its commit round trips and the broker's waits) is the
-                        // difference spread over them.
-                        let txns = self
-                            .index(OURS)
-                            .and_then(|i| row.cells[i].outcome())
-                            .and_then(|c| c.txns)
-                            .filter(|&t| t > 0);
-                        let per_txn = txns
-                            .map(|t| format!(", {:+.1} ms per transaction", (o - b) / t as f64))
-                            .unwrap_or_default();
-                        parts.push(format!(
-                            "{r:.2}x our baseline (<=1.03){per_txn}: {}",
-                            mark(r <= 1.03)
-                        ));
-                    }
+                if let Some(floor) = self.floor(row, plain) {
+                    parts.push(floor);
                 }
                 if let Some(r) = vs(JAVA) {
                     parts.push(format!("<=0.8x Java: {}", mark(r <= 0.8)));
@@ -387,36 +405,84 @@ mod tests {
         })
     }
 
+    fn txn(ms: f64, txns: u64) -> Cell {
+        done(ms, Some(txns))
+    }
+
     #[test]
     fn ratios_and_verdicts_use_the_same_run() {
         let mut s = Section::new("t".into(), vec![OURS, JAVA, CONFLUENT]);
         s.push(Row::time(
             "base".into(),
             vec![done(100.0, None), done(150.0, None), done(90.0, None)],
-            Target::Baseline,
+            Target::Baseline(Plain::BBurst),
         ));
+        s.push(Row::time(
+            "marker".into(),
+            vec![done(1.0, Some(30)), Cell::Missing, Cell::Missing],
+            Target::Marker,
+        ));
+        // Floor: 100 + 8 x 1.0 = 108 ms; 110 ms is 1.02x of it.
         let cap = Row::time(
             "cap".into(),
-            vec![
-                done(110.0, Some(8)),
-                done(200.0, Some(8)),
-                done(120.0, Some(8)),
-            ],
-            Target::NearBaseline,
+            vec![txn(110.0, 8), done(200.0, Some(8)), done(120.0, Some(8))],
+            Target::Transactional(Plain::BBurst),
         );
         s.push(cap.clone());
         let verdict = s.verdict(&cap);
         assert!(
-            verdict.contains("1.10x our baseline (<=1.03), +1.2 ms per transaction: **missed**"),
+            verdict.contains("1.02x the floor 108 ms = 100 + 8 x 1.0 ms (<=1.10): met"),
             "{verdict}"
         );
         assert!(verdict.contains("<=0.8x Java: met"), "{verdict}");
         assert!(verdict.contains("<=1x confluent: met"), "{verdict}");
+        // 130 ms is 1.20x a floor of 108.
+        let slow = Row::time(
+            "slow".into(),
+            vec![txn(130.0, 8), Cell::Missing, Cell::Missing],
+            Target::Transactional(Plain::BBurst),
+        );
+        assert!(
+            s.verdict(&slow).contains("1.20x the floor 108 ms")
+                && s.verdict(&slow).contains("**missed**"),
+            "{}",
+            s.verdict(&slow)
+        );
+        // No baseline of its kind in the round: no floor verdict, the peer ratios only.
+        let other = Row::time(
+            "a".into(),
+            vec![txn(10.0, 2), done(20.0, Some(2)), Cell::Missing],
+            Target::Transactional(Plain::ABurst),
+        );
+        assert_eq!(s.verdict(&other), "<=0.8x Java: met");
         let mut text = String::new();
         s.markdown(&mut text, &mut Vec::new());
         assert!(
             text.contains("| cap | 110.0 ms | 200.0 ms | 120.0 ms | 0.55x | 0.92x | 8 / 8 / 8 |"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn no_marker_row_no_floor() {
+        let mut s = Section::new("t".into(), vec![OURS]);
+        s.push(Row::time(
+            "a(a)".into(),
+            vec![done(200.0, None)],
+            Target::Baseline(Plain::ASeq),
+        ));
+        let row = Row::time(
+            "a(b)".into(),
+            vec![txn(2600.0, 500)],
+            Target::Transactional(Plain::ASeq),
+        );
+        assert_eq!(s.verdict(&row), "");
+        s.push(Row::time("m".into(), vec![done(4.0, None)], Target::Marker));
+        assert!(
+            s.verdict(&row)
+                .contains("1.18x the floor 2200 ms = 200 + 500 x 4.0 ms (<=1.10): **missed**"),
+            "{}",
+            s.verdict(&row)
         );
     }
 
@@ -436,7 +502,11 @@ mod tests {
             (200.0, Some(10), Some((100.0, 300.0)))
         );
         let mut s = Section::new("t".into(), vec![OURS]);
-        s.push(Row::time("r".into(), vec![cell], Target::None));
+        s.push(Row::time(
+            "r".into(),
+            vec![cell],
+            Target::Baseline(Plain::ASeq),
+        ));
         let mut text = String::new();
         s.markdown(&mut text, &mut Vec::new());
         assert!(text.contains("| r | 200.0 ms [100-300] |"), "{text}");
@@ -455,7 +525,7 @@ mod tests {
         s.push(Row::time(
             "x".into(),
             vec![done(1.0, None), Cell::Failed("boom".into())],
-            Target::Transactional,
+            Target::Transactional(Plain::BBurst),
         ));
         let mut text = String::new();
         let mut notes = Vec::new();

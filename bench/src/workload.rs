@@ -9,6 +9,9 @@
 //!                                                      issued one at a time (A(b))
 //! txn-burst   BOOTSTRAP TOPIC TXN_ID INPUT GROUP GENERATION MEMBER N SIZE CAP   N writes issued at once,
 //!                                                      transactions of up to CAP writes (A(c), B caps)
+//! txn-marker  BOOTSTRAP TOPIC TXN_ID INPUT GROUP GENERATION MEMBER N              (ours only) the marker
+//!                                                      round: N transactions of one 1-byte record, each
+//!                                                      followed until the coordinator has completed it
 //! recover     BOOTSTRAP TOPIC READS                    earliest -> high watermark at read_committed, into a map,
 //!                                                      READS times in one process; the last read is timed
 //! takeover    BOOTSTRAP TOPIC TXN_ID_PREFIX            init PREFIX-0 (fences and aborts the crashed owner),
@@ -69,6 +72,10 @@ pub enum Work {
         size: usize,
         cap: usize,
     },
+    TxnMarker {
+        txn: TxnArgs,
+        n: usize,
+    },
     Recover {
         bootstrap: String,
         topic: String,
@@ -118,6 +125,7 @@ impl Work {
             "plain-seq" | "plain-burst" => 6,
             "txn-seq" => 10,
             "txn-burst" => 11,
+            "txn-marker" => 9,
             "recover" => 4,
             "takeover" => 4,
             "crash-owner" => 6,
@@ -155,6 +163,10 @@ impl Work {
                 n: num(8)?,
                 size: num(9)?,
                 cap: num(10)?,
+            },
+            "txn-marker" => Work::TxnMarker {
+                txn: txn()?,
+                n: num(8)?,
             },
             "recover" => Work::Recover {
                 bootstrap: s(1)?,
