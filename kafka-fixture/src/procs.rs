@@ -12,11 +12,21 @@
 //!    owners that are gone and kills only recorded JVMs whose start time still matches, so a recycled pid is
 //!    never touched. This catches what (2) cannot: a JVM forked in the instant its parent died.
 //!
+//! A server whose children leave its process group (PostgreSQL's postmaster makes every child a session
+//! leader with `setsid`, so a signal to the postmaster's group reaches only the postmaster) is recorded with
+//! [`record_server`] instead: its pid file also names its command and the folder it runs in, and the sweep
+//! then also kills every process of that command whose working directory is inside the folder (every
+//! PostgreSQL process works in its data directory). A server folder outside this process's own folder (see
+//! [`record_folder`]) is deleted by the sweep after its processes are gone.
+//!
 //! # References
-//! - prctl(2) `PR_SET_PDEATHSIG`; proc(5) `/proc/<pid>/stat` field 22 (`starttime`)
+//! - prctl(2) `PR_SET_PDEATHSIG`; proc(5) `/proc/<pid>/stat` field 22 (`starttime`), `/proc/<pid>/cwd`,
+//!   `/proc/<pid>/comm`
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -123,20 +133,109 @@ pub fn record(pid: u32) -> PathBuf {
     file
 }
 
-/// Kills every recorded JVM in `dir` that is still the process it was recorded as.
+/// Records a started server whose children leave its process group: besides the server itself (killed by
+/// its process group, like a JVM), a sweep kills every process named `comm` (as in `/proc/<pid>/comm`)
+/// whose working directory is `folder` or inside it. Returns the pid file to remove when the server and its
+/// children are gone.
+pub fn record_server(pid: u32, comm: &str, folder: &Path) -> PathBuf {
+    let file = owner_dir().join(format!("server-{pid}.pid"));
+    let _ = fs::write(&file, server_record(pid, comm, folder));
+    file
+}
+
+/// The text of a server pid file: `pid starttime`, the command name and the folder, one a line.
+fn server_record(pid: u32, comm: &str, folder: &Path) -> Vec<u8> {
+    let folder = fs::canonicalize(folder).unwrap_or_else(|_| folder.to_owned());
+    let mut text = format!("{pid} {}\n{comm}\n", start_time(pid).unwrap_or(0)).into_bytes();
+    text.extend_from_slice(folder.as_os_str().as_bytes());
+    text.push(b'\n');
+    text
+}
+
+/// Records a folder outside this process's own folder (which is deleted with it anyway), to be deleted when
+/// this process is gone, after the recorded processes are killed. Returns the record to remove once the
+/// folder is deleted.
+pub fn record_folder(folder: &Path) -> PathBuf {
+    let name = folder
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let file = owner_dir().join(format!("dir-{name}.path"));
+    let _ = fs::write(&file, folder.as_os_str().as_bytes());
+    file
+}
+
+/// SIGKILLs every process named `comm` whose working directory is `folder` or inside it, other than this
+/// process; returns how many were signalled. A process that already exited (a zombie has no working
+/// directory) is not counted, so callers can poll this until it returns 0.
+pub fn kill_by_cwd(folder: &Path, comm: &str) -> usize {
+    let folder = fs::canonicalize(folder).unwrap_or_else(|_| folder.to_owned());
+    // The kernel keeps at most 15 bytes of the command name.
+    let comm = &comm.as_bytes()[..comm.len().min(15)];
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return 0;
+    };
+    let me = std::process::id();
+    let mut signalled = 0;
+    for entry in entries.filter_map(|e| e.ok()) {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid <= 1 || pid == me {
+            continue;
+        }
+        let named = fs::read(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == comm);
+        if !named {
+            continue;
+        }
+        // Unreadable for another user's process unless root; a folder deleted under a process reads as
+        // "<path> (deleted)".
+        let Ok(cwd) = fs::read_link(format!("/proc/{pid}/cwd")) else {
+            continue;
+        };
+        let bytes = cwd.as_os_str().as_bytes();
+        let cwd = Path::new(OsStr::from_bytes(
+            bytes.strip_suffix(b" (deleted)").unwrap_or(bytes),
+        ));
+        if cwd.starts_with(&folder) {
+            // SAFETY: kill has no memory effects.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+            signalled += 1;
+        }
+    }
+    signalled
+}
+
+/// Kills every recorded JVM and server in `dir` that is still the process it was recorded as, and the
+/// children of recorded servers; then deletes the recorded folders.
 fn kill_recorded(dir: &Path) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
+    let mut folders = Vec::new();
     for entry in entries.filter_map(|e| e.ok()) {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if !(name.starts_with("jvm-") && name.ends_with(".pid")) {
+        if name.starts_with("dir-") && name.ends_with(".path") {
+            folders.push(entry.path()); // after every process that may work in it is killed
             continue;
         }
-        let Ok(text) = fs::read_to_string(entry.path()) else {
+        let server = name.starts_with("server-");
+        if !((server || name.starts_with("jvm-")) && name.ends_with(".pid")) {
+            continue;
+        }
+        let Ok(text) = fs::read(entry.path()) else {
             continue;
         };
-        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        let mut lines = text.split(|&b| b == b'\n');
+        let first = String::from_utf8_lossy(lines.next().unwrap_or_default()).into_owned();
+        let mut fields = first.split_whitespace().map(|f| f.parse::<u64>().ok());
         let (Some(Some(pid)), Some(Some(started))) = (fields.next(), fields.next()) else {
             continue;
         };
@@ -146,7 +245,24 @@ fn kill_recorded(dir: &Path) {
         if pid > 1 && start_time(pid) == Some(started) {
             signal_group(pid, libc::SIGKILL);
         }
+        if server {
+            // Whether or not the server itself still ran: its children outlive it for a moment.
+            if let (Some(comm), Some(folder)) = (lines.next(), lines.next()) {
+                if !comm.is_empty() && !folder.is_empty() {
+                    let comm = String::from_utf8_lossy(comm);
+                    kill_by_cwd(Path::new(OsStr::from_bytes(folder)), &comm);
+                }
+            }
+        }
         let _ = fs::remove_file(entry.path());
+    }
+    for record in folders {
+        if let Ok(path) = fs::read(&record) {
+            if !path.is_empty() {
+                let _ = fs::remove_dir_all(Path::new(OsStr::from_bytes(&path)));
+            }
+        }
+        let _ = fs::remove_file(record);
     }
 }
 
@@ -249,6 +365,63 @@ mod tests {
         };
         use std::os::unix::process::ExitStatusExt as _;
         assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(!dead_owner.exists());
+        fs::remove_dir_all(&run).unwrap();
+    }
+    /// A server's children in sessions of their own (as PostgreSQL's are) are found by their working
+    /// directory, and a recorded folder outside the owner's is deleted after them.
+    #[test]
+    fn sweep_kills_a_dead_servers_children_by_folder_and_deletes_its_folder() {
+        let me = std::process::id();
+        let run = std::env::temp_dir().join(format!("snapfence-sweep-server-{me}"));
+        let dead_owner = run.join(format!("{me}.1"));
+        let folder = std::env::temp_dir().join(format!("snapfence-sweep-server-folder-{me}"));
+        let work = folder.join("data");
+        fs::create_dir_all(&dead_owner).unwrap();
+        fs::create_dir_all(&work).unwrap();
+        // A child that left the server's group (setsid) and works in the server's folder, and a process
+        // of the same name elsewhere that must survive.
+        let spawn_sleep = |dir: &Path| {
+            Command::new("sleep")
+                .arg("60")
+                .current_dir(dir)
+                .process_group(0)
+                .spawn()
+                .unwrap()
+        };
+        let mut child = spawn_sleep(&work);
+        let mut bystander = spawn_sleep(&std::env::temp_dir());
+        // The server itself is gone: no process has pid u32::MAX.
+        let record = server_record(u32::MAX, "sleep", &folder);
+        fs::write(dead_owner.join("server-4294967295.pid"), record).unwrap();
+        fs::write(
+            dead_owner.join("dir-folder.path"),
+            folder.as_os_str().as_bytes(),
+        )
+        .unwrap();
+
+        sweep(&run);
+
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "sweep left the server's child running"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(
+            bystander.try_wait().unwrap().is_none(),
+            "a bystander was killed"
+        );
+        bystander.kill().unwrap();
+        bystander.wait().unwrap();
+        assert!(!folder.exists(), "the recorded folder was not deleted");
         assert!(!dead_owner.exists());
         fs::remove_dir_all(&run).unwrap();
     }
