@@ -45,11 +45,17 @@
 //! - **Sharing.** [`cluster`] keeps one cluster per distinct [`ClusterSpec`] per test binary, started by
 //!   the first test that asks; [`dedicated`] gives a private one that is stopped on drop. Neither is tied to
 //!   a tokio runtime: the start runs on a plain thread and the JVMs are `std::process` children.
+//! - **PostgreSQL.** [`PostgresServer::start`] runs a private PostgreSQL server from the installed
+//!   binaries (`initdb`, then `postgres` as this process's child, trust authentication on 127.0.0.1, as
+//!   the `postgres` system user when the tests run as root), with [`PostgresServer::kill`] and
+//!   [`PostgresServer::restart`] for crash tests; see [`postgres`].
 //!
 //! # Environment
 //! | variable | effect |
 //! |---|---|
 //! | `SNAPFENCE_BOOTSTRAP` | use this external cluster for every spec; node faults then panic (tests check [`KafkaCluster::is_external`] and skip) |
+//! | `SNAPFENCE_POSTGRES_URL` | use this external PostgreSQL server (`postgres://user@host:port/db`) instead of starting one; its faults then return [`FixtureError::PostgresExternal`] (tests check [`PostgresServer::is_external`] and skip) |
+//! | `SNAPFENCE_PG_BINDIR` | the folder with PostgreSQL's `initdb` and `postgres` (default: the newest `/usr/lib/postgresql/*/bin`, then `pg_config --bindir`, then `PATH`) |
 //! | `SNAPFENCE_KAFKA_VERSION` | the 4.x release of [`ClusterSpec::kafka4`] (default [`DEFAULT_KAFKA4`]) |
 //! | `SNAPFENCE_KAFKA42_VERSION` | the 4.2 release of [`ClusterSpec::kafka42`] (default [`DEFAULT_KAFKA42`]) |
 //! | `SNAPFENCE_KAFKA39_VERSION` | the 3.9 release of [`ClusterSpec::kafka39`] (default [`DEFAULT_KAFKA39`]) |
@@ -144,12 +150,14 @@
 mod cluster;
 mod jars;
 mod netns;
+pub mod postgres;
 pub mod probe;
 pub mod procs;
 mod progress;
 pub mod proxy;
 mod security;
 
+pub use postgres::PostgresServer;
 pub use progress::{Observer, Progress, Step};
 pub use proxy::{Fault, FaultProxy, ProxyError, ProxyStats, Requests};
 pub use security::{Listener, SecuritySpec, TlsSpec};
@@ -465,6 +473,60 @@ pub enum FixtureError {
     Netns {
         /// The command and its output.
         detail: String,
+    },
+    /// No PostgreSQL installation was found for [`PostgresServer`]; the message says how to install one.
+    #[error("PostgreSQL is needed by this test: {detail}")]
+    PostgresMissing {
+        /// Where the fixture looked, and how to fix it.
+        detail: String,
+    },
+    /// The tests run as root, and PostgreSQL cannot: there is no `postgres` system user to run it as, or
+    /// that user cannot reach any folder the fixture could use.
+    #[error("PostgreSQL cannot run as root, and {detail}")]
+    PostgresUser {
+        /// Why, and how to fix it.
+        detail: String,
+    },
+    /// Preparing the data directory or running `initdb` failed.
+    #[error("initialising a PostgreSQL data directory failed: {detail}")]
+    PostgresInit {
+        /// What failed and the end of `initdb`'s output.
+        detail: String,
+    },
+    /// The PostgreSQL server exited on its own while starting.
+    #[error("PostgreSQL server {detail}")]
+    PostgresExited {
+        /// The exit status and the end of the server's log.
+        detail: String,
+        /// The server could not bind its port (another process took it): a first start is retried on a
+        /// new port.
+        port_clash: bool,
+    },
+    /// The PostgreSQL server did not become ready in time, or the external one does not answer.
+    #[error("PostgreSQL server not ready: {detail}")]
+    PostgresNotReady {
+        /// The last failed check and the end of the server's log.
+        detail: String,
+    },
+    /// `SNAPFENCE_POSTGRES_URL` is not a URL the fixture understands.
+    #[error("SNAPFENCE_POSTGRES_URL={url} is not a postgres:// URL with a host: {detail}")]
+    PostgresUrl {
+        /// The variable's value.
+        url: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A server fault ([`PostgresServer::kill`], [`PostgresServer::restart`]) was asked of the external
+    /// server named by `SNAPFENCE_POSTGRES_URL`. Tests check [`PostgresServer::is_external`] and skip.
+    #[error(
+        "{action}() needs a PostgreSQL server the fixture started, but SNAPFENCE_POSTGRES_URL={url} names \
+         an external one: unset it, or skip this test when is_external() is true"
+    )]
+    PostgresExternal {
+        /// The fault asked for.
+        action: String,
+        /// The external server's URL.
+        url: String,
     },
 }
 
