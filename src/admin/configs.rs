@@ -200,3 +200,27 @@ pub async fn topic_config(
         describe_configs(client, &ConfigResource::Topic(topic.to_owned()), &[name]).await?;
     Ok(configs.remove(name).and_then(|e| e.value))
 }
+
+/// Whether the transaction coordinator of `transactional_id` runs with
+/// `transaction.two.phase.commit.enable` (KIP-939). A two-phase producer's init refused with
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED means either a missing TWO_PHASE_COMMIT ACL or this setting off
+/// ([`TwoPhaseCommitRefusal::NotAuthorizedOrDisabled`](crate::producer::TwoPhaseCommitRefusal)); this
+/// tells which. `None`: the broker reports no such setting (a broker before KIP-939).
+///
+/// Errors: as [`describe_configs`] (a principal without DESCRIBE_CONFIGS on the cluster is refused).
+///
+/// Cancel-safe: a read only.
+pub async fn two_phase_commit_enabled(
+    client: &Client,
+    transactional_id: &str,
+) -> Result<Option<bool>, NetError> {
+    const SETTING: &str = "transaction.two.phase.commit.enable";
+    let node = client
+        .coordinator(crate::net::CoordinatorKind::Transaction, transactional_id)
+        .await?;
+    let mut configs = describe_configs(client, &ConfigResource::Broker(node), &[SETTING]).await?;
+    Ok(configs
+        .remove(SETTING)
+        .and_then(|e| e.value)
+        .map(|v| v.trim().eq_ignore_ascii_case("true")))
+}

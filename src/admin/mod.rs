@@ -6,7 +6,8 @@
 //!
 //! - Topics: [`create_topic`], [`delete_topic`].
 //! - Configuration: [`describe_configs`] for a topic or a broker, [`topic_config`] for one setting
-//!   (such as a snapshot topic's `cleanup.policy`).
+//!   (such as a snapshot topic's `cleanup.policy`); [`two_phase_commit_enabled`] for the
+//!   transaction coordinator's KIP-939 switch.
 //! - Hanging transactions (KIP-664): [`describe_producers`] / [`describe_producers_on`],
 //!   [`list_transactions`], [`describe_transaction`], and [`write_abort_marker`] to end one that no
 //!   coordinator will.
@@ -26,7 +27,10 @@ mod transactions;
 #[cfg(test)]
 mod tests;
 
-pub use configs::{describe_configs, topic_config, ConfigEntry, ConfigResource, ConfigSource};
+pub use configs::{
+    describe_configs, topic_config, two_phase_commit_enabled, ConfigEntry, ConfigResource,
+    ConfigSource,
+};
 pub use topics::{create_topic, delete_topic};
 pub use transactions::{
     describe_producers, describe_producers_on, describe_transaction, list_transactions,

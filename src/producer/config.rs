@@ -79,22 +79,35 @@ pub struct TransactionalConfig {
     /// The transactional id: stable across restarts of the same logical writer. Initialising with it
     /// fences every earlier producer that used it and aborts what they left open.
     pub transactional_id: String,
-    /// How long the coordinator lets a transaction stay open before aborting it. Default 60 s.
+    /// How long the coordinator lets a transaction stay open before aborting it. Default 60 s. A
+    /// two-phase-commit producer's transactions never expire, and `init` refuses a value other than the
+    /// default with it.
     pub transaction_timeout: Duration,
     /// How long `init`, `send_offsets`, `commit` and `abort` keep retrying before they give up.
     /// Default 60 s.
     pub operation_timeout: Duration,
+    /// Take part in a two-phase commit another system coordinates (KIP-939): `init` asks the
+    /// coordinator for transactions that wait for an outside decision instead of timing out, and
+    /// `prepare`, `complete` and `init_keeping_prepared` become available (see the `two_phase` module
+    /// docs of [`TransactionalProducer::prepare`](super::TransactionalProducer::prepare)). Needs Kafka
+    /// 4.4+ with `transaction.two.phase.commit.enable=true` and `unstable.api.versions.enable=true`,
+    /// transaction version 2, and the TWO_PHASE_COMMIT ACL on the transactional id. Default `false`.
+    pub two_phase_commit: bool,
     /// Batching, memory and retry settings.
     pub producer: ProducerConfig,
 }
+
+/// The default [`TransactionalConfig::transaction_timeout`].
+pub(crate) const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl TransactionalConfig {
     /// Defaults with the given transactional id.
     pub fn new(transactional_id: impl Into<String>) -> Self {
         TransactionalConfig {
             transactional_id: transactional_id.into(),
-            transaction_timeout: Duration::from_secs(60),
+            transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
             operation_timeout: Duration::from_secs(60),
+            two_phase_commit: false,
             producer: ProducerConfig::default(),
         }
     }

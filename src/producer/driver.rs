@@ -1030,15 +1030,22 @@ pub(crate) async fn send_txn(client: &Client, req: &TxnRequest) -> TxnResponse {
             transactional_id,
             timeout_ms,
             current,
+            enable_2pc,
+            keep_prepared,
         } => {
             client
                 .call(
                     target,
-                    &options,
+                    &CallOptions {
+                        min_version: req.min_version(),
+                        ..options.clone()
+                    },
                     |v| {
                         messages::init_producer_id(Some(transactional_id), *timeout_ms, *current, v)
+                            .with_enable_2_pc(*enable_2pc && v >= 6)
+                            .with_keep_prepared_txn(*keep_prepared && v >= 6)
                     },
-                    |r, _| Verdict::Done(messages::parse_init_producer_id(&r)),
+                    |r, v| Verdict::Done(messages::parse_init_producer_id(&r, v)),
                 )
                 .await
         }
@@ -1142,11 +1149,13 @@ pub(crate) async fn init_idempotent_id(
                     ..CallOptions::default()
                 },
                 |v| messages::init_producer_id(None, i32::MAX, None, v),
-                |r, _| Verdict::Done(messages::parse_init_producer_id(&r)),
+                |r, v| Verdict::Done(messages::parse_init_producer_id(&r, v)),
             )
             .await;
         let code = match result {
             Ok(TxnResponse::InitProducerId(Ok(ids))) => return Ok(ids),
+            // Only an init with KeepPreparedTxn is answered so.
+            Ok(TxnResponse::InitKept { ids, .. }) => return Ok(ids),
             Ok(TxnResponse::InitProducerId(Err(code))) => code,
             Ok(_) => ErrorCode::UnknownServerError,
             Err(e) if e.is_retriable() => ErrorCode::NetworkException,

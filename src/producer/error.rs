@@ -181,6 +181,19 @@ pub enum ProducerError {
         last_error: Option<ErrorCode>,
     },
 
+    /// A two-phase commit (KIP-939) was refused; `refusal` says by whom and why, and
+    /// [`TwoPhaseCommitRefusal::remedy`](super::TwoPhaseCommitRefusal::remedy) what to change. Refused
+    /// (nothing happened) for a `prepare` under transaction version 1 and for a configuration the
+    /// producer will not start with; fatal otherwise (drop the producer: the broker did nothing for the
+    /// refused request).
+    #[error("two-phase commit refused for transactional id {transactional_id:?}: {}", refusal.remedy())]
+    TwoPhaseCommitRefused {
+        /// The transactional id.
+        transactional_id: String,
+        /// Why.
+        refusal: super::TwoPhaseCommitRefusal,
+    },
+
     /// The broker lacks a protocol version this producer needs.
     #[error("the broker does not support {what}")]
     Unsupported {
@@ -237,6 +250,11 @@ impl ProducerError {
             ProducerError::Defunct { .. } | ProducerError::Closed => ErrorClass::Fatal,
             ProducerError::TaskFailed { .. } => ErrorClass::Fatal,
             ProducerError::NotAuthorized { .. } => ErrorClass::Fatal,
+            ProducerError::TwoPhaseCommitRefused { refusal, .. } => match refusal {
+                super::TwoPhaseCommitRefusal::NeedsTransactionVersion2
+                | super::TwoPhaseCommitRefusal::TimeoutSet => ErrorClass::Refused,
+                _ => ErrorClass::Fatal,
+            },
             ProducerError::CommitFenced { .. } | ProducerError::MustAbort { .. } => {
                 ErrorClass::Abortable
             }
@@ -280,6 +298,15 @@ impl ProducerError {
     /// Nothing changed on the broker; the same call may be repeated.
     pub fn is_retriable(&self) -> bool {
         self.class() == ErrorClass::Retriable
+    }
+
+    /// The two-phase-commit refusal this error carries, directly or as the cause of the fatal state.
+    pub fn two_phase_refusal(&self) -> Option<super::TwoPhaseCommitRefusal> {
+        match self {
+            ProducerError::TwoPhaseCommitRefused { refusal, .. } => Some(*refusal),
+            ProducerError::Defunct { cause } => cause.two_phase_refusal(),
+            _ => None,
+        }
     }
 
     /// The transaction's offset commit was rejected by the group's generation fence (KIP-447), directly or

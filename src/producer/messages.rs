@@ -61,20 +61,30 @@ pub(crate) fn init_producer_id(
     r
 }
 
-pub(crate) fn parse_init_producer_id(r: &InitProducerIdResponse) -> TxnResponse {
+pub(crate) fn parse_init_producer_id(r: &InitProducerIdResponse, version: i16) -> TxnResponse {
     let code = ErrorCode::from_code(r.error_code);
-    if code.is_ok() {
-        if r.producer_id.0 < 0 || r.producer_epoch < 0 {
-            // A success without an id would be taken as an id of -1; the broker never does this.
-            return TxnResponse::InitProducerId(Err(ErrorCode::UnknownServerError));
-        }
-        TxnResponse::InitProducerId(Ok(ProducerIdEpoch {
-            id: r.producer_id.0,
-            epoch: r.producer_epoch,
-        }))
-    } else {
-        TxnResponse::InitProducerId(Err(code))
+    if !code.is_ok() {
+        return TxnResponse::InitProducerId(Err(code));
     }
+    if r.producer_id.0 < 0 || r.producer_epoch < 0 {
+        // A success without an id would be taken as an id of -1; the broker never does this.
+        return TxnResponse::InitProducerId(Err(ErrorCode::UnknownServerError));
+    }
+    let ids = ProducerIdEpoch {
+        id: r.producer_id.0,
+        epoch: r.producer_epoch,
+    };
+    // v6 (KIP-939): with KeepPreparedTxn, the transaction left open and the ids it runs under.
+    if version >= 6 && r.ongoing_txn_producer_id.0 >= 0 && r.ongoing_txn_producer_epoch >= 0 {
+        return TxnResponse::InitKept {
+            ids,
+            ongoing: ProducerIdEpoch {
+                id: r.ongoing_txn_producer_id.0,
+                epoch: r.ongoing_txn_producer_epoch,
+            },
+        };
+    }
+    TxnResponse::InitProducerId(Ok(ids))
 }
 
 /// Groups partitions by topic, keeping a stable order.
@@ -315,17 +325,54 @@ mod tests {
     }
 
     #[test]
+    fn a_v6_answer_with_a_kept_transaction_names_it() {
+        let kept = InitProducerIdResponse::default()
+            .with_producer_id(ProducerId(9))
+            .with_producer_epoch(4)
+            .with_ongoing_txn_producer_id(ProducerId(9))
+            .with_ongoing_txn_producer_epoch(3);
+        assert_eq!(
+            parse_init_producer_id(&kept, 6),
+            TxnResponse::InitKept {
+                ids: ProducerIdEpoch { id: 9, epoch: 4 },
+                ongoing: ProducerIdEpoch { id: 9, epoch: 3 },
+            }
+        );
+        // Below v6 the fields do not exist; -1 means nothing was kept.
+        let none = kept
+            .clone()
+            .with_ongoing_txn_producer_id(ProducerId(-1))
+            .with_ongoing_txn_producer_epoch(-1);
+        assert_eq!(
+            parse_init_producer_id(&none, 6),
+            TxnResponse::InitProducerId(Ok(ProducerIdEpoch { id: 9, epoch: 4 }))
+        );
+        assert_eq!(
+            parse_init_producer_id(&kept, 5),
+            TxnResponse::InitProducerId(Ok(ProducerIdEpoch { id: 9, epoch: 4 }))
+        );
+        // v6 carries the two flags; below it they are refused when set.
+        let two_phase = init_producer_id(Some("tx"), 60_000, None, 6)
+            .with_enable_2_pc(true)
+            .with_keep_prepared_txn(true);
+        let back = round_trip(&two_phase, 6);
+        assert!(back.enable_2_pc && back.keep_prepared_txn);
+        let mut buf = bytes::BytesMut::new();
+        assert!(two_phase.encode(&mut buf, 5).is_err());
+    }
+
+    #[test]
     fn parse_answers() {
         let ok = InitProducerIdResponse::default()
             .with_producer_id(ProducerId(9))
             .with_producer_epoch(1);
         assert_eq!(
-            parse_init_producer_id(&ok),
+            parse_init_producer_id(&ok, 5),
             TxnResponse::InitProducerId(Ok(ProducerIdEpoch { id: 9, epoch: 1 }))
         );
         let bad = InitProducerIdResponse::default().with_error_code(90);
         assert_eq!(
-            parse_init_producer_id(&bad),
+            parse_init_producer_id(&bad, 5),
             TxnResponse::InitProducerId(Err(ErrorCode::ProducerFenced))
         );
         // EndTxn v5 carries the next id and epoch; v4 does not, whatever the struct holds.

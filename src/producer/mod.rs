@@ -11,7 +11,8 @@
 //! Errors come in classes the caller acts on: see [`ErrorClass`] and [`ProducerError`].
 //!
 //! # References
-//! - KIP-98 (idempotence and transactions), KIP-360, KIP-447, KIP-588, KIP-890 (parts 1 and 2)
+//! - KIP-98 (idempotence and transactions), KIP-360, KIP-447, KIP-588, KIP-890 (parts 1 and 2),
+//!   KIP-939 (two-phase commit: `two_phase`)
 //! - Message specs: Produce v3-13, InitProducerId v0-6, AddPartitionsToTxn v0-5, AddOffsetsToTxn v0-4,
 //!   TxnOffsetCommit v0-5, EndTxn v0-5
 
@@ -29,6 +30,7 @@ mod paused_tests;
 mod record;
 mod sequence;
 mod transactional;
+mod two_phase;
 mod txn;
 
 pub use config::{ProducerConfig, TransactionalConfig};
@@ -38,4 +40,5 @@ pub use idempotent::Producer;
 pub use record::{Header, OffsetAndMetadata, ProducerRecord, RecordMetadata, TopicPartition};
 pub use sequence::ProducerIdEpoch;
 pub use transactional::TransactionalProducer;
+pub use two_phase::{Completion, ParsePreparedTxnError, PreparedTxn, TwoPhaseCommitRefusal};
 pub use txn::TransactionState;

@@ -4,11 +4,12 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
+use super::config::DEFAULT_TRANSACTION_TIMEOUT;
 use super::driver::{deliver, send_txn, Delivery, Inner};
 use super::txn::{BrokerCaps, Coordinator, Step, TxnMachine, TxnResponse, TxnVersion};
 use super::{
-    OffsetAndMetadata, ProducerError, ProducerIdEpoch, ProducerRecord, TopicPartition,
-    TransactionState, TransactionalConfig,
+    Completion, OffsetAndMetadata, PreparedTxn, ProducerError, ProducerIdEpoch, ProducerRecord,
+    TopicPartition, TransactionState, TransactionalConfig,
 };
 use crate::net::{Client, CoordinatorKind};
 use crate::GroupMetadata;
@@ -87,14 +88,59 @@ impl TransactionalProducer {
     ///
     /// Cancel-safe: dropping the future leaves nothing behind but a coordinator that may have bumped the
     /// epoch (harmless: the next init bumps it again).
+    ///
+    /// With [`TransactionalConfig::two_phase_commit`] the init is a KIP-939 one (InitProducerId v6 with
+    /// `Enable2Pc`): refused with [`ProducerError::TwoPhaseCommitRefused`] when the broker does not
+    /// speak it, has it switched off or the principal lacks the TWO_PHASE_COMMIT ACL; a transaction the
+    /// predecessor left open, prepared or not, is aborted (see
+    /// [`init_keeping_prepared`](Self::init_keeping_prepared) to keep it).
     pub async fn init(client: Client, config: TransactionalConfig) -> Result<Self, ProducerError> {
+        let (producer, _) = Self::start(client, config, false).await?;
+        Ok(producer)
+    }
+
+    /// Two-phase commit only: initialises like [`init`](Self::init), but a transaction the predecessor
+    /// left open is *kept* (`KeepPreparedTxn`) and returned by name, for the caller to finish with
+    /// [`complete`](Self::complete) by what the other store committed. `None`: nothing was open, and
+    /// the producer is ready.
+    ///
+    /// Kafka 4.4.0 refuses `KeepPreparedTxn` in every case:
+    /// [`ProducerError::TwoPhaseCommitRefused`] with
+    /// [`TwoPhaseCommitRefusal::KeepPreparedUnsupported`](super::TwoPhaseCommitRefusal::KeepPreparedUnsupported),
+    /// after which nothing has changed and [`init`](Self::init) is the fallback (it aborts the open
+    /// transaction).
+    pub async fn init_keeping_prepared(
+        client: Client,
+        config: TransactionalConfig,
+    ) -> Result<(Self, Option<PreparedTxn>), ProducerError> {
+        if !config.two_phase_commit {
+            return Err(ProducerError::IllegalState {
+                op: "init_keeping_prepared",
+                state: "not configured for two-phase commit",
+            });
+        }
+        Self::start(client, config, true).await
+    }
+
+    async fn start(
+        client: Client,
+        config: TransactionalConfig,
+        keep_prepared: bool,
+    ) -> Result<(Self, Option<PreparedTxn>), ProducerError> {
+        if config.two_phase_commit && config.transaction_timeout != DEFAULT_TRANSACTION_TIMEOUT {
+            return Err(ProducerError::TwoPhaseCommitRefused {
+                transactional_id: config.transactional_id.clone(),
+                refusal: super::TwoPhaseCommitRefusal::TimeoutSet,
+            });
+        }
         let caps = broker_caps(&client, &config.transactional_id).await;
         let machine = TxnMachine::new(
             config.transactional_id.clone(),
             config.transaction_timeout,
             config.producer.backoff(),
             caps,
-        );
+        )
+        .with_two_phase(config.two_phase_commit);
         let inner = Inner::new(
             client,
             config.producer.clone(),
@@ -103,11 +149,13 @@ impl TransactionalProducer {
         );
         inner.spawn();
         let producer = TransactionalProducer { inner, config };
-        let step = producer.with_txn(|t| t.start_init(crate::clock::now(), producer.op_timeout()));
+        let step = producer
+            .with_txn(|t| t.start_init(crate::clock::now(), producer.op_timeout(), keep_prepared));
         producer.run(step).await?;
         // The coordinator is known for certain now; its versions decide TV1 or TV2.
         producer.refresh_caps().await;
-        Ok(producer)
+        let kept = producer.prepared();
+        Ok((producer, kept))
     }
 
     /// Re-initialises after a commit of unknown outcome (or to resume an interrupted init): completes or
@@ -116,7 +164,7 @@ impl TransactionalProducer {
     ///
     /// Cancel-safe: calling it again resumes.
     pub async fn reinit(&mut self) -> Result<(), ProducerError> {
-        let step = self.with_txn(|t| t.start_init(crate::clock::now(), self.op_timeout()));
+        let step = self.with_txn(|t| t.start_init(crate::clock::now(), self.op_timeout(), false));
         self.run(step).await?;
         self.refresh_caps().await;
         Ok(())
@@ -190,6 +238,65 @@ impl TransactionalProducer {
         self.run(step).await?;
         self.refresh_caps().await;
         Ok(())
+    }
+
+    /// Two-phase commit only: flushes the open transaction (every record acknowledged, as `commit` does
+    /// before its EndTxn) and holds it prepared for an outside decision. Returns its name, which the
+    /// other store records with its own commit. From here only [`commit`](Self::commit),
+    /// [`abort`](Self::abort) or [`complete`](Self::complete) are accepted. No request is sent: the
+    /// coordinator keeps a two-phase producer's transaction open, never timing it out, until EndTxn (or
+    /// a new producer's init).
+    ///
+    /// Refused under transaction version 1
+    /// ([`TwoPhaseCommitRefusal::NeedsTransactionVersion2`](super::TwoPhaseCommitRefusal::NeedsTransactionVersion2)),
+    /// with a `send_offsets` interrupted, or after an error (abort first). A record that failed makes the
+    /// transaction abortable and `prepare` fails with its error.
+    ///
+    /// Cancel-safe: dropping the future before it returns leaves the transaction open and unprepared.
+    pub async fn prepare(&mut self) -> Result<PreparedTxn, ProducerError> {
+        if self.state() == TransactionState::InTransaction {
+            self.inner.flush().await;
+            self.inner.quiesce().await;
+        }
+        let ids = self.with_txn(|t| t.prepare())?;
+        Ok(ids.into())
+    }
+
+    /// The name of the transaction this producer holds prepared, if it holds one (after
+    /// [`prepare`](Self::prepare), or an [`init_keeping_prepared`](Self::init_keeping_prepared) that
+    /// kept one).
+    pub fn prepared(&self) -> Option<PreparedTxn> {
+        self.inner
+            .lock()
+            .txn
+            .as_ref()
+            .and_then(TxnMachine::prepared)
+            .map(PreparedTxn::from)
+    }
+
+    /// Two-phase commit only: finishes the prepared transaction by what the other store committed.
+    /// `committed` is the name the other store recorded with its last commit (`None` if it has none):
+    /// equal to the prepared transaction's name, the transaction is committed; otherwise aborted.
+    /// Refused unless a transaction is prepared.
+    ///
+    /// Cancel-safe as `commit` and `abort` are: call it again to resume (with the same `committed`).
+    pub async fn complete(
+        &mut self,
+        committed: Option<PreparedTxn>,
+    ) -> Result<Completion, ProducerError> {
+        let Some(prepared) = self.prepared() else {
+            return Err(ProducerError::IllegalState {
+                op: "complete",
+                state: "holding no prepared transaction",
+            });
+        };
+        if committed == Some(prepared) {
+            self.commit().await?;
+            Ok(Completion::Committed)
+        } else {
+            self.abort().await?;
+            Ok(Completion::Aborted)
+        }
     }
 
     /// Aborts the transaction: records not yet sent fail with [`ProducerError::TransactionAborted`],

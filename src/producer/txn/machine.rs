@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use tracing::Span;
 
 use super::super::classify::{classify, Action, Api, Refresh};
-use super::super::{OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
+use super::super::{
+    OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition, TwoPhaseCommitRefusal,
+};
 use super::state::{EndOp, InitOp, OffsetsOp, OffsetsStage, Origin, State, Txn};
 use super::{BrokerCaps, Step, TransactionState, TxnRequest, TxnResponse, TxnVersion};
 use crate::net::Backoff;
@@ -71,6 +73,8 @@ pub(crate) struct TxnMachine {
     /// TV1: the next abort must be followed by an epoch bump (a sequence or epoch error happened).
     /// Set from any state (a late produce answer), so it lives beside the state, not in it.
     bump_after_abort: bool,
+    /// Two-phase commit (KIP-939): every init says `Enable2Pc`, and `prepare` is allowed.
+    two_phase: bool,
 }
 
 impl TxnMachine {
@@ -87,6 +91,20 @@ impl TxnMachine {
             caps,
             state: State::Uninitialized,
             bump_after_abort: false,
+            two_phase: false,
+        }
+    }
+
+    /// A machine whose producer takes part in two-phase commits (KIP-939).
+    pub(crate) fn with_two_phase(mut self, on: bool) -> Self {
+        self.two_phase = on;
+        self
+    }
+
+    fn refused_2pc(&self, refusal: TwoPhaseCommitRefusal) -> ProducerError {
+        ProducerError::TwoPhaseCommitRefused {
+            transactional_id: self.transactional_id.clone(),
+            refusal,
         }
     }
 
@@ -171,11 +189,13 @@ impl TxnMachine {
         }
     }
 
-    fn init_request(&self, current: Option<ProducerIdEpoch>) -> TxnRequest {
+    fn init_request(&self, current: Option<ProducerIdEpoch>, keep_prepared: bool) -> TxnRequest {
         TxnRequest::InitProducerId {
             transactional_id: self.transactional_id.clone(),
             timeout_ms: duration_ms_i32(self.transaction_timeout),
             current,
+            enable_2pc: self.two_phase,
+            keep_prepared,
         }
     }
 
@@ -184,8 +204,28 @@ impl TxnMachine {
 
     /// Starts (or resumes) `init`: InitProducerId with the transactional id. Allowed before the first
     /// init, to resume an interrupted one, and after a commit of unknown outcome (re-initialising
-    /// completes or aborts whatever the coordinator holds).
-    pub(crate) fn start_init(&mut self, now: Instant, timeout: Duration) -> Step {
+    /// completes or aborts whatever the coordinator holds). With `keep_prepared` (two-phase commit
+    /// only) a transaction the predecessor left open is kept, not aborted, and the machine lands in
+    /// `Prepared` holding its name.
+    pub(crate) fn start_init(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+        keep_prepared: bool,
+    ) -> Step {
+        if keep_prepared && !self.two_phase {
+            return Step::Failed(ProducerError::IllegalState {
+                op: "init_keeping_prepared",
+                state: "not configured for two-phase commit",
+            });
+        }
+        if self.two_phase && self.caps.init_producer_id.is_some_and(|v| v < 6) {
+            // The coordinator's versions are known and v6 is not among them: say so now rather than
+            // fail the request on encoding.
+            return Step::Failed(
+                self.fail_fatal(self.refused_2pc(TwoPhaseCommitRefusal::NotSpoken)),
+            );
+        }
         let origin = match self.take_state() {
             State::Uninitialized => Origin::Uninitialized,
             State::CommitOutcomeUnknown { ids, txn } => {
@@ -211,7 +251,7 @@ impl TxnMachine {
                 return Step::Failed(self.refusal("init"));
             }
         };
-        let request = self.init_request(None);
+        let request = self.init_request(None, keep_prepared);
         self.state = State::Initializing(InitOp {
             started: now,
             deadline: now + timeout,
@@ -236,7 +276,7 @@ impl TxnMachine {
             };
             return Step::Failed(err);
         }
-        let request = self.init_request(Some(ids));
+        let request = self.init_request(Some(ids), false);
         self.state = State::Initializing(InitOp {
             started: now,
             deadline: now + timeout,
@@ -552,6 +592,58 @@ impl TxnMachine {
     }
 
     // ---------------------------------------------------------------------------------------------
+    // prepare (two-phase commit)
+
+    /// Prepares the open transaction for an outside decision (KIP-939) and returns its name. No
+    /// request: the driver has flushed the transaction (every record acknowledged) first, and the
+    /// coordinator holds the transaction open, never timing it out, until EndTxn. Refused unless the
+    /// producer is a two-phase one, the transaction is healthy with no `send_offsets` or enrolment under
+    /// way, and it runs under TV2 (under TV1 the ids do not name one transaction).
+    pub(crate) fn prepare(&mut self) -> Result<ProducerIdEpoch, ProducerError> {
+        if !self.two_phase {
+            return Err(ProducerError::IllegalState {
+                op: "prepare",
+                state: "not configured for two-phase commit",
+            });
+        }
+        match self.take_state() {
+            State::InTransaction {
+                ids,
+                txn,
+                offsets: None,
+            } if txn.pending.is_empty() && txn.adding.is_empty() => {
+                if txn.tv != TxnVersion::V2 {
+                    self.state = State::InTransaction {
+                        ids,
+                        txn,
+                        offsets: None,
+                    };
+                    return Err(self.refused_2pc(TwoPhaseCommitRefusal::NeedsTransactionVersion2));
+                }
+                txn.span.record("outcome", "prepared");
+                self.state = State::Prepared {
+                    ids,
+                    prepared: ids,
+                    txn: Some(txn),
+                };
+                Ok(ids)
+            }
+            other => {
+                self.state = other;
+                Err(self.refusal("prepare"))
+            }
+        }
+    }
+
+    /// The name of the prepared transaction, when the machine holds one.
+    pub(crate) fn prepared(&self) -> Option<ProducerIdEpoch> {
+        match self.state {
+            State::Prepared { prepared, .. } => Some(prepared),
+            _ => None,
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------------
     // commit and abort
 
     /// Starts (or resumes) `commit`. The driver must have flushed the transaction's batches, waited for
@@ -588,6 +680,14 @@ impl TxnMachine {
             State::Committing { ids, txn, .. } | State::CommitOutcomeUnknown { ids, txn } => {
                 self.start_end(true, true, ids, txn, now, timeout)
             }
+            State::Prepared { ids, txn, .. } => match txn {
+                Some(t) if !t.reached_broker => {
+                    close_txn(t, "committed-empty", now);
+                    self.state = State::Ready { ids };
+                    Step::Done
+                }
+                txn => self.start_end(true, false, ids, txn, now, timeout),
+            },
             other => {
                 self.state = other;
                 Step::Failed(self.refusal("commit"))
@@ -619,6 +719,13 @@ impl TxnMachine {
                 }
             },
             State::Aborting { ids, txn, .. } => self.start_end(false, true, ids, txn, now, timeout),
+            State::Prepared { ids, txn, .. } => match txn {
+                Some(t) if !t.reached_broker => {
+                    close_txn(t, "aborted-empty", now);
+                    self.after_abort(ids, now, timeout)
+                }
+                txn => self.start_end(false, false, ids, txn, now, timeout),
+            },
             State::Initializing(InitOp {
                 origin: Origin::AbortableError { ids },
                 ..
@@ -704,8 +811,21 @@ impl TxnMachine {
     }
 
     fn on_init(&mut self, response: TxnResponse, now: Instant, op: InitOp) -> Step {
+        let (enable_2pc, keep_prepared) = match &op.request {
+            TxnRequest::InitProducerId {
+                enable_2pc,
+                keep_prepared,
+                ..
+            } => (*enable_2pc, *keep_prepared),
+            _ => (false, false),
+        };
+        let mut kept = None;
         let (code, ids) = match response {
             TxnResponse::InitProducerId(Ok(ids)) => (ErrorCode::None, Some(ids)),
+            TxnResponse::InitKept { ids, ongoing } if keep_prepared => {
+                kept = Some(ongoing);
+                (ErrorCode::None, Some(ids))
+            }
             TxnResponse::InitProducerId(Err(code)) => (code, None),
             TxnResponse::NoAnswer(_) => (ErrorCode::RequestTimedOut, None),
             _ => {
@@ -713,6 +833,24 @@ impl TxnMachine {
                 return self.mismatch("init");
             }
         };
+        // A two-phase init refused: say why in KIP-939's terms. The broker answers
+        // TRANSACTIONAL_ID_AUTHORIZATION_FAILED both for a missing TWO_PHASE_COMMIT ACL and for 2PC
+        // switched off on the broker; UNSUPPORTED_VERSION to KeepPreparedTxn (Kafka 4.4.0, always) or
+        // to a v6 it does not speak.
+        let refusal = match code {
+            ErrorCode::TransactionalIdAuthorizationFailed if enable_2pc => {
+                Some(TwoPhaseCommitRefusal::NotAuthorizedOrDisabled)
+            }
+            ErrorCode::UnsupportedVersion if keep_prepared => {
+                Some(TwoPhaseCommitRefusal::KeepPreparedUnsupported)
+            }
+            ErrorCode::UnsupportedVersion if enable_2pc => Some(TwoPhaseCommitRefusal::NotSpoken),
+            _ => None,
+        };
+        if let Some(refusal) = refusal {
+            self.state = State::Initializing(op);
+            return Step::Failed(self.fail_fatal(self.refused_2pc(refusal)));
+        }
         let action = match classify(Api::InitProducerId, code) {
             // An abortable answer to InitProducerId leaves nothing to abort: try again.
             Action::Abortable => Action::Retry(Refresh::Nothing),
@@ -725,14 +863,33 @@ impl TxnMachine {
                     self.state = State::Initializing(op);
                     return self.mismatch("init");
                 };
-                self.state = State::Ready { ids };
                 self.bump_after_abort = false;
-                tracing::info!(
-                    transactional_id = %self.transactional_id,
-                    producer_id = ids.id,
-                    producer_epoch = ids.epoch,
-                    "producer initialised"
-                );
+                match kept {
+                    Some(prepared) => {
+                        tracing::info!(
+                            transactional_id = %self.transactional_id,
+                            producer_id = ids.id,
+                            producer_epoch = ids.epoch,
+                            prepared = %super::super::PreparedTxn::from(prepared),
+                            "producer initialised, keeping the predecessor's prepared transaction"
+                        );
+                        self.state = State::Prepared {
+                            ids,
+                            prepared,
+                            txn: None,
+                        };
+                    }
+                    None => {
+                        tracing::info!(
+                            transactional_id = %self.transactional_id,
+                            producer_id = ids.id,
+                            producer_epoch = ids.epoch,
+                            two_phase = enable_2pc,
+                            "producer initialised"
+                        );
+                        self.state = State::Ready { ids };
+                    }
+                }
                 Step::Done
             }
             Action::Retry(refresh) => {

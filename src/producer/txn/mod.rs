@@ -20,6 +20,9 @@
 //!                                                                   InitProducerId with current ids
 //!                                                                   first, KIP-360)
 //!  any state ── fenced / unauthorised / unsupported ──▶ FatalError (terminal)
+//!
+//!  two-phase commit (KIP-939):  InTransaction ──prepare──▶ Prepared ──commit/abort/complete──▶ Committing / Aborting
+//!                               Initializing ──ok, KeepPreparedTxn found one open──▶ Prepared
 //! ```
 //!
 //! Transaction versions:
@@ -41,6 +44,11 @@
 //! re-initialises (InitProducerId completes or aborts whatever is pending), and learns the outcome by
 //! reading.
 //!
+//! With two-phase commit (`TransactionalConfig::two_phase_commit`) every InitProducerId is v6 with
+//! `Enable2Pc`; `prepare` moves a flushed TV2 transaction to `Prepared`, which takes only commit or
+//! abort; an init with `KeepPreparedTxn` that finds a transaction open lands there too, holding the
+//! predecessor's ids as the transaction's name (see `producer::two_phase`).
+//!
 //! The files: `machine.rs` is the machine; `state.rs` its one state enum, whose variants carry what
 //! is valid only in them (the producer id from the first init on, the open transaction's
 //! bookkeeping, the operation under way with its deadline, the cause of an error state), so no state
@@ -51,7 +59,7 @@
 //!
 //! # References
 //! - KIP-98 (transactions), KIP-360 (InitProducerId v3 epoch bump), KIP-447 (TxnOffsetCommit v3 group
-//!   metadata), KIP-588 (recovering from transaction timeouts), KIP-890 parts 1 and 2
+//!   metadata), KIP-588 (recovering from transaction timeouts), KIP-890 parts 1 and 2, KIP-939 (2PC)
 //! - Message specs: InitProducerId v0-6, AddPartitionsToTxn v0-5, AddOffsetsToTxn v0-4,
 //!   TxnOffsetCommit v0-5, EndTxn v0-5, Produce v3-13
 
@@ -86,6 +94,9 @@ pub enum TransactionState {
     FatalError,
     /// A commit was sent and never answered: retry the commit or re-initialise; never abort.
     CommitOutcomeUnknown,
+    /// Two-phase commit: the transaction is prepared and waits for the outside decision (commit,
+    /// abort or complete).
+    Prepared,
 }
 
 impl TransactionState {
@@ -101,6 +112,7 @@ impl TransactionState {
             TransactionState::AbortableError => "in an abortable error",
             TransactionState::FatalError => "in a fatal error",
             TransactionState::CommitOutcomeUnknown => "waiting on a commit of unknown outcome",
+            TransactionState::Prepared => "holding a prepared transaction",
         }
     }
 }

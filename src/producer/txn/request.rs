@@ -22,6 +22,10 @@ pub(crate) enum TxnRequest {
         timeout_ms: i32,
         /// KIP-360: bump this id's epoch instead of starting over.
         current: Option<ProducerIdEpoch>,
+        /// KIP-939 (v6): this producer takes part in two-phase commits.
+        enable_2pc: bool,
+        /// KIP-939 (v6): keep the transaction a predecessor prepared instead of aborting it.
+        keep_prepared: bool,
     },
     AddPartitions {
         transactional_id: String,
@@ -79,6 +83,21 @@ impl TxnRequest {
         }
     }
 
+    /// The lowest version this request may go out at: v6 for a two-phase-commit init (below it the
+    /// request cannot say so), none otherwise.
+    pub(crate) fn min_version(&self) -> Option<i16> {
+        match self {
+            TxnRequest::InitProducerId {
+                enable_2pc: true, ..
+            }
+            | TxnRequest::InitProducerId {
+                keep_prepared: true,
+                ..
+            } => Some(6),
+            _ => None,
+        }
+    }
+
     /// The highest version this request may go out at.
     pub(crate) fn max_version(&self) -> i16 {
         match self {
@@ -112,6 +131,12 @@ impl TxnRequest {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum TxnResponse {
     InitProducerId(Result<ProducerIdEpoch, ErrorCode>),
+    /// InitProducerId v6 with `KeepPreparedTxn` answered with a transaction still open: the ids this
+    /// producer continues with, and those the kept transaction runs under (its name, KIP-939).
+    InitKept {
+        ids: ProducerIdEpoch,
+        ongoing: ProducerIdEpoch,
+    },
     AddPartitions(Vec<(TopicPartition, ErrorCode)>),
     AddOffsets(ErrorCode),
     TxnOffsetCommit(Vec<(TopicPartition, ErrorCode)>),

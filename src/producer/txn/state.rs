@@ -138,6 +138,15 @@ pub(super) enum State {
         ids: ProducerIdEpoch,
         txn: Option<Txn>,
     },
+    /// Two-phase commit (KIP-939): the transaction is flushed and waits for the outside decision; only
+    /// commit, abort or complete go on from here. `prepared` names it: this producer's ids when it
+    /// prepared the transaction itself (then `txn` is its bookkeeping), or the predecessor's, kept by
+    /// an `init` with `KeepPreparedTxn` (then `txn` is `None`).
+    Prepared {
+        ids: ProducerIdEpoch,
+        prepared: ProducerIdEpoch,
+        txn: Option<Txn>,
+    },
     /// Terminal. Keeps the ids and the transaction's span for the driver's logs.
     FatalError {
         ids: Option<ProducerIdEpoch>,
@@ -183,6 +192,7 @@ impl State {
             State::Aborting { .. } => TransactionState::Aborting,
             State::AbortableError { .. } => TransactionState::AbortableError,
             State::CommitOutcomeUnknown { .. } => TransactionState::CommitOutcomeUnknown,
+            State::Prepared { .. } => TransactionState::Prepared,
             State::FatalError { .. } => TransactionState::FatalError,
         }
     }
@@ -196,7 +206,8 @@ impl State {
             | State::Committing { ids, .. }
             | State::Aborting { ids, .. }
             | State::AbortableError { ids, .. }
-            | State::CommitOutcomeUnknown { ids, .. } => Some(*ids),
+            | State::CommitOutcomeUnknown { ids, .. }
+            | State::Prepared { ids, .. } => Some(*ids),
             State::FatalError { ids, .. } => *ids,
         }
     }
@@ -208,6 +219,7 @@ impl State {
             | State::Aborting { txn, .. }
             | State::AbortableError { txn, .. }
             | State::CommitOutcomeUnknown { txn, .. }
+            | State::Prepared { txn, .. }
             | State::FatalError { txn, .. } => txn.as_ref(),
             State::Uninitialized | State::Initializing(_) | State::Ready { .. } => None,
         }
@@ -220,6 +232,7 @@ impl State {
             | State::Aborting { txn, .. }
             | State::AbortableError { txn, .. }
             | State::CommitOutcomeUnknown { txn, .. }
+            | State::Prepared { txn, .. }
             | State::FatalError { txn, .. } => txn.as_mut(),
             State::Uninitialized | State::Initializing(_) | State::Ready { .. } => None,
         }
@@ -232,6 +245,7 @@ impl State {
             | State::Aborting { txn, .. }
             | State::AbortableError { txn, .. }
             | State::CommitOutcomeUnknown { txn, .. }
+            | State::Prepared { txn, .. }
             | State::FatalError { txn, .. } => txn,
             State::Uninitialized | State::Initializing(_) | State::Ready { .. } => None,
         }

@@ -39,7 +39,7 @@ fn machine(tv: i16) -> TxnMachine {
 /// A machine that has completed init.
 fn ready(tv: i16, t0: Instant) -> TxnMachine {
     let mut m = machine(tv);
-    let step = m.start_init(t0, OP);
+    let step = m.start_init(t0, OP, false);
     assert!(matches!(
         step,
         Step::Send(TxnRequest::InitProducerId { current: None, .. })
@@ -129,14 +129,16 @@ fn version_caps_per_transaction_version() {
 fn init_retries_busy_coordinators_then_succeeds() {
     let t0 = Instant::now();
     let mut m = machine(2);
-    let req = sent(m.start_init(t0, OP));
+    let req = sent(m.start_init(t0, OP, false));
     assert_eq!(req.coordinator(), Coordinator::Transaction("tx-1".into()));
     assert_eq!(
         req,
         TxnRequest::InitProducerId {
             transactional_id: "tx-1".into(),
             timeout_ms: 60_000,
-            current: None
+            current: None,
+            enable_2pc: false,
+            keep_prepared: false,
         }
     );
     assert_eq!(m.state(), TransactionState::Initializing);
@@ -189,14 +191,14 @@ fn init_retries_busy_coordinators_then_succeeds() {
 fn init_gives_up_at_its_deadline_and_can_be_called_again() {
     let t0 = Instant::now();
     let mut m = machine(2);
-    sent(m.start_init(t0, OP));
+    sent(m.start_init(t0, OP, false));
     let err = failed(m.on_response(
         TxnResponse::InitProducerId(Err(ErrorCode::CoordinatorNotAvailable)),
         t0 + OP,
     ));
     assert!(err.is_retriable(), "{err}");
     assert_eq!(m.state(), TransactionState::Uninitialized);
-    sent(m.start_init(t0 + OP, OP));
+    sent(m.start_init(t0 + OP, OP, false));
 }
 
 #[test]
@@ -209,7 +211,7 @@ fn init_fenced_or_unauthorised_is_fatal() {
         ErrorCode::InvalidTransactionTimeout,
     ] {
         let mut m = machine(2);
-        sent(m.start_init(t0, OP));
+        sent(m.start_init(t0, OP, false));
         let err = failed(m.on_response(TxnResponse::InitProducerId(Err(code)), t0));
         assert!(err.is_fatal(), "{code}: {err}");
         if code == ErrorCode::TransactionalIdAuthorizationFailed {
@@ -231,10 +233,10 @@ fn init_fenced_or_unauthorised_is_fatal() {
 fn interrupted_init_resumes() {
     let t0 = Instant::now();
     let mut m = machine(1);
-    let first = sent(m.start_init(t0, OP));
+    let first = sent(m.start_init(t0, OP, false));
     // The future was dropped here; no answer was fed.
     assert!(m.op_in_progress());
-    assert_eq!(sent(m.start_init(t0, OP)), first);
+    assert_eq!(sent(m.start_init(t0, OP, false)), first);
     assert_eq!(
         m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
         Step::Done
@@ -264,7 +266,10 @@ fn illegal_transitions_are_refused_without_changing_state() {
     );
     assert_eq!(failed(m.start_commit(t0, OP)).class(), ErrorClass::Refused);
     assert_eq!(failed(m.start_abort(t0, OP)).class(), ErrorClass::Refused);
-    assert_eq!(failed(m.start_init(t0, OP)).class(), ErrorClass::Refused);
+    assert_eq!(
+        failed(m.start_init(t0, OP, false)).class(),
+        ErrorClass::Refused
+    );
     m.begin(t0).unwrap();
     assert!(m.begin(t0).is_err(), "begin twice");
     assert_eq!(m.state(), TransactionState::InTransaction);
@@ -423,7 +428,7 @@ fn tv1_enrolment_answered_concurrent_transactions_retries_quickly() {
     let t0 = Instant::now();
     let slow = Backoff::exponential(Duration::from_millis(500), Duration::from_secs(1));
     let mut m = TxnMachine::new("tx-1", Duration::from_secs(60), slow, caps(1));
-    sent(m.start_init(t0, OP));
+    sent(m.start_init(t0, OP, false));
     m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
     m.begin(t0).unwrap();
     m.on_append(&tp(0)).unwrap();
@@ -585,7 +590,7 @@ fn end_and_init_answered_concurrent_transactions_retry_quickly() {
     );
 
     let mut m = machine(1);
-    let init = sent(m.start_init(t0, OP));
+    let init = sent(m.start_init(t0, OP, false));
     assert_eq!(
         m.on_response(
             TxnResponse::InitProducerId(Err(ErrorCode::ConcurrentTransactions)),
@@ -790,7 +795,7 @@ fn reinit_after_unknown_commit() {
     sent(m.start_commit(t0, OP));
     let err = failed(m.on_response(TxnResponse::NoAnswer("eof".into()), t0 + OP));
     assert!(err.is_outcome_unknown());
-    let req = sent(m.start_init(t0 + OP, OP));
+    let req = sent(m.start_init(t0 + OP, OP, false));
     assert!(matches!(
         req,
         TxnRequest::InitProducerId { current: None, .. }
@@ -973,7 +978,7 @@ fn offset_commit_needs_kip447() {
         txn_offset_commit: Some(2),
         ..caps(1)
     });
-    sent(m.start_init(t0, OP));
+    sent(m.start_init(t0, OP, false));
     m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
     m.begin(t0).unwrap();
     let err = failed(m.start_send_offsets(&group(), offsets(), t0, OP));
@@ -1020,7 +1025,9 @@ fn tv1_abort_after_sequence_error_bumps_the_epoch() {
         TxnRequest::InitProducerId {
             transactional_id: "tx-1".into(),
             timeout_ms: 60_000,
-            current: Some(IDS)
+            current: Some(IDS),
+            enable_2pc: false,
+            keep_prepared: false,
         }
     );
     let bumped = ProducerIdEpoch {
@@ -1072,7 +1079,7 @@ fn tv1_bump_without_kip360_is_fatal() {
         init_producer_id: Some(2),
         ..caps(1)
     });
-    sent(m.start_init(t0, OP));
+    sent(m.start_init(t0, OP, false));
     m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
     m.begin(t0).unwrap();
     m.on_produce_sent(&tp(0));
@@ -1161,7 +1168,7 @@ fn fatal_produce_error_poisons_the_producer() {
 fn mismatched_answer_is_fatal_not_a_panic() {
     let t0 = Instant::now();
     let mut m = machine(2);
-    sent(m.start_init(t0, OP));
+    sent(m.start_init(t0, OP, false));
     let err = failed(m.on_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
     assert!(err.is_fatal());
     let mut m = ready(2, t0);
@@ -1177,7 +1184,7 @@ fn mismatched_answer_is_fatal_not_a_panic() {
 fn init_success_without_ids_is_a_typed_driver_bug() {
     let t0 = Instant::now();
     let mut m = machine(1);
-    sent(m.start_init(t0, OP));
+    sent(m.start_init(t0, OP, false));
     let err = failed(m.on_response(TxnResponse::InitProducerId(Err(ErrorCode::None)), t0));
     assert!(matches!(err, ProducerError::Defunct { .. }), "{err:?}");
     assert_eq!(m.state(), TransactionState::FatalError);
@@ -1336,7 +1343,7 @@ mod walk {
             let dropped_offsets = matches!(outstanding, Some(TxnRequest::TxnOffsetCommit { .. }));
             let mut step = None;
             match cmd {
-                Cmd::Init => step = Some(m.start_init(now, OP)),
+                Cmd::Init => step = Some(m.start_init(now, OP, false)),
                 Cmd::Begin => {
                     if m.begin(now).is_ok() {
                         model = Model::default();
@@ -1487,7 +1494,7 @@ mod walk {
 fn an_init_timeout_names_the_last_answer() {
     let t0 = Instant::now();
     let mut m = machine(1);
-    sent(m.start_init(t0, OP));
+    sent(m.start_init(t0, OP, false));
     let mut now = t0;
     let failed = loop {
         match m.on_response(
@@ -1530,7 +1537,7 @@ fn concurrent_transactions_retries_are_counted_per_api() {
         let t0 = Instant::now();
         let busy = ErrorCode::ConcurrentTransactions;
         let mut m = machine(1);
-        sent(m.start_init(t0, OP));
+        sent(m.start_init(t0, OP, false));
         m.on_response(TxnResponse::InitProducerId(Err(busy)), t0);
         m.on_response(TxnResponse::InitProducerId(Err(busy)), t0);
         m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
@@ -1578,4 +1585,210 @@ fn concurrent_transactions_retries_are_counted_per_api() {
     assert_eq!(count("AddOffsetsToTxn"), 1);
     assert_eq!(count("TxnOffsetCommit"), 1);
     assert_eq!(count("EndTxn"), 1);
+}
+
+// ------------------------------------------------------------------------------------------------
+// two-phase commit (KIP-939)
+
+fn caps_2pc() -> BrokerCaps {
+    BrokerCaps {
+        init_producer_id: Some(6),
+        ..caps(2)
+    }
+}
+
+fn machine_2pc() -> TxnMachine {
+    TxnMachine::new("tx-1", Duration::from_secs(60), backoff(), caps_2pc()).with_two_phase(true)
+}
+
+/// A two-phase machine after init, with a TV2 transaction open that reached the broker and carried its
+/// offsets.
+fn open_2pc(t0: Instant) -> TxnMachine {
+    let mut m = machine_2pc();
+    let init = sent(m.start_init(t0, OP, false));
+    assert!(matches!(
+        init,
+        TxnRequest::InitProducerId {
+            enable_2pc: true,
+            keep_prepared: false,
+            ..
+        }
+    ));
+    assert_eq!(init.min_version(), Some(6), "v6 or nothing");
+    assert_eq!(
+        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
+        Step::Done
+    );
+    m.begin(t0).unwrap();
+    m.on_append(&tp(0)).unwrap();
+    m.on_produce_sent(&tp(0));
+    sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+    assert_eq!(
+        m.on_response(TxnResponse::TxnOffsetCommit(vec![]), t0),
+        Step::Done
+    );
+    m
+}
+
+#[test]
+fn a_prepared_transaction_takes_only_commit_or_abort() {
+    let t0 = Instant::now();
+    for commit in [true, false] {
+        let mut m = open_2pc(t0);
+        assert_eq!(m.prepare().unwrap(), IDS, "named by the ids it runs under");
+        assert_eq!(m.state(), TransactionState::Prepared);
+        assert_eq!(m.prepared(), Some(IDS));
+        // Nothing more joins a prepared transaction, and it cannot be prepared twice.
+        assert_eq!(
+            m.on_append(&tp(1)).unwrap_err().class(),
+            ErrorClass::Refused
+        );
+        assert_eq!(
+            failed(m.start_send_offsets(&group(), offsets(), t0, OP)).class(),
+            ErrorClass::Refused
+        );
+        assert_eq!(m.prepare().unwrap_err().class(), ErrorClass::Refused);
+        let end = if commit {
+            sent(m.start_commit(t0, OP))
+        } else {
+            sent(m.start_abort(t0, OP))
+        };
+        assert!(
+            matches!(end, TxnRequest::EndTxn { commit: c, ids: IDS, .. } if c == commit),
+            "{end:?}"
+        );
+        let next = ProducerIdEpoch {
+            id: IDS.id,
+            epoch: IDS.epoch + 1,
+        };
+        assert_eq!(m.on_response(end_ok(Some(next)), t0), Step::Done);
+        assert_eq!(m.state(), TransactionState::Ready);
+        assert_eq!(m.prepared(), None);
+        assert_eq!(m.ids(), Some(next));
+    }
+}
+
+#[test]
+fn prepare_is_refused_under_tv1_without_two_phase_and_mid_offsets() {
+    let t0 = Instant::now();
+    // TV1: the ids stay the same from one transaction to the next, so they name none.
+    let mut m = TxnMachine::new(
+        "tx-1",
+        Duration::from_secs(60),
+        backoff(),
+        BrokerCaps {
+            init_producer_id: Some(6),
+            ..caps(1)
+        },
+    )
+    .with_two_phase(true);
+    sent(m.start_init(t0, OP, false));
+    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.begin(t0).unwrap();
+    let e = m.prepare().unwrap_err();
+    assert_eq!(
+        e.two_phase_refusal(),
+        Some(crate::producer::TwoPhaseCommitRefusal::NeedsTransactionVersion2)
+    );
+    assert_eq!(e.class(), ErrorClass::Refused);
+    assert_eq!(
+        m.state(),
+        TransactionState::InTransaction,
+        "nothing changed"
+    );
+    // Not a two-phase producer.
+    let mut plain = ready(2, t0);
+    plain.begin(t0).unwrap();
+    assert!(matches!(
+        plain.prepare(),
+        Err(ProducerError::IllegalState { op: "prepare", .. })
+    ));
+    // A send_offsets under way: whether the fence ran is not known yet.
+    let mut m = machine_2pc();
+    sent(m.start_init(t0, OP, false));
+    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.begin(t0).unwrap();
+    sent(m.start_send_offsets(&group(), offsets(), t0, OP));
+    assert_eq!(m.prepare().unwrap_err().class(), ErrorClass::Refused);
+}
+
+#[test]
+fn a_kept_transaction_is_prepared_under_the_predecessors_name() {
+    let t0 = Instant::now();
+    let mut m = machine_2pc();
+    let init = sent(m.start_init(t0, OP, true));
+    assert!(matches!(
+        init,
+        TxnRequest::InitProducerId {
+            enable_2pc: true,
+            keep_prepared: true,
+            ..
+        }
+    ));
+    let ongoing = ProducerIdEpoch { id: 77, epoch: 3 };
+    let ids = ProducerIdEpoch { id: 77, epoch: 4 };
+    assert_eq!(
+        m.on_response(TxnResponse::InitKept { ids, ongoing }, t0),
+        Step::Done
+    );
+    assert_eq!(m.state(), TransactionState::Prepared);
+    assert_eq!(m.prepared(), Some(ongoing));
+    assert_eq!(m.ids(), Some(ids));
+    // It is ended under the ids this producer holds: the coordinator completes the kept one.
+    let end = sent(m.start_commit(t0, OP));
+    assert!(matches!(end, TxnRequest::EndTxn { commit: true, ids: i, .. } if i == ids));
+    m.on_response(end_ok(None), t0);
+    assert_eq!(m.state(), TransactionState::Ready);
+    // Nothing open: an ordinary success, and the machine is ready.
+    let mut m = machine_2pc();
+    sent(m.start_init(t0, OP, true));
+    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    assert_eq!(m.state(), TransactionState::Ready);
+    // Only a two-phase producer may ask.
+    assert!(matches!(
+        machine(2).start_init(t0, OP, true),
+        Step::Failed(ProducerError::IllegalState { .. })
+    ));
+}
+
+#[test]
+fn refused_two_phase_inits_say_why() {
+    use crate::producer::TwoPhaseCommitRefusal as R;
+    let t0 = Instant::now();
+    let cases = [
+        (
+            false,
+            ErrorCode::TransactionalIdAuthorizationFailed,
+            R::NotAuthorizedOrDisabled,
+        ),
+        (
+            true,
+            ErrorCode::UnsupportedVersion,
+            R::KeepPreparedUnsupported,
+        ),
+        (false, ErrorCode::UnsupportedVersion, R::NotSpoken),
+    ];
+    for (keep, code, want) in cases {
+        let mut m = machine_2pc();
+        sent(m.start_init(t0, OP, keep));
+        let e = failed(m.on_response(TxnResponse::InitProducerId(Err(code)), t0));
+        assert_eq!(e.two_phase_refusal(), Some(want), "{code}");
+        assert!(e.is_fatal());
+        assert_eq!(m.state(), TransactionState::FatalError);
+    }
+    // A coordinator known not to speak v6: refused before anything is sent.
+    let mut m =
+        TxnMachine::new("tx-1", Duration::from_secs(60), backoff(), caps(2)).with_two_phase(true);
+    assert_eq!(
+        failed(m.start_init(t0, OP, false)).two_phase_refusal(),
+        Some(R::NotSpoken)
+    );
+    // Without two-phase commit, the same code is the ordinary missing-ACL refusal.
+    let mut m = machine(2);
+    sent(m.start_init(t0, OP, false));
+    let e = failed(m.on_response(
+        TxnResponse::InitProducerId(Err(ErrorCode::TransactionalIdAuthorizationFailed)),
+        t0,
+    ));
+    assert!(matches!(e, ProducerError::NotAuthorized { .. }), "{e:?}");
 }
