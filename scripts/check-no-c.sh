@@ -11,3 +11,12 @@ if [ -n "$bad" ]; then
   exit 1
 fi
 echo "no-C check: $(printf '%s\n' "$tree" | sort -u | wc -l) crates, none build C"
+# The `postgres` feature promises the same (tokio-postgres: no libpq, no OpenSSL).
+pg_tree=$(cargo tree -e normal,build --prefix none -p snapfence --features postgres)
+bad=$(printf '%s\n' "$pg_tree" | grep -E '^([A-Za-z0-9_-]+-sys|cc|cmake|bindgen|pkg-config) v' | sort -u || true)
+if [ -n "$bad" ]; then
+  echo "C-building crates under the postgres feature:" >&2
+  printf '  %s\n' $bad >&2
+  exit 1
+fi
+echo "no-C check, --features postgres: $(printf '%s\n' "$pg_tree" | sort -u | wc -l) crates, none build C"

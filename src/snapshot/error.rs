@@ -371,6 +371,20 @@ pub enum SnapshotError {
         #[source]
         source: Arc<crate::net::NetError>,
     },
+    /// A step of the PostgreSQL store failed (the `postgres` feature); `kind` classifies it like a failed
+    /// transaction ([`PgError::Fenced`](crate::snapshot::postgres::PgError::Fenced) is
+    /// [`FailureKind::ProducerFenced`]: a newer owner took the partition over).
+    #[cfg(feature = "postgres")]
+    #[error("snapshot partition {partition}: {source}")]
+    Store {
+        /// The snapshot partition.
+        partition: i32,
+        /// What the failure means for the runtime.
+        kind: FailureKind,
+        /// What PostgreSQL (or the store's protocol) reported.
+        #[source]
+        source: Arc<crate::snapshot::postgres::PgError>,
+    },
     /// The task serving the partition panicked or was cancelled.
     #[error("snapshot partition {partition}: {source}")]
     PartitionTask {
@@ -387,6 +401,8 @@ impl SnapshotError {
     pub fn failure_kind(&self) -> Option<FailureKind> {
         match self {
             SnapshotError::Transaction { failure, .. } => Some(failure.kind),
+            #[cfg(feature = "postgres")]
+            SnapshotError::Store { kind, .. } => Some(*kind),
             _ => None,
         }
     }

@@ -32,6 +32,7 @@ use super::fold_core::{Folded, Landing, PartitionCore};
 use super::group_commit::{GroupCommit, MetadataSource, TransactionRunner, TryWriteError};
 use super::recovery::{recover, RecoveryConfig};
 use super::shared_log::SharedLogs;
+use super::state::RecoveredState;
 use super::store::{SnapshotConfig, SnapshotStore};
 use super::topic::{self, MissingSnapshotTopic, SnapshotTopicError};
 use crate::consumer::{
@@ -253,6 +254,14 @@ pub struct FlowConfig {
     /// ([`FencePolicy::Recover`], the default), or stop the flow with the error
     /// ([`FencePolicy::Stop`], kafka-flow's behaviour). See docs/fencing.md.
     pub fence_policy: FencePolicy,
+    /// Keep the snapshots in PostgreSQL instead of the snapshot topic (the `postgres` feature).
+    /// Fenced mode: each flush is a prepared Kafka transaction with the generation-fenced offset
+    /// commit, then a PostgreSQL transaction checked against the partition's fencing row, then the
+    /// Kafka commit (see [`postgres`](super::postgres)); `snapshots.transactional_id_prefix` names the
+    /// producers and the flow's rows, and `snapshots.snapshot_topic` is not used (nor checked). Unfenced
+    /// mode: plain upserts, offsets committed by the consumer. Default `None`.
+    #[cfg(feature = "postgres")]
+    pub postgres: Option<super::postgres::PgStoreConfig>,
 }
 
 impl FlowConfig {
@@ -279,6 +288,8 @@ impl FlowConfig {
             recovery_progress_every: RecoveryConfig::default().progress_every,
             partition_client_ids: false,
             fence_policy: FencePolicy::default(),
+            #[cfg(feature = "postgres")]
+            postgres: None,
         }
     }
 }
@@ -417,15 +428,68 @@ impl<R: TransactionRunner> Writes for GroupCommit<R> {
 /// The unfenced mode's writer: the shared idempotent producer, offsets committed by the consumer API.
 struct PlainWriter {
     producer: Arc<Producer>,
-    client: Client,
+    offsets: PlainOffsets,
     snapshot_topic: Arc<str>,
+}
+
+/// Where the unfenced mode commits offsets: the consumer's OffsetCommit, checked only against the
+/// group's current generation at the time (no transaction binds it to the writes).
+struct PlainOffsets {
+    client: Client,
     input: TopicPartition,
     metadata: Option<GroupMetadataHandle>,
+}
+
+impl PlainOffsets {
+    async fn commit(&self, offset: i64) -> Result<(), FlowError> {
+        let token = self
+            .metadata
+            .as_ref()
+            .ok_or(SnapshotError::MissingGroupMetadata {
+                partition: self.input.partition,
+            })?
+            .require()?;
+        commit_offsets(
+            &self.client,
+            &token,
+            &BTreeMap::from([(self.input.clone(), offset)]),
+        )
+        .await?;
+        Ok(())
+    }
 }
 
 enum Writer {
     Fenced(SnapshotStore),
     Plain(PlainWriter),
+    /// The PostgreSQL store, fenced.
+    #[cfg(feature = "postgres")]
+    Pg(super::postgres::PgSnapshotStore),
+    /// Rows to PostgreSQL, unfenced.
+    #[cfg(feature = "postgres")]
+    PgPlain(super::postgres::PgPlainWriter, PlainOffsets),
+}
+
+impl Writer {
+    /// Closes the store behind the writer (the fenced ones hold a producer and a connection).
+    async fn close(self) {
+        match self {
+            Writer::Fenced(store) => store.close().await,
+            #[cfg(feature = "postgres")]
+            Writer::Pg(store) => store.close().await,
+            _ => {}
+        }
+    }
+
+    /// Whether the group's committed offset must be moved up to where the store stands before input is
+    /// read (a PostgreSQL flush whose Kafka side was aborted after its rows committed).
+    fn group_offset_behind(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Writer::Pg(store) => store.kafka_behind(),
+            _ => false,
+        }
+    }
 }
 
 impl Writes for Writer {
@@ -437,7 +501,7 @@ impl Writes for Writer {
                 for (key, value) in writes {
                     let record = ProducerRecord::new(Arc::clone(&plain.snapshot_topic), value)
                         .key(key)
-                        .partition(plain.input.partition);
+                        .partition(plain.offsets.input.partition);
                     deliveries.push(plain.producer.send(record).await?);
                 }
                 for d in deliveries {
@@ -445,28 +509,21 @@ impl Writes for Writer {
                 }
                 Ok(())
             }
+            #[cfg(feature = "postgres")]
+            Writer::Pg(store) => Ok(store.write_all(writes).await?),
+            #[cfg(feature = "postgres")]
+            Writer::PgPlain(rows, _) => Ok(rows.write_all(writes).await?),
         }
     }
 
     async fn commit_offset(&self, offset: i64) -> Result<(), FlowError> {
         match self {
             Writer::Fenced(store) => Ok(store.commit_offset(offset).await?),
-            Writer::Plain(plain) => {
-                let token = plain
-                    .metadata
-                    .as_ref()
-                    .ok_or(SnapshotError::MissingGroupMetadata {
-                        partition: plain.input.partition,
-                    })?
-                    .require()?;
-                commit_offsets(
-                    &plain.client,
-                    &token,
-                    &BTreeMap::from([(plain.input.clone(), offset)]),
-                )
-                .await?;
-                Ok(())
-            }
+            Writer::Plain(plain) => plain.offsets.commit(offset).await,
+            #[cfg(feature = "postgres")]
+            Writer::Pg(store) => Ok(store.commit_offset(offset).await?),
+            #[cfg(feature = "postgres")]
+            Writer::PgPlain(_, offsets) => offsets.commit(offset).await,
         }
     }
 }
@@ -837,70 +894,104 @@ impl<F: Fold> Shared<F> {
             .collect()
     }
 
-    async fn acquire(&self, tp: &TopicPartition) -> Result<FlowLane<F>, FlowError> {
-        let (writer, (assigned_offset, fresh)) = match (self.config.mode, &self.plain) {
-            (PersistenceMode::NonTransactional, Some(p)) => (
-                Writer::Plain(PlainWriter {
+    /// Opens the partition's writer: takes the partition over in the fenced modes (the producer's init,
+    /// and for PostgreSQL the fencing row) and reads where it starts. Returns the writer, the offset
+    /// the partition starts at, and whether the group had none committed.
+    async fn open_writer(&self, tp: &TopicPartition) -> Result<(Writer, i64, bool), FlowError> {
+        let partition = tp.partition;
+        let plain_offsets = || PlainOffsets {
+            client: self.client.clone(),
+            input: tp.clone(),
+            metadata: self.metadata_handle(),
+        };
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = &self.config.postgres {
+            if self.config.mode == PersistenceMode::NonTransactional {
+                let prefix = &self.config.snapshots.transactional_id_prefix;
+                let rows = super::postgres::PgPlainWriter::connect(pg, prefix, partition).await?;
+                let (offset, fresh) = self.assigned_offset(tp).await?;
+                return Ok((Writer::PgPlain(rows, plain_offsets()), offset, fresh));
+            }
+            let fresh = std::sync::atomic::AtomicBool::new(false);
+            let store = super::postgres::PgSnapshotStore::acquire(
+                self.partition_client(partition).await?,
+                &self.config.snapshots,
+                pg,
+                tp.clone(),
+                self.metadata_source(),
+                self.assigned_offset_after_takeover(tp, &fresh),
+            )
+            .await?;
+            let offset = store.committed_offset();
+            return Ok((Writer::Pg(store), offset, fresh.load(Ordering::Relaxed)));
+        }
+        match (self.config.mode, &self.plain) {
+            (PersistenceMode::NonTransactional, Some(p)) => {
+                let (offset, fresh) = self.assigned_offset(tp).await?;
+                let writer = Writer::Plain(PlainWriter {
                     producer: Arc::clone(p),
-                    client: self.client.clone(),
+                    offsets: plain_offsets(),
                     snapshot_topic: Arc::from(self.config.snapshots.snapshot_topic.as_str()),
-                    input: tp.clone(),
-                    metadata: self.metadata_handle(),
-                }),
-                self.assigned_offset(tp).await?,
-            ),
+                });
+                Ok((writer, offset, fresh))
+            }
             _ => {
                 // Take the partition over first, then read its committed offset: a crashed owner's open
                 // transaction may hold a pending offset commit, and the stable read waits for it until
                 // the takeover aborts it (see SnapshotStore::acquire_then).
-                let partition = tp.partition;
                 let fresh = std::sync::atomic::AtomicBool::new(false);
-                let offset = async {
-                    let (offset, was_fresh) =
-                        self.assigned_offset(tp)
-                            .await
-                            .map_err(|e| SnapshotError::Consumer {
-                                partition,
-                                source: Arc::new(e),
-                            })?;
-                    fresh.store(was_fresh, Ordering::Relaxed);
-                    Ok(offset)
-                };
                 let store = SnapshotStore::acquire_then(
                     self.partition_client(partition).await?,
                     self.config.snapshots.clone(),
                     tp.clone(),
                     self.metadata_source(),
-                    offset,
+                    self.assigned_offset_after_takeover(tp, &fresh),
                 )
                 .await?;
                 let offset = store.committed_offset();
-                (
-                    Writer::Fenced(store),
-                    (offset, fresh.load(Ordering::Relaxed)),
-                )
+                Ok((Writer::Fenced(store), offset, fresh.load(Ordering::Relaxed)))
             }
-        };
-        let recovered = self.recover(tp, assigned_offset).await;
+        }
+    }
+
+    /// [`assigned_offset`](Self::assigned_offset) in the snapshot layer's error, noting in `fresh`
+    /// whether the group had none committed: what a fenced store awaits once it has taken over.
+    async fn assigned_offset_after_takeover(
+        &self,
+        tp: &TopicPartition,
+        fresh: &std::sync::atomic::AtomicBool,
+    ) -> Result<i64, SnapshotError> {
+        let (offset, was_fresh) =
+            self.assigned_offset(tp)
+                .await
+                .map_err(|e| SnapshotError::Consumer {
+                    partition: tp.partition,
+                    source: Arc::new(e),
+                })?;
+        fresh.store(was_fresh, Ordering::Relaxed);
+        Ok(offset)
+    }
+
+    async fn acquire(&self, tp: &TopicPartition) -> Result<FlowLane<F>, FlowError> {
+        let (writer, assigned_offset, fresh) = self.open_writer(tp).await?;
+        let recovered = self.recover(tp, assigned_offset, &writer).await;
         let core = match recovered {
             Ok(core) => core,
             Err(e) => {
-                if let Writer::Fenced(store) = writer {
-                    store.close().await;
-                }
+                writer.close().await;
                 return Err(e);
             }
         };
+        let behind = writer.group_offset_behind();
         let lane = Lane::new(tp.partition, core, writer);
-        if fresh {
+        if fresh || behind {
             // Record the start for the group before anything is fetched: the consumer starts the
             // partition at the committed offset, so it now reads from exactly where this flow
             // counts from, and a restart before the first periodic commit starts there again
-            // instead of re-resolving "earliest" or "latest" against a log that has moved.
+            // instead of re-resolving "earliest" or "latest" against a log that has moved. (Behind: a
+            // PostgreSQL flush's rows committed, its Kafka side aborted at the takeover.)
             if let Err(e) = commit_lane(&lane, CommitWhen::Always).await {
-                if let Writer::Fenced(store) = lane.writer {
-                    store.close().await;
-                }
+                lane.writer.close().await;
                 return Err(e);
             }
         }
@@ -922,17 +1013,16 @@ impl<F: Fold> Shared<F> {
         &self,
         tp: &TopicPartition,
         assigned_offset: i64,
+        writer: &Writer,
     ) -> Result<PartitionCore<F::State>, FlowError> {
-        let mut log = self.recovery_reads.log(tp.partition);
-        let recovery = RecoveryConfig {
-            stall_timeout: match self.config.mode {
-                PersistenceMode::Transactional => self.config.snapshots.recovery_stall_timeout,
-                PersistenceMode::NonTransactional => None,
-            },
-            fetch_wait: self.config.recovery_fetch_wait,
-            progress_every: self.config.recovery_progress_every,
+        let began = std::time::Instant::now();
+        let recovered = match writer {
+            #[cfg(feature = "postgres")]
+            Writer::Pg(store) => store.read_state().await?,
+            #[cfg(feature = "postgres")]
+            Writer::PgPlain(rows, _) => rows.read_state().await?,
+            _ => self.read_snapshot_log(tp).await?,
         };
-        let (recovered, stats) = recover(&mut log, tp.partition, &recovery).await?;
         let mut core = PartitionCore::new(assigned_offset);
         let mut graves = 0usize;
         for (key, value) in &recovered {
@@ -953,8 +1043,31 @@ impl<F: Fold> Shared<F> {
                 }
             }
         }
-        tracing::info!(partition = tp.partition, keys = recovered.len(), graves, ?stats.elapsed, assigned_offset, "partition recovered");
+        let elapsed = began.elapsed();
+        tracing::info!(
+            partition = tp.partition,
+            keys = recovered.len(),
+            graves,
+            ?elapsed,
+            assigned_offset,
+            "partition recovered"
+        );
         Ok(core)
+    }
+
+    /// The recovery read of the partition's snapshot topic partition, through the flow's shared reader.
+    async fn read_snapshot_log(&self, tp: &TopicPartition) -> Result<RecoveredState, FlowError> {
+        let mut log = self.recovery_reads.log(tp.partition);
+        let recovery = RecoveryConfig {
+            stall_timeout: match self.config.mode {
+                PersistenceMode::Transactional => self.config.snapshots.recovery_stall_timeout,
+                PersistenceMode::NonTransactional => None,
+            },
+            fetch_wait: self.config.recovery_fetch_wait,
+            progress_every: self.config.recovery_progress_every,
+        };
+        let (recovered, _stats) = recover(&mut log, tp.partition, &recovery).await?;
+        Ok(recovered)
     }
 
     /// Drops `partitions`' lanes; with `flush`, first flushes them (as [`flush_lane`]), each on its own,
@@ -1060,11 +1173,7 @@ async fn close_lanes<S>(lanes: Vec<Arc<Lane<S, Writer>>>) {
     for lane in lanes {
         let partition = lane.partition;
         match Arc::try_unwrap(lane) {
-            Ok(lane) => {
-                if let Writer::Fenced(store) = lane.writer {
-                    store.close().await;
-                }
-            }
+            Ok(lane) => lane.writer.close().await,
             Err(_) => tracing::warn!(
                 partition,
                 "a persist of the released partition is still running; its store closes when it ends"
@@ -1228,13 +1337,19 @@ impl<F: Fold> Flow<F> {
     pub async fn start(client: Client, mut config: FlowConfig, fold: F) -> Result<Self, FlowError> {
         config.consumer.auto_commit_interval = None;
         config.snapshots.validate()?;
-        topic::ensure(
-            &client,
-            &config.snapshots.snapshot_topic,
-            &config.input_topic,
-            config.missing_snapshot_topic,
-        )
-        .await?;
+        #[cfg(feature = "postgres")]
+        let on_topic = config.postgres.is_none();
+        #[cfg(not(feature = "postgres"))]
+        let on_topic = true;
+        if on_topic {
+            topic::ensure(
+                &client,
+                &config.snapshots.snapshot_topic,
+                &config.input_topic,
+                config.missing_snapshot_topic,
+            )
+            .await?;
+        }
         let plain = match config.mode {
             PersistenceMode::NonTransactional => Some(Arc::new(
                 Producer::new(client.clone(), ProducerConfig::default()).await?,

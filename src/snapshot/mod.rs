@@ -24,6 +24,9 @@ mod flow;
 mod fold_core;
 mod group_commit;
 mod log;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 mod recovery;
 mod runner;
 mod shared_log;

@@ -1,0 +1,323 @@
+//! The PostgreSQL snapshot store (KIP-939 two-phase commit) on a real Kafka 4.4 broker and a real
+//! PostgreSQL the test starts: flushes and recovery, the race the fencing row closes (a stale owner
+//! frozen between its Kafka prepare and its PostgreSQL commit, stopped deterministically by holding the
+//! flush between its steps), a stale owner that holds the row's lock, and the refusals at acquisition.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use protocol_tests::{cluster, join_classic, unique, ClusterSpec, KafkaCluster, PostgresServer};
+use snapfence::consumer::{committed_offsets, TopicPartition as ConsumerTp};
+use snapfence::net::{Client, ClientConfig};
+use snapfence::producer::{TopicPartition, TwoPhaseCommitRefusal};
+use snapfence::snapshot::postgres::{PgError, PgSnapshotStore, PgStoreConfig};
+use snapfence::snapshot::{FailureKind, MetadataSource, SnapshotConfig, SnapshotError};
+use snapfence::GroupMetadata;
+
+fn two_phase() -> ClusterSpec {
+    ClusterSpec::kafka4()
+        .with_prop("transaction.two.phase.commit.enable", "true")
+        .with_prop("unstable.api.versions.enable", "true")
+}
+
+async fn postgres() -> PostgresServer {
+    tokio::task::spawn_blocking(PostgresServer::start)
+        .await
+        .unwrap()
+        .expect("start PostgreSQL")
+}
+
+struct World {
+    client: Client,
+    input: String,
+    prefix: String,
+    pg: PgStoreConfig,
+}
+
+impl World {
+    async fn new(kafka: &KafkaCluster, pg: &PostgresServer) -> World {
+        let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+            .await
+            .unwrap();
+        let input = unique("pg-in");
+        snapfence::admin::create_topic(&client, &input, 1, -1, &[])
+            .await
+            .unwrap();
+        let mut cfg = PgStoreConfig::new(pg.url());
+        cfg.table_prefix = "sf_test".into();
+        World {
+            client,
+            input,
+            prefix: unique("pg"),
+            pg: cfg,
+        }
+    }
+
+    /// A member of a fresh classic group: the generation every flush's offset commit carries.
+    async fn member(&self) -> GroupMetadata {
+        join_classic(&self.client, &unique("pg-group"), "", 60_000)
+            .await
+            .unwrap()
+    }
+
+    /// Takes the partition over as a member of `group`, starting from the group's committed offset
+    /// (read after the takeover, as the flow does).
+    async fn acquire(&self, group: &GroupMetadata) -> Result<PgSnapshotStore, SnapshotError> {
+        let g = group.clone();
+        let metadata: Arc<dyn MetadataSource> = Arc::new(move || Some(g.clone()));
+        PgSnapshotStore::acquire(
+            self.client.clone(),
+            &SnapshotConfig::new("unused", &self.prefix),
+            &self.pg,
+            TopicPartition::new(self.input.as_str(), 0),
+            metadata,
+            async { Ok(self.committed(group).await.unwrap_or(0)) },
+        )
+        .await
+    }
+
+    async fn committed(&self, group: &GroupMetadata) -> Option<i64> {
+        let tp = ConsumerTp::new(self.input.as_str(), 0);
+        committed_offsets(&self.client, group.group_id(), std::slice::from_ref(&tp))
+            .await
+            .unwrap()[&tp]
+    }
+}
+
+fn kv(k: &str, v: &str) -> (Bytes, Option<Bytes>) {
+    (
+        Bytes::copy_from_slice(k.as_bytes()),
+        Some(Bytes::copy_from_slice(v.as_bytes())),
+    )
+}
+
+/// The rows of a store, sorted, as `key=value` text.
+async fn rows(store: &PgSnapshotStore) -> Vec<String> {
+    let state = store.read_state().await.unwrap();
+    let mut out: Vec<String> = state
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "{}={}",
+                String::from_utf8_lossy(k),
+                String::from_utf8_lossy(v)
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Flushes land in PostgreSQL and the group's committed offset moves with them; deletes remove rows;
+/// a new owner recovers exactly what the last flush left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushes_land_with_their_offset_and_a_new_owner_recovers_them() {
+    let kafka = cluster(two_phase()).await;
+    let pg = postgres().await;
+    let w = World::new(&kafka, &pg).await;
+    let group = w.member().await;
+    let a = w.acquire(&group).await.unwrap();
+    assert_eq!(a.owner_epoch(), 1);
+    a.write_all(vec![kv("x", "1"), kv("y", "1"), kv("x", "2")])
+        .await
+        .unwrap();
+    a.commit_offset(7).await.unwrap();
+    assert_eq!(w.committed(&group).await, Some(7));
+    a.write_all(vec![(Bytes::from_static(b"y"), None), kv("z", "3")])
+        .await
+        .unwrap();
+    assert_eq!(
+        rows(&a).await,
+        vec!["x=2", "z=3"],
+        "the last write of a key wins"
+    );
+    assert_eq!(a.committed_offset(), 7);
+    a.close().await;
+
+    let b = w.acquire(&group).await.unwrap();
+    assert_eq!(b.owner_epoch(), 2, "every takeover bumps the fencing row");
+    assert_eq!(rows(&b).await, vec!["x=2", "z=3"]);
+    assert_eq!(b.committed_offset(), 7);
+    assert!(!b.kafka_behind());
+    b.close().await;
+}
+
+/// The race, made deterministic: the stale owner A passes its fenced offset commit and its
+/// Kafka prepare, then stops (it holds the flush between steps). B takes over: its init aborts A's Kafka
+/// transaction (Kafka 4.4.0 cannot keep it), its bump moves the fencing row on, PostgreSQL records
+/// nothing of A's flush, and B writes newer rows. A wakes and tries its PostgreSQL commit: the
+/// compare-and-set on the fencing row refuses it, and nothing of A lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owner_frozen_between_prepare_and_commit_lands_nothing() {
+    let kafka = cluster(two_phase()).await;
+    let pg = postgres().await;
+    let w = World::new(&kafka, &pg).await;
+    let group = w.member().await;
+    let a = w.acquire(&group).await.unwrap();
+    a.write_all(vec![kv("k", "a-1")]).await.unwrap();
+    a.commit_offset(10).await.unwrap();
+
+    let frozen = a
+        .begin_flush(vec![kv("k", "a-stale"), kv("only-a", "x")], 20)
+        .await
+        .unwrap();
+
+    let b = w.acquire(&group).await.unwrap();
+    assert_eq!(
+        b.committed_offset(),
+        10,
+        "A's frozen flush recorded nothing"
+    );
+    assert_eq!(rows(&b).await, vec!["k=a-1"]);
+    b.write_all(vec![kv("k", "b-1")]).await.unwrap();
+    b.commit_offset(15).await.unwrap();
+
+    let refused = frozen
+        .write_rows()
+        .await
+        .err()
+        .expect("A's commit is refused");
+    assert_eq!(
+        refused.failure_kind(),
+        Some(FailureKind::ProducerFenced),
+        "{refused}"
+    );
+    match &refused {
+        SnapshotError::Store { source, .. } => assert!(
+            matches!(
+                **source,
+                PgError::Fenced {
+                    ours: 1,
+                    current: Some(2),
+                    ..
+                }
+            ),
+            "{source}"
+        ),
+        other => panic!("{other}"),
+    }
+    assert_eq!(rows(&b).await, vec!["k=b-1"], "nothing of A landed");
+    assert_eq!(w.committed(&group).await, Some(15));
+    // The store is closed after the fence: nothing more of A is tried.
+    assert!(matches!(
+        a.write_all(vec![kv("k", "a-again")]).await,
+        Err(SnapshotError::Closed { .. })
+    ));
+    b.close().await;
+}
+
+/// The other interleaving: A is stopped after its compare-and-set, holding the fencing row's lock. B's
+/// takeover waits for that lock (its Kafka init already fenced A's producer). A's PostgreSQL commit then
+/// lands, legitimately: it passed the fence before B took over. B starts after it, from the offset A's
+/// rows cover, although A's Kafka side could not commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_waits_for_a_flush_that_holds_the_fencing_row_then_starts_after_it() {
+    let kafka = cluster(two_phase()).await;
+    let pg = postgres().await;
+    let w = World::new(&kafka, &pg).await;
+    let group = w.member().await;
+    let a = w.acquire(&group).await.unwrap();
+    a.commit_offset(10).await.unwrap();
+    let holding = a
+        .begin_flush(vec![kv("k", "a-2")], 20)
+        .await
+        .unwrap()
+        .write_rows()
+        .await
+        .unwrap();
+
+    let (client, world_pg, prefix, input) = (
+        w.client.clone(),
+        w.pg.clone(),
+        w.prefix.clone(),
+        w.input.clone(),
+    );
+    let g = group.clone();
+    let takeover = tokio::spawn(async move {
+        let metadata: Arc<dyn MetadataSource> = Arc::new(move || Some(g.clone()));
+        PgSnapshotStore::acquire(
+            client,
+            &SnapshotConfig::new("unused", &prefix),
+            &world_pg,
+            TopicPartition::new(input.as_str(), 0),
+            metadata,
+            async { Ok(0) },
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!takeover.is_finished(), "B must wait for the row A holds");
+
+    let committed = holding.commit_rows().await.unwrap();
+    let b = tokio::time::timeout(Duration::from_secs(30), takeover)
+        .await
+        .expect("B goes on once A's transaction ends")
+        .unwrap()
+        .unwrap();
+    let e = committed.commit_kafka().await.unwrap_err();
+    assert!(
+        e.is_producer_fenced() || e.failure_kind() == Some(FailureKind::Fatal),
+        "A's Kafka side was fenced by B's init: {e}"
+    );
+    assert_eq!(rows(&b).await, vec!["k=a-2"], "A's rows landed before B");
+    assert_eq!(b.committed_offset(), 20, "B starts after A's rows");
+    assert!(
+        b.kafka_behind(),
+        "the group's offset in Kafka was left at 10"
+    );
+    assert_eq!(w.committed(&group).await, Some(10));
+    // B's first flush moves Kafka's offset up to where PostgreSQL stands.
+    b.commit_offset(b.committed_offset()).await.unwrap();
+    assert_eq!(w.committed(&group).await, Some(20));
+    b.close().await;
+}
+
+/// A stale generation is refused by the group coordinator at the first step: nothing is written in
+/// either store, and the error is the group fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_generation_is_refused_before_postgres_is_touched() {
+    let kafka = cluster(two_phase()).await;
+    let pg = postgres().await;
+    let w = World::new(&kafka, &pg).await;
+    let group = w.member().await;
+    let stale = GroupMetadata::new(
+        group.group_id(),
+        group.generation_id() - 1,
+        group.member_id(),
+        None,
+    )
+    .unwrap();
+    let a = w.acquire(&stale).await.unwrap();
+    let e = a.write_all(vec![kv("k", "stale")]).await.unwrap_err();
+    assert!(e.is_fenced(), "{e}");
+    assert_eq!(rows(&a).await, Vec::<String>::new());
+    a.close().await;
+}
+
+/// Without two-phase commit on the broker, or without the TWO_PHASE_COMMIT ACL (tests/two_phase.rs
+/// proves the ACL case at the producer), acquisition fails at once, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisition_fails_at_once_when_the_broker_has_two_phase_commit_off() {
+    let kafka =
+        cluster(ClusterSpec::kafka4().with_prop("unstable.api.versions.enable", "true")).await;
+    let pg = postgres().await;
+    let w = World::new(&kafka, &pg).await;
+    let group = w.member().await;
+    let began = Instant::now();
+    let e = w.acquire(&group).await.unwrap_err();
+    assert!(began.elapsed() < Duration::from_secs(5), "{e}");
+    match &e {
+        SnapshotError::Acquire { source, .. } => assert_eq!(
+            source.two_phase_refusal(),
+            Some(TwoPhaseCommitRefusal::DisabledOnBroker),
+            "{e}"
+        ),
+        other => panic!("{other}"),
+    }
+    assert!(
+        e.to_string()
+            .contains("transaction.two.phase.commit.enable"),
+        "{e}"
+    );
+}

@@ -1,0 +1,107 @@
+//! The two tables and every statement the store sends, as text built once per store from the configured
+//! table prefix. Pure: nothing here touches a connection.
+//!
+//! - `<prefix>_snapshots (prefix, partition, key, value)`: the snapshot of every live key of every
+//!   partition of every flow, keyed by the flow's transactional-id prefix and the input partition; the
+//!   value is the same envelope the snapshot topic holds (last folded offset, then the user's bytes).
+//! - `<prefix>_owners (prefix, partition, owner_epoch, committed_offset, prepared_txn)`: one fencing row
+//!   per partition. `owner_epoch` is bumped by every takeover; a flush commits only while it still
+//!   holds the epoch its store took over with (a compare-and-set under the row's lock), and records
+//!   the input offset its snapshots cover and the Kafka transaction it prepared.
+
+/// A table prefix that is a plain SQL identifier: it is spliced into statements, never quoted.
+pub(crate) fn valid_prefix(prefix: &str) -> bool {
+    let mut chars = prefix.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && prefix.len() <= 40
+}
+
+/// Every statement, with the tables' names filled in.
+#[derive(Debug, Clone)]
+pub(crate) struct Statements {
+    pub(crate) create: String,
+    /// The takeover: bump (or create) the partition's fencing row and return what the last flush
+    /// recorded. $1 prefix, $2 partition.
+    pub(crate) bump: String,
+    /// The fence inside a flush: record the flush on the row only if the epoch is still ours. Takes the
+    /// row's lock. $1 prefix, $2 partition, $3 owner epoch, $4 committed offset, $5 prepared txn.
+    pub(crate) record: String,
+    /// Insert or replace snapshots. $1 prefix, $2 partition, $3 keys (bytea[]), $4 values (bytea[]).
+    pub(crate) upsert: String,
+    /// Remove keys (tombstones). $1 prefix, $2 partition, $3 keys (bytea[]).
+    pub(crate) delete: String,
+    /// Every snapshot of a partition. $1 prefix, $2 partition.
+    pub(crate) read: String,
+    /// The fencing row as it stands. $1 prefix, $2 partition.
+    pub(crate) owner: String,
+}
+
+impl Statements {
+    /// The statements for tables named `<table_prefix>_snapshots` and `<table_prefix>_owners`.
+    /// `table_prefix` must pass [`valid_prefix`].
+    pub(crate) fn new(table_prefix: &str) -> Statements {
+        let snapshots = format!("{table_prefix}_snapshots");
+        let owners = format!("{table_prefix}_owners");
+        Statements {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {snapshots} (\
+                   prefix text NOT NULL, partition integer NOT NULL, key bytea NOT NULL, value bytea NOT NULL, \
+                   PRIMARY KEY (prefix, partition, key)); \
+                 CREATE TABLE IF NOT EXISTS {owners} (\
+                   prefix text NOT NULL, partition integer NOT NULL, owner_epoch bigint NOT NULL, \
+                   committed_offset bigint, prepared_txn text, \
+                   PRIMARY KEY (prefix, partition));"
+            ),
+            bump: format!(
+                "INSERT INTO {owners} AS o (prefix, partition, owner_epoch) VALUES ($1, $2, 1) \
+                 ON CONFLICT (prefix, partition) DO UPDATE SET owner_epoch = o.owner_epoch + 1 \
+                 RETURNING owner_epoch, committed_offset, prepared_txn"
+            ),
+            record: format!(
+                "UPDATE {owners} SET committed_offset = $4, prepared_txn = $5 \
+                 WHERE prefix = $1 AND partition = $2 AND owner_epoch = $3"
+            ),
+            upsert: format!(
+                "INSERT INTO {snapshots} (prefix, partition, key, value) \
+                 SELECT $1, $2, k, v FROM unnest($3::bytea[], $4::bytea[]) AS t(k, v) \
+                 ON CONFLICT (prefix, partition, key) DO UPDATE SET value = EXCLUDED.value"
+            ),
+            delete: format!(
+                "DELETE FROM {snapshots} WHERE prefix = $1 AND partition = $2 AND key = ANY($3::bytea[])"
+            ),
+            read: format!("SELECT key, value FROM {snapshots} WHERE prefix = $1 AND partition = $2"),
+            owner: format!(
+                "SELECT owner_epoch, committed_offset, prepared_txn FROM {owners} \
+                 WHERE prefix = $1 AND partition = $2"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_identifiers_are_spliced() {
+        for ok in ["snapfence", "_x", "a1_b2", &"a".repeat(40)] {
+            assert!(valid_prefix(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "1a",
+            "A",
+            "a-b",
+            "a;drop table x",
+            "a b",
+            "é",
+            &"a".repeat(41),
+        ] {
+            assert!(!valid_prefix(bad), "{bad}");
+        }
+        let s = Statements::new("sf");
+        assert!(s.create.contains("sf_snapshots") && s.create.contains("sf_owners"));
+        assert!(s.record.contains("owner_epoch = $3"));
+    }
+}

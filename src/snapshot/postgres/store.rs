@@ -1,0 +1,797 @@
+//! One partition's PostgreSQL snapshot store: the takeover, the staged flush, the recovery read.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::OwnedMutexGuard;
+use tokio_postgres::NoTls;
+
+use super::sql::Statements;
+use super::{redacted, PgError, PgStoreConfig};
+use crate::net::Client;
+use crate::producer::{
+    Completion, PreparedTxn, ProducerError, TopicPartition, TransactionState, TransactionalConfig,
+    TransactionalProducer, TwoPhaseCommitRefusal,
+};
+use crate::snapshot::error::{FailureKind, SnapshotError};
+use crate::snapshot::group_commit::MetadataSource;
+use crate::snapshot::{RecoveredState, SnapshotConfig};
+
+/// The connection and the producer, used by one flush at a time.
+struct Lane {
+    pg: tokio_postgres::Client,
+    /// Why the connection's task ended, once it has.
+    lost: Arc<Mutex<Option<String>>>,
+    producer: TransactionalProducer,
+    /// A PostgreSQL transaction of an abandoned flush may still be open: roll back before the next.
+    pg_txn_open: bool,
+    /// A fatal failure (or `close`): refuse everything from here on.
+    closed: bool,
+}
+
+impl Lane {
+    fn statement_error(&self, step: &'static str, e: tokio_postgres::Error) -> PgError {
+        if self.pg.is_closed() {
+            let why = lock(&self.lost).clone().unwrap_or_else(|| e.to_string());
+            return PgError::ConnectionLost(why);
+        }
+        PgError::Statement {
+            step,
+            source: Arc::new(e),
+        }
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The PostgreSQL snapshot store of one assigned input partition, fenced like the topic store: every
+/// flush rides in a prepared Kafka transaction with the generation-checked offset commit, and commits in
+/// PostgreSQL only while the partition's fencing row still carries the epoch this store took over with.
+/// See the [module docs](super) for the protocol.
+///
+/// [`write_all`](Self::write_all) and [`commit_offset`](Self::commit_offset) run a whole flush;
+/// [`begin_flush`](Self::begin_flush) runs it step by step (for tests that stop an owner between two
+/// steps, and for callers that want to see each step's outcome). One flush runs at a time.
+pub struct PgSnapshotStore {
+    partition: i32,
+    prefix: Arc<str>,
+    input: TopicPartition,
+    statements: Arc<Statements>,
+    metadata: Arc<dyn MetadataSource>,
+    owner_epoch: i64,
+    /// Shared with the flush steps, the last of which moves it.
+    committed: Arc<AtomicI64>,
+    /// Whether the group's committed offset in Kafka was behind the fencing row's at takeover.
+    behind_at_takeover: bool,
+    flushes: AtomicU64,
+    acquired_in: Duration,
+    lane: Arc<tokio::sync::Mutex<Lane>>,
+}
+
+impl std::fmt::Debug for PgSnapshotStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSnapshotStore")
+            .field("prefix", &self.prefix)
+            .field("partition", &self.partition)
+            .field("owner_epoch", &self.owner_epoch)
+            .field("committed_offset", &self.committed_offset())
+            .finish()
+    }
+}
+
+/// A failure of a store step, in the snapshot layer's terms.
+fn store_error(partition: i32, kind: FailureKind, source: PgError) -> SnapshotError {
+    SnapshotError::Store {
+        partition,
+        kind,
+        source: Arc::new(source),
+    }
+}
+
+impl PgSnapshotStore {
+    /// Takes a partition over: inits its two-phase producer (`<prefix>-<partition>`: fencing the
+    /// previous owner's, asking to keep a transaction it prepared), connects, bumps the partition's
+    /// fencing row (this waits for a stale owner's flush that holds the row's lock, then makes every
+    /// later flush of that owner fail its compare-and-set), and finishes the kept Kafka transaction by
+    /// what the row recorded: commit if the row names it, abort otherwise. Then awaits
+    /// `assigned_offset` (the group's committed offset, read only now: a kept transaction holds its
+    /// offset commit pending until then) and starts at the later of it and the offset the row recorded.
+    ///
+    /// Refusals of the two-phase init say which: the broker does not speak it, has it off, or the
+    /// principal lacks the TWO_PHASE_COMMIT ACL ([`TwoPhaseCommitRefusal`]).
+    ///
+    /// Cancel-safe: dropping the future leaves at most a bumped producer epoch and fencing row behind.
+    pub async fn acquire(
+        client: Client,
+        snapshots: &SnapshotConfig,
+        config: &PgStoreConfig,
+        input: TopicPartition,
+        metadata: Arc<dyn MetadataSource>,
+        assigned_offset: impl Future<Output = Result<i64, SnapshotError>>,
+    ) -> Result<Self, SnapshotError> {
+        snapshots.validate()?;
+        config.validate()?;
+        let partition = input.partition;
+        let began = tokio::time::Instant::now();
+        let producer = two_phase_producer(&client, snapshots, partition).await?;
+        let (pg, lost) = connect(config)
+            .await
+            .map_err(|e| store_error(partition, FailureKind::Fatal, e))?;
+        let statements = Arc::new(Statements::new(&config.table_prefix));
+        let mut lane = Lane {
+            pg,
+            lost,
+            producer,
+            pg_txn_open: false,
+            closed: false,
+        };
+        let fail = |lane: &Lane, step, e| {
+            store_error(partition, FailureKind::Fatal, lane.statement_error(step, e))
+        };
+        if config.create_tables {
+            if let Err(e) = lane.pg.batch_execute(&statements.create).await {
+                // Two stores creating the tables at once may race on the catalog; one retry settles it.
+                tracing::debug!(error = %e, "creating the snapshot tables; once more");
+                lane.pg
+                    .batch_execute(&statements.create)
+                    .await
+                    .map_err(|e| fail(&lane, "create tables", e))?;
+            }
+        }
+        let prefix: Arc<str> = Arc::from(snapshots.transactional_id_prefix.as_str());
+        let row = lane
+            .pg
+            .query_one(&statements.bump, &[&&*prefix, &partition])
+            .await
+            .map_err(|e| fail(&lane, "takeover (bump the fencing row)", e))?;
+        let owner_epoch: i64 = row.get(0);
+        let recorded_offset: Option<i64> = row.get(1);
+        let recorded: Option<PreparedTxn> = match row.get::<_, Option<String>>(2) {
+            None => None,
+            Some(text) => Some(text.parse().map_err(|e| {
+                store_error(
+                    partition,
+                    FailureKind::Fatal,
+                    PgError::BadRow {
+                        partition,
+                        detail: format!("prepared_txn: {e}"),
+                    },
+                )
+            })?),
+        };
+        if let Some(kept) = lane.producer.prepared() {
+            let outcome = lane
+                .producer
+                .complete(recorded)
+                .await
+                .map_err(|source| SnapshotError::Acquire { partition, source })?;
+            tracing::info!(
+                partition,
+                kept = %kept,
+                recorded = ?recorded.map(|r| r.to_string()),
+                ?outcome,
+                "the previous owner's prepared transaction finished by what PostgreSQL recorded"
+            );
+        }
+        let assigned = assigned_offset.await?;
+        let committed = recorded_offset.map_or(assigned, |r| r.max(assigned));
+        let acquired_in = began.elapsed();
+        tracing::info!(
+            partition,
+            owner_epoch,
+            committed,
+            kafka_committed = assigned,
+            ?acquired_in,
+            "PostgreSQL snapshot partition acquired: the fencing row is ours, the previous owner's producer fenced"
+        );
+        Ok(PgSnapshotStore {
+            partition,
+            prefix,
+            input,
+            statements,
+            metadata,
+            owner_epoch,
+            committed: Arc::new(AtomicI64::new(committed)),
+            behind_at_takeover: recorded_offset.is_some_and(|r| r > assigned),
+            flushes: AtomicU64::new(0),
+            acquired_in,
+            lane: Arc::new(tokio::sync::Mutex::new(lane)),
+        })
+    }
+
+    /// The snapshot (= input) partition.
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// The fencing row's epoch this store took over with.
+    pub fn owner_epoch(&self) -> i64 {
+        self.owner_epoch
+    }
+
+    /// How long the takeover took.
+    pub fn acquired_in(&self) -> Duration {
+        self.acquired_in
+    }
+
+    /// The input offset the last successful flush recorded (at takeover: the later of the fencing row's
+    /// and the group's committed offset).
+    pub fn committed_offset(&self) -> i64 {
+        self.committed.load(Ordering::SeqCst)
+    }
+
+    /// Whether the group's committed offset in Kafka was behind the offset PostgreSQL recorded when this
+    /// store took over: a flush whose Kafka side was aborted after its rows committed (a crash between
+    /// the two; Kafka 4.4.0 cannot keep the prepared transaction). The owner should commit
+    /// [`committed_offset`](Self::committed_offset) before it reads input, so the consumer starts there.
+    pub fn kafka_behind(&self) -> bool {
+        self.behind_at_takeover
+    }
+
+    /// Flushes begun (committed, failed or in flight).
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
+    }
+
+    /// Every snapshot of the partition, as the recovery read of the topic store returns them.
+    pub async fn read_state(&self) -> Result<RecoveredState, SnapshotError> {
+        let lane = self.lane.lock().await;
+        read_rows(&lane.pg, &self.statements, &self.prefix, self.partition)
+            .await
+            .map_err(|e| {
+                let err = lane.statement_error("read snapshots", e);
+                store_error(self.partition, kind_of(&err), err)
+            })
+    }
+
+    /// Writes `writes` (a `None` value deletes the key) and the current committed offset as one flush,
+    /// and waits for its outcome.
+    pub async fn write_all(
+        &self,
+        writes: Vec<(Bytes, Option<Bytes>)>,
+    ) -> Result<(), SnapshotError> {
+        let offset = self.committed_offset();
+        self.begin_flush(writes, offset)
+            .await?
+            .write_rows()
+            .await?
+            .commit_rows()
+            .await?
+            .commit_kafka()
+            .await
+    }
+
+    /// Records `offset` as the input partition's committed offset (a flush without rows).
+    pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
+        self.begin_flush(Vec::new(), offset)
+            .await?
+            .write_rows()
+            .await?
+            .commit_rows()
+            .await?
+            .commit_kafka()
+            .await
+    }
+
+    /// Step 1 of a flush: a Kafka transaction with the fenced offset commit of `offset`, prepared. A
+    /// stale generation fails here ([`SnapshotError::is_fenced`]) and nothing was written.
+    pub async fn begin_flush(
+        &self,
+        writes: Vec<(Bytes, Option<Bytes>)>,
+        offset: i64,
+    ) -> Result<KafkaPrepared, SnapshotError> {
+        let partition = self.partition;
+        let mut lane = self.lane.clone().lock_owned().await;
+        if lane.closed {
+            return Err(SnapshotError::Closed { partition });
+        }
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        clean_up(&mut lane, partition).await?;
+        let Some(group) = self.metadata.current() else {
+            return Err(SnapshotError::MissingGroupMetadata { partition });
+        };
+        let failed = |lane: &mut Lane, e: ProducerError| {
+            let kind = FailureKind::of(&e);
+            if kind.closes_store() {
+                lane.closed = true;
+            }
+            SnapshotError::Transaction {
+                partition,
+                failure: e.into(),
+            }
+        };
+        if let Err(e) = lane.producer.begin() {
+            return Err(failed(&mut lane, e));
+        }
+        let fenced = lane
+            .producer
+            .send_offsets([(self.input.clone(), offset.into())], &group)
+            .await;
+        if let Err(e) = fenced {
+            let err = failed(&mut lane, e);
+            abort_quietly(&mut lane, partition).await;
+            return Err(err);
+        }
+        let prepared = match lane.producer.prepare().await {
+            Ok(p) => p,
+            Err(e) => {
+                let err = failed(&mut lane, e);
+                abort_quietly(&mut lane, partition).await;
+                return Err(err);
+            }
+        };
+        Ok(KafkaPrepared(Stage {
+            lane: Some(lane),
+            store: self.handle(),
+            writes,
+            offset,
+            prepared,
+        }))
+    }
+
+    fn handle(&self) -> Handle {
+        Handle {
+            partition: self.partition,
+            prefix: self.prefix.clone(),
+            statements: self.statements.clone(),
+            owner_epoch: self.owner_epoch,
+            committed: self.committed.clone(),
+        }
+    }
+
+    /// Stops the store: refuses new flushes, waits for the one in flight, rolls back an abandoned
+    /// PostgreSQL transaction, and closes the producer (an open Kafka transaction is left to the next
+    /// owner's init).
+    pub async fn close(self) {
+        let mut lane = self.lane.lock().await;
+        lane.closed = true;
+        if lane.pg_txn_open {
+            let _ = lane.pg.batch_execute("ROLLBACK").await;
+            lane.pg_txn_open = false;
+        }
+        drop(lane);
+        if let Ok(lane) = Arc::try_unwrap(self.lane) {
+            lane.into_inner().producer.close().await;
+        }
+    }
+}
+
+/// What the flush steps need of their store.
+struct Handle {
+    partition: i32,
+    prefix: Arc<str>,
+    statements: Arc<Statements>,
+    owner_epoch: i64,
+    committed: Arc<AtomicI64>,
+}
+
+/// A flush under way: the lane it holds (one flush at a time), what it writes, and the Kafka
+/// transaction it prepared.
+struct Stage {
+    /// `None` once the flush has ended (the lane is released).
+    lane: Option<OwnedMutexGuard<Lane>>,
+    store: Handle,
+    writes: Vec<(Bytes, Option<Bytes>)>,
+    offset: i64,
+    prepared: PreparedTxn,
+}
+
+impl Stage {
+    fn lane(&mut self) -> &mut Lane {
+        self.lane
+            .as_deref_mut()
+            .expect("a flush step holds its lane until it ends")
+    }
+
+    fn error(&mut self, kind: FailureKind, source: PgError) -> SnapshotError {
+        if kind.closes_store() {
+            self.lane().closed = true;
+        }
+        store_error(self.store.partition, kind, source)
+    }
+
+    /// Ends the flush here: the PostgreSQL transaction rolled back (when open) and the Kafka one aborted.
+    /// What fails in doing so is logged: the flush has failed already, and the next one cleans up again.
+    async fn unwind(&mut self) {
+        let partition = self.store.partition;
+        let lane = self.lane();
+        if lane.pg_txn_open {
+            match lane.pg.batch_execute("ROLLBACK").await {
+                Ok(()) => lane.pg_txn_open = false,
+                Err(e) => tracing::warn!(partition, error = %e, "rolling back a failed flush"),
+            }
+        }
+        abort_quietly(lane, partition).await;
+    }
+}
+
+impl Drop for Stage {
+    /// A flush abandoned between its steps (its future dropped, or a test holding a step): the open
+    /// PostgreSQL transaction is rolled back at once, off this thread, so it does not hold the fencing
+    /// row's lock against a takeover; the Kafka transaction is aborted by the next flush (or the next
+    /// owner's init).
+    fn drop(&mut self) {
+        let Some(mut lane) = self.lane.take() else {
+            return;
+        };
+        if !lane.pg_txn_open {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let partition = self.store.partition;
+            runtime.spawn(async move {
+                if lane.pg.batch_execute("ROLLBACK").await.is_ok() {
+                    lane.pg_txn_open = false;
+                } else {
+                    tracing::warn!(
+                        partition,
+                        "rolling back an abandoned flush failed; the next flush tries again"
+                    );
+                }
+            });
+        }
+    }
+}
+
+/// Step 1 done: the Kafka transaction carrying the fenced offset commit is prepared.
+pub struct KafkaPrepared(Stage);
+
+/// Step 2 done: the PostgreSQL transaction holds the fencing row (its compare-and-set passed) and the
+/// rows, not yet committed.
+pub struct RowsWritten(Stage);
+
+/// Step 3 done: the rows and the fencing row's record are committed in PostgreSQL; the Kafka
+/// transaction is still prepared.
+pub struct RowsCommitted(Stage);
+
+impl KafkaPrepared {
+    /// The prepared Kafka transaction's name, which step 2 records on the fencing row.
+    pub fn prepared(&self) -> PreparedTxn {
+        self.0.prepared
+    }
+
+    /// Step 2: `BEGIN`; the compare-and-set on the fencing row (it must still carry this store's epoch;
+    /// the update takes the row's lock until the transaction ends), recording the offset and the
+    /// prepared transaction's name; the snapshot rows (deletes for `None` values; the last write of a
+    /// key wins). A newer owner's epoch fails it with [`PgError::Fenced`]: rolled back, the Kafka
+    /// transaction aborted, the store closed.
+    pub async fn write_rows(mut self) -> Result<RowsWritten, SnapshotError> {
+        let s = &mut self.0;
+        let (partition, epoch, offset) = (s.store.partition, s.store.owner_epoch, s.offset);
+        let prefix = s.store.prefix.clone();
+        let statements = s.store.statements.clone();
+        let prepared = s.prepared.to_string();
+        let writes = std::mem::take(&mut s.writes);
+        let lane = s.lane();
+        lane.pg_txn_open = true;
+        let begun = lane.pg.batch_execute("BEGIN").await;
+        let recorded = match begun {
+            Ok(()) => {
+                lane.pg
+                    .execute(
+                        &statements.record,
+                        &[&&*prefix, &partition, &epoch, &offset, &prepared],
+                    )
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let recorded = match recorded {
+            Ok(n) => n,
+            Err(e) => {
+                let err = lane.statement_error("record the flush", e);
+                s.unwind().await;
+                return Err(s.error(kind_of(&err), err));
+            }
+        };
+        if recorded != 1 {
+            s.unwind().await;
+            let lane = s.lane();
+            let current = match lane
+                .pg
+                .query_opt(&statements.owner, &[&&*prefix, &partition])
+                .await
+            {
+                Ok(row) => row.map(|r| r.get::<_, i64>(0)),
+                Err(_) => None,
+            };
+            tracing::warn!(
+                partition,
+                ours = epoch,
+                ?current,
+                "flush refused by the fencing row: a newer owner took the partition over; nothing of it landed"
+            );
+            return Err(s.error(
+                FailureKind::ProducerFenced,
+                PgError::Fenced {
+                    partition,
+                    ours: epoch,
+                    current,
+                },
+            ));
+        }
+        let lane = s.lane();
+        let result = upsert_rows(&lane.pg, &statements, &prefix, partition, writes).await;
+        if let Err(e) = result {
+            let err = lane.statement_error("write snapshots", e);
+            s.unwind().await;
+            return Err(s.error(kind_of(&err), err));
+        }
+        Ok(RowsWritten(std::mem::replace(s, empty_stage())))
+    }
+}
+
+impl RowsWritten {
+    /// Step 3: `COMMIT`. An answer lost with the connection leaves the outcome unknown: the Kafka side
+    /// is left prepared and the store closed, for the next takeover to settle by what the fencing row
+    /// says.
+    pub async fn commit_rows(mut self) -> Result<RowsCommitted, SnapshotError> {
+        let s = &mut self.0;
+        let lane = s.lane();
+        match lane.pg.batch_execute("COMMIT").await {
+            Ok(()) => {
+                lane.pg_txn_open = false;
+                Ok(RowsCommitted(std::mem::replace(s, empty_stage())))
+            }
+            Err(e) => {
+                let err = lane.statement_error("commit", e);
+                if matches!(err, PgError::ConnectionLost(_)) {
+                    // Whether the server committed is unknown; the Kafka side stays prepared.
+                    lane.pg_txn_open = false;
+                    return Err(s.error(FailureKind::OutcomeUnknown, err));
+                }
+                // The server answered with an error: it rolled back.
+                lane.pg_txn_open = false;
+                s.unwind().await;
+                Err(s.error(FailureKind::Aborted, err))
+            }
+        }
+    }
+}
+
+impl RowsCommitted {
+    /// Step 4: commits the prepared Kafka transaction (the group's committed offset moves). The rows
+    /// have landed whatever happens here: a failure (fenced by a newer owner, an unknown outcome) is
+    /// reported with its kind, and the next takeover finishes the Kafka side by the fencing row.
+    pub async fn commit_kafka(mut self) -> Result<(), SnapshotError> {
+        let s = &mut self.0;
+        let (partition, offset, prepared) = (s.store.partition, s.offset, s.prepared);
+        s.store.committed.fetch_max(offset, Ordering::SeqCst);
+        let lane = s.lane();
+        let outcome = lane.producer.complete(Some(prepared)).await;
+        let result = match outcome {
+            Ok(Completion::Committed) => Ok(()),
+            Ok(Completion::Aborted) => unreachable_abort(partition),
+            Err(e) => {
+                if FailureKind::of(&e).closes_store() {
+                    lane.closed = true;
+                }
+                Err(SnapshotError::Transaction {
+                    partition,
+                    failure: e.into(),
+                })
+            }
+        };
+        s.lane = None;
+        result
+    }
+}
+
+/// `complete` with the prepared transaction's own name commits; an abort there would be a bug in the
+/// producer, reported as a fatal failure rather than a panic.
+fn unreachable_abort(partition: i32) -> Result<(), SnapshotError> {
+    Err(store_error(
+        partition,
+        FailureKind::Fatal,
+        PgError::BadRow {
+            partition,
+            detail: "the prepared transaction was aborted although it was named".into(),
+        },
+    ))
+}
+
+fn empty_stage() -> Stage {
+    Stage {
+        lane: None,
+        store: Handle {
+            partition: -1,
+            prefix: Arc::from(""),
+            statements: Arc::new(Statements::new("x")),
+            owner_epoch: 0,
+            committed: Arc::new(AtomicI64::new(0)),
+        },
+        writes: Vec::new(),
+        offset: 0,
+        prepared: PreparedTxn {
+            producer_id: -1,
+            producer_epoch: -1,
+        },
+    }
+}
+
+/// A lost connection ends the store (fatal); a statement the server refused aborts only the flush.
+fn kind_of(e: &PgError) -> FailureKind {
+    match e {
+        PgError::ConnectionLost(_) => FailureKind::Fatal,
+        _ => FailureKind::Aborted,
+    }
+}
+
+/// Before a flush: whatever an abandoned one left behind is ended.
+async fn clean_up(lane: &mut Lane, partition: i32) -> Result<(), SnapshotError> {
+    if lane.pg_txn_open {
+        if let Err(e) = lane.pg.batch_execute("ROLLBACK").await {
+            let err = lane.statement_error("roll back an abandoned flush", e);
+            lane.closed = true;
+            return Err(store_error(partition, FailureKind::Fatal, err));
+        }
+        lane.pg_txn_open = false;
+    }
+    if matches!(
+        lane.producer.state(),
+        TransactionState::InTransaction
+            | TransactionState::Prepared
+            | TransactionState::AbortableError
+    ) {
+        if let Err(e) = lane.producer.abort().await {
+            let kind = FailureKind::of(&e);
+            if kind.closes_store() {
+                lane.closed = true;
+            }
+            return Err(SnapshotError::Transaction {
+                partition,
+                failure: e.into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Aborts the open Kafka transaction of a failed flush; a failure to do so is logged (a fenced producer
+/// cannot abort, and need not: the newer owner's init did).
+async fn abort_quietly(lane: &mut Lane, partition: i32) {
+    if let Err(e) = lane.producer.abort().await {
+        if FailureKind::of(&e).closes_store() {
+            lane.closed = true;
+        }
+        tracing::debug!(partition, error = %e, "aborting a failed flush's Kafka transaction");
+    }
+}
+
+/// Connects, and watches the connection's task: its end (an error, or a panic) is kept for the next
+/// statement's error.
+pub(crate) async fn connect(
+    config: &PgStoreConfig,
+) -> Result<(tokio_postgres::Client, Arc<Mutex<Option<String>>>), PgError> {
+    let url = redacted(&config.url);
+    let (client, connection) = tokio::time::timeout(
+        config.connect_timeout,
+        tokio_postgres::connect(&config.url, NoTls),
+    )
+    .await
+    .map_err(|_| PgError::Connect {
+        url: url.clone(),
+        reason: format!("no connection within {:?}", config.connect_timeout),
+    })?
+    .map_err(|e| PgError::Connect {
+        url: url.clone(),
+        reason: e.to_string(),
+    })?;
+    let lost = Arc::new(Mutex::new(None));
+    let (ended, failed) = (lost.clone(), lost.clone());
+    crate::supervise::spawn(
+        async move {
+            let why = match connection.await {
+                Ok(()) => "closed".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            *lock(&ended) = Some(why);
+        },
+        move |failure| *lock(&failed) = Some(format!("the connection task {failure}")),
+    );
+    Ok((client, lost))
+}
+
+/// The partition's two-phase producer: kept prepared transaction if the broker allows it, the
+/// ordinary two-phase init (which aborts it) if the broker refuses to keep one. A refusal
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED is told apart by the broker's setting.
+async fn two_phase_producer(
+    client: &Client,
+    snapshots: &SnapshotConfig,
+    partition: i32,
+) -> Result<TransactionalProducer, SnapshotError> {
+    let id = snapshots.transactional_id(partition);
+    let mut config = TransactionalConfig::new(id.clone());
+    config.two_phase_commit = true;
+    config.producer = snapshots.producer.clone();
+    let acquire = |source| SnapshotError::Acquire { partition, source };
+    let first = TransactionalProducer::init_keeping_prepared(client.clone(), config.clone()).await;
+    let result = match first {
+        Ok((producer, _)) => Ok(producer),
+        Err(e) if e.two_phase_refusal() == Some(TwoPhaseCommitRefusal::KeepPreparedUnsupported) => {
+            tracing::debug!(
+                partition,
+                "the broker cannot keep a prepared transaction (KAFKA-20739); initialising without: an open one is aborted"
+            );
+            TransactionalProducer::init(client.clone(), config).await
+        }
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(p) => Ok(p),
+        Err(e) if e.two_phase_refusal() == Some(TwoPhaseCommitRefusal::NotAuthorizedOrDisabled) => {
+            let refusal = match crate::admin::two_phase_commit_enabled(client, &id).await {
+                Ok(Some(false)) => TwoPhaseCommitRefusal::DisabledOnBroker,
+                Ok(Some(true)) => TwoPhaseCommitRefusal::NotAuthorized,
+                _ => TwoPhaseCommitRefusal::NotAuthorizedOrDisabled,
+            };
+            Err(acquire(ProducerError::TwoPhaseCommitRefused {
+                transactional_id: id,
+                refusal,
+            }))
+        }
+        Err(e) => Err(acquire(e)),
+    }
+}
+
+/// Every row of `partition`, streamed into a [`RecoveredState`].
+pub(crate) async fn read_rows(
+    pg: &tokio_postgres::Client,
+    statements: &Statements,
+    prefix: &str,
+    partition: i32,
+) -> Result<RecoveredState, tokio_postgres::Error> {
+    use futures_util::TryStreamExt as _;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&prefix, &partition];
+    let rows = pg.query_raw(&statements.read, params).await?;
+    futures_util::pin_mut!(rows);
+    let mut state = RecoveredState::new();
+    while let Some(row) = rows.try_next().await? {
+        let key: &[u8] = row.get(0);
+        let value: &[u8] = row.get(1);
+        state.insert(key, value);
+    }
+    Ok(state)
+}
+
+/// Writes `writes` into `partition`'s rows: one upsert of every value, one delete of every key whose
+/// value is `None`. The last write of a key wins (a key may not appear twice in one upsert).
+pub(crate) async fn upsert_rows(
+    pg: &tokio_postgres::Client,
+    statements: &Statements,
+    prefix: &str,
+    partition: i32,
+    writes: Vec<(Bytes, Option<Bytes>)>,
+) -> Result<(), tokio_postgres::Error> {
+    let mut last: HashMap<Bytes, Option<Bytes>> = HashMap::with_capacity(writes.len());
+    for (k, v) in writes {
+        last.insert(k, v);
+    }
+    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut values: Vec<&[u8]> = Vec::new();
+    let mut deletes: Vec<&[u8]> = Vec::new();
+    for (k, v) in &last {
+        match v {
+            Some(v) => {
+                keys.push(k);
+                values.push(v);
+            }
+            None => deletes.push(k),
+        }
+    }
+    if !keys.is_empty() {
+        pg.execute(&statements.upsert, &[&prefix, &partition, &keys, &values])
+            .await?;
+    }
+    if !deletes.is_empty() {
+        pg.execute(&statements.delete, &[&prefix, &partition, &deletes])
+            .await?;
+    }
+    Ok(())
+}
