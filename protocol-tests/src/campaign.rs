@@ -167,6 +167,10 @@ pub struct CampaignConfig {
     pub session_timeout: Duration,
     /// The finder run after every round; `None` skips that check (and says so in the report).
     pub finder: Option<Finder>,
+    /// Members keep their snapshots in the PostgreSQL database at this URL (the cluster must have
+    /// two-phase commit on: [`two_phase`]). The checker then reads each key's row instead of the
+    /// snapshot topic's history, and an open transaction is a transaction coordinator's `Ongoing`.
+    pub postgres: Option<String>,
 }
 
 impl CampaignConfig {
@@ -180,8 +184,16 @@ impl CampaignConfig {
             keys: 16,
             session_timeout: Duration::from_secs(3),
             finder,
+            postgres: None,
         }
     }
+}
+
+/// `spec` with KIP-939 two-phase commit on (for [`CampaignConfig::postgres`] rounds): the broker switch,
+/// and Kafka 4.4's unstable API versions, where InitProducerId v6 is advertised.
+pub fn two_phase(spec: ClusterSpec) -> ClusterSpec {
+    spec.with_prop("transaction.two.phase.commit.enable", "true")
+        .with_prop("unstable.api.versions.enable", "true")
 }
 
 /// The cluster a campaign runs on: three nodes (replication 3, `min.insync.replicas` 2) at
@@ -551,6 +563,14 @@ pub async fn run_round(
         notes: Vec::new(),
         elapsed: Duration::ZERO,
     };
+    if let Some(url) = &cfg.postgres {
+        if let Err(e) = postgres_history(url).await {
+            report
+                .infra
+                .push(format!("installing the PostgreSQL history: {e}"));
+            return report;
+        }
+    }
     match Round::new(kafka, cfg, plan).await {
         Ok(mut round) => {
             round.run(&mut report).await;
@@ -629,6 +649,7 @@ impl<'a> Round<'a> {
         args.transactional = cfg.transactional;
         args.session_timeout = cfg.session_timeout;
         args.recover = plan.recover;
+        args.postgres = cfg.postgres.clone();
         let brokers = if kafka.is_external() {
             Vec::new()
         } else {
@@ -1230,6 +1251,21 @@ impl<'a> Round<'a> {
 
     /// The snapshot partitions among `partitions` whose last stable offset is below the high watermark.
     async fn open_transactions(&self, partitions: &[i32]) -> Vec<i32> {
+        if self.cfg.postgres.is_some() {
+            // The PostgreSQL store's Kafka transactions carry only the offset commit: open is what
+            // the transaction coordinator says (prepared, or still before its prepare).
+            let mut open = Vec::new();
+            for p in partitions {
+                let id = format!("{}-{p}", self.args.txn_prefix);
+                if let Ok(Some(d)) = snapfence::admin::describe_transaction(&self.client, &id).await
+                {
+                    if d.state == "Ongoing" {
+                        open.push(*p);
+                    }
+                }
+            }
+            return open;
+        }
         let tps: Vec<TopicPartition> = partitions
             .iter()
             .map(|p| TopicPartition::new(self.args.snapshots.as_str(), *p))
@@ -1415,6 +1451,9 @@ impl<'a> Round<'a> {
 
     /// The re-fold checker (see the module docs).
     async fn check(&self, written: &HashMap<Bytes, Vec<Bytes>>, report: &mut RoundReport) {
+        if let Some(url) = &self.cfg.postgres {
+            return self.check_postgres(url, written, report).await;
+        }
         let mut read: HashMap<Bytes, Vec<Seen>> = HashMap::new();
         for p in 0..self.cfg.partitions {
             let mut log = PartitionLog::new(self.client.clone(), &self.args.snapshots, p);
@@ -1512,6 +1551,96 @@ impl<'a> Round<'a> {
         }
     }
 
+    /// The checker on the PostgreSQL store. The store keeps each key's last snapshot; the harness's
+    /// trigger keeps every write in commit order (`postgres_history`), so the same checks as on the
+    /// snapshot topic's log apply: every write a fold of its key's first N events with the counts never
+    /// going back (a stale owner's late rows would), no write of a key no input wrote, each key's row
+    /// equal to the fold of all its events, and every snapshot a member reported committed among the
+    /// writes.
+    async fn check_postgres(
+        &self,
+        url: &str,
+        written: &HashMap<Bytes, Vec<Bytes>>,
+        report: &mut RoundReport,
+    ) {
+        let (history, now) = match postgres_rows(url, &self.args.txn_prefix).await {
+            Ok(rows) => rows,
+            Err(e) => return report.infra.push(format!("reading PostgreSQL: {e}")),
+        };
+        let seen_of = |partition: i32,
+                       key: &Bytes,
+                       value: &Option<Vec<u8>>,
+                       report: &mut RoundReport|
+         -> Option<Seen> {
+            match value.as_deref() {
+                None => Some(Seen::Deleted),
+                Some(v) if is_grave(v) => Some(Seen::Deleted),
+                Some(v) => match tally_of_snapshot(v) {
+                    Some(t) => Some(Seen::Snapshot(t)),
+                    None => {
+                        report.anomalies.push(format!(
+                            "partition {partition}: key {key:?} has a value that is not a snapshot: {v:?}"
+                        ));
+                        None
+                    }
+                },
+            }
+        };
+        let mut read: HashMap<Bytes, Vec<Seen>> = HashMap::new();
+        for (partition, key, value) in &history {
+            report.snapshots_read += 1;
+            if !written.contains_key(key) {
+                report.anomalies.push(format!(
+                    "partition {partition}: a row for {key:?}, which no input wrote"
+                ));
+            }
+            if let Some(seen) = seen_of(*partition, key, value, report) {
+                read.entry(key.clone()).or_default().push(seen);
+            }
+        }
+        for (key, seen) in &read {
+            let events = written.get(key).map(Vec::as_slice).unwrap_or_default();
+            let (problems, _) = check_key(events, seen);
+            report
+                .anomalies
+                .extend(problems.into_iter().map(|p| format!("{key:?}: {p}")));
+        }
+        let mut state: HashMap<Bytes, Seen> = HashMap::new();
+        for (partition, key, value) in &now {
+            if let Some(seen) = seen_of(*partition, key, value, report) {
+                state.insert(key.clone(), seen);
+            }
+        }
+        for (key, events) in written {
+            let want = fold_all(events);
+            let got = match state.get(key) {
+                Some(Seen::Snapshot(t)) => Some(*t),
+                _ => None,
+            };
+            if got != want {
+                report.anomalies.push(format!(
+                    "{key:?}: recovered {got:?}, but the fold of all {} events is {want:?}",
+                    events.len()
+                ));
+            }
+        }
+        let mut reported: HashSet<(Bytes, Tally)> = HashSet::new();
+        for log in &self.gone {
+            reported.extend(log.committed.iter().cloned());
+        }
+        report.snapshots_reported = reported.len();
+        for (key, t) in &reported {
+            if !read
+                .get(key)
+                .is_some_and(|s| s.contains(&Seen::Snapshot(*t)))
+            {
+                report.anomalies.push(format!(
+                    "{key:?}: committed snapshot {t:?} reported by a member was never written (lost)"
+                ));
+            }
+        }
+    }
+
     async fn cleanup(&mut self) {
         for m in self.members.drain(..) {
             drop(m);
@@ -1523,6 +1652,82 @@ impl<'a> Round<'a> {
             let _ = snapfence::admin::delete_topic(&self.client, t).await;
         }
     }
+}
+
+/// The campaign's history of the PostgreSQL store: the store keeps each key's last snapshot only, so a
+/// stale owner's write that a newer one overwrote later would leave no trace to check. A trigger (the
+/// harness's, not the store's) appends every write and delete of the snapshot table, in commit order
+/// of the row locks, to `snapfence_history`, which the checker reads like the snapshot topic's log.
+/// Creates the store's tables first (the store's own schema, `PgStoreConfig::schema_sql`).
+async fn postgres_history(url: &str) -> Result<(), String> {
+    let schema = snapfence::snapshot::postgres::PgStoreConfig::new(url)
+        .schema_sql()
+        .ok_or("the default table prefix is not an identifier")?;
+    let history = "
+        CREATE TABLE IF NOT EXISTS snapfence_history (
+          id bigserial PRIMARY KEY, prefix text NOT NULL, partition integer NOT NULL,
+          key bytea NOT NULL, value bytea);
+        CREATE OR REPLACE FUNCTION snapfence_history_append() RETURNS trigger AS $$
+        BEGIN
+          IF TG_OP = 'DELETE' THEN
+            INSERT INTO snapfence_history (prefix, partition, key, value)
+              VALUES (OLD.prefix, OLD.partition, OLD.key, NULL);
+            RETURN OLD;
+          END IF;
+          INSERT INTO snapfence_history (prefix, partition, key, value)
+            VALUES (NEW.prefix, NEW.partition, NEW.key, NEW.value);
+          RETURN NEW;
+        END $$ LANGUAGE plpgsql;
+        DROP TRIGGER IF EXISTS snapfence_history_trigger ON snapfence_snapshots;
+        CREATE TRIGGER snapfence_history_trigger AFTER INSERT OR UPDATE OR DELETE
+          ON snapfence_snapshots FOR EACH ROW EXECUTE FUNCTION snapfence_history_append();";
+    let (pg, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| e.to_string())?;
+    let task = tokio::spawn(connection);
+    let result = async {
+        pg.batch_execute(&schema).await?;
+        pg.batch_execute(history).await
+    }
+    .await
+    .map_err(|e| e.to_string());
+    drop(pg);
+    let _ = task.await;
+    result
+}
+
+/// The PostgreSQL store's writes for the flow `prefix`, in the order they committed (the history
+/// table), and its rows now: each as (partition, key, value; `None` for a delete).
+type PgWrite = (i32, Bytes, Option<Vec<u8>>);
+
+async fn postgres_rows(url: &str, prefix: &str) -> Result<(Vec<PgWrite>, Vec<PgWrite>), String> {
+    let (pg, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| e.to_string())?;
+    let task = tokio::spawn(connection);
+    let read = |sql: &'static str| {
+        let pg = &pg;
+        async move {
+            pg.query(sql, &[&prefix]).await.map(|rows| {
+                rows.into_iter()
+                    .map(|r| {
+                        let key: Vec<u8> = r.get(1);
+                        (r.get::<_, i32>(0), Bytes::from(key), r.get(2))
+                    })
+                    .collect::<Vec<PgWrite>>()
+            })
+        }
+    };
+    let history =
+        read("SELECT partition, key, value FROM snapfence_history WHERE prefix = $1 ORDER BY id")
+            .await;
+    let now = read("SELECT partition, key, value FROM snapfence_snapshots WHERE prefix = $1").await;
+    drop(pg);
+    let _ = task.await;
+    Ok((
+        history.map_err(|e| e.to_string())?,
+        now.map_err(|e| e.to_string())?,
+    ))
 }
 
 /// Stops a member (it flushes and commits) with a 10 s grace. The wait blocks, so it runs with

@@ -76,6 +76,10 @@ pub struct MemberArgs {
     /// [`FencePolicy::Recover`] (a spurious fence is recovered in place, the member keeps running)
     /// instead of [`FencePolicy::Stop`] (every refused commit ends the member).
     pub recover: bool,
+    /// Keep the snapshots in the PostgreSQL database at this URL instead of the snapshot topic
+    /// (`FlowConfig::postgres`, tables `snapfence_*`, rows keyed by `txn_prefix`). The member connects
+    /// to it directly, not through the routes.
+    pub postgres: Option<String>,
 }
 
 /// Dials each broker address through its route, and refuses addresses without one.
@@ -112,6 +116,7 @@ impl MemberArgs {
             recovery_stall_timeout: Duration::from_secs(30),
             routes: Vec::new(),
             recover: false,
+            postgres: None,
         }
     }
 
@@ -152,6 +157,7 @@ impl MemberArgs {
                 "--fence-policy",
                 if self.recover { "recover" } else { "stop" }.into(),
             ),
+            ("--postgres", self.postgres.clone().unwrap_or_default()),
             (
                 "--routes",
                 self.routes
@@ -212,6 +218,7 @@ impl MemberArgs {
             Some("recover") => true,
             Some(p) => return Err(format!("--fence-policy {p}: want stop or recover")),
         };
+        a.postgres = map.get("postgres").filter(|u| !u.is_empty()).cloned();
         for route in map
             .get("routes")
             .map(String::as_str)
@@ -264,6 +271,10 @@ impl MemberArgs {
         } else {
             FencePolicy::Stop
         };
+        c.postgres = self
+            .postgres
+            .as_deref()
+            .map(snapfence::snapshot::postgres::PgStoreConfig::new);
         if !self.routes.is_empty() {
             // Through the fault proxy a lost answer is resent after the request timeout: keep it short
             // enough that a round sees the resend.

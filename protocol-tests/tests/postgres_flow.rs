@@ -102,7 +102,10 @@ async fn poll_until(flow: &mut Flow<Counter>, events: u64) {
                 return;
             }
         }
-        assert!(Instant::now() < deadline, "the flow never reached {events} events");
+        assert!(
+            Instant::now() < deadline,
+            "the flow never reached {events} events"
+        );
     }
 }
 
@@ -131,7 +134,8 @@ async fn handover(
     loop {
         b.poll_once(Duration::from_millis(200)).await.unwrap();
         if b.state(0).await.is_some_and(|s| {
-            s.get(&Bytes::from_static(b"a")).is_some_and(|t| t.count >= 15)
+            s.get(&Bytes::from_static(b"a"))
+                .is_some_and(|t| t.count >= 15)
         }) {
             break;
         }
@@ -177,7 +181,10 @@ async fn issue_732_on_postgres_unfenced_corrupts_fenced_prevents() {
 
     let (got, want, refused) = handover(&kafka, &pg, PersistenceMode::NonTransactional).await;
     assert!(!refused, "the unfenced stale flush was expected to land");
-    assert_ne!(got, want, "unfenced, the stale rows must corrupt the recovered state");
+    assert_ne!(
+        got, want,
+        "unfenced, the stale rows must corrupt the recovered state"
+    );
 
     let (got, want, refused) = handover(&kafka, &pg, PersistenceMode::Transactional).await;
     assert!(refused, "the fenced stale flush must be refused");

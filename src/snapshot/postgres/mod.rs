@@ -65,6 +65,14 @@ impl PgStoreConfig {
         }
     }
 
+    /// The SQL that creates the store's two tables (`CREATE TABLE IF NOT EXISTS`), for an operator who
+    /// creates them ahead and runs with [`create_tables`](Self::create_tables) off. `None` when
+    /// `table_prefix` is not a plain identifier.
+    pub fn schema_sql(&self) -> Option<String> {
+        sql::valid_prefix(&self.table_prefix)
+            .then(|| sql::Statements::new(&self.table_prefix).create)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), super::SnapshotError> {
         if !sql::valid_prefix(&self.table_prefix) {
             return Err(super::SnapshotError::Config(format!(
