@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p protocol-tests --example fault-campaign -- --rounds 200 [--seed N] [--tv 2|1|both]
 //! [--legs 4.4-tv2,4.4-tv1,4.2,3.9] [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,KIND]
-//! [--verbose]`
+//! [--postgres] [--verbose]`
 //!
 //! Starts a three-node cluster per transaction version (`--tv both`, the default, alternates rounds between
 //! a TV2 and a TV1 cluster of Kafka 4.4) or per leg named by `--legs` (Kafka 4.4 at either transaction
@@ -14,6 +14,10 @@
 //! (default 1) runs up to N rounds at once, never two on the same cluster: round r always runs on leg
 //! r mod legs and is drawn from (seed, r) alone, so a round replays the same whatever N was. Exit status 1
 //! when any anomaly was found, 2 when a round's task died.
+//! `--postgres` runs the members on the PostgreSQL snapshot store (KIP-939 two-phase commit): it starts a
+//! PostgreSQL server, turns two-phase commit on in the clusters, allows only the 4.4-tv2 leg (2PC needs
+//! InitProducerId v6 and transaction version 2), and by default draws every fault kind but the two that
+//! act on the snapshot topic (foreign-txn, compaction).
 //! Members are this same executable run as `fault-campaign member ...` (examples have no sibling binaries).
 
 use std::io::Write as _;
@@ -38,6 +42,7 @@ fn main() {
     let mut verbose = false;
     let mut parallel = 1u64;
     let mut kinds = Vec::new();
+    let mut postgres = false;
     let mut it = argv.iter();
     while let Some(a) = it.next() {
         let mut value = || {
@@ -70,6 +75,7 @@ fn main() {
             "--parallel" => parallel = number(&value()).max(1),
             "--unfenced" => transactional = false,
             "--verbose" => verbose = true,
+            "--postgres" => postgres = true,
             "--faults" => {
                 for name in value().split(',') {
                     kinds.push(
@@ -87,6 +93,27 @@ fn main() {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
+    // Kept alive until the campaign ends: the members' database.
+    let mut pg_server = None;
+    if postgres {
+        if legs.iter().any(|l| *l != Leg::Kafka44Tv2) {
+            legs = vec![Leg::Kafka44Tv2];
+            println!("--postgres: the 4.4-tv2 leg only (two-phase commit needs InitProducerId v6 and TV2)");
+        }
+        if kinds.is_empty() {
+            kinds = FaultKind::ALL
+                .into_iter()
+                .filter(|k| !matches!(k, FaultKind::ForeignTxn | FaultKind::Compaction))
+                .collect();
+        }
+        match protocol_tests::PostgresServer::start() {
+            Ok(server) => {
+                println!("PostgreSQL at {}", server.url());
+                pg_server = Some(server);
+            }
+            Err(e) => usage(&format!("PostgreSQL: {e}")),
+        }
+    }
     if round_seed.is_some() {
         rounds = legs.len() as u64;
     }
@@ -114,6 +141,7 @@ fn main() {
         Some(finder),
     );
     cfg.transactional = transactional;
+    cfg.postgres = pg_server.as_ref().map(|s| s.url());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -123,7 +151,15 @@ fn main() {
     // Every cluster up front and rounds going round them, so a run cut short still covers every leg.
     let clusters: Vec<(Leg, KafkaCluster)> = legs
         .iter()
-        .map(|leg| match KafkaCluster::start(&leg.spec()) {
+        .map(|leg| {
+            let spec = if postgres {
+                protocol_tests::campaign::two_phase(leg.spec())
+            } else {
+                leg.spec()
+            };
+            (leg, spec)
+        })
+        .map(|(leg, spec)| match KafkaCluster::start(&spec) {
             Ok(k) => {
                 println!("{}: three nodes at {}", leg.name(), k.bootstrap());
                 (*leg, k)
@@ -215,6 +251,7 @@ fn main() {
         std::process::exit(2);
     }
     let anomalies = reports.iter().any(|r| !r.anomalies.is_empty());
+    drop(pg_server);
     std::process::exit(i32::from(anomalies));
 }
 
@@ -229,7 +266,7 @@ fn number(text: &str) -> u64 {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "fault-campaign: {problem}\nusage: fault-campaign [--rounds N] [--seed N] [--tv 2|1|both] [--legs LIST] \
-         [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,...] [--verbose]"
+         [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,...] [--postgres] [--verbose]"
     );
     std::process::exit(2)
 }
