@@ -8,7 +8,8 @@
 #
 # Environment: BENCH_NODES (default "1,3"), BENCH_ROUNDS (default "2,1": two rounds on one node, one on
 # three, whose round takes ~40 min), BENCH_REPEAT (default 5: runs per client of the ~100 ms rows, the
-# median is reported), BENCH_ARGS (more runner options, e.g. "--clients snapfence,java"), BENCH_SCALE_ARGS (options of `snapfence-bench scale`, e.g. "--partitions 1,8,64"), DECODE_RUNS (default 15),
+# median is reported), BENCH_ARGS (more runner options, e.g. "--clients snapfence,java"), BENCH_SCALE_ARGS (options of `snapfence-bench scale`, e.g. "--partitions 1,8,64"), BENCH_STORES_ARGS (options of
+# `snapfence-bench stores`, e.g. "--keys 100 --waves 10"), DECODE_RUNS (default 15),
 # BENCH_PEERS_TARGET (the peers' cargo target dir, default $CARGO_TARGET_DIR/bench-peers),
 # SNAPFENCE_KAFKA_JVM_OPTS (broker JVM flags; default here "-XX:+UseG1GC", a full-speed JIT and collector,
 # instead of the test fixture's fast-start flags).
@@ -62,6 +63,11 @@ scale_runs=$(mktemp)
 SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
   "$target/release/snapfence-bench" scale ${BENCH_SCALE_ARGS:-} --out "$scale_runs" --svg docs/scaling.svg
 
+echo "== stores (a persist wave on the PostgreSQL store against the topic store)"
+stores_runs=$(mktemp)
+SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
+  "$target/release/snapfence-bench" stores ${BENCH_STORES_ARGS:-} --out "$stores_runs"
+
 echo "== decode (CPU only)"
 decode_runs=$(mktemp)
 cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
@@ -78,11 +84,15 @@ cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
   echo
   cat "$scale_runs"
   echo
+  echo "### Stores (\`snapfence-bench stores\`)"
+  echo
+  cat "$stores_runs"
+  echo
   echo "### Decode (CPU only, \`cargo bench --bench decode -- ${DECODE_RUNS:-15}\`)"
   echo
   echo '```text'
   cat "$decode_runs"
   echo '```'
 } >"$out"
-rm -f "$broker_runs" "$scale_runs" "$decode_runs"
+rm -f "$broker_runs" "$scale_runs" "$stores_runs" "$decode_runs"
 echo "wrote $out"

@@ -6,6 +6,7 @@
 //!                     [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS]
 //!                     [--broker KEY=VALUE]... [--transaction-version 1|2]
 //! snapfence-bench scale [--partitions LIST] [--keys LIST] [--out FILE] [--svg FILE]   (see scale.rs)
+//! snapfence-bench stores [--keys LIST] [--waves N] [--out FILE]              (see stores.rs)
 //! snapfence-bench peer WORKLOAD ARGS...     snapfence's side of one workload (a child of `run`)
 //! ```
 //!
@@ -28,6 +29,7 @@
 mod ours;
 mod report;
 mod scale;
+mod stores;
 mod workload;
 
 use std::io::{BufRead, BufReader};
@@ -81,8 +83,13 @@ fn main() {
             scale::main(&args[1..])
         }
         Some("scale-hold") => scale::hold_main(&args[1..]),
+        Some("stores") => {
+            init_tracing();
+            stores::main(&args[1..])
+        }
         _ => {
             eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench scale [--nodes 1|3] [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE]
+       snapfence-bench stores [--keys 1,100,1000,10000] [--waves N] [--out FILE]
        snapfence-bench peer WORKLOAD ARGS...");
             2
         }
