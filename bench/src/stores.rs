@@ -127,12 +127,7 @@ fn wave_of(keys: usize, round: usize) -> Vec<(Bytes, Option<Bytes>)> {
 
 async fn run(options: &Options) -> Result<String, Error> {
     eprintln!("== starting Kafka (2PC on) and PostgreSQL");
-    let kafka = dedicated(
-        ClusterSpec::kafka4()
-            .with_prop("transaction.two.phase.commit.enable", "true")
-            .with_prop("unstable.api.versions.enable", "true"),
-    )
-    .await;
+    let kafka = dedicated(ClusterSpec::kafka4().with_two_phase_commit()).await;
     let pg = tokio::task::spawn_blocking(PostgresServer::start).await??;
     let client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
     let mut out = String::new();

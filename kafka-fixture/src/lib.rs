@@ -359,6 +359,14 @@ impl ClusterSpec {
         self
     }
 
+    /// This spec with KIP-939 two-phase commit on: `transaction.two.phase.commit.enable=true`, and
+    /// `unstable.api.versions.enable=true`, without which Kafka 4.4 does not advertise InitProducerId v6
+    /// (its spec marks the version unstable). 4.4.0 still refuses `KeepPreparedTxn` (KAFKA-20739).
+    pub fn with_two_phase_commit(self) -> ClusterSpec {
+        self.with_prop("transaction.two.phase.commit.enable", "true")
+            .with_prop("unstable.api.versions.enable", "true")
+    }
+
     /// This spec with secured listeners, users and ACL enforcement.
     pub fn with_security(self, security: SecuritySpec) -> ClusterSpec {
         ClusterSpec {

@@ -189,11 +189,10 @@ impl CampaignConfig {
     }
 }
 
-/// `spec` with KIP-939 two-phase commit on (for [`CampaignConfig::postgres`] rounds): the broker switch,
-/// and Kafka 4.4's unstable API versions, where InitProducerId v6 is advertised.
+/// `spec` with KIP-939 two-phase commit on, for [`CampaignConfig::postgres`] rounds
+/// ([`ClusterSpec::with_two_phase_commit`]).
 pub fn two_phase(spec: ClusterSpec) -> ClusterSpec {
-    spec.with_prop("transaction.two.phase.commit.enable", "true")
-        .with_prop("unstable.api.versions.enable", "true")
+    spec.with_two_phase_commit()
 }
 
 /// The cluster a campaign runs on: three nodes (replication 3, `min.insync.replicas` 2) at

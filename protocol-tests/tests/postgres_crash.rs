@@ -36,12 +36,7 @@ fn crash_at(args: &[String], step: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_owner_resolves_a_flush_killed_at_each_step() {
-    let kafka = cluster(
-        ClusterSpec::kafka4()
-            .with_prop("transaction.two.phase.commit.enable", "true")
-            .with_prop("unstable.api.versions.enable", "true"),
-    )
-    .await;
+    let kafka = cluster(ClusterSpec::kafka4().with_two_phase_commit()).await;
     let pg = tokio::task::spawn_blocking(PostgresServer::start)
         .await
         .unwrap()

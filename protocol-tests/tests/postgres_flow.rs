@@ -168,12 +168,7 @@ async fn handover(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_732_on_postgres_unfenced_corrupts_fenced_prevents() {
-    let kafka = cluster(
-        ClusterSpec::kafka4()
-            .with_prop("transaction.two.phase.commit.enable", "true")
-            .with_prop("unstable.api.versions.enable", "true"),
-    )
-    .await;
+    let kafka = cluster(ClusterSpec::kafka4().with_two_phase_commit()).await;
     let pg = tokio::task::spawn_blocking(PostgresServer::start)
         .await
         .unwrap()

@@ -16,9 +16,7 @@ use snapfence::snapshot::{FailureKind, MetadataSource, SnapshotConfig, SnapshotE
 use snapfence::GroupMetadata;
 
 fn two_phase() -> ClusterSpec {
-    ClusterSpec::kafka4()
-        .with_prop("transaction.two.phase.commit.enable", "true")
-        .with_prop("unstable.api.versions.enable", "true")
+    ClusterSpec::kafka4().with_two_phase_commit()
 }
 
 async fn postgres() -> PostgresServer {
@@ -319,5 +317,126 @@ async fn acquisition_fails_at_once_when_the_broker_has_two_phase_commit_off() {
         e.to_string()
             .contains("transaction.two.phase.commit.enable"),
         "{e}"
+    );
+}
+
+/// A cluster at transaction version 1: a flush could not name its Kafka transaction (the ids repeat from
+/// one transaction to the next), so the takeover is refused at once rather than every flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisition_fails_at_once_under_transaction_version_1() {
+    let kafka = cluster(ClusterSpec::kafka4_tv1().with_two_phase_commit()).await;
+    let pg = postgres().await;
+    let w = World::new(&kafka, &pg).await;
+    let group = w.member().await;
+    let e = w.acquire(&group).await.unwrap_err();
+    match &e {
+        SnapshotError::Acquire { source, .. } => assert_eq!(
+            source.two_phase_refusal(),
+            Some(TwoPhaseCommitRefusal::NeedsTransactionVersion2),
+            "{e}"
+        ),
+        other => panic!("{other}"),
+    }
+}
+
+/// A principal with WRITE on the transactional ids but not the TWO_PHASE_COMMIT operation: the takeover
+/// is refused at once and, since the principal may read the broker's configuration, says it is the ACL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisition_without_the_two_phase_commit_acl_says_so() {
+    use kafka_protocol::messages::create_acls_request::{AclCreation, CreateAclsRequest};
+    use kafka_protocol::protocol::StrBytes;
+    use protocol_tests::{Listener, SecuritySpec};
+    use snapfence::net::{SaslConfig, SaslMechanism, Target};
+    const ADMIN: (&str, &str) = ("admin", "admin-secret");
+    const ERIN: (&str, &str) = ("erin", "erin-secret");
+    let spec = two_phase().with_security(SecuritySpec {
+        users: [ADMIN, ERIN]
+            .iter()
+            .map(|(u, p)| (u.to_string(), p.to_string()))
+            .collect(),
+        super_users: vec!["User:admin".into()],
+        tls: None,
+    });
+    let kafka = cluster(spec).await;
+    let pg = postgres().await;
+    let bootstrap = kafka.listener_bootstrap(Listener::SaslPlaintext);
+    let login = |who: (&str, &str)| {
+        Client::connect(ClientConfig::new(&bootstrap).with_sasl(SaslConfig::new(
+            SaslMechanism::ScramSha512,
+            who.0,
+            who.1,
+        )))
+    };
+    let admin = login(ADMIN).await.unwrap();
+    let prefix = unique("pg-acl");
+    let acl = |resource_type: i8, name: &str, pattern: i8, op: i8| {
+        AclCreation::default()
+            .with_resource_type(resource_type)
+            .with_resource_name(StrBytes::from_string(name.to_owned()))
+            .with_resource_pattern_type(pattern)
+            .with_principal(StrBytes::from_static_str("User:erin"))
+            .with_host(StrBytes::from_static_str("*"))
+            .with_operation(op)
+            .with_permission_type(3)
+    };
+    // WRITE and DESCRIBE on the transactional ids (prefixed), DESCRIBE_CONFIGS on the cluster.
+    let acls = vec![
+        acl(5, &prefix, 4, 4),
+        acl(5, &prefix, 4, 8),
+        acl(4, "kafka-cluster", 3, 10),
+    ];
+    let answer = admin
+        .send(Target::Any, |_| {
+            CreateAclsRequest::default().with_creations(acls.clone())
+        })
+        .await
+        .unwrap()
+        .0;
+    assert!(answer.results.iter().all(|r| r.error_code == 0));
+    let erin = login(ERIN).await.unwrap();
+    let input = unique("pg-acl-in");
+    snapfence::admin::create_topic(&admin, &input, 1, -1, &[])
+        .await
+        .unwrap();
+    let member = join_classic(&admin, &unique("pg-acl-group"), "", 60_000)
+        .await
+        .unwrap();
+    let metadata: Arc<dyn MetadataSource> = Arc::new(move || Some(member.clone()));
+    // ACLs reach the authorizer a moment after CreateAcls: until WRITE is in, the refusal is the
+    // ordinary missing-ACL one.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refusal = loop {
+        let began = Instant::now();
+        let e = PgSnapshotStore::acquire(
+            erin.clone(),
+            &SnapshotConfig::new("unused", &prefix),
+            &PgStoreConfig::new(pg.url()),
+            TopicPartition::new(input.as_str(), 0),
+            metadata.clone(),
+            async { Ok(0) },
+        )
+        .await
+        .unwrap_err();
+        assert!(began.elapsed() < Duration::from_secs(5), "{e}");
+        let SnapshotError::Acquire { source, .. } = &e else {
+            panic!("{e}")
+        };
+        match source.two_phase_refusal() {
+            Some(r) if r != TwoPhaseCommitRefusal::NotAuthorizedOrDisabled => break (r, e),
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "never refused for the ACL: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        refusal.0,
+        TwoPhaseCommitRefusal::NotAuthorized,
+        "{}",
+        refusal.1
+    );
+    assert!(
+        refusal.1.to_string().contains("TWO_PHASE_COMMIT"),
+        "{}",
+        refusal.1
     );
 }

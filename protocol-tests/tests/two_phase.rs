@@ -20,12 +20,8 @@ use snapfence::producer::{
 use snapfence::snapshot::{recover, PartitionLog, RecoveryConfig};
 use snapfence::{ErrorCode, GroupMetadata};
 
-/// Kafka 4.4 with two-phase commit on: the broker switch, and the unstable API versions (4.4 marks
-/// InitProducerId v6 unstable and advertises it only with them).
 fn two_phase() -> ClusterSpec {
-    ClusterSpec::kafka4()
-        .with_prop("transaction.two.phase.commit.enable", "true")
-        .with_prop("unstable.api.versions.enable", "true")
+    ClusterSpec::kafka4().with_two_phase_commit()
 }
 
 fn config(id: &str) -> TransactionalConfig {

@@ -700,7 +700,9 @@ pub(crate) async fn connect(
 
 /// The partition's two-phase producer: kept prepared transaction if the broker allows it, the
 /// ordinary two-phase init (which aborts it) if the broker refuses to keep one. A refusal
-/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED is told apart by the broker's setting.
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED is told apart by the broker's setting (when the principal may
+/// read it: DESCRIBE_CONFIGS on the cluster; otherwise the refusal names both causes). A cluster at
+/// transaction version 1 is refused.
 async fn two_phase_producer(
     client: &Client,
     snapshots: &SnapshotConfig,
@@ -724,6 +726,15 @@ async fn two_phase_producer(
         Err(e) => Err(e),
     };
     match result {
+        // A flush names its Kafka transaction by producer id and epoch, which only transaction version
+        // 2 changes with every transaction: refuse a TV1 cluster now, not at every flush.
+        Ok(p) if p.transaction_version() < 2 => {
+            p.close().await;
+            Err(acquire(ProducerError::TwoPhaseCommitRefused {
+                transactional_id: id,
+                refusal: TwoPhaseCommitRefusal::NeedsTransactionVersion2,
+            }))
+        }
         Ok(p) => Ok(p),
         Err(e) if e.two_phase_refusal() == Some(TwoPhaseCommitRefusal::NotAuthorizedOrDisabled) => {
             let refusal = match crate::admin::two_phase_commit_enabled(client, &id).await {
