@@ -461,8 +461,9 @@ impl KafkaPrepared {
     /// prepared transaction's name; the snapshot rows (deletes for `None` values; the last write of a
     /// key wins). A newer owner's epoch fails it with [`PgError::Fenced`]: rolled back, the Kafka
     /// transaction aborted, the store closed.
-    pub async fn write_rows(mut self) -> Result<RowsWritten, SnapshotError> {
-        let s = &mut self.0;
+    pub async fn write_rows(self) -> Result<RowsWritten, SnapshotError> {
+        let KafkaPrepared(mut stage) = self;
+        let s = &mut stage;
         let (partition, epoch, offset) = (s.store.partition, s.store.owner_epoch, s.offset);
         let prefix = s.store.prefix.clone();
         let statements = s.store.statements.clone();
@@ -523,7 +524,7 @@ impl KafkaPrepared {
             s.unwind().await;
             return Err(s.error(kind_of(&err), err));
         }
-        Ok(RowsWritten(std::mem::replace(s, empty_stage())))
+        Ok(RowsWritten(stage))
     }
 }
 
@@ -531,13 +532,14 @@ impl RowsWritten {
     /// Step 3: `COMMIT`. An answer lost with the connection leaves the outcome unknown: the Kafka side
     /// is left prepared and the store closed, for the next takeover to settle by what the fencing row
     /// says.
-    pub async fn commit_rows(mut self) -> Result<RowsCommitted, SnapshotError> {
-        let s = &mut self.0;
+    pub async fn commit_rows(self) -> Result<RowsCommitted, SnapshotError> {
+        let RowsWritten(mut stage) = self;
+        let s = &mut stage;
         let lane = s.lane();
         match lane.pg.batch_execute("COMMIT").await {
             Ok(()) => {
                 lane.pg_txn_open = false;
-                Ok(RowsCommitted(std::mem::replace(s, empty_stage())))
+                Ok(RowsCommitted(stage))
             }
             Err(e) => {
                 let err = lane.statement_error("commit", e);
@@ -559,8 +561,9 @@ impl RowsCommitted {
     /// Step 4: commits the prepared Kafka transaction (the group's committed offset moves). The rows
     /// have landed whatever happens here: a failure (fenced by a newer owner, an unknown outcome) is
     /// reported with its kind, and the next takeover finishes the Kafka side by the fencing row.
-    pub async fn commit_kafka(mut self) -> Result<(), SnapshotError> {
-        let s = &mut self.0;
+    pub async fn commit_kafka(self) -> Result<(), SnapshotError> {
+        let RowsCommitted(mut stage) = self;
+        let s = &mut stage;
         let (partition, offset, prepared) = (s.store.partition, s.offset, s.prepared);
         s.store.committed.fetch_max(offset, Ordering::SeqCst);
         let lane = s.lane();
@@ -594,25 +597,6 @@ fn unreachable_abort(partition: i32) -> Result<(), SnapshotError> {
             detail: "the prepared transaction was aborted although it was named".into(),
         },
     ))
-}
-
-fn empty_stage() -> Stage {
-    Stage {
-        lane: None,
-        store: Handle {
-            partition: -1,
-            prefix: Arc::from(""),
-            statements: Arc::new(Statements::new("x")),
-            owner_epoch: 0,
-            committed: Arc::new(AtomicI64::new(0)),
-        },
-        writes: Vec::new(),
-        offset: 0,
-        prepared: PreparedTxn {
-            producer_id: -1,
-            producer_epoch: -1,
-        },
-    }
 }
 
 /// A lost connection ends the store (fatal); a statement the server refused aborts only the flush.
