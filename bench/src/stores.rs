@@ -5,8 +5,9 @@
 //! snapfence-bench stores [--keys 1,100,1000,10000] [--waves N] [--out FILE]
 //! ```
 //!
-//! One Kafka 4.4 node with two-phase commit on (transaction version 2) and one PostgreSQL server, both
-//! started here. Per wave size K and store: partition 0 taken over by a classic group member, one
+//! One Kafka 4.4 node with two-phase commit on (transaction version 2) and one PostgreSQL server with
+//! its durability defaults (fsync, synchronous commit, full-page writes: the test fixture turns them
+//! off), both started here. Per wave size K and store: partition 0 taken over by a classic group member, one
 //! warm-up wave, then N waves (default 20) of the same K keys with 100-byte values (each wave a new
 //! value per key), each awaited before the next. A wave is what a flow's persist hands its store: on
 //! the topic store every write queued through the group commit (one transaction per
@@ -29,6 +30,13 @@ use snapfence::snapshot::postgres::{PgSnapshotStore, PgStoreConfig};
 use snapfence::snapshot::{Assignment, MetadataSource, SnapshotConfig, SnapshotStore};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// PostgreSQL's defaults for durability, which the test fixture relaxes.
+const DURABLE: &[(&str, &str)] = &[
+    ("fsync", "on"),
+    ("synchronous_commit", "on"),
+    ("full_page_writes", "on"),
+];
 
 struct Options {
     keys: Vec<usize>,
@@ -128,12 +136,14 @@ fn wave_of(keys: usize, round: usize) -> Vec<(Bytes, Option<Bytes>)> {
 async fn run(options: &Options) -> Result<String, Error> {
     eprintln!("== starting Kafka (2PC on) and PostgreSQL");
     let kafka = dedicated(ClusterSpec::kafka4().with_two_phase_commit()).await;
-    let pg = tokio::task::spawn_blocking(PostgresServer::start).await??;
+    // Durable, as a production server runs (the test fixture turns fsync off for speed): every commit
+    // waits for its WAL flush, as a Kafka commit waits for the transaction log's append.
+    let pg = tokio::task::spawn_blocking(|| PostgresServer::start_with(DURABLE)).await??;
     let client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Kafka {} (one node, transaction.version 2, two-phase commit on) and PostgreSQL ({}), one partition, \
+        "Kafka {} (one node, transaction.version 2, two-phase commit on) and {} (fsync on), one partition, \
          {} waves per row after one warm-up, values of 100 B.\n",
         kafka.version(),
         pg_version(&pg.url()).await.unwrap_or_else(|e| format!("version unknown: {e}")),
