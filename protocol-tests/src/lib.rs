@@ -17,6 +17,7 @@
 
 pub use kafka_fixture::*;
 
+pub mod acl;
 pub mod campaign;
 mod group;
 pub mod member;

@@ -1,6 +1,7 @@
 //! The #732 pair on a real broker: a stale owner's late flush after a handover. Unfenced, its snapshot lands
 //! after the new owner's and the next recovery folds onto stale state (the corruption is asserted); fenced,
-//! the same sequence is rejected and the recovered state equals a fold of all input from scratch.
+//! the same sequence is rejected and the recovered state equals a fold of all input from scratch. On the
+//! snapshot topic, and on the PostgreSQL store.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use protocol_tests::member::{MemberArgs, MemberProcess};
 use protocol_tests::tally::{fold_all, Counter, Tally};
-use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
+use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster, PostgresServer};
 use snapfence::consumer::{
     list_offsets, GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset, OffsetSpec,
     PartitionReader, ReaderConfig, StartAt,
@@ -21,6 +22,7 @@ use snapfence::producer::{
     TransactionalProducer,
 };
 use snapfence::records::{IsolationLevel, Record};
+use snapfence::snapshot::postgres::PgStoreConfig;
 use snapfence::snapshot::{
     BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, MissingSnapshotTopic,
     PersistenceMode, SnapshotConfig, SnapshotTopicError, SystemClock,
@@ -38,6 +40,8 @@ struct World {
     seq: u64,
     protocol: GroupProtocol,
     partitions: i32,
+    /// Snapshots to PostgreSQL instead of the snapshot topic.
+    postgres: Option<PgStoreConfig>,
 }
 
 impl World {
@@ -88,6 +92,7 @@ impl World {
             seq: 0,
             protocol: GroupConfig::new("-").protocol,
             partitions,
+            postgres: None,
         }
     }
 
@@ -132,6 +137,7 @@ impl World {
         snapshots.recovery_stall_timeout = Some(Duration::from_secs(30));
         let mut c = FlowConfig::new(consumer, &self.input, snapshots);
         c.mode = mode;
+        c.postgres = self.postgres.clone();
         c
     }
 
@@ -165,8 +171,10 @@ async fn handover(
     kafka: &KafkaCluster,
     mode: PersistenceMode,
     protocol: &GroupProtocol,
+    postgres: Option<&PgStoreConfig>,
 ) -> (HashMap<Bytes, Tally>, HashMap<Bytes, Tally>, bool) {
     let mut w = World::new(kafka).await;
+    w.postgres = postgres.cloned();
     w.protocol = protocol.clone();
     w.emit("a", 5).await;
     w.emit("b", 5).await;
@@ -227,9 +235,15 @@ async fn handover(
 
 /// The pair under each protocol a broker offers: classic (cooperative-sticky, the default) everywhere, and
 /// the KIP-848 consumer protocol on 4.x (TV2 and TV1).
-async fn pair(kafka: &KafkaCluster, protocol: GroupProtocol) {
+async fn pair(kafka: &KafkaCluster, protocol: GroupProtocol, postgres: Option<&PgStoreConfig>) {
     let v = format!("{} {:?}", kafka.version(), protocol);
-    let (got, want, refused) = handover(kafka, PersistenceMode::NonTransactional, &protocol).await;
+    let (got, want, refused) = handover(
+        kafka,
+        PersistenceMode::NonTransactional,
+        &protocol,
+        postgres,
+    )
+    .await;
     assert!(
         !refused,
         "{v}: the unfenced stale flush was expected to land"
@@ -239,7 +253,8 @@ async fn pair(kafka: &KafkaCluster, protocol: GroupProtocol) {
         "{v}: unfenced, the stale snapshot must corrupt the recovered state"
     );
 
-    let (got, want, refused) = handover(kafka, PersistenceMode::Transactional, &protocol).await;
+    let (got, want, refused) =
+        handover(kafka, PersistenceMode::Transactional, &protocol, postgres).await;
     assert!(refused, "{v}: the fenced stale flush must be refused");
     assert_eq!(
         got, want,
@@ -256,8 +271,22 @@ async fn issue_732_unfenced_corrupts_fenced_prevents() {
         ClusterSpec::kafka39(),
     ] {
         let kafka = cluster(spec).await;
-        pair(&kafka, classic.clone()).await;
+        pair(&kafka, classic.clone(), None).await;
     }
+}
+
+/// The pair on the PostgreSQL store (KIP-939 two-phase commit and the fencing row): unfenced (plain
+/// upserts, offsets by the consumer) the thawed owner's rows land and a fresh owner's state is wrong;
+/// fenced its flush is refused and a fresh owner's state equals a fold of all input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_732_on_the_postgres_store() {
+    let kafka = cluster(ClusterSpec::kafka4().with_two_phase_commit()).await;
+    let pg = tokio::task::spawn_blocking(PostgresServer::start)
+        .await
+        .unwrap()
+        .expect("start PostgreSQL");
+    let store = PgStoreConfig::new(pg.url());
+    pair(&kafka, GroupConfig::new("-").protocol, Some(&store)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,7 +296,7 @@ async fn issue_732_under_the_consumer_protocol() {
     };
     for spec in [ClusterSpec::kafka4(), ClusterSpec::kafka4_tv1()] {
         let kafka = cluster(spec).await;
-        pair(&kafka, kip848.clone()).await;
+        pair(&kafka, kip848.clone(), None).await;
     }
 }
 

@@ -343,10 +343,12 @@ async fn acquisition_fails_at_once_under_transaction_version_1() {
 /// is refused at once and, since the principal may read the broker's configuration, says it is the ACL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquisition_without_the_two_phase_commit_acl_says_so() {
-    use kafka_protocol::messages::create_acls_request::{AclCreation, CreateAclsRequest};
-    use kafka_protocol::protocol::StrBytes;
+    use protocol_tests::acl::{
+        allow, create_acls, CLUSTER, DESCRIBE, DESCRIBE_CONFIGS, LITERAL, PREFIXED,
+        TRANSACTIONAL_ID, WRITE,
+    };
     use protocol_tests::{Listener, SecuritySpec};
-    use snapfence::net::{SaslConfig, SaslMechanism, Target};
+    use snapfence::net::{SaslConfig, SaslMechanism};
     const ADMIN: (&str, &str) = ("admin", "admin-secret");
     const ERIN: (&str, &str) = ("erin", "erin-secret");
     let spec = two_phase().with_security(SecuritySpec {
@@ -369,30 +371,17 @@ async fn acquisition_without_the_two_phase_commit_acl_says_so() {
     };
     let admin = login(ADMIN).await.unwrap();
     let prefix = unique("pg-acl");
-    let acl = |resource_type: i8, name: &str, pattern: i8, op: i8| {
-        AclCreation::default()
-            .with_resource_type(resource_type)
-            .with_resource_name(StrBytes::from_string(name.to_owned()))
-            .with_resource_pattern_type(pattern)
-            .with_principal(StrBytes::from_static_str("User:erin"))
-            .with_host(StrBytes::from_static_str("*"))
-            .with_operation(op)
-            .with_permission_type(3)
-    };
     // WRITE and DESCRIBE on the transactional ids (prefixed), DESCRIBE_CONFIGS on the cluster.
-    let acls = vec![
-        acl(5, &prefix, 4, 4),
-        acl(5, &prefix, 4, 8),
-        acl(4, "kafka-cluster", 3, 10),
-    ];
-    let answer = admin
-        .send(Target::Any, |_| {
-            CreateAclsRequest::default().with_creations(acls.clone())
-        })
-        .await
-        .unwrap()
-        .0;
-    assert!(answer.results.iter().all(|r| r.error_code == 0));
+    let erin_p = "User:erin";
+    create_acls(
+        &admin,
+        vec![
+            allow(erin_p, TRANSACTIONAL_ID, &prefix, PREFIXED, WRITE),
+            allow(erin_p, TRANSACTIONAL_ID, &prefix, PREFIXED, DESCRIBE),
+            allow(erin_p, CLUSTER, "kafka-cluster", LITERAL, DESCRIBE_CONFIGS),
+        ],
+    )
+    .await;
     let erin = login(ERIN).await.unwrap();
     let input = unique("pg-acl-in");
     snapfence::admin::create_topic(&admin, &input, 1, -1, &[])

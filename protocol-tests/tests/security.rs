@@ -11,9 +11,12 @@ use bytes::Bytes;
 use kafka_protocol::messages::alter_user_scram_credentials_request::{
     AlterUserScramCredentialsRequest, ScramCredentialDeletion,
 };
-use kafka_protocol::messages::create_acls_request::{AclCreation, CreateAclsRequest};
+use kafka_protocol::messages::create_acls_request::AclCreation;
 use kafka_protocol::messages::MetadataRequest;
 use kafka_protocol::protocol::StrBytes;
+use protocol_tests::acl::{
+    allow, create_acls, DESCRIBE, GROUP, LITERAL, PREFIXED, READ, TOPIC, TRANSACTIONAL_ID, WRITE,
+};
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster, Listener, SecuritySpec};
 use snapfence::consumer::{
     GroupConfig, GroupConsumer, GroupConsumerConfig, OffsetReset, PartitionReader, ReaderConfig,
@@ -115,46 +118,6 @@ async fn produce_and_fetch(client: &Client, topic: &str, value: &str) {
 }
 
 // ---- ACLs ---------------------------------------------------------------------------------------
-
-const TOPIC: i8 = 2;
-const GROUP: i8 = 3;
-const TRANSACTIONAL_ID: i8 = 5;
-const LITERAL: i8 = 3;
-const PREFIXED: i8 = 4;
-const READ: i8 = 3;
-const WRITE: i8 = 4;
-const DESCRIBE: i8 = 8;
-const ALLOW: i8 = 3;
-
-fn allow(principal: &str, resource_type: i8, name: &str, pattern: i8, op: i8) -> AclCreation {
-    AclCreation::default()
-        .with_resource_type(resource_type)
-        .with_resource_name(StrBytes::from_string(name.to_owned()))
-        .with_resource_pattern_type(pattern)
-        .with_principal(StrBytes::from_string(principal.to_owned()))
-        .with_host(StrBytes::from_static_str("*"))
-        .with_operation(op)
-        .with_permission_type(ALLOW)
-}
-
-/// Creates ACLs through our client as the super user, and fails on any per-ACL error.
-async fn create_acls(admin: &Client, acls: Vec<AclCreation>) {
-    let answer = admin
-        .send(Target::Any, |_| {
-            CreateAclsRequest::default().with_creations(acls.clone())
-        })
-        .await
-        .expect("CreateAcls")
-        .0;
-    for r in answer.results {
-        assert_eq!(
-            ErrorCode::from_code(r.error_code),
-            ErrorCode::None,
-            "CreateAcls: {:?}",
-            r.error_message
-        );
-    }
-}
 
 /// What a snapshot flow's principal needs, except (when `txn` is false) the transactional-id prefix.
 fn flow_acls(

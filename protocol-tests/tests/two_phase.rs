@@ -6,19 +6,17 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::create_acls_request::{AclCreation, CreateAclsRequest};
-use kafka_protocol::protocol::StrBytes;
 use protocol_tests::{
     cluster, join_classic, unique, ClusterSpec, KafkaCluster, Listener, SecuritySpec,
 };
 use snapfence::consumer::{committed_offsets, TopicPartition as ConsumerTp};
-use snapfence::net::{Client, ClientConfig, SaslConfig, SaslMechanism, Target};
+use snapfence::net::{Client, ClientConfig, SaslConfig, SaslMechanism};
 use snapfence::producer::{
     Completion, ProducerError, ProducerRecord, TopicPartition, TransactionState,
     TransactionalConfig, TransactionalProducer, TwoPhaseCommitRefusal,
 };
 use snapfence::snapshot::{recover, PartitionLog, RecoveryConfig};
-use snapfence::{ErrorCode, GroupMetadata};
+use snapfence::GroupMetadata;
 
 fn two_phase() -> ClusterSpec {
     ClusterSpec::kafka4().with_two_phase_commit()
@@ -255,38 +253,13 @@ async fn refusals_by_the_broker_say_which() {
 const ADMIN: (&str, &str) = ("admin", "admin-secret");
 const CAROL: (&str, &str) = ("carol", "carol-secret");
 
-fn allow(principal: &str, resource_type: i8, name: &str, op: i8) -> AclCreation {
-    AclCreation::default()
-        .with_resource_type(resource_type)
-        .with_resource_name(StrBytes::from_string(name.to_owned()))
-        .with_resource_pattern_type(3) // literal
-        .with_principal(StrBytes::from_string(principal.to_owned()))
-        .with_host(StrBytes::from_static_str("*"))
-        .with_operation(op)
-        .with_permission_type(3) // allow
-}
-
-async fn create_acls(admin: &Client, acls: Vec<AclCreation>) {
-    let answer = admin
-        .send(Target::Any, |_| {
-            CreateAclsRequest::default().with_creations(acls.clone())
-        })
-        .await
-        .expect("CreateAcls")
-        .0;
-    for r in answer.results {
-        assert_eq!(ErrorCode::from_code(r.error_code), ErrorCode::None);
-    }
-}
-
 /// WRITE on the transactional id is not enough for a 2PC init: without the TWO_PHASE_COMMIT operation
 /// the init is refused at once; the broker's setting (on) says it is the ACL; granted, the init works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_two_phase_commit_acl_the_init_is_refused() {
-    const TRANSACTIONAL_ID: i8 = 5;
-    const WRITE: i8 = 4;
-    const DESCRIBE: i8 = 8;
-    const TWO_PHASE_COMMIT: i8 = 15;
+    use protocol_tests::acl::{
+        allow, create_acls, DESCRIBE, LITERAL, TRANSACTIONAL_ID, TWO_PHASE_COMMIT, WRITE,
+    };
     let spec = two_phase().with_security(SecuritySpec {
         users: [ADMIN, CAROL]
             .iter()
@@ -310,8 +283,8 @@ async fn without_the_two_phase_commit_acl_the_init_is_refused() {
     create_acls(
         &admin,
         vec![
-            allow(&carol_p, TRANSACTIONAL_ID, &id, WRITE),
-            allow(&carol_p, TRANSACTIONAL_ID, &id, DESCRIBE),
+            allow(&carol_p, TRANSACTIONAL_ID, &id, LITERAL, WRITE),
+            allow(&carol_p, TRANSACTIONAL_ID, &id, LITERAL, DESCRIBE),
         ],
     )
     .await;
@@ -348,7 +321,13 @@ async fn without_the_two_phase_commit_acl_the_init_is_refused() {
 
     create_acls(
         &admin,
-        vec![allow(&carol_p, TRANSACTIONAL_ID, &id, TWO_PHASE_COMMIT)],
+        vec![allow(
+            &carol_p,
+            TRANSACTIONAL_ID,
+            &id,
+            LITERAL,
+            TWO_PHASE_COMMIT,
+        )],
     )
     .await;
     let deadline = Instant::now() + Duration::from_secs(20);

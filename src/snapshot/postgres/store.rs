@@ -256,20 +256,21 @@ impl PgSnapshotStore {
         &self,
         writes: Vec<(Bytes, Option<Bytes>)>,
     ) -> Result<(), SnapshotError> {
-        let offset = self.committed_offset();
-        self.begin_flush(writes, offset)
-            .await?
-            .write_rows()
-            .await?
-            .commit_rows()
-            .await?
-            .commit_kafka()
-            .await
+        self.flush(writes, self.committed_offset()).await
     }
 
     /// Records `offset` as the input partition's committed offset (a flush without rows).
     pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
-        self.begin_flush(Vec::new(), offset)
+        self.flush(Vec::new(), offset).await
+    }
+
+    /// A whole flush: its four steps one after the other.
+    async fn flush(
+        &self,
+        writes: Vec<(Bytes, Option<Bytes>)>,
+        offset: i64,
+    ) -> Result<(), SnapshotError> {
+        self.begin_flush(writes, offset)
             .await?
             .write_rows()
             .await?
