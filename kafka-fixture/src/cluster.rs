@@ -617,32 +617,54 @@ impl LocalCluster {
         // Every partition of both internal topics, not one: a coordinator that answers FindCoordinator
         // may still be loading the partition a test's group or id hashes to, and answers 14
         // COORDINATOR_LOAD_IN_PROGRESS to the group or transaction call itself (seen on 3.9 with the
-        // KIP-848 preview). One key per partition, found by the brokers' own hash.
-        for (key_type, what) in [(0i8, "group"), (1i8, "transactional id")] {
-            for partition in 0..INTERNAL_PARTITIONS {
-                let key = key_for_partition("snapfence-fixture-ready", partition);
-                let (error, coordinator) = probe
-                    .find_coordinator(key_type, &key)
-                    .map_err(|e| not_yet(format!("FindCoordinator({what} {key}): {e}")))?;
-                if error != 0 || coordinator < 0 {
-                    // Usually 15 COORDINATOR_NOT_AVAILABLE while the internal topic is created.
-                    return Err(not_yet(format!(
-                        "FindCoordinator({what} {key}) answered error code {error}"
-                    )));
-                }
-                let node = live.iter().find(|n| n.id == coordinator).ok_or_else(|| {
-                    not_yet(format!(
-                        "{what} {key}: coordinator {coordinator} is not running"
-                    ))
-                })?;
-                let error = Probe::connect(&node.address(), PROBE_TIMEOUT)
-                    .and_then(|mut p| p.describe_error(key_type, &key))
-                    .map_err(|e| not_yet(format!("describing {what} {key}: {e}")))?;
-                if matches!(error, 14..=16) {
-                    return Err(not_yet(format!(
-                        "{what} {key} (partition {partition}): node {coordinator} answered error code {error}"
-                    )));
-                }
+        // KIP-848 preview). Groups: one key per `__consumer_offsets` partition, found by the brokers'
+        // own hash, described at its coordinator.
+        for partition in 0..INTERNAL_PARTITIONS {
+            let key = key_for_partition("snapfence-fixture-ready", partition);
+            let (error, coordinator) = probe
+                .find_coordinator(0, &key)
+                .map_err(|e| not_yet(format!("FindCoordinator(group {key}): {e}")))?;
+            if error != 0 || coordinator < 0 {
+                // Usually 15 COORDINATOR_NOT_AVAILABLE while the internal topic is created.
+                return Err(not_yet(format!(
+                    "FindCoordinator(group {key}) answered error code {error}"
+                )));
+            }
+            let node = live.iter().find(|n| n.id == coordinator).ok_or_else(|| {
+                not_yet(format!(
+                    "group {key}: coordinator {coordinator} is not running"
+                ))
+            })?;
+            let error = Probe::connect(&node.address(), PROBE_TIMEOUT)
+                .and_then(|mut p| p.describe_error(0, &key))
+                .map_err(|e| not_yet(format!("describing group {key}: {e}")))?;
+            if matches!(error, 14..=16) {
+                return Err(not_yet(format!(
+                    "group {key} (partition {partition}): node {coordinator} answered error code {error}"
+                )));
+            }
+        }
+        // Transactions: FindCoordinator for an id (the topic exists), then an idempotent InitProducerId
+        // at every node, which answers 14 until the node's producer-id manager holds a block of ids
+        // from the controller (every transactional init answered 14 for a second or two after
+        // `__transaction_state` was ready, without this).
+        let (error, coordinator) = probe
+            .find_coordinator(1, "snapfence-fixture-ready")
+            .map_err(|e| not_yet(format!("FindCoordinator(transactional id): {e}")))?;
+        if error != 0 || coordinator < 0 {
+            return Err(not_yet(format!(
+                "FindCoordinator(transactional id) answered error code {error}"
+            )));
+        }
+        for node in &live {
+            let error = Probe::connect(&node.address(), PROBE_TIMEOUT)
+                .and_then(|mut p| p.init_producer_id_error())
+                .map_err(|e| not_yet(format!("InitProducerId at node {}: {e}", node.id)))?;
+            if error != 0 {
+                return Err(not_yet(format!(
+                    "InitProducerId at node {} answered error code {error}",
+                    node.id
+                )));
             }
         }
         Ok(())

@@ -19,11 +19,12 @@ use kafka_protocol::messages::api_versions_response::ApiVersionsResponse;
 use kafka_protocol::messages::describe_groups_response::DescribeGroupsResponse;
 use kafka_protocol::messages::describe_transactions_response::DescribeTransactionsResponse;
 use kafka_protocol::messages::find_coordinator_response::FindCoordinatorResponse;
+use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
 use kafka_protocol::messages::metadata_response::MetadataResponse;
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, DescribeGroupsRequest, DescribeTransactionsRequest,
-    FindCoordinatorRequest, GroupId, MetadataRequest, RequestHeader, ResponseHeader,
-    TransactionalId,
+    FindCoordinatorRequest, GroupId, InitProducerIdRequest, MetadataRequest, RequestHeader,
+    ResponseHeader, TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Message, StrBytes};
 
@@ -272,6 +273,19 @@ impl Probe {
                 .map(|t| t.error_code)
                 .ok_or_else(|| self.protocol("DescribeTransactions answered no state".into()))
         }
+    }
+
+    /// The error code of an InitProducerId without a transactional id (an idempotent producer's): 14
+    /// COORDINATOR_LOAD_IN_PROGRESS until the broker's producer-id manager holds a block of ids from the
+    /// controller, which every transactional or idempotent init needs. Allocates one producer id.
+    pub fn init_producer_id_error(&mut self) -> Result<i16, ProbeError> {
+        let version = self.version_for(ApiKey::InitProducerId, InitProducerIdRequest::VERSIONS)?;
+        let request = InitProducerIdRequest::default()
+            .with_transactional_id(None)
+            .with_transaction_timeout_ms(60_000);
+        let response: InitProducerIdResponse =
+            self.call(ApiKey::InitProducerId, version, &request)?;
+        Ok(response.error_code)
     }
 
     fn io(&self, source: std::io::Error) -> ProbeError {

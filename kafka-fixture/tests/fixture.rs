@@ -7,7 +7,11 @@ use std::time::{Duration, Instant};
 use kafka_fixture::probe::{finalized_feature, max_version, Probe};
 use kafka_fixture::{cluster, dedicated, unique, ClusterSpec, KafkaCluster};
 use kafka_protocol::messages::consumer_group_heartbeat_response::ConsumerGroupHeartbeatResponse;
-use kafka_protocol::messages::{ApiKey, ConsumerGroupHeartbeatRequest, GroupId, TopicName};
+use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
+use kafka_protocol::messages::{
+    ApiKey, ConsumerGroupHeartbeatRequest, GroupId, InitProducerIdRequest, TopicName,
+    TransactionalId,
+};
 use kafka_protocol::protocol::{Message as _, StrBytes};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -97,6 +101,16 @@ async fn kafka4_single_node_is_ready_with_tv2_and_consumer_groups() {
     assert_eq!(finalized_feature(&versions, "transaction.version"), Some(2));
     assert_eq!(finalized_feature(&versions, "group.version"), Some(1));
     assert_eq!(consumer_protocol_join_error(&mut p), 0);
+    // A transactional init answers at once: the readiness check waited for the producer-id block as
+    // well as for `__transaction_state` (without it the first inits answered 14 for a second or two).
+    let version = p
+        .version_for(ApiKey::InitProducerId, InitProducerIdRequest::VERSIONS)
+        .unwrap();
+    let init = InitProducerIdRequest::default()
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(unique("tx")))))
+        .with_transaction_timeout_ms(60_000);
+    let answer: InitProducerIdResponse = p.call(ApiKey::InitProducerId, version, &init).unwrap();
+    assert_eq!(answer.error_code, 0);
 }
 
 #[tokio::test]
