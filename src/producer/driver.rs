@@ -12,10 +12,10 @@
 //!
 //! Requests: each pass of the background task takes every batch the core lets out (up to
 //! `max_in_flight` per partition, retries first) and groups them by the partition leader in the cached
-//! metadata: one Produce per broker carries one batch of every partition led there, across topics (a
-//! partition with several batches ready goes into that many requests, one batch each, in sequence
-//! order, as Produce v3+ allows one batch per partition per request). A partition whose leader is not
-//! cached is held back while one metadata refresh looks it up.
+//! metadata: one Produce per broker carries one batch of every partition led there, across topics, up
+//! to `max_request_size` bytes of batches (a partition with several batches ready goes into that many
+//! requests, one batch each, in sequence order, as Produce v3+ allows one batch per partition per
+//! request). A partition whose leader is not cached is held back while one metadata refresh looks it up.
 //!
 //! Ordering: Kafka answers the requests of one connection in the order it received them, and appends
 //! a partition's batches in sequence order only. Each broker has one *sender* task that puts its
@@ -545,7 +545,13 @@ impl Inner {
                         t.on_produce_sent(&b.partition);
                     }
                 }
-                for job in requests_by_leader(&meta, out, versions, &mut s.topic_names) {
+                for job in requests_by_leader(
+                    &meta,
+                    out,
+                    versions,
+                    self.config.max_request_size,
+                    &mut s.topic_names,
+                ) {
                     let slot = s.senders.entry(job.node).or_insert_with(|| {
                         let wake = Arc::new(Notify::new());
                         start.push((job.node, wake.clone()));
@@ -898,35 +904,55 @@ impl Inner {
 /// How soon a pass that held partitions back for want of a leader looks again, at the latest.
 const LEADERLESS_RECHECK: Duration = Duration::from_millis(10);
 
-/// Groups the batches the core let out into Produce requests: one per leader per round, each carrying
-/// at most one batch per partition. A partition with several batches puts its k-th into the leader's
-/// k-th request, so its requests are queued in sequence order. Every batch's leader is in `meta` (the
-/// driver lets out only partitions whose leader is cached).
+/// Groups the batches the core let out into Produce requests: per leader, requests of at most one
+/// batch per partition and at most `max_bytes` of record batches (a batch larger than that goes alone).
+/// Each batch goes into the leader's first request after the one holding its partition's previous
+/// batch that has room, so a partition's requests are queued in sequence order. Every batch's leader is
+/// in `meta` (the driver lets out only partitions whose leader is cached).
+///
+/// The byte budget is `max_request_size` (1 MiB by default, as in the Java client): without it a burst
+/// over 16 partitions went out as requests of 2-4 MiB, each of which the broker appends in one handler
+/// thread while the connection waits (docs/benchmarks.md, B').
 fn requests_by_leader(
     meta: &ClusterMetadata,
     batches: Vec<ToSend>,
     versions: (i16, i16),
+    max_bytes: usize,
     names: &mut HashMap<Arc<str>, TopicName>,
 ) -> Vec<ProduceJob> {
-    // Per leader, its requests in order; per partition, how many of its batches are placed already.
-    let mut jobs: BTreeMap<i32, Vec<ProduceJob>> = BTreeMap::new();
-    let mut placed: HashMap<TopicPartition, usize> = HashMap::new();
+    // Per leader, its requests in order with their record bytes; per partition, the first request its
+    // next batch may join.
+    let mut jobs: BTreeMap<i32, Vec<(ProduceJob, usize)>> = BTreeMap::new();
+    let mut next: HashMap<TopicPartition, usize> = HashMap::new();
     for b in batches {
         let node = meta
             .leader(&b.partition.topic, b.partition.partition)
             .map_or(-1, |l| l.node);
-        let round = placed.entry(b.partition.clone()).or_insert(0);
+        let from = next.entry(b.partition.clone()).or_insert(0);
         let requests = jobs.entry(node).or_default();
-        if requests.len() <= *round {
-            requests.push(ProduceJob {
-                node,
-                batches: Vec::new(),
-                names: Vec::new(),
-                topic_ids: Vec::new(),
-                versions,
-            });
-        }
-        let request = &mut requests[*round];
+        let len = b.records.len();
+        let room = requests
+            .iter()
+            .enumerate()
+            .skip(*from)
+            .find(|(_, (_, bytes))| *bytes == 0 || bytes + len <= max_bytes)
+            .map(|(i, _)| i);
+        let at = room.unwrap_or_else(|| {
+            requests.push((
+                ProduceJob {
+                    node,
+                    batches: Vec::new(),
+                    names: Vec::new(),
+                    topic_ids: Vec::new(),
+                    versions,
+                },
+                0,
+            ));
+            requests.len() - 1
+        });
+        *from = at + 1;
+        let (request, bytes) = &mut requests[at];
+        *bytes += len;
         let name = names
             .entry(b.partition.topic.clone())
             .or_insert_with(|| TopicName(StrBytes::from_string(b.partition.topic.to_string())))
@@ -945,9 +971,8 @@ fn requests_by_leader(
         }
         request.names.push(name);
         request.batches.push(b);
-        *round += 1;
     }
-    jobs.into_values().flatten().collect()
+    jobs.into_values().flatten().map(|(job, _)| job).collect()
 }
 
 /// A started Produce request of a sender, with its batches and their answers once it ends.

@@ -252,3 +252,67 @@ async fn a_panicked_leader_lookup_fails_the_held_records() {
     assert_refused(&inner, "leader lookup");
     stub.abort();
 }
+
+/// How a pass's batches become requests: one batch per partition per request, a request's record bytes
+/// within the budget (a lone larger batch goes alone), and each partition's batches in strictly later
+/// requests, so they reach the broker in sequence order.
+#[test]
+fn requests_keep_to_the_byte_budget_and_each_partitions_order() {
+    use std::collections::HashMap;
+
+    use bytes::Bytes;
+
+    use super::requests_by_leader;
+    use crate::net::ClusterMetadata;
+    use crate::producer::core::ToSend;
+    use crate::producer::{ProducerIdEpoch, TopicPartition};
+
+    let addr: SocketAddr = "127.0.0.1:9092".parse().unwrap();
+    let meta = ClusterMetadata::default().merged(&one_node_metadata(addr, &[("t", 4)]));
+    let batch = |id: u64, partition: i32, len: usize| ToSend {
+        id,
+        partition: TopicPartition::new("t", partition),
+        records: Bytes::from(vec![0u8; len]),
+        ids: ProducerIdEpoch { id: 7, epoch: 0 },
+        base_sequence: 0,
+        attempt: 0,
+        deadline: std::time::Instant::now(),
+    };
+    // Partition 0: three batches of 400; 1: one of 400; 2: one of 1500 (over the budget); 3: one of 100.
+    let out = vec![
+        batch(1, 0, 400),
+        batch(2, 1, 400),
+        batch(3, 0, 400),
+        batch(4, 2, 1500),
+        batch(5, 0, 400),
+        batch(6, 3, 100),
+    ];
+    let jobs = requests_by_leader(&meta, out, (3, 12), 1000, &mut HashMap::new());
+    let layout: Vec<Vec<(i32, u64)>> = jobs
+        .iter()
+        .map(|j| {
+            j.batches
+                .iter()
+                .map(|b| (b.partition.partition, b.id))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        layout,
+        vec![
+            vec![(0, 1), (1, 2), (3, 6)],
+            vec![(0, 3)],
+            vec![(2, 4)],
+            vec![(0, 5)],
+        ]
+    );
+    for job in &jobs {
+        assert_eq!(job.node, 1);
+        let bytes: usize = job.batches.iter().map(|b| b.records.len()).sum();
+        assert!(
+            bytes <= 1000 || job.batches.len() == 1,
+            "{bytes} bytes in one request"
+        );
+        assert_eq!(job.names.len(), job.batches.len());
+    }
+}
