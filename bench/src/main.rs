@@ -749,6 +749,9 @@ impl Bench<'_> {
             &[("cleanup.policy", "compact")],
         )
         .await?;
+        // A client's clock must not include the broker bringing a new topic's logs online (each client
+        // would wait it out through its own metadata retries), so every partition answers first.
+        scale::ready(self.client, &topic, partitions).await?;
         Ok(topic)
     }
 

@@ -431,7 +431,7 @@ async fn recovery_row(
 
 /// Waits until every partition of `topic` answers ListOffsets at its leader: a topic of a thousand
 /// partitions on one node takes a while to bring every log online after CreateTopics returns.
-async fn ready(client: &Client, topic: &str, partitions: i32) -> Result<(), Error> {
+pub(crate) async fn ready(client: &Client, topic: &str, partitions: i32) -> Result<(), Error> {
     let tps: Vec<TopicPartition> = (0..partitions)
         .map(|p| TopicPartition::new(topic, p))
         .collect();
