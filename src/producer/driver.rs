@@ -910,9 +910,10 @@ const LEADERLESS_RECHECK: Duration = Duration::from_millis(10);
 /// batch that has room, so a partition's requests are queued in sequence order. Every batch's leader is
 /// in `meta` (the driver lets out only partitions whose leader is cached).
 ///
-/// The byte budget is `max_request_size` (1 MiB by default, as in the Java client): without it a burst
-/// over 16 partitions went out as requests of 2-4 MiB, each of which the broker appends in one handler
-/// thread while the connection waits (docs/benchmarks.md, B').
+/// The byte budget is `max_request_size` (1 MiB by default, as in the Java client), which the config
+/// documents as the largest request the producer builds; without it a wide producer's request grew
+/// with its partition count, towards the broker's `socket.request.max.bytes`. (Not a speed measure: on
+/// a 16-partition burst it measured neutral, docs/benchmarks.md, B'.)
 fn requests_by_leader(
     meta: &ClusterMetadata,
     batches: Vec<ToSend>,
@@ -935,7 +936,7 @@ fn requests_by_leader(
             .iter()
             .enumerate()
             .skip(*from)
-            .find(|(_, (_, bytes))| *bytes == 0 || bytes + len <= max_bytes)
+            .find(|(_, (job, bytes))| job.batches.is_empty() || bytes + len <= max_bytes)
             .map(|(i, _)| i);
         let at = room.unwrap_or_else(|| {
             requests.push((
