@@ -779,6 +779,10 @@ impl LocalCluster {
             panic!("node {id} is not running (killed?), so it cannot be paused or resumed")
         });
         procs::signal_group(pid, if pause { libc::SIGSTOP } else { libc::SIGCONT });
+        // Return only once the node is frozen, so a test's next request meets a silent broker.
+        if pause && !procs::wait_stopped(pid, Duration::from_secs(10)) {
+            panic!("node {id} (pid {pid}) still runs 10 s after SIGSTOP");
+        }
         state.paused = pause;
     }
 

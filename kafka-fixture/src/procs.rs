@@ -102,6 +102,35 @@ pub fn signal_group(pid: u32, signal: libc::c_int) {
     }
 }
 
+/// Waits until every thread of `pid` is in the stopped state, or `timeout` passes; returns whether it got
+/// there. SIGSTOP is asynchronous: `kill` returns once the signal is queued, and a thread that is running or
+/// waiting for a CPU goes on until it next enters the kernel, so on a busy machine a "paused" broker can
+/// still read and answer a request for a few milliseconds. A gone process counts as stopped.
+pub fn wait_stopped(pid: u32, timeout: std::time::Duration) -> bool {
+    let until = std::time::Instant::now() + timeout;
+    loop {
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            return true;
+        };
+        let running = tasks.filter_map(|t| t.ok()).any(|t| {
+            fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                // Field 3 (state) follows the last ')': 'T' is stopped by a signal, 't' by a tracer.
+                let state = stat[stat.rfind(')').map_or(stat.len(), |i| i + 1)..]
+                    .split_whitespace()
+                    .next();
+                !matches!(state, Some("T" | "t" | "Z" | "X"))
+            })
+        });
+        if !running {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// Kernel start time of `pid` (clock ticks since boot), the pid's identity across recycling.
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -250,7 +279,13 @@ fn kill_recorded(dir: &Path) {
             if let (Some(comm), Some(folder)) = (lines.next(), lines.next()) {
                 if !comm.is_empty() && !folder.is_empty() {
                     let comm = String::from_utf8_lossy(comm);
-                    kill_by_cwd(Path::new(OsStr::from_bytes(folder)), &comm);
+                    // Again until none is left: a child may fork another in the moment of the first pass.
+                    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                    while kill_by_cwd(Path::new(OsStr::from_bytes(folder)), &comm) > 0
+                        && std::time::Instant::now() < until
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
                 }
             }
         }
@@ -312,6 +347,35 @@ mod tests {
         let a = start_time(me).expect("own /proc entry");
         assert_eq!(start_time(me), Some(a));
         assert_eq!(start_time(u32::MAX), None);
+    }
+
+    #[test]
+    fn wait_stopped_returns_once_sigstop_has_frozen_every_thread() {
+        let mut child = Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let short = std::time::Duration::from_millis(100);
+        assert!(
+            !wait_stopped(child.id(), short),
+            "a sleeping process is not stopped"
+        );
+        signal_group(child.id(), libc::SIGSTOP);
+        assert!(wait_stopped(child.id(), std::time::Duration::from_secs(10)));
+        let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+        assert!(
+            stat[stat.rfind(')').unwrap()..].starts_with(") T "),
+            "{stat}"
+        );
+        signal_group(child.id(), libc::SIGCONT);
+        assert!(!wait_stopped(child.id(), short), "SIGCONT thawed it");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            wait_stopped(child.id(), short),
+            "a reaped process counts as stopped"
+        );
     }
 
     #[test]
