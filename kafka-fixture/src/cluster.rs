@@ -326,6 +326,14 @@ impl LocalCluster {
             "1000",
         );
         set("log.cleaner.dedupe.buffer.size", "33554432");
+        // Every new segment preallocates its offset and time index as sparse files the broker maps and
+        // writes through page faults. With the default 10 MiB and a disk whose read-ahead is large (8 MiB
+        // on the CI machine's virtio disk), each fault zero-fills megabytes of holes: after a few hundred
+        // new partitions the request handlers spent a core in the kernel's memset and every produce got
+        // 3-4x slower, whichever client sent it (docs/benchmarks.md). 1 MiB still holds an entry per 4 KiB
+        // of log for 341 MiB (the time index's 12-byte entries fill first); a segment rolls there at the
+        // latest instead of at 1 GiB, which no test or benchmark partition reaches.
+        set("log.index.size.max.bytes", "1048576");
         set("num.network.threads", "2");
         set("num.io.threads", "4");
         set("group.min.session.timeout.ms", "1000");
