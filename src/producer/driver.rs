@@ -356,6 +356,12 @@ impl Inner {
     ///
     /// Cancel-safe: until it returns, the record is not in the producer.
     pub(crate) async fn append(&self, record: ProducerRecord) -> Result<Delivery, ProducerError> {
+        // An append wakes the driver, and tokio runs a task woken from a worker in that worker's next
+        // slot, which no other worker may steal: a caller appending in a tight loop held the driver back
+        // until the buffer filled (70 ms of 32 000 records before the first Produce left, in the B'
+        // benchmark). Yielding once the task's cooperative budget is spent lets the driver send while the
+        // caller goes on, maybe on another worker. Before the append, so a drop here leaves nothing in.
+        tokio::task::coop::consume_budget().await;
         let deadline = tokio::time::Instant::now() + self.config.max_block;
         let mut record = record;
         let mut refreshed = false;
