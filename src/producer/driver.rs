@@ -11,8 +11,9 @@
 //! a commit, the next send) gets a typed error instead of waiting on a task that is gone.
 //!
 //! Requests: each pass of the background task takes every batch the core lets out (up to
-//! `max_in_flight` per partition, retries first) and groups them by the partition leader in the cached
-//! metadata: one Produce per broker carries one batch of every partition led there, across topics, up
+//! `max_in_flight` per partition, retries first, and for a partition whose broker already has requests
+//! unanswered no more than the room left under `max_in_flight` per broker) and groups them by the
+//! partition leader in the cached metadata: one Produce per broker carries one batch of every partition led there, across topics, up
 //! to `max_request_size` bytes of batches (a partition with several batches ready goes into that many
 //! requests, one batch each, in sequence order, as Produce v3+ allows one batch per partition per
 //! request). A partition whose leader is not cached is held back while one metadata refresh looks it up.
@@ -22,8 +23,10 @@
 //! requests on the broker's pooled connection in the order the core handed them out: it keeps every
 //! request it has started in one list and polls them in that order, so each request queues its frame
 //! (the connection's slot lock, in-flight permit and writer queue are all first-come first-served)
-//! before the next one starts. Up to five requests of a partition are then in flight on one connection,
-//! in sequence order, and the broker sees them in that order.
+//! before the next one starts, and keeps at most `max_in_flight` of them on the wire (the broker takes
+//! one request of a connection at a time, so more would only queue there). Up to five requests of a
+//! partition are then in flight on one connection, in sequence order, and the broker sees them in that
+//! order. What a busy broker cannot take yet stays in the accumulator and fills up.
 //!
 //! What the ordering cannot cover, the sequencer does: after a leader change a partition's batches can
 //! be out on two connections at once, and after a connection reset every request on it is unanswered
@@ -124,6 +127,8 @@ pub(crate) struct Inner {
 struct SenderSlot {
     queue: VecDeque<ProduceJob>,
     wake: Arc<Notify>,
+    /// Requests handed to this sender and not answered yet (queued or on the wire).
+    outstanding: usize,
 }
 
 /// One Produce request: at most one batch per partition, every partition led by `node`.
@@ -531,16 +536,39 @@ impl Inner {
                 let versions = self.produce_versions(&s);
                 let meta = self.client.cached_metadata();
                 let mut leaderless: HashSet<Arc<str>> = HashSet::new();
+                // A broker gets no more requests than it has room for under `max_in_flight` unanswered
+                // ones (a request carries one batch per partition, so a partition gives out at most that
+                // many batches a pass). The rest stay in the accumulator and go on filling, so the next
+                // request carries full batches instead of a stream of small ones, which the broker must
+                // take one at a time on the connection.
+                let cap = self.config.max_in_flight;
+                let room: HashMap<i32, usize> = s
+                    .senders
+                    .iter()
+                    .map(|(node, slot)| (*node, cap.saturating_sub(slot.outstanding)))
+                    .collect();
+                let mut given: HashMap<TopicPartition, usize> = HashMap::new();
+                let mut held = false;
                 let Shared { core, txn, .. } = &mut *s;
                 let mut allow = |tp: &TopicPartition| {
                     if !txn.as_ref().is_none_or(|t| t.can_produce(tp)) {
                         return false;
                     }
-                    if meta.leader(&tp.topic, tp.partition).is_none() {
-                        leaderless.insert(tp.topic.clone());
-                        return false;
+                    match meta.leader(&tp.topic, tp.partition) {
+                        None => {
+                            leaderless.insert(tp.topic.clone());
+                            false
+                        }
+                        Some(leader) => {
+                            let given = given.entry(tp.clone()).or_insert(0);
+                            if *given >= room.get(&leader.node).copied().unwrap_or(cap) {
+                                held = true;
+                                return false;
+                            }
+                            *given += 1;
+                            true
+                        }
                     }
-                    true
                 };
                 let mut encoder = RecordsEncoder {
                     compression: self.config.compression,
@@ -564,9 +592,11 @@ impl Inner {
                         SenderSlot {
                             queue: VecDeque::new(),
                             wake,
+                            outstanding: 0,
                         }
                     });
                     slot.wake.notify_one();
+                    slot.outstanding += 1;
                     slot.queue.push_back(job);
                 }
                 if !leaderless.is_empty() && !s.refresh_in_flight {
@@ -586,10 +616,10 @@ impl Inner {
                 .into_iter()
                 .flatten()
                 .min();
-                if !leaderless.is_empty() {
-                    // A held-back retry is due already; the refresh's end wakes this task, so only look
-                    // again shortly rather than spin until then.
-                    next = next.map(|at| at.max(now + LEADERLESS_RECHECK));
+                if !leaderless.is_empty() || held {
+                    // A held-back batch may be due already; the refresh's end or the busy broker's next
+                    // answer wakes this task, so only look again shortly rather than spin until then.
+                    next = next.map(|at| at.max(now + HELD_RECHECK));
                 }
                 (replies, next)
             };
@@ -655,16 +685,17 @@ impl Inner {
         loop {
             let jobs = {
                 let mut s = self.lock();
-                let queued = s
-                    .senders
-                    .get_mut(&node)
-                    .map(|slot| std::mem::take(&mut slot.queue))
-                    .unwrap_or_default();
-                if queued.is_empty() && out.is_empty() {
+                // At most `max_in_flight` requests on the wire; the rest wait here, in order.
+                let room = self.config.max_in_flight.saturating_sub(out.len());
+                let queue = s.senders.get_mut(&node).map(|slot| &mut slot.queue);
+                if queue.as_ref().is_none_or(|q| q.is_empty()) && out.is_empty() {
                     s.senders.remove(&node);
                     break;
                 }
-                queued
+                queue.map_or_else(Vec::new, |q| {
+                    let n = room.min(q.len());
+                    q.drain(..n).collect()
+                })
             };
             for job in jobs {
                 #[cfg(test)]
@@ -686,6 +717,9 @@ impl Inner {
                 let mut s = self.lock();
                 let now = crate::clock::now();
                 let mut replies = Vec::new();
+                if let Some(slot) = s.senders.get_mut(&node) {
+                    slot.outstanding = slot.outstanding.saturating_sub(answered.len());
+                }
                 for (job, answers) in answered {
                     for (b, answer) in job.batches.iter().zip(answers) {
                         let fx = s.core.on_answer(b.id, answer, now);
@@ -908,7 +942,7 @@ impl Inner {
 }
 
 /// How soon a pass that held partitions back for want of a leader looks again, at the latest.
-const LEADERLESS_RECHECK: Duration = Duration::from_millis(10);
+const HELD_RECHECK: Duration = Duration::from_millis(10);
 
 /// Groups the batches the core let out into Produce requests: per leader, requests of at most one
 /// batch per partition and at most `max_bytes` of record batches (a batch larger than that goes alone).

@@ -693,3 +693,48 @@ async fn a_leader_change_mid_burst_moves_the_rest_in_order() {
         "the move happened mid-burst"
     );
 }
+
+/// A broker answering slowly never has more than `max_in_flight` requests of the producer waiting on
+/// it, however many partitions it leads: the batches behind them stay in the accumulator, where they
+/// fill up and later share one request, instead of queueing at the broker as many small requests that
+/// it must take one at a time on the connection.
+#[tokio::test]
+async fn a_busy_broker_gets_at_most_max_in_flight_requests_at_once() {
+    let c = cluster(
+        &[(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1)],
+        Box::new(|_, _| Plan::Answer {
+            delay: Duration::from_millis(20),
+        }),
+    )
+    .await;
+    let p = producer(&c).await;
+    let parts = [0, 1, 2, 3, 4, 5];
+    // One record at a time with a turn for the driver after each, so every pass has one new batch to
+    // give out: without the cap each would be a request of its own, five per partition in flight.
+    let mut deliveries = Vec::new();
+    for i in 0..40 {
+        for &part in &parts {
+            let r = ProducerRecord::new(TOPIC, Some(Bytes::from(format!("{part}-{i}"))))
+                .partition(part);
+            deliveries.push(p.send(r).await.unwrap());
+            tokio::task::yield_now().await;
+        }
+    }
+    let mut acks = Vec::new();
+    for d in deliveries {
+        acks.push(timeout(PATIENCE, d).await.unwrap().unwrap());
+    }
+    assert_exactly_once_in_order(&c, &acks, &parts, 40);
+    let m = c.model.lock().unwrap();
+    let (_, most) = m.outstanding[&1];
+    let cap = config().max_in_flight;
+    assert!(
+        most <= cap,
+        "{most} requests waited on the broker at once, more than max_in_flight {cap}"
+    );
+    assert!(most >= 2, "the requests were not pipelined (most {most})");
+    assert!(
+        m.produce_seen[&1] < 6 * 40,
+        "every batch went in a request of its own"
+    );
+}
