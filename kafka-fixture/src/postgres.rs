@@ -892,11 +892,7 @@ impl LocalServer {
             let _ = child.wait();
         }
         // The postmaster cannot fork any more, so every child there will be is there now.
-        let comm = self.bins.comm();
-        let until = Instant::now() + KILL_WAIT;
-        while procs::kill_by_cwd(&self.folder, &comm) > 0 && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        procs::kill_all_by_cwd(&self.folder, &self.bins.comm(), KILL_WAIT);
         if let Some(f) = state.pid_file.take() {
             let _ = fs::remove_file(f);
         }

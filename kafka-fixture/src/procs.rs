@@ -114,10 +114,8 @@ pub fn wait_stopped(pid: u32, timeout: std::time::Duration) -> bool {
         };
         let running = tasks.filter_map(|t| t.ok()).any(|t| {
             fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
-                // Field 3 (state) follows the last ')': 'T' is stopped by a signal, 't' by a tracer.
-                let state = stat[stat.rfind(')').map_or(stat.len(), |i| i + 1)..]
-                    .split_whitespace()
-                    .next();
+                // 'T' is stopped by a signal, 't' by a tracer; 'Z' and 'X' are gone.
+                let state = stat_fields(&stat).and_then(|mut f| f.next());
                 !matches!(state, Some("T" | "t" | "Z" | "X"))
             })
         });
@@ -131,13 +129,17 @@ pub fn wait_stopped(pid: u32, timeout: std::time::Duration) -> bool {
     }
 }
 
+/// The fields of a `/proc/<pid>/stat` (or task stat) line from field 3 (state) on. The command name
+/// (field 2) may hold spaces and parentheses; the fields after the last ')' are plain.
+fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(stat[stat.rfind(')')? + 1..].split_whitespace())
+}
+
 /// Kernel start time of `pid` (clock ticks since boot), the pid's identity across recycling.
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses; fields after the last ')' are plain.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // rest starts at field 3 (state); starttime is field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    // starttime is field 22, the 20th from the state.
+    stat_fields(&stat)?.nth(19)?.parse().ok()
 }
 
 /// This process's folder under `<cache>/run`, created on first use (and the first use sweeps stale ones).
@@ -192,6 +194,15 @@ pub fn record_folder(folder: &Path) -> PathBuf {
     let file = owner_dir().join(format!("dir-{name}.path"));
     let _ = fs::write(&file, folder.as_os_str().as_bytes());
     file
+}
+
+/// [`kill_by_cwd`] again and again until none is left or `timeout` passes: a process may fork another in
+/// the moment of one pass, and a killed one takes a moment to go.
+pub fn kill_all_by_cwd(folder: &Path, comm: &str, timeout: std::time::Duration) {
+    let until = std::time::Instant::now() + timeout;
+    while kill_by_cwd(folder, comm) > 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// SIGKILLs every process named `comm` whose working directory is `folder` or inside it, other than this
@@ -279,13 +290,8 @@ fn kill_recorded(dir: &Path) {
             if let (Some(comm), Some(folder)) = (lines.next(), lines.next()) {
                 if !comm.is_empty() && !folder.is_empty() {
                     let comm = String::from_utf8_lossy(comm);
-                    // Again until none is left: a child may fork another in the moment of the first pass.
-                    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-                    while kill_by_cwd(Path::new(OsStr::from_bytes(folder)), &comm) > 0
-                        && std::time::Instant::now() < until
-                    {
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                    }
+                    let folder = Path::new(OsStr::from_bytes(folder));
+                    kill_all_by_cwd(folder, &comm, std::time::Duration::from_secs(5));
                 }
             }
         }
@@ -364,8 +370,9 @@ mod tests {
         signal_group(child.id(), libc::SIGSTOP);
         assert!(wait_stopped(child.id(), std::time::Duration::from_secs(10)));
         let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
-        assert!(
-            stat[stat.rfind(')').unwrap()..].starts_with(") T "),
+        assert_eq!(
+            stat_fields(&stat).and_then(|mut f| f.next()),
+            Some("T"),
             "{stat}"
         );
         signal_group(child.id(), libc::SIGCONT);
