@@ -13,10 +13,10 @@
 //! Requests: each pass of the background task takes every batch the core lets out (up to
 //! `max_in_flight` per partition, retries first, and for a partition whose broker already has requests
 //! unanswered no more than the room left under `max_in_flight` per broker) and groups them by the
-//! partition leader in the cached metadata: one Produce per broker carries one batch of every partition led there, across topics, up
-//! to `max_request_size` bytes of batches (a partition with several batches ready goes into that many
-//! requests, one batch each, in sequence order, as Produce v3+ allows one batch per partition per
-//! request). A partition whose leader is not cached is held back while one metadata refresh looks it up.
+//! partition leader in the cached metadata: one Produce per broker carries one batch of every partition
+//! led there, across topics, up to `max_request_size` bytes of batches (a partition with several batches
+//! ready goes into that many requests, one batch each, in sequence order, as Produce v3+ allows one
+//! batch per partition per request). A partition whose leader is not cached is held back while one metadata refresh looks it up.
 //!
 //! Ordering: Kafka answers the requests of one connection in the order it received them, and appends
 //! a partition's batches in sequence order only. Each broker has one *sender* task that puts its
@@ -127,8 +127,8 @@ pub(crate) struct Inner {
 struct SenderSlot {
     queue: VecDeque<ProduceJob>,
     wake: Arc<Notify>,
-    /// Requests handed to this sender and not answered yet (queued or on the wire).
-    outstanding: usize,
+    /// Requests the sender has on the wire, as it last said; with `queue`, what the broker has to answer.
+    on_wire: usize,
 }
 
 /// One Produce request: at most one batch per partition, every partition led by `node`.
@@ -545,7 +545,9 @@ impl Inner {
                 let room: HashMap<i32, usize> = s
                     .senders
                     .iter()
-                    .map(|(node, slot)| (*node, cap.saturating_sub(slot.outstanding)))
+                    .map(|(node, slot)| {
+                        (*node, cap.saturating_sub(slot.queue.len() + slot.on_wire))
+                    })
                     .collect();
                 let mut given: HashMap<TopicPartition, usize> = HashMap::new();
                 let mut held = false;
@@ -592,11 +594,10 @@ impl Inner {
                         SenderSlot {
                             queue: VecDeque::new(),
                             wake,
-                            outstanding: 0,
+                            on_wire: 0,
                         }
                     });
                     slot.wake.notify_one();
-                    slot.outstanding += 1;
                     slot.queue.push_back(job);
                 }
                 if !leaderless.is_empty() && !s.refresh_in_flight {
@@ -687,14 +688,15 @@ impl Inner {
                 let mut s = self.lock();
                 // At most `max_in_flight` requests on the wire; the rest wait here, in order.
                 let room = self.config.max_in_flight.saturating_sub(out.len());
-                let queue = s.senders.get_mut(&node).map(|slot| &mut slot.queue);
-                if queue.as_ref().is_none_or(|q| q.is_empty()) && out.is_empty() {
+                let slot = s.senders.get_mut(&node);
+                if slot.as_ref().is_none_or(|slot| slot.queue.is_empty()) && out.is_empty() {
                     s.senders.remove(&node);
                     break;
                 }
-                queue.map_or_else(Vec::new, |q| {
-                    let n = room.min(q.len());
-                    q.drain(..n).collect()
+                slot.map_or_else(Vec::new, |slot| {
+                    let n = room.min(slot.queue.len());
+                    slot.on_wire = out.len() + n;
+                    slot.queue.drain(..n).collect()
                 })
             };
             for job in jobs {
@@ -718,7 +720,7 @@ impl Inner {
                 let now = crate::clock::now();
                 let mut replies = Vec::new();
                 if let Some(slot) = s.senders.get_mut(&node) {
-                    slot.outstanding = slot.outstanding.saturating_sub(answered.len());
+                    slot.on_wire = out.len();
                 }
                 for (job, answers) in answered {
                     for (b, answer) in job.batches.iter().zip(answers) {
@@ -941,7 +943,8 @@ impl Inner {
     }
 }
 
-/// How soon a pass that held partitions back for want of a leader looks again, at the latest.
+/// How soon a pass that held partitions back (for want of a leader, or of room at a busy broker) looks
+/// again, at the latest.
 const HELD_RECHECK: Duration = Duration::from_millis(10);
 
 /// Groups the batches the core let out into Produce requests: per leader, requests of at most one
