@@ -689,7 +689,9 @@ impl KafkaCluster {
     }
 
     /// Freezes the node with SIGSTOP: its sockets stay open but nothing answers, as in a long GC pause.
-    /// Panics for an external cluster, an unknown node or a node that is not running.
+    /// Returns once every thread of the JVM is stopped (the signal alone does not wait for that).
+    /// Panics for an external cluster, an unknown node or a node that is not running, or when the node
+    /// has not stopped 10 s after the signal.
     pub fn pause(&self, node: i32) {
         self.local_only("pause").set_paused(node, true);
     }
