@@ -38,6 +38,8 @@ pub(crate) struct Batch<T> {
     pub(crate) records: Vec<(ProducerRecord, T)>,
     /// Bytes reserved for this batch; give them back with [`Accumulator::release`].
     pub(crate) reserved: usize,
+    /// The first record's timestamp, from which the others' are encoded as deltas.
+    base_timestamp: i64,
     pub(crate) created: Instant,
     /// Closed batches take no more records (full, or handed back for re-sequencing).
     closed: bool,
@@ -96,12 +98,15 @@ impl<T> Accumulator<T> {
         completion: T,
         now: Instant,
     ) -> Result<BatchId, (AppendError, ProducerRecord, T)> {
-        let size = record.encoded_size_bound();
+        // Sizes are exact (as the encoder will write the record: its offset and timestamp deltas depend
+        // on the batch), so a batch fills up to `batch_size` and memory accounting matches the bytes.
+        let timestamp = record.timestamp.unwrap_or(0);
+        let alone = record.encoded_size(0, timestamp);
         let limit = self.config.buffer_memory.min(self.config.max_request_size);
-        if size + BATCH_OVERHEAD > limit {
+        if alone + BATCH_OVERHEAD > limit {
             return Err((
                 AppendError::TooLarge {
-                    size: size + BATCH_OVERHEAD,
+                    size: alone + BATCH_OVERHEAD,
                     limit,
                 },
                 record,
@@ -109,11 +114,21 @@ impl<T> Accumulator<T> {
             ));
         }
         let queue = self.queues.entry(tp.clone()).or_default();
-        let fits_open = queue.back().is_some_and(|b| {
-            !b.closed
-                && b.reserved + size <= self.config.batch_size
-                && b.reserved + size <= self.config.max_request_size
-        });
+        let in_open = queue
+            .back()
+            .filter(|b| !b.closed)
+            .map(|b| {
+                (
+                    b.reserved,
+                    record.encoded_size(b.records.len(), b.base_timestamp),
+                )
+            })
+            .filter(|(reserved, size)| {
+                reserved + size <= self.config.batch_size
+                    && reserved + size <= self.config.max_request_size
+            });
+        let fits_open = in_open.is_some();
+        let size = in_open.map_or(alone, |(_, size)| size);
         let needed = if fits_open {
             size
         } else {
@@ -143,6 +158,7 @@ impl<T> Accumulator<T> {
                 partition: tp.clone(),
                 records: Vec::new(),
                 reserved: BATCH_OVERHEAD,
+                base_timestamp: timestamp,
                 created: now,
                 closed: false,
             });
@@ -151,7 +167,8 @@ impl<T> Accumulator<T> {
         let batch = queue.back_mut().expect("a batch was just ensured");
         batch.reserved += size;
         batch.records.push((record, completion));
-        if batch.reserved >= self.config.batch_size {
+        // Full once another record like this one would not fit: ready now rather than at its linger.
+        if batch.reserved + size > self.config.batch_size {
             batch.closed = true;
         }
         Ok(batch.id)
@@ -300,11 +317,11 @@ mod tests {
     fn records_share_a_batch_until_it_is_full() {
         let t0 = Instant::now();
         let mut acc = Accumulator::new(cfg());
-        let a = acc.append(&tp(0), rec(300), 1, t0).unwrap();
-        let b = acc.append(&tp(0), rec(300), 2, t0).unwrap();
+        let a = acc.append(&tp(0), rec(400), 1, t0).unwrap();
+        let b = acc.append(&tp(0), rec(400), 2, t0).unwrap();
         assert_eq!(a, b);
         // The third no longer fits under batch_size: a new batch, and the first one is ready at once.
-        let c = acc.append(&tp(0), rec(300), 3, t0).unwrap();
+        let c = acc.append(&tp(0), rec(400), 3, t0).unwrap();
         assert_ne!(a, c);
         assert_eq!(acc.ready(t0), vec![tp(0)]);
         let first = acc.drain(&tp(0)).unwrap();
@@ -317,6 +334,46 @@ mod tests {
         assert!(acc.ready(t0).is_empty());
         assert_eq!(acc.next_ready_at(t0), Some(t0 + Duration::from_millis(10)));
         assert_eq!(acc.ready(t0 + Duration::from_millis(10)), vec![tp(0)]);
+    }
+
+    /// What a batch reserves is what the encoder writes, whatever the records' offset and timestamp
+    /// deltas, keys and headers: a batch fills up to `batch_size`, not to a bound below it.
+    #[test]
+    fn a_batch_reserves_exactly_the_bytes_it_encodes_to() {
+        use crate::producer::core::BatchEncoder;
+        use crate::producer::encoder::RecordsEncoder;
+        let t0 = Instant::now();
+        let mut acc = Accumulator::new(AccumulatorConfig {
+            batch_size: 64 * 1024,
+            linger: Duration::from_millis(10),
+            buffer_memory: 1 << 20,
+            max_request_size: 1 << 20,
+        });
+        let mut ids = Vec::new();
+        for i in 0..300u32 {
+            let mut r = rec((i as usize * 37) % 700)
+                .timestamp(1_700_000_000_000 + i64::from(i) * 97 - 5_000);
+            if i % 3 == 0 {
+                r = r.key(vec![b'k'; (i as usize) % 200]);
+            }
+            if i % 5 == 0 {
+                r = r.header("h", Some(Bytes::from(vec![b'v'; (i as usize) % 50])));
+                r = r.header("empty", None);
+            }
+            ids.push(acc.append(&tp(0), r, i, t0).unwrap());
+        }
+        ids.dedup();
+        assert!(ids.len() > 1, "the records spread over several batches");
+        let mut encoder = RecordsEncoder {
+            compression: crate::records::Compression::None,
+        };
+        while let Some(batch) = acc.drain(&tp(0)) {
+            let records: Vec<&ProducerRecord> = batch.records.iter().map(|(r, _)| r).collect();
+            let ids = crate::producer::ProducerIdEpoch { id: 1, epoch: 0 };
+            let bytes = encoder.encode(&records, ids, 0, false).unwrap();
+            assert_eq!(batch.reserved, bytes.len(), "batch {}", batch.id);
+            assert!(batch.reserved <= 64 * 1024);
+        }
     }
 
     #[test]

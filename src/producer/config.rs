@@ -14,7 +14,9 @@ use crate::records::Compression;
 pub struct ProducerConfig {
     /// How long a batch waits for more records before it is sent. Default 5 ms.
     pub linger: Duration,
-    /// A batch is sent once it holds about this many bytes. Default 256 KiB.
+    /// A batch holds at most this many bytes, header included (a larger record gets a batch of its
+    /// own), and is sent once another record like its last would not fit, or at its linger. Default
+    /// 256 KiB.
     pub batch_size: usize,
     /// Everything the producer holds (batched and in flight) stays under this many bytes; `send` waits
     /// and `try_send` fails when it is full. Default 32 MiB.

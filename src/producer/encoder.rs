@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use super::core::BatchEncoder;
 use super::{ProducerIdEpoch, ProducerRecord};
-use crate::records::{BatchBuilder, Compression, NewRecord, ProducerStamp};
+use crate::records::{BatchBuilder, Compression, ProducerStamp};
 
 /// Encodes one batch per call with the configured codec.
 pub(crate) struct RecordsEncoder {
@@ -22,18 +22,7 @@ impl BatchEncoder for RecordsEncoder {
         // The accumulator already bounded the batch; the builder must take every record handed to it.
         let mut builder = BatchBuilder::new(self.compression, usize::MAX);
         for r in records {
-            let headers: Vec<(&str, Option<&[u8]>)> = r
-                .headers
-                .iter()
-                .map(|h| (h.key.as_str(), h.value.as_deref()))
-                .collect();
-            let record = NewRecord {
-                timestamp: r.timestamp.unwrap_or(0),
-                key: r.key.as_deref(),
-                value: r.value.as_deref(),
-                headers: &headers,
-            };
-            match builder.try_append(&record) {
+            match r.as_new_record(|record| builder.try_append(record)) {
                 Ok(true) => {}
                 Ok(false) => return Err("record batch refused a record within its bound".into()),
                 Err(e) => return Err(e.to_string()),

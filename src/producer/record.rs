@@ -5,6 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub use crate::net::TopicPartition;
+use crate::records::{encoded_record_size, NewRecord};
 
 /// One record header. Kafka allows repeated keys and a null value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,10 +83,39 @@ impl ProducerRecord {
         self
     }
 
+    /// The bytes this record takes as record `offset_delta` of a v2 batch whose first record has the
+    /// timestamp `base_timestamp`, exactly as the records layer will encode it (a missing timestamp is
+    /// encoded as 0). Falls back to [`Self::encoded_size_bound`] when the records layer cannot encode it
+    /// there (the encoder then says why).
+    pub(crate) fn encoded_size(&self, offset_delta: usize, base_timestamp: i64) -> usize {
+        self.as_new_record(|record| {
+            i32::try_from(offset_delta)
+                .ok()
+                .and_then(|delta| encoded_record_size(record, delta, base_timestamp).ok())
+        })
+        .unwrap_or_else(|| self.encoded_size_bound())
+    }
+
+    /// Calls `f` with this record as the records layer encodes it (a missing timestamp as 0).
+    pub(crate) fn as_new_record<R>(&self, f: impl FnOnce(&NewRecord<'_>) -> R) -> R {
+        let headers: Vec<(&str, Option<&[u8]>)> = self
+            .headers
+            .iter()
+            .map(|h| (h.key.as_str(), h.value.as_deref()))
+            .collect();
+        f(&NewRecord {
+            timestamp: self.timestamp.unwrap_or(0),
+            key: self.key.as_deref(),
+            value: self.value.as_deref(),
+            headers: &headers,
+        })
+    }
+
     /// An upper bound on the bytes this record takes inside a v2 record batch.
     ///
     /// Every varint is counted at its widest, so the bound holds whatever the offset and timestamp
-    /// deltas turn out to be; batch sizing and buffer accounting rely on it never being an underestimate.
+    /// deltas turn out to be: what [`Self::encoded_size`] counts when the records layer refuses the
+    /// record, so that the accumulator never undercounts.
     pub(crate) fn encoded_size_bound(&self) -> usize {
         // length (varint ≤5) + attributes (1) + timestamp delta (varlong ≤10) + offset delta (varint ≤5)
         // + key length (≤5) + value length (≤5) + header count (≤5)

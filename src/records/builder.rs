@@ -111,8 +111,7 @@ impl BatchBuilder {
         } else {
             self.base_timestamp
         };
-        let body = body_size(record, self.count, base)?;
-        Ok(varint_len(zigzag32(body as i32)) + body)
+        encoded_record_size(record, self.count, base)
     }
 
     /// Appends `record` if the batch stays within its budget (or is empty). Returns `Ok(false)`, leaving
@@ -353,6 +352,18 @@ fn nullable_len(field: &'static str, b: Option<&[u8]>) -> Result<usize, EncodeEr
         None => 1,
         Some(b) => varint_len(zigzag32(len_i32(field, b.len())?)) + b.len(),
     })
+}
+
+/// The bytes `record` takes in a v2 batch, length prefix included, as the record at `offset_delta` of a
+/// batch whose base timestamp is `base`.
+pub(crate) fn encoded_record_size(
+    record: &NewRecord<'_>,
+    offset_delta: i32,
+    base: i64,
+) -> Result<usize, EncodeError> {
+    let body = body_size(record, offset_delta, base)?;
+    // body_size checked that the record with its prefix fits an i32.
+    Ok(varint_len(zigzag32(body as i32)) + body)
 }
 
 /// The record's size after its length prefix.

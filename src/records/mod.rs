@@ -29,6 +29,7 @@ pub use batch::{
     decode_batches, BatchAttributes, Batches, ControlMarker, Header, HeaderIter, Record,
     RecordBatch, Records, TimestampType,
 };
+pub(crate) use builder::encoded_record_size;
 pub use builder::{control_batch, BatchBuilder, NewRecord, ProducerStamp, SealedBatch};
 pub use compression::{Compression, DEFAULT_MAX_DECOMPRESSED};
 pub use error::{DecodeError, EncodeError};
