@@ -199,6 +199,11 @@ impl<T> Accumulator<T> {
             .min()
     }
 
+    /// The bytes reserved for `tp`'s oldest batch, if it has one.
+    pub(crate) fn head_bytes(&self, tp: &TopicPartition) -> Option<usize> {
+        self.queues.get(tp)?.front().map(|b| b.reserved)
+    }
+
     /// Whether `tp`'s oldest batch may be sent now.
     pub(crate) fn is_ready(&self, tp: &TopicPartition, now: Instant) -> bool {
         self.queues

@@ -142,6 +142,9 @@ pub(crate) struct ProducerCore<T> {
     seq: Option<Sequencer>,
     flights: HashMap<BatchId, Flight<T>>,
     fatal: Option<Arc<ProducerError>>,
+    /// The last partition a pass took a new batch from: the next pass starts after it, so that when
+    /// a busy broker can take only some of the ready partitions, the others go first next time.
+    last_drained: Option<TopicPartition>,
 }
 
 impl<T> ProducerCore<T> {
@@ -155,6 +158,7 @@ impl<T> ProducerCore<T> {
             seq: None,
             flights: HashMap::new(),
             fatal: None,
+            last_drained: None,
         }
     }
 
@@ -215,14 +219,16 @@ impl<T> ProducerCore<T> {
     }
 
     /// Batches to send now: retries first (same bytes, same sequence, in order), then new batches of
-    /// ready partitions whose in-flight window has room. Only partitions `allow` lets through are
-    /// considered (a TV1 transaction only produces to enrolled partitions; the driver holds back a
-    /// partition whose leader it does not know yet). The sequencer's window bounds what is out per
+    /// ready partitions whose in-flight window has room, starting after the partition the last pass
+    /// took one from. Only batches `allow` lets through go: it is asked with the partition and the
+    /// batch's reserved bytes (0 for a partition's retries, which go together and before anything new),
+    /// and says no for a TV1 transaction's partition not enrolled yet, a partition whose leader the
+    /// driver does not know yet, or a broker with no room. The sequencer's window bounds what is out per
     /// partition (`max_in_flight`).
     pub(crate) fn poll_send(
         &mut self,
         now: Instant,
-        allow: &mut dyn FnMut(&TopicPartition) -> bool,
+        allow: &mut dyn FnMut(&TopicPartition, usize) -> bool,
         encoder: &mut dyn BatchEncoder,
     ) -> (Vec<ToSend>, Effects<T>) {
         let mut out = Vec::new();
@@ -245,7 +251,7 @@ impl<T> ProducerCore<T> {
         let mut parts: Vec<_> = waiting.into_iter().filter(|(_, t)| *t <= now).collect();
         parts.sort();
         for (tp, _) in parts {
-            if !allow(&tp) {
+            if !allow(&tp, 0) {
                 continue;
             }
             while let Some(id) = seq.poll_resend(&tp) {
@@ -266,8 +272,17 @@ impl<T> ProducerCore<T> {
             }
         }
         // New batches.
-        for tp in self.acc.ready(now) {
-            while self.acc.is_ready(&tp, now) && seq.can_send_new(&tp, now) && allow(&tp) {
+        let mut ready = self.acc.ready(now);
+        if let Some(last) = &self.last_drained {
+            let after = ready.partition_point(|tp| tp <= last);
+            ready.rotate_left(after);
+        }
+        for tp in ready {
+            while self.acc.is_ready(&tp, now)
+                && seq.can_send_new(&tp, now)
+                && allow(&tp, self.acc.head_bytes(&tp).unwrap_or(0))
+            {
+                self.last_drained = Some(tp.clone());
                 let batch = self.acc.drain(&tp).expect("ready implies a batch");
                 let count = i32::try_from(batch.len()).unwrap_or(i32::MAX);
                 let (ids, base_seq) = seq.assign(&tp, batch.id, count);

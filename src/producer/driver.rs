@@ -537,11 +537,14 @@ impl Inner {
                 let meta = self.client.cached_metadata();
                 let mut leaderless: HashSet<Arc<str>> = HashSet::new();
                 // A broker gets no more requests than it has room for under `max_in_flight` unanswered
-                // ones (a request carries one batch per partition, so a partition gives out at most that
-                // many batches a pass). The rest stay in the accumulator and go on filling, so the next
-                // request carries full batches instead of a stream of small ones, which the broker must
-                // take one at a time on the connection.
+                // ones: a request carries one batch per partition and at most `max_request_size` bytes,
+                // so a pass gives a partition at most that many batches and a broker at most that many
+                // requests' worth of bytes. The rest stay in the accumulator and go on filling, so the
+                // next request carries full batches instead of a stream of small ones (the broker must
+                // take them one at a time on the connection), and every request but a broker's last of
+                // the pass is full rather than topped up by a lone batch that did not fit.
                 let cap = self.config.max_in_flight;
+                let max_bytes = self.config.max_request_size;
                 let room: HashMap<i32, usize> = s
                     .senders
                     .iter()
@@ -550,9 +553,10 @@ impl Inner {
                     })
                     .collect();
                 let mut given: HashMap<TopicPartition, usize> = HashMap::new();
+                let mut bytes_given: HashMap<i32, usize> = HashMap::new();
                 let mut held = false;
                 let Shared { core, txn, .. } = &mut *s;
-                let mut allow = |tp: &TopicPartition| {
+                let mut allow = |tp: &TopicPartition, bytes: usize| {
                     if !txn.as_ref().is_none_or(|t| t.can_produce(tp)) {
                         return false;
                     }
@@ -562,12 +566,15 @@ impl Inner {
                             false
                         }
                         Some(leader) => {
+                            let room = room.get(&leader.node).copied().unwrap_or(cap);
                             let given = given.entry(tp.clone()).or_insert(0);
-                            if *given >= room.get(&leader.node).copied().unwrap_or(cap) {
+                            let bytes_given = bytes_given.entry(leader.node).or_insert(0);
+                            if *given >= room || *bytes_given + bytes > room * max_bytes {
                                 held = true;
                                 return false;
                             }
                             *given += 1;
+                            *bytes_given += bytes;
                             true
                         }
                     }

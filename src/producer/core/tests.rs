@@ -77,7 +77,7 @@ fn err(code: ErrorCode) -> ProduceAnswer {
     })
 }
 
-fn all(_: &TopicPartition) -> bool {
+fn all(_: &TopicPartition, _: usize) -> bool {
     true
 }
 
@@ -85,6 +85,42 @@ fn send(c: &mut ProducerCore<u32>, now: Instant, enc: &mut FakeEncoder) -> Vec<T
     let (out, fx) = c.poll_send(now, &mut all, enc);
     assert!(fx.completions.is_empty());
     out
+}
+
+/// A pass that lets out only some of the ready partitions (a broker with room for one request) starts
+/// the next pass after the last partition it took, so every partition gets its turn, and `allow` is
+/// told each batch's bytes.
+#[test]
+fn a_pass_starts_after_the_partition_the_last_one_took() {
+    let t0 = Instant::now();
+    let mut c = core(false);
+    let mut enc = FakeEncoder::default();
+    for p in 0..4 {
+        one_per_batch(&mut c, p, 2, t0);
+    }
+    c.flush();
+    let mut taken = Vec::new();
+    for _ in 0..4 {
+        let mut asked = Vec::new();
+        let mut two = |_: &TopicPartition, bytes: usize| {
+            asked.push(bytes);
+            asked.len() <= 2
+        };
+        let (out, _) = c.poll_send(t0, &mut two, &mut enc);
+        assert!(
+            asked.iter().all(|&b| b > 600),
+            "allow is told each batch's bytes: {asked:?}"
+        );
+        taken.push(
+            out.iter()
+                .map(|b| b.partition.partition)
+                .collect::<Vec<_>>(),
+        );
+        for b in out {
+            c.on_answer(b.id, ok(0), t0);
+        }
+    }
+    assert_eq!(taken, [vec![0, 1], vec![2, 3], vec![0, 1], vec![2, 3]]);
 }
 
 /// One record per batch: a batch size the second record does not fit.
@@ -490,7 +526,7 @@ fn transactional_batches_wait_for_enrolment() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.append(&tp(1), rec(10), 2, t0).unwrap();
     c.flush();
-    let mut enrolled = |tp: &TopicPartition| tp.partition == 1;
+    let mut enrolled = |tp: &TopicPartition, _: usize| tp.partition == 1;
     let (out, _) = c.poll_send(t0, &mut enrolled, &mut enc);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].partition, tp(1));

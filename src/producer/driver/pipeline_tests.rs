@@ -88,6 +88,8 @@ struct Model {
     outstanding: HashMap<i32, (usize, usize)>,
     /// Requests that carried more than one partition.
     multi_partition_requests: usize,
+    /// Per node, the partitions of each Produce in the order read.
+    partitions_per_request: HashMap<i32, Vec<usize>>,
     /// The newest Produce the brokers advertise (12 unless a test asks for 13).
     produce_max: i16,
     /// Produce topics addressed by id (v13) and by name.
@@ -271,6 +273,10 @@ async fn serve(
                     if partitions.len() > 1 {
                         m.multi_partition_requests += 1;
                     }
+                    m.partitions_per_request
+                        .entry(node)
+                        .or_default()
+                        .push(partitions.len());
                     for &(p, seq) in &partitions {
                         let highest = m.highest_read.entry(p).or_insert(-1);
                         let below = seq < *highest;
@@ -736,5 +742,64 @@ async fn a_busy_broker_gets_at_most_max_in_flight_requests_at_once() {
     assert!(
         m.produce_seen[&1] < 6 * 40,
         "every batch went in a request of its own"
+    );
+}
+
+/// A busy broker with room for one more request gets one full request, not one batch of every ready
+/// partition split into a full request and a remainder: with six partitions ready and four batches to
+/// a request, the remainder would be a third of the requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_broker_with_room_for_one_request_gets_one_full_request() {
+    let parts = [0, 1, 2, 3, 4, 5];
+    let c = cluster(
+        &parts.map(|p| (p, 1)),
+        Box::new(|_, _| Plan::Answer {
+            delay: Duration::from_millis(10),
+        }),
+    )
+    .await;
+    let client = Client::connect(ClientConfig::new(&c.addrs[0].to_string()))
+        .await
+        .unwrap();
+    // A record reserves about 1 040 bytes (a 1 000-byte key), so two close a batch and four batches
+    // fill a request, whether counted by reserved or by encoded bytes.
+    let key = Bytes::from(vec![b'k'; 1000]);
+    let settings = ProducerConfig {
+        batch_size: 2 * 1040 + 61,
+        max_request_size: 4 * 2150,
+        linger: Duration::from_millis(5),
+        ..config()
+    };
+    let p = Producer::new(client, settings).await.unwrap();
+    let per_partition = 64;
+    let mut deliveries = Vec::new();
+    for i in 0..per_partition {
+        for &part in &parts {
+            let r = ProducerRecord::new(TOPIC, Some(Bytes::from(format!("{part}-{i}"))))
+                .key(key.clone())
+                .partition(part);
+            deliveries.push(p.send(r).await.unwrap());
+        }
+    }
+    let mut acks = Vec::new();
+    for d in deliveries {
+        acks.push(timeout(PATIENCE, d).await.unwrap().unwrap());
+    }
+    assert_exactly_once_in_order(&c, &acks, &parts, per_partition);
+    let m = c.model.lock().unwrap();
+    let shapes = &m.partitions_per_request[&1];
+    assert_eq!(
+        shapes.iter().sum::<usize>(),
+        parts.len() * per_partition / 2
+    );
+    // The first requests go while the burst is still being appended, and the last ones carry what is
+    // left; in between, the broker has room for one request at a time.
+    let cap = config().max_in_flight;
+    let middle = &shapes[cap.min(shapes.len())..shapes.len().saturating_sub(cap)];
+    let short = middle.iter().filter(|&&n| n < 4).count();
+    assert!(
+        short <= 2,
+        "{short} of the {} requests in the middle of the burst were not full: {shapes:?}",
+        middle.len()
     );
 }
