@@ -11,8 +11,9 @@
 //! a commit, the next send) gets a typed error instead of waiting on a task that is gone.
 //!
 //! Requests: each pass of the background task takes every batch the core lets out (up to
-//! `max_in_flight` per partition, retries first, and for a partition whose broker already has requests
-//! unanswered no more than the room left under `max_in_flight` per broker) and groups them by the
+//! `max_in_flight` per partition, retries first, starting after the partition the last pass took from;
+//! for a broker that already has requests unanswered, no more than the room left under `max_in_flight`
+//! per broker, counted in requests and in `max_request_size` bytes per request) and groups them by the
 //! partition leader in the cached metadata: one Produce per broker carries one batch of every partition
 //! led there, across topics, up to `max_request_size` bytes of batches (a partition with several batches
 //! ready goes into that many requests, one batch each, in sequence order, as Produce v3+ allows one
