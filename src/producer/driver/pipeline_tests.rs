@@ -761,8 +761,8 @@ async fn a_busy_broker_with_room_for_one_request_gets_one_full_request() {
     let client = Client::connect(ClientConfig::new(&c.addrs[0].to_string()))
         .await
         .unwrap();
-    // A record reserves about 1 040 bytes (a 1 000-byte key), so two close a batch and four batches
-    // fill a request, whether counted by reserved or by encoded bytes.
+    // A record takes about 1 015 bytes (a 1 000-byte key), so two close a batch of about 2 090 and
+    // four batches fill a request.
     let key = Bytes::from(vec![b'k'; 1000]);
     let settings = ProducerConfig {
         batch_size: 2 * 1040 + 61,
