@@ -426,10 +426,20 @@ fn config() -> ProducerConfig {
     }
 }
 
-async fn producer(c: &Cluster) -> Producer {
-    let client = Client::connect(ClientConfig::new(&c.addrs[0].to_string()))
+/// A script that answers every Produce after `delay`.
+fn answer_after(delay: Duration) -> Script {
+    Box::new(move |_, _| Plan::Answer { delay })
+}
+
+/// A client bootstrapped from the first broker.
+async fn client(c: &Cluster) -> Client {
+    Client::connect(ClientConfig::new(&c.addrs[0].to_string()))
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn producer(c: &Cluster) -> Producer {
+    let client = client(c).await;
     Producer::new(client, config()).await.unwrap()
 }
 
@@ -543,14 +553,8 @@ async fn a_refused_first_batch_is_not_overtaken_while_the_broker_knows_no_produc
 #[tokio::test]
 async fn produce_addresses_the_topic_by_id_where_the_broker_speaks_v13() {
     for (produce_max, by_id) in [(13, true), (12, false)] {
-        let c = cluster_speaking(
-            &[(0, 1), (1, 2)],
-            Box::new(|_, _| Plan::Answer {
-                delay: Duration::ZERO,
-            }),
-            produce_max,
-        )
-        .await;
+        let c =
+            cluster_speaking(&[(0, 1), (1, 2)], answer_after(Duration::ZERO), produce_max).await;
         let p = producer(&c).await;
         let parts = [0, 1];
         let acks = burst(&p, &parts, 20).await;
@@ -576,16 +580,8 @@ async fn produce_addresses_the_topic_by_id_where_the_broker_speaks_v13() {
 /// timeout runs out, as of unknown outcome, not when the request's own timeout would end it.
 #[tokio::test]
 async fn the_delivery_timeout_bounds_a_request_the_broker_holds() {
-    let c = cluster(
-        &[(0, 1)],
-        Box::new(|_, _| Plan::Answer {
-            delay: Duration::from_secs(60),
-        }),
-    )
-    .await;
-    let client = Client::connect(ClientConfig::new(&c.addrs[0].to_string()))
-        .await
-        .unwrap();
+    let c = cluster(&[(0, 1)], answer_after(Duration::from_secs(60))).await;
+    let client = client(&c).await;
     let delivery_timeout = Duration::from_secs(1);
     let p = Producer::new(
         client,
@@ -708,9 +704,7 @@ async fn a_leader_change_mid_burst_moves_the_rest_in_order() {
 async fn a_busy_broker_gets_at_most_max_in_flight_requests_at_once() {
     let c = cluster(
         &[(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1)],
-        Box::new(|_, _| Plan::Answer {
-            delay: Duration::from_millis(20),
-        }),
+        answer_after(Duration::from_millis(20)),
     )
     .await;
     let p = producer(&c).await;
@@ -753,14 +747,10 @@ async fn a_busy_broker_with_room_for_one_request_gets_one_full_request() {
     let parts = [0, 1, 2, 3, 4, 5];
     let c = cluster(
         &parts.map(|p| (p, 1)),
-        Box::new(|_, _| Plan::Answer {
-            delay: Duration::from_millis(10),
-        }),
+        answer_after(Duration::from_millis(10)),
     )
     .await;
-    let client = Client::connect(ClientConfig::new(&c.addrs[0].to_string()))
-        .await
-        .unwrap();
+    let client = client(&c).await;
     // A record takes about 1 015 bytes (a 1 000-byte key), so two close a batch of about 2 090 and
     // four batches fill a request.
     let key = Bytes::from(vec![b'k'; 1000]);
