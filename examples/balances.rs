@@ -96,7 +96,7 @@ async fn main() -> Result<(), BoxError> {
         flow.poll_once(Duration::from_millis(200)).await?;
         let mut caught_up = true;
         for tp in &partitions {
-            caught_up &= flow.position(tp.partition).await >= Some(ends[tp]);
+            caught_up &= flow.position(tp.partition) >= Some(ends[tp]);
         }
         if caught_up {
             break;
@@ -111,7 +111,7 @@ async fn main() -> Result<(), BoxError> {
 
     let mut balances: Vec<(String, i64)> = Vec::new();
     for p in 0..2 {
-        for (account, balance) in flow.state(p).await.unwrap_or_default() {
+        for (account, balance) in flow.state(p).unwrap_or_default() {
             balances.push((String::from_utf8_lossy(&account).into_owned(), balance));
         }
     }

@@ -186,11 +186,11 @@ async fn hold_all(
     began: Instant,
 ) -> Result<(f64, usize), Error> {
     let mut folded = 0;
-    while flow.partitions().await.len() < n {
+    while flow.partitions().len() < n {
         if began.elapsed() > HOLD_DEADLINE {
             return Err(format!(
                 "held {} of {n} partitions after {HOLD_DEADLINE:?}",
-                flow.partitions().await.len()
+                flow.partitions().len()
             )
             .into());
         }

@@ -992,7 +992,7 @@ impl<'a> Story<'a> {
         ))?;
         let mut c = self.owner("C").await?;
         catch_up(&mut c, self.input_end(), "owner C recovering").await?;
-        let got = c.state(0).await.unwrap_or_default();
+        let got = c.state(0).unwrap_or_default();
         c.run(std::future::ready(()))
             .await
             .map_err(|e| failed("owner C leaving the group", e))?;
@@ -1067,7 +1067,6 @@ impl<'a> Story<'a> {
 
 async fn alice_of(flow: &Flow<Ledger>) -> Option<Account> {
     flow.state(0)
-        .await
         .and_then(|s| s.get(&Bytes::from_static(b"alice")).copied())
 }
 
@@ -1088,7 +1087,7 @@ async fn catch_up(flow: &mut Flow<Ledger>, end: i64, step: &str) -> Result<(), C
         flow.poll_once(Duration::from_millis(100))
             .await
             .map_err(|e| failed(step, e))?;
-        if flow.position(0).await.is_some_and(|p| p >= end) {
+        if flow.position(0).is_some_and(|p| p >= end) {
             return Ok(());
         }
         if began.elapsed() > STEP_LIMIT {

@@ -348,8 +348,8 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
         if stopping || last_persist.elapsed() >= args.persist_every {
             last_persist = Instant::now();
             let mut now: BTreeMap<Bytes, Tally> = BTreeMap::new();
-            for p in flow.partitions().await {
-                now.extend(flow.state(p).await.unwrap_or_default());
+            for p in flow.partitions() {
+                now.extend(flow.state(p).unwrap_or_default());
             }
             let changed: Vec<(Bytes, Tally)> = now
                 .into_iter()
@@ -404,7 +404,7 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
                 stats.fences_recovered, stats.reacquisitions, stats.rejoins, stats.rebalance_events
             ));
         }
-        let now_held = flow.partitions().await;
+        let now_held = flow.partitions();
         if now_held != held {
             held = now_held;
             say(format!(

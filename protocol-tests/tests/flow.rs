@@ -153,7 +153,7 @@ async fn poll_until(flow: &mut Flow<Counter>, events: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         flow.poll_once(Duration::from_millis(100)).await.unwrap();
-        if let Some(state) = flow.state(0).await {
+        if let Some(state) = flow.state(0) {
             if state.values().map(|t| t.count).sum::<u64>() >= events {
                 return;
             }
@@ -196,7 +196,7 @@ async fn handover(
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         b.poll_once(Duration::from_millis(200)).await.unwrap();
-        if b.state(0).await.is_some_and(|s| {
+        if b.state(0).is_some_and(|s| {
             s.get(&Bytes::from_static(b"a"))
                 .is_some_and(|t| t.count >= 15)
         }) {
@@ -222,14 +222,14 @@ async fn handover(
     let mut quiet = 0;
     while quiet < 10 {
         let n = c.poll_once(Duration::from_millis(200)).await.unwrap();
-        quiet = if n == 0 && c.state(0).await.is_some() {
+        quiet = if n == 0 && c.state(0).is_some() {
             quiet + 1
         } else {
             0
         };
         assert!(Instant::now() < deadline, "C never settled");
     }
-    let got = c.state(0).await.unwrap();
+    let got = c.state(0).unwrap();
     (got, w.expected(), stale_refused)
 }
 
@@ -355,19 +355,14 @@ async fn takeover_is_not_held_up_by_a_crashed_owners_pending_offset_commit() {
         let began = Instant::now();
         let mut b = w.flow(PersistenceMode::Transactional).await;
         let deadline = Instant::now() + Duration::from_secs(60);
-        while b.state(0).await.is_none() {
+        while b.state(0).is_none() {
             b.poll_once(Duration::from_millis(200))
                 .await
                 .unwrap_or_else(|e| panic!("{}: the takeover failed: {e}", kafka.version()));
             assert!(Instant::now() < deadline, "B never took over");
         }
         let took = began.elapsed();
-        assert_eq!(
-            b.state(0).await.unwrap(),
-            w.expected(),
-            "{}",
-            kafka.version()
-        );
+        assert_eq!(b.state(0).unwrap(), w.expected(), "{}", kafka.version());
         // A's session (6 s) must expire first; the crashed transaction's timeout is 600 s.
         assert!(
             took < Duration::from_secs(30),
@@ -549,7 +544,7 @@ async fn end_to_end(kafka: &KafkaCluster, protocol: GroupProtocol) {
         c.poll_once(Duration::from_millis(200)).await.unwrap();
         let mut caught_up = true;
         for (tp, end) in &ends {
-            if c.position(tp.partition).await.is_none_or(|p| p < *end) {
+            if c.position(tp.partition).is_none_or(|p| p < *end) {
                 caught_up = false;
             }
         }
@@ -563,7 +558,7 @@ async fn end_to_end(kafka: &KafkaCluster, protocol: GroupProtocol) {
     }
     let mut got = HashMap::new();
     for p in 0..4 {
-        got.extend(c.state(p).await.unwrap());
+        got.extend(c.state(p).unwrap());
     }
     eprintln!(
         "end to end on {} {protocol:?}: {} events, froze {frozen_held:?} for {:.1}s, {} restarts \
@@ -609,7 +604,7 @@ async fn fresh_group_starts_from_earliest_with_default_reset() {
         .await
         .unwrap();
     poll_until(&mut flow, 5).await;
-    assert_eq!(flow.state(0).await.unwrap(), w.expected());
+    assert_eq!(flow.state(0).unwrap(), w.expected());
     let tp = snapfence::consumer::TopicPartition::new(w.input.as_str(), 0);
     let committed =
         snapfence::consumer::committed_offsets(&w.client, &w.group, std::slice::from_ref(&tp))
@@ -747,7 +742,7 @@ async fn close_hands_over_without_waiting_out_the_session() {
         poll_until(&mut b, 7).await;
         let took = began.elapsed();
         eprintln!("{protocol:?}: after close, the next member held and caught up in {took:?}");
-        assert_eq!(b.state(0).await.unwrap(), w.expected(), "{protocol:?}");
+        assert_eq!(b.state(0).unwrap(), w.expected(), "{protocol:?}");
         let bound = match protocol {
             GroupProtocol::Consumer { .. } => SESSION,
             _ => Duration::from_secs(10),
@@ -820,7 +815,7 @@ impl Clock for ManualClock {
 /// Polls until `flow` holds partition 0 and its position reached `end`.
 async fn catch_up<F: Fold>(flow: &mut Flow<F>, end: i64) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while flow.position(0).await.is_none_or(|p| p < end) {
+    while flow.position(0).is_none_or(|p| p < end) {
         flow.poll_once(Duration::from_millis(100)).await.unwrap();
         assert!(Instant::now() < deadline, "never reached offset {end}");
     }
@@ -957,7 +952,6 @@ async fn deletes_survive_log_cleaning_and_aborted_transactions() {
     }
     assert_eq!(
         a.state(0)
-            .await
             .unwrap()
             .into_iter()
             .map(|(k, s)| (k, s.tally))
@@ -993,7 +987,6 @@ async fn deletes_survive_log_cleaning_and_aborted_transactions() {
     catch_up(&mut b, w.seq as i64).await;
     let recovered: HashMap<Bytes, Tally> = b
         .state(0)
-        .await
         .unwrap()
         .into_iter()
         .map(|(k, s)| (k, s.tally))
@@ -1039,7 +1032,7 @@ async fn an_idle_key_expires_and_the_expiry_survives_a_restart() {
     assert_eq!(a.tick(), 0, "not before the deadline");
     clock.0.store(t0 + ttl + 1, AtomicOrdering::Relaxed);
     assert_eq!(a.tick(), 1, "the idle key expires, the busy one does not");
-    let live = a.state(0).await.unwrap();
+    let live = a.state(0).unwrap();
     assert!(!live.contains_key(&b"idle"[..]) && live.contains_key(&b"busy"[..]));
     // Close persists the expiry, commits past it and writes its tombstone.
     a.close().await.unwrap();
@@ -1054,7 +1047,7 @@ async fn an_idle_key_expires_and_the_expiry_survives_a_restart() {
     let mut b = Flow::start(w.client.clone(), config, fold).await.unwrap();
     catch_up(&mut b, 3).await;
     assert_eq!(b.tick(), 0, "busy's recovered deadline is still ahead");
-    let state = b.state(0).await.unwrap();
+    let state = b.state(0).unwrap();
     assert_eq!(
         state.keys().collect::<Vec<_>>(),
         vec![&Bytes::from_static(b"busy")]

@@ -395,7 +395,7 @@ async fn storm_unbounded(
             .unwrap_or_else(|e| panic!("{label}: the fresh member failed: {e}"));
         let mut caught_up = true;
         for (tp, end) in &ends {
-            if fresh.position(tp.partition).await.is_none_or(|p| p < *end) {
+            if fresh.position(tp.partition).is_none_or(|p| p < *end) {
                 caught_up = false;
             }
         }
@@ -409,7 +409,7 @@ async fn storm_unbounded(
     }
     let mut got: HashMap<Bytes, Tally> = HashMap::new();
     for p in 0..PARTITIONS {
-        got.extend(fresh.state(p).await.unwrap());
+        got.extend(fresh.state(p).unwrap());
     }
     fresh.close().await.unwrap();
     let want: HashMap<Bytes, Tally> = oracle
@@ -539,7 +539,7 @@ async fn a_producer_fence_rejoins_as_a_new_member() {
         let (stop_writer, writer) = spawn_writer(&w, Arc::clone(&oracle));
         let mut flow = w.flow().await;
         let deadline = Instant::now() + Duration::from_secs(30);
-        while flow.partitions().await.len() < PARTITIONS as usize {
+        while flow.partitions().len() < PARTITIONS as usize {
             flow.poll_once(Duration::from_millis(100)).await.unwrap();
             assert!(
                 Instant::now() < deadline,
@@ -567,13 +567,10 @@ async fn a_producer_fence_rejoins_as_a_new_member() {
             flow.persist().await.unwrap();
             assert!(Instant::now() < deadline, "{label}: the fence never showed");
         }
-        assert!(
-            flow.partitions().await.is_empty(),
-            "{label}: everything dropped"
-        );
+        assert!(flow.partitions().is_empty(), "{label}: everything dropped");
         // Back in the group under a new membership, holding every partition again.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while flow.partitions().await.len() < PARTITIONS as usize {
+        while flow.partitions().len() < PARTITIONS as usize {
             flow.poll_once(Duration::from_millis(100)).await.unwrap();
             assert!(
                 Instant::now() < deadline,
@@ -604,7 +601,7 @@ async fn a_producer_fence_rejoins_as_a_new_member() {
             flow.poll_once(Duration::from_millis(100)).await.unwrap();
             let mut caught_up = true;
             for (tp, end) in &ends {
-                if flow.position(tp.partition).await.is_none_or(|p| p < *end) {
+                if flow.position(tp.partition).is_none_or(|p| p < *end) {
                     caught_up = false;
                 }
             }
@@ -615,7 +612,7 @@ async fn a_producer_fence_rejoins_as_a_new_member() {
         }
         let mut got: HashMap<Bytes, Tally> = HashMap::new();
         for p in 0..PARTITIONS {
-            got.extend(flow.state(p).await.unwrap());
+            got.extend(flow.state(p).unwrap());
         }
         let want: HashMap<Bytes, Tally> = oracle
             .lock()
@@ -647,7 +644,7 @@ async fn an_eviction_rejoins_as_a_new_member() {
             .unwrap();
         let mut flow = Flow::start(client, config, Counter).await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
-        while flow.partitions().await.len() < PARTITIONS as usize {
+        while flow.partitions().len() < PARTITIONS as usize {
             flow.poll_once(Duration::from_millis(100)).await.unwrap();
             assert!(
                 Instant::now() < deadline,
@@ -667,12 +664,9 @@ async fn an_eviction_rejoins_as_a_new_member() {
         tokio::time::sleep(Duration::from_secs(4)).await;
         flow.persist().await.unwrap();
         assert_eq!(flow.stats().rejoins, 1, "{label}: {:?}", flow.stats());
-        assert!(
-            flow.partitions().await.is_empty(),
-            "{label}: everything dropped"
-        );
+        assert!(flow.partitions().is_empty(), "{label}: everything dropped");
         let deadline = Instant::now() + Duration::from_secs(30);
-        while flow.partitions().await.len() < PARTITIONS as usize {
+        while flow.partitions().len() < PARTITIONS as usize {
             flow.poll_once(Duration::from_millis(100)).await.unwrap();
             assert!(
                 Instant::now() < deadline,
@@ -697,7 +691,7 @@ async fn an_eviction_rejoins_as_a_new_member() {
             flow.poll_once(Duration::from_millis(100)).await.unwrap();
             let mut caught_up = true;
             for (tp, end) in &ends {
-                if flow.position(tp.partition).await.is_none_or(|p| p < *end) {
+                if flow.position(tp.partition).is_none_or(|p| p < *end) {
                     caught_up = false;
                 }
             }
@@ -708,7 +702,7 @@ async fn an_eviction_rejoins_as_a_new_member() {
         }
         let mut got: HashMap<Bytes, Tally> = HashMap::new();
         for p in 0..PARTITIONS {
-            got.extend(flow.state(p).await.unwrap());
+            got.extend(flow.state(p).unwrap());
         }
         let want: HashMap<Bytes, Tally> = oracle
             .lock()

@@ -37,7 +37,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::flow::{Change, Fold};
+use super::fold::{Change, Fold};
 use crate::records::Record;
 
 const ENVELOPE_V1: u8 = 1;

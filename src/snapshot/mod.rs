@@ -21,6 +21,7 @@
 mod error;
 mod fence_core;
 mod flow;
+mod fold;
 mod fold_core;
 mod group_commit;
 mod log;
@@ -38,10 +39,8 @@ mod topic;
 
 pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure};
 pub use fence_core::{FencePolicy, FlowStats};
-pub use flow::{
-    BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, PersistenceMode, StatsHandle,
-    SystemClock,
-};
+pub use flow::{Flow, FlowConfig, FlowError, PersistenceMode, StatsHandle};
+pub use fold::{BoxError, Change, Clock, Fold, SystemClock};
 pub use group_commit::{
     GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError,
 };

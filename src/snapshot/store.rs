@@ -183,6 +183,21 @@ impl SnapshotStore {
         metadata: Arc<dyn MetadataSource>,
         assigned_offset: impl std::future::Future<Output = Result<i64, SnapshotError>>,
     ) -> Result<Self, SnapshotError> {
+        let start = async { Ok((assigned_offset.await?, ())) };
+        let (store, ()) = Self::take_over(client, config, input, metadata, start).await?;
+        Ok(store)
+    }
+
+    /// [`acquire_then`](Self::acquire_then) whose `start` hands back, beside the assigned offset, what
+    /// else it learned on the way (the flow: whether the group had an offset committed), returned
+    /// with the store.
+    pub(crate) async fn take_over<T>(
+        client: Client,
+        config: SnapshotConfig,
+        input: TopicPartition,
+        metadata: Arc<dyn MetadataSource>,
+        start: impl std::future::Future<Output = Result<(i64, T), SnapshotError>>,
+    ) -> Result<(Self, T), SnapshotError> {
         config.validate()?;
         let partition = input.partition;
         let began = tokio::time::Instant::now();
@@ -199,7 +214,7 @@ impl SnapshotStore {
             ?acquired_in,
             "snapshot partition acquired: the previous owner's producer is fenced and its open transaction aborted"
         );
-        let assigned_offset = match assigned_offset.await {
+        let (assigned_offset, learned) = match start.await {
             Ok(o) => o,
             Err(e) => {
                 producer.close().await;
@@ -220,12 +235,13 @@ impl SnapshotStore {
             config.max_writes_per_transaction,
             config.max_queued_writes,
         )?;
-        Ok(SnapshotStore {
+        let store = SnapshotStore {
             config,
             partition,
             commits,
             acquired_in,
-        })
+        };
+        Ok((store, learned))
     }
 
     /// The snapshot (= input) partition.

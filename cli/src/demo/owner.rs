@@ -264,7 +264,6 @@ async fn held(flow: &Flow<Ledger>) -> Value {
     let meta = flow.group_metadata().current();
     let accounts: serde_json::Map<String, Value> = flow
         .state(0)
-        .await
         .unwrap_or_default()
         .into_iter()
         .map(|(k, a)| {

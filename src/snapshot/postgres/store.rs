@@ -115,6 +115,23 @@ impl PgSnapshotStore {
         metadata: Arc<dyn MetadataSource>,
         assigned_offset: impl Future<Output = Result<i64, SnapshotError>>,
     ) -> Result<Self, SnapshotError> {
+        let start = async { Ok((assigned_offset.await?, ())) };
+        let (store, ()) =
+            Self::take_over(client, snapshots, config, input, metadata, start).await?;
+        Ok(store)
+    }
+
+    /// [`acquire`](Self::acquire) whose `start` hands back, beside the assigned offset, what else it
+    /// learned on the way (the flow: whether the group had an offset committed), returned with the
+    /// store.
+    pub(crate) async fn take_over<T>(
+        client: Client,
+        snapshots: &SnapshotConfig,
+        config: &PgStoreConfig,
+        input: TopicPartition,
+        metadata: Arc<dyn MetadataSource>,
+        start: impl Future<Output = Result<(i64, T), SnapshotError>>,
+    ) -> Result<(Self, T), SnapshotError> {
         snapshots.validate()?;
         config.validate()?;
         let partition = input.partition;
@@ -179,7 +196,7 @@ impl PgSnapshotStore {
                 "the previous owner's prepared transaction finished by what PostgreSQL recorded"
             );
         }
-        let assigned = assigned_offset.await?;
+        let (assigned, learned) = start.await?;
         let committed = recorded_offset.map_or(assigned, |r| r.max(assigned));
         let acquired_in = began.elapsed();
         tracing::info!(
@@ -190,7 +207,7 @@ impl PgSnapshotStore {
             ?acquired_in,
             "PostgreSQL snapshot partition acquired: the fencing row is ours, the previous owner's producer fenced"
         );
-        Ok(PgSnapshotStore {
+        let store = PgSnapshotStore {
             partition,
             prefix,
             input,
@@ -202,7 +219,8 @@ impl PgSnapshotStore {
             flushes: AtomicU64::new(0),
             acquired_in,
             lane: Arc::new(tokio::sync::Mutex::new(lane)),
-        })
+        };
+        Ok((store, learned))
     }
 
     /// The snapshot (= input) partition.

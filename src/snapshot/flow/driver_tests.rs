@@ -4,8 +4,13 @@
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
+use super::lane::*;
+use super::shared::judge;
 use super::*;
 use crate::records::{Record, TimestampType};
+use crate::snapshot::fold::{BoxError, Change};
+use crate::snapshot::fold_core::PartitionCore;
+use crate::snapshot::group_commit::{GroupCommit, MetadataSource, TransactionRunner};
 use crate::snapshot::{FailureKind, SnapshotWrite, TxnFailure};
 use crate::GroupMetadata;
 

@@ -1,6 +1,10 @@
 //! The line a revocation's flush prints, over a bare group-commit queue with a fake transaction runner.
 
+use bytes::Bytes;
+
 use super::*;
+use crate::snapshot::fold::{BoxError, Change};
+use crate::snapshot::group_commit::{GroupCommit, MetadataSource, TransactionRunner};
 use crate::snapshot::{SnapshotWrite, TxnFailure};
 use crate::telemetry::capture::capture;
 use crate::GroupMetadata;

@@ -1,0 +1,307 @@
+//! Taking a partition over: where it starts, its writer (the takeover that fences the previous
+//! owner), its recovered state, and the first commit of a fresh partition.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::lane::{commit_lane, fan_out, CommitWhen, FlowLane, Lane};
+use super::shared::Shared;
+use super::writer::{PlainOffsets, PlainWriter, Sink, Writer};
+use super::FlowError;
+use crate::consumer::{
+    committed_offsets, list_offsets, ConsumerError, OffsetReset, OffsetSpec, TopicPartition,
+};
+use crate::net::Client;
+use crate::records::IsolationLevel;
+use crate::snapshot::error::SnapshotError;
+use crate::snapshot::fold::Fold;
+use crate::snapshot::fold_core::{open_envelope, Opened, PartitionCore};
+use crate::snapshot::recovery::{recover, RecoveryConfig};
+use crate::snapshot::state::RecoveredState;
+use crate::snapshot::store::SnapshotStore;
+
+/// Where an acquired partition starts folding.
+#[derive(Debug, Clone, Copy)]
+struct Start {
+    /// The input offset of the first event to fold.
+    offset: i64,
+    /// The group had no offset committed for the partition: the flow commits `offset` for it before
+    /// anything is fetched (see [`FlowConfig`](super::FlowConfig)).
+    fresh: bool,
+}
+
+impl<F: Fold> Shared<F> {
+    /// Where `tp` starts (see [`Start`]): the group's committed offset, else per `initial_offset`. This
+    /// is the only place that decides where a partition without a committed offset starts.
+    async fn assigned_offset(&self, tp: &TopicPartition) -> Result<Start, ConsumerError> {
+        let committed = committed_offsets(
+            &self.client,
+            &self.config.consumer.group.group_id,
+            std::slice::from_ref(tp),
+        )
+        .await?
+        .get(tp)
+        .copied()
+        .flatten();
+        Ok(match committed {
+            Some(offset) => Start {
+                offset,
+                fresh: false,
+            },
+            None => {
+                let spec = match self.config.initial_offset {
+                    OffsetReset::Earliest => OffsetSpec::Earliest,
+                    OffsetReset::Latest => OffsetSpec::Latest,
+                    _ => {
+                        return Err(ConsumerError::NoCommittedOffset {
+                            partition: tp.clone(),
+                        })
+                    }
+                };
+                let offset = list_offsets(
+                    &self.client,
+                    std::slice::from_ref(tp),
+                    spec,
+                    IsolationLevel::ReadUncommitted,
+                )
+                .await?
+                .get(tp)
+                .copied()
+                .unwrap_or(0);
+                Start {
+                    offset,
+                    fresh: true,
+                }
+            }
+        })
+    }
+
+    /// The client a partition's snapshot producer talks through: its own, with the client id
+    /// `<client_id>-p<partition>`, or the flow's (see [`FlowConfig::partition_client_ids`]).
+    async fn partition_client(&self, partition: i32) -> Result<Client, SnapshotError> {
+        if !self.config.partition_client_ids {
+            return Ok(self.client.clone());
+        }
+        let mut config = self.client.config().clone();
+        config.client_id = format!("{}-p{partition}", config.client_id);
+        Client::connect(config)
+            .await
+            .map_err(|e| SnapshotError::Net {
+                partition,
+                source: Arc::new(e),
+            })
+    }
+
+    /// Acquires `partitions` together, at most [`FlowConfig::max_concurrent_partitions`] at once, each on
+    /// its own task ([`fan_out`]): a takeover of many partitions costs about as long as its slowest
+    /// acquisition, not the sum of them (each waits on its own InitProducerId, committed-offset read and
+    /// recovery read). Returns each partition's outcome, in the order given; a task that panicked yields
+    /// [`SnapshotError::PartitionTask`]. Dropping the future aborts the tasks (acquisition is
+    /// cancel-safe: at most a bumped producer epoch is left behind).
+    pub(super) async fn acquire_all(
+        self: &Arc<Self>,
+        partitions: Vec<TopicPartition>,
+    ) -> Vec<(TopicPartition, Result<FlowLane<F>, FlowError>)> {
+        let by_partition: HashMap<i32, TopicPartition> = partitions
+            .iter()
+            .map(|tp| (tp.partition, tp.clone()))
+            .collect();
+        let items = partitions
+            .into_iter()
+            .map(|tp| (tp.partition, tp))
+            .collect();
+        let outcomes = fan_out(items, self.config.max_concurrent_partitions, |tp| {
+            let shared = Arc::clone(self);
+            async move { shared.acquire(&tp).await }
+        })
+        .await;
+        outcomes
+            .into_iter()
+            .filter_map(|(p, outcome)| by_partition.get(&p).map(|tp| (tp.clone(), outcome)))
+            .collect()
+    }
+
+    /// Opens the partition's writer of the flow's [`Sink`]: takes the partition over in the fenced modes
+    /// (the producer's init, and for PostgreSQL the fencing row) and reads where it starts. Returns the
+    /// writer and where the partition starts.
+    async fn open_writer(&self, tp: &TopicPartition) -> Result<(Writer, Start), FlowError> {
+        let partition = tp.partition;
+        let plain_offsets = || PlainOffsets {
+            client: self.client.clone(),
+            input: tp.clone(),
+            metadata: self.metadata_handle(),
+        };
+        match &self.sink {
+            Sink::PlainTopic(producer) => {
+                let start = self.assigned_offset(tp).await?;
+                let writer = Writer::Plain(PlainWriter {
+                    producer: Arc::clone(producer),
+                    offsets: plain_offsets(),
+                    snapshot_topic: Arc::from(self.config.snapshots.snapshot_topic.as_str()),
+                });
+                Ok((writer, start))
+            }
+            Sink::Topic => {
+                // Take the partition over first, then read its committed offset: a crashed owner's open
+                // transaction may hold a pending offset commit, and the stable read waits for it until
+                // the takeover aborts it (see SnapshotStore::acquire_then).
+                let (store, start) = SnapshotStore::take_over(
+                    self.partition_client(partition).await?,
+                    self.config.snapshots.clone(),
+                    tp.clone(),
+                    self.metadata_source(),
+                    self.assigned_offset_after_takeover(tp),
+                )
+                .await?;
+                let start = Start {
+                    offset: store.committed_offset(),
+                    ..start
+                };
+                Ok((Writer::Fenced(store), start))
+            }
+            #[cfg(feature = "postgres")]
+            Sink::PlainPg(pg) => {
+                let prefix = &self.config.snapshots.transactional_id_prefix;
+                let rows = crate::snapshot::postgres::PgPlainWriter::connect(pg, prefix, partition)
+                    .await?;
+                let start = self.assigned_offset(tp).await?;
+                Ok((Writer::PgPlain(rows, plain_offsets()), start))
+            }
+            #[cfg(feature = "postgres")]
+            Sink::Pg(pg) => {
+                let (store, start) = crate::snapshot::postgres::PgSnapshotStore::take_over(
+                    self.partition_client(partition).await?,
+                    &self.config.snapshots,
+                    pg,
+                    tp.clone(),
+                    self.metadata_source(),
+                    self.assigned_offset_after_takeover(tp),
+                )
+                .await?;
+                let start = Start {
+                    offset: store.committed_offset(),
+                    ..start
+                };
+                Ok((Writer::Pg(store), start))
+            }
+        }
+    }
+
+    /// [`assigned_offset`](Self::assigned_offset) in the snapshot layer's error, as a fenced store's
+    /// takeover awaits it once the previous owner is fenced: the offset for the store, and the whole
+    /// [`Start`] handed back with the store.
+    async fn assigned_offset_after_takeover(
+        &self,
+        tp: &TopicPartition,
+    ) -> Result<(i64, Start), SnapshotError> {
+        let start = self
+            .assigned_offset(tp)
+            .await
+            .map_err(|e| SnapshotError::Consumer {
+                partition: tp.partition,
+                source: Arc::new(e),
+            })?;
+        Ok((start.offset, start))
+    }
+
+    pub(super) async fn acquire(&self, tp: &TopicPartition) -> Result<FlowLane<F>, FlowError> {
+        let (writer, start) = self.open_writer(tp).await?;
+        let recovered = self.recover(tp, start.offset, &writer).await;
+        let core = match recovered {
+            Ok(core) => core,
+            Err(e) => {
+                writer.close().await;
+                return Err(e);
+            }
+        };
+        let behind = writer.group_offset_behind();
+        let lane = Lane::new(tp.partition, core, writer);
+        if start.fresh || behind {
+            // Record the start for the group before anything is fetched: the consumer starts the
+            // partition at the committed offset, so it now reads from exactly where this flow
+            // counts from, and a restart before the first periodic commit starts there again
+            // instead of re-resolving "earliest" or "latest" against a log that has moved. (Behind: a
+            // PostgreSQL flush's rows committed, its Kafka side aborted at the takeover.)
+            if let Err(e) = commit_lane(&lane, CommitWhen::Always).await {
+                lane.writer.close().await;
+                return Err(e);
+            }
+        }
+        // Timers that fell due while nobody owned the partition fire before any event is folded, as
+        // they would have on a live owner that ticked.
+        let fired = lane.core().tick(&*self.fold, self.config.clock.now_ms());
+        if fired > 0 {
+            tracing::info!(
+                partition = tp.partition,
+                fired,
+                "overdue timers fired at takeover"
+            );
+        }
+        Ok(lane)
+    }
+
+    /// Eager recovery: every key of the partition, before any event is folded.
+    async fn recover(
+        &self,
+        tp: &TopicPartition,
+        assigned_offset: i64,
+        writer: &Writer,
+    ) -> Result<PartitionCore<F::State>, FlowError> {
+        let began = std::time::Instant::now();
+        let recovered = match writer {
+            #[cfg(feature = "postgres")]
+            Writer::Pg(store) => store.read_state().await?,
+            #[cfg(feature = "postgres")]
+            Writer::PgPlain(rows, _) => rows.read_state().await?,
+            _ => self.read_snapshot_log(tp).await?,
+        };
+        let mut core = PartitionCore::new(assigned_offset);
+        let mut graves = 0usize;
+        for (key, value) in &recovered {
+            let key = Bytes::copy_from_slice(key);
+            let bad = |reason: String| FlowError::BadSnapshot {
+                partition: tp.partition,
+                key: key.clone(),
+                reason,
+            };
+            match open_envelope(value).map_err(bad)? {
+                Opened::Live(last_offset, payload) => {
+                    let state = self.fold.decode(payload).map_err(|e| bad(e.to_string()))?;
+                    core.restore(&*self.fold, key, Some(state), last_offset);
+                }
+                Opened::Grave(last_offset) => {
+                    graves += 1;
+                    core.restore(&*self.fold, key, None, last_offset);
+                }
+            }
+        }
+        let elapsed = began.elapsed();
+        tracing::info!(
+            partition = tp.partition,
+            keys = recovered.len(),
+            graves,
+            ?elapsed,
+            assigned_offset,
+            "partition recovered"
+        );
+        Ok(core)
+    }
+
+    /// The recovery read of the partition's snapshot topic partition, through the flow's shared reader.
+    async fn read_snapshot_log(&self, tp: &TopicPartition) -> Result<RecoveredState, FlowError> {
+        let mut log = self.recovery_reads.log(tp.partition);
+        let recovery = RecoveryConfig {
+            stall_timeout: if self.sink.fenced() {
+                self.config.snapshots.recovery_stall_timeout
+            } else {
+                None
+            },
+            fetch_wait: self.config.recovery_fetch_wait,
+            progress_every: self.config.recovery_progress_every,
+        };
+        let (recovered, _stats) = recover(&mut log, tp.partition, &recovery).await?;
+        Ok(recovered)
+    }
+}

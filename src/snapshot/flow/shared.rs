@@ -1,0 +1,241 @@
+//! What a flow's parts share ([`Shared`]): the held lanes, the fence handling, the first failure of a
+//! rebalance handler; how a failure of held partitions' work is judged and carried out; and the
+//! rebalance listener that acquires and releases partitions. Acquisition itself is in `acquire.rs`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use super::lane::{close_lanes, each_lane, flush_lane, FlowLane, Lane, LaneMap};
+use super::writer::Sink;
+use super::{FlowConfig, FlowError};
+use crate::consumer::{GroupMetadataHandle, LostReason, RebalanceListener, TopicPartition};
+use crate::net::Client;
+use crate::snapshot::fence_core::{FenceCore, Site, Verdict};
+use crate::snapshot::fold::Fold;
+use crate::snapshot::group_commit::MetadataSource;
+use crate::snapshot::shared_log::SharedLogs;
+
+/// What a flow's driver, its rebalance listener and its partitions' tasks share.
+pub(super) struct Shared<F: Fold> {
+    pub(super) fold: Arc<F>,
+    pub(super) client: Client,
+    pub(super) config: FlowConfig,
+    pub(super) metadata: Mutex<Option<GroupMetadataHandle>>,
+    /// Which kind of writer each acquired partition gets, fixed when the flow starts.
+    pub(super) sink: Sink,
+    /// The held partitions. A plain lock, taken only to look a lane up or insert or remove one.
+    pub(super) lanes: Mutex<BTreeMap<i32, Arc<FlowLane<F>>>>,
+    /// The first error a rebalance handler hit; the poll loop returns it.
+    pub(super) failure: Mutex<Option<FlowError>>,
+    /// Input events skipped for having no key.
+    pub(super) null_keys: AtomicU64,
+    /// The fence handling's decisions and counters (see `fence_core`). A plain lock, never held
+    /// across an await.
+    pub(super) fence: Mutex<FenceCore>,
+    /// The recovery reads of every partition taken over, sharing one Fetch per broker.
+    pub(super) recovery_reads: SharedLogs,
+}
+
+impl<F: Fold> Shared<F> {
+    pub(super) fn take_failure(&self) -> Option<FlowError> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    pub(super) fn fail(&self, e: FlowError) {
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            *f = Some(e);
+        }
+    }
+
+    pub(super) fn fence(&self) -> std::sync::MutexGuard<'_, FenceCore> {
+        self.fence.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Carries out the fence handling's verdict on each failure of held partitions' work: drops the
+    /// lanes to recover in place, drops all of them for a rejoin, and returns the first failure the
+    /// verdict says to stop on.
+    pub(super) async fn settle(
+        &self,
+        failures: Vec<(i32, FlowError)>,
+        site: Site,
+    ) -> Result<(), FlowError> {
+        let judged = judge(&self.lanes, &self.fence, failures, site);
+        close_lanes(judged.dropped).await;
+        judged.result
+    }
+
+    pub(super) fn lanes(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, Arc<FlowLane<F>>>> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn all_lanes(&self) -> Vec<Arc<FlowLane<F>>> {
+        self.lanes().values().cloned().collect()
+    }
+
+    pub(super) fn metadata_handle(&self) -> Option<GroupMetadataHandle> {
+        self.metadata
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(super) fn metadata_source(&self) -> Arc<dyn MetadataSource> {
+        match self.metadata_handle() {
+            Some(h) => Arc::new(h),
+            None => Arc::new(|| None),
+        }
+    }
+
+    /// Drops `partitions`' lanes; with `flush`, first flushes them (as [`flush_lane`]), each on its own,
+    /// so one slow partition does not lengthen the others' handover. Then closes their stores.
+    pub(super) async fn release(&self, partitions: &[TopicPartition], flush: bool) {
+        self.fence()
+            .released(partitions.iter().map(|tp| tp.partition));
+        let lanes: Vec<_> = {
+            let mut held = self.lanes();
+            partitions
+                .iter()
+                .filter_map(|tp| held.remove(&tp.partition))
+                .collect()
+        };
+        if flush {
+            let fold = Arc::clone(&self.fold);
+            let failures = each_lane(
+                lanes.clone(),
+                self.config.max_concurrent_partitions,
+                move |lane| {
+                    let fold = Arc::clone(&fold);
+                    async move { flush_lane(&*fold, &lane).await }
+                },
+            )
+            .await;
+            for (partition, e) in failures {
+                let verdict = self
+                    .fence()
+                    .on_failure(partition, e.response(), Site::Release);
+                match verdict {
+                    Verdict::Expected => {
+                        tracing::info!(partition, error = %e, "flush on revoke refused; the next owner replays")
+                    }
+                    _ => {
+                        tracing::warn!(partition, error = %e, "flush on revoke failed");
+                        self.fail(e);
+                    }
+                }
+            }
+        }
+        close_lanes(lanes).await;
+    }
+}
+
+/// The fence handling's verdict on each failure of `held` lanes' work at `site`, carried out on the
+/// lane map: the lanes to drop unflushed (one, to recover in place; all, for a rejoin) are removed
+/// from it and returned for closing, with the first failure the verdict says to stop on. Their
+/// in-memory state goes with them; the consumer keeps the partitions until the fence handling's plan
+/// (before the next poll) acquires them again or forgets them.
+pub(super) fn judge<S, W>(
+    held: &Mutex<LaneMap<S, W>>,
+    fence: &Mutex<FenceCore>,
+    failures: Vec<(i32, FlowError)>,
+    site: Site,
+) -> Judged<S, W> {
+    let mut first_err = None;
+    let mut drop = Vec::new();
+    let mut drop_all = false;
+    for (partition, e) in failures {
+        let verdict = fence.lock().unwrap_or_else(|p| p.into_inner()).on_failure(
+            partition,
+            e.response(),
+            site,
+        );
+        match verdict {
+            Verdict::Fail => {
+                first_err.get_or_insert(e);
+            }
+            Verdict::DropLane => {
+                tracing::info!(partition, error = %e, "commit refused; dropping the partition's state to acquire it again in place");
+                drop.push(partition);
+            }
+            Verdict::DropAll => {
+                tracing::warn!(partition, error = %e, "commit refused for the membership or the producer; dropping every partition to rejoin as a new member");
+                drop_all = true;
+            }
+            Verdict::Expected => {
+                tracing::info!(partition, error = %e, "flush refused at revocation; the next owner replays");
+            }
+        }
+    }
+    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+    if drop_all {
+        drop = held.keys().copied().collect();
+    }
+    Judged {
+        dropped: drop.iter().filter_map(|p| held.remove(p)).collect(),
+        result: first_err.map_or(Ok(()), Err),
+    }
+}
+
+/// What [`judge`] decided: the lanes it removed (to close) and what the caller is told.
+pub(super) struct Judged<S, W> {
+    pub(super) dropped: Vec<Arc<Lane<S, W>>>,
+    pub(super) result: Result<(), FlowError>,
+}
+
+/// The rebalance listener that builds and tears down partition flows.
+pub(super) struct Listener<F: Fold>(pub(super) Arc<Shared<F>>);
+
+impl<F: Fold> RebalanceListener for Listener<F> {
+    async fn on_partitions_assigned(&mut self, partitions: &[TopicPartition]) {
+        self.0.fence().on_rebalance_event();
+        let new: Vec<TopicPartition> = {
+            let lanes = self.0.lanes();
+            partitions
+                .iter()
+                .filter(|tp| !lanes.contains_key(&tp.partition))
+                .cloned()
+                .collect()
+        };
+        let mut failures = Vec::new();
+        for (tp, outcome) in self.0.acquire_all(new).await {
+            match outcome {
+                Ok(lane) => {
+                    self.0.lanes().insert(tp.partition, Arc::new(lane));
+                }
+                Err(e) => {
+                    tracing::warn!(partition = tp.partition, error = %e, "acquiring a partition failed");
+                    failures.push((tp.partition, e));
+                }
+            }
+        }
+        // A refused first commit is handled like any refused commit: the partition waits to be
+        // acquired again in place (or the member rejoins).
+        if !failures.is_empty() {
+            if let Err(e) = self.0.settle(failures, Site::Acquire).await {
+                self.0.fail(e);
+            }
+        }
+    }
+
+    /// Synchronous teardown: flush, commit, close, before the group may hand the partition on.
+    async fn on_partitions_revoked(&mut self, partitions: &[TopicPartition]) {
+        self.0.fence().on_rebalance_event();
+        self.0.release(partitions, true).await;
+    }
+
+    /// Lost (evicted or fenced): another member may own these already; writing would be fenced (or, in the
+    /// unfenced mode, corrupt), so nothing is flushed.
+    async fn on_partitions_lost(&mut self, partitions: &[TopicPartition], reason: LostReason) {
+        tracing::warn!(
+            ?reason,
+            ?partitions,
+            "partitions lost without revocation; dropping their flows unflushed"
+        );
+        self.0.fence().on_rebalance_event();
+        self.0.release(partitions, false).await;
+    }
+}

@@ -1,0 +1,124 @@
+//! What an application writes to use a [`Flow`](super::Flow): its [`Fold`] (how an event or a timer
+//! changes a key's state, and the state's snapshot bytes), what a fold answers ([`Change`]), and the
+//! [`Clock`] its timers read. Nothing here runs anything: the runtime that calls these lives in
+//! `flow/`, and the per-partition bookkeeping around them in `fold_core.rs`.
+
+use bytes::Bytes;
+
+use crate::records::Record;
+
+/// A boxed error from user code (decoding a snapshot).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a fold did to a key's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing changed: the runtime writes nothing and holds no offset for it. A fold that mutated the
+    /// state anyway may lose that mutation at the next restart.
+    Keep,
+    /// The state changed and is persisted with the next snapshot wave. An `Update` that leaves the state
+    /// `None` is a delete.
+    Update,
+    /// The key goes away: the runtime clears the state and writes a tombstone, fenced like a snapshot
+    /// (see docs/fencing.md, "Deletes", for why a short-lived grave precedes it).
+    Delete,
+}
+
+/// The application's fold: per-key state changed in place by events and timers, and the state's
+/// snapshot encoding.
+///
+/// The flow calls [`fold`](Fold::fold) once per input event, in offset order within a partition, with
+/// the key's current state (`None` before its first event or after a delete), which the fold changes in
+/// place: no state is copied per event. It persists [`encode`](Fold::encode)d states as snapshots
+/// (inside an envelope that also records the key's last folded offset) and [`decode`](Fold::decode)s
+/// them when a partition is recovered; a snapshot that does not decode stops the flow with
+/// [`FlowError::BadSnapshot`](super::FlowError::BadSnapshot), so keep `decode` able to read every encoding you ever wrote.
+///
+/// **Timers.** A key's [`deadline`](Fold::deadline) is derived from its state, so it is persisted with
+/// the state and a new owner recovers the schedule with it. When the flow's clock
+/// ([`FlowConfig::clock`](super::FlowConfig::clock)) reaches it, [`on_deadline`](Fold::on_deadline) runs and may update or delete
+/// the key; that change is persisted and fenced like an event's. Both default to "no timer".
+///
+/// Events with a null key are not folded: state is per key, and a null key names none. They are skipped
+/// (their offsets still advance the partition, so they are not re-read) and counted in
+/// [`Flow::null_key_events`](super::Flow::null_key_events); the first one is logged at warn level.
+///
+/// `fold` must be deterministic: an event may be folded again after a crash (into the state recovered
+/// from before it), and must produce the same state. A timer may fire again after a crash too.
+///
+/// ```
+/// use snapfence::records::Record;
+/// use snapfence::snapshot::{BoxError, Change, Fold};
+/// use snapfence::Bytes;
+///
+/// /// Account balances: each event's value is a signed amount in ASCII ("+25", "-10"); an account
+/// /// that reaches zero is closed (deleted).
+/// struct Balances;
+///
+/// impl Fold for Balances {
+///     type State = i64;
+///
+///     fn fold(&self, _account: &Bytes, balance: &mut Option<i64>, event: &Record) -> Change {
+///         let amount = event
+///             .value
+///             .as_ref()
+///             .and_then(|v| std::str::from_utf8(v).ok())
+///             .and_then(|v| v.parse::<i64>().ok());
+///         let Some(amount) = amount else { return Change::Keep }; // malformed: nothing changes
+///         let balance = balance.get_or_insert(0);
+///         *balance += amount;
+///         if *balance == 0 { Change::Delete } else { Change::Update }
+///     }
+///
+///     fn encode(&self, balance: &i64) -> Bytes {
+///         Bytes::copy_from_slice(&balance.to_be_bytes())
+///     }
+///
+///     fn decode(&self, bytes: &[u8]) -> Result<i64, BoxError> {
+///         Ok(i64::from_be_bytes(bytes.try_into()?))
+///     }
+/// }
+/// # let _ = Balances;
+/// ```
+pub trait Fold: Send + Sync + 'static {
+    /// The per-key state.
+    type State: Clone + Send + Sync + 'static;
+    /// Folds one input event into the key's state, in place (`None` before the key's first event and
+    /// after a delete), and says what changed.
+    fn fold(&self, key: &Bytes, state: &mut Option<Self::State>, event: &Record) -> Change;
+    /// Encodes a state as snapshot bytes.
+    fn encode(&self, state: &Self::State) -> Bytes;
+    /// Decodes snapshot bytes written by [`Fold::encode`].
+    fn decode(&self, bytes: &[u8]) -> Result<Self::State, BoxError>;
+    /// When the key's timer fires, in milliseconds since the Unix epoch on [`FlowConfig::clock`](super::FlowConfig::clock), or
+    /// `None` for no timer. Asked after every change and at recovery; derive it from the state only.
+    fn deadline(&self, _key: &Bytes, _state: &Self::State) -> Option<i64> {
+        None
+    }
+    /// The key's deadline passed (`now` is the clock's reading): change the state in place, delete it,
+    /// or keep it (then the deadline is asked again; one still at or before `now` is dropped until
+    /// the next change).
+    fn on_deadline(&self, _key: &Bytes, _state: &mut Self::State, _now: i64) -> Change {
+        Change::Keep
+    }
+}
+
+/// The flow's source of time for timers: milliseconds since the Unix epoch. Inject your own to drive
+/// timers in tests.
+pub trait Clock: std::fmt::Debug + Send + Sync + 'static {
+    /// The current time in milliseconds since the Unix epoch.
+    fn now_ms(&self) -> i64;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0)
+    }
+}
