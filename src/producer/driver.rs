@@ -88,9 +88,64 @@ impl Future for Delivery {
     }
 }
 
+/// What one kind of producer has and the other has not, so the two cannot be mixed: the idempotent
+/// producer fetches its own new producer id when its epoch runs out; the transactional producer has its
+/// transaction machine (which owns its ids) and TV1's partition enrolment.
+pub(crate) enum Mode {
+    /// The idempotent producer, and where its fetch of a new producer id stands.
+    Idempotent { new_id: IdFetch },
+    /// The transactional producer.
+    Transactional {
+        /// Boxed: the machine is large, and the idempotent producer should not carry its size.
+        machine: Box<TxnMachine>,
+        /// TV1: an AddPartitionsToTxn is out.
+        add_in_flight: bool,
+    },
+}
+
+/// Where the idempotent producer's fetch of a new producer id stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdFetch {
+    /// No new id is wanted.
+    Idle,
+    /// The epoch ran out: the next pass of the background task starts a fetch.
+    Wanted,
+    /// A fetch is under way; its end (an id, or the producer turned fatal) makes this `Idle`.
+    InFlight,
+}
+
+impl Mode {
+    /// The transaction machine, if this is the transactional producer.
+    pub(crate) fn machine(&self) -> Option<&TxnMachine> {
+        match self {
+            Mode::Transactional { machine, .. } => Some(machine),
+            Mode::Idempotent { .. } => None,
+        }
+    }
+
+    /// The transaction machine, if this is the transactional producer.
+    pub(crate) fn machine_mut(&mut self) -> Option<&mut TxnMachine> {
+        match self {
+            Mode::Transactional { machine, .. } => Some(machine),
+            Mode::Idempotent { .. } => None,
+        }
+    }
+
+    /// Whether an AddPartitionsToTxn is out (never, for the idempotent producer).
+    pub(crate) fn add_in_flight(&self) -> bool {
+        matches!(
+            self,
+            Mode::Transactional {
+                add_in_flight: true,
+                ..
+            }
+        )
+    }
+}
+
 pub(crate) struct Shared {
     pub(crate) core: ProducerCore<Reply>,
-    pub(crate) txn: Option<TxnMachine>,
+    pub(crate) mode: Mode,
     /// Brokers with a sender task running, by node id, with the requests it has yet to start.
     senders: HashMap<i32, SenderSlot>,
     /// Topic names as the wire carries them, made once per topic rather than once per request.
@@ -99,11 +154,6 @@ pub(crate) struct Shared {
     refresh_in_flight: bool,
     /// When the last refresh ended, so a leaderless partition does not refresh in a tight loop.
     last_refresh: Option<tokio::time::Instant>,
-    /// TV1: an AddPartitionsToTxn is out.
-    pub(crate) add_in_flight: bool,
-    /// Idempotent: the epoch ran out and InitProducerId must fetch a new id.
-    need_new_id: bool,
-    new_id_in_flight: bool,
     round_robin: HashMap<String, u32>,
     closed: bool,
 }
@@ -111,8 +161,8 @@ pub(crate) struct Shared {
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) config: ProducerConfig,
-    pub(crate) transactional_id: Option<String>,
-    /// The transactional id as the wire carries it, made once.
+    /// The transactional id as Produce requests carry it (made once; `None` for the idempotent
+    /// producer). The machine in [`Mode::Transactional`] holds the same id as a name.
     wire_transactional_id: Option<TransactionalId>,
     shared: Mutex<Shared>,
     /// Wakes the background task (new data, a request answered, an answer changed something).
@@ -173,31 +223,43 @@ impl std::fmt::Display for Task {
 }
 
 impl Inner {
-    pub(crate) fn new(
+    /// The idempotent producer's driver state.
+    pub(crate) fn idempotent(client: Client, config: ProducerConfig) -> Arc<Inner> {
+        let mode = Mode::Idempotent {
+            new_id: IdFetch::Idle,
+        };
+        Inner::new(client, config, mode)
+    }
+
+    /// The transactional producer's driver state, around its transaction machine.
+    pub(crate) fn transactional(
         client: Client,
         config: ProducerConfig,
-        transactional_id: Option<String>,
-        txn: Option<TxnMachine>,
+        machine: TxnMachine,
     ) -> Arc<Inner> {
-        let core = ProducerCore::new(&config, transactional_id.is_some());
-        let wire_transactional_id = transactional_id
-            .as_ref()
-            .map(|id| TransactionalId(StrBytes::from_string(id.clone())));
+        let mode = Mode::Transactional {
+            machine: Box::new(machine),
+            add_in_flight: false,
+        };
+        Inner::new(client, config, mode)
+    }
+
+    fn new(client: Client, config: ProducerConfig, mode: Mode) -> Arc<Inner> {
+        let wire_transactional_id = mode
+            .machine()
+            .map(|m| TransactionalId(StrBytes::from_string(m.transactional_id().to_owned())));
+        let core = ProducerCore::new(&config, wire_transactional_id.is_some());
         Arc::new(Inner {
             client,
             config,
-            transactional_id,
             wire_transactional_id,
             shared: Mutex::new(Shared {
                 core,
-                txn,
+                mode,
                 senders: HashMap::new(),
                 topic_names: HashMap::new(),
                 refresh_in_flight: false,
                 last_refresh: None,
-                add_in_flight: false,
-                need_new_id: false,
-                new_id_in_flight: false,
                 round_robin: HashMap::new(),
                 closed: false,
             }),
@@ -263,13 +325,16 @@ impl Inner {
                     s.core.fail_unsent(&err)
                 }
                 Task::AddPartitions => {
-                    s.add_in_flight = false;
+                    if let Mode::Transactional { add_in_flight, .. } = &mut s.mode {
+                        *add_in_flight = false;
+                    }
                     s.core.fail_unsent(&err)
                 }
                 Task::ProducerId => {
                     // A fatal producer needs no id: without this the next pass would fetch again.
-                    s.need_new_id = false;
-                    s.new_id_in_flight = false;
+                    if let Mode::Idempotent { new_id } = &mut s.mode {
+                        *new_id = IdFetch::Idle;
+                    }
                     s.core.fail_unsent(&err)
                 }
             };
@@ -342,7 +407,7 @@ impl Inner {
             Err(e) => return Err((e, Some(record))),
         };
         let tp = TopicPartition::new(record.topic.clone(), partition);
-        if let Some(txn) = s.txn.as_mut() {
+        if let Some(txn) = s.mode.machine_mut() {
             txn.on_append(&tp).map_err(|e| (e, None))?;
         }
         if record.timestamp.is_none() {
@@ -435,8 +500,8 @@ impl Inner {
                     return;
                 }
                 let stuck = s
-                    .txn
-                    .as_ref()
+                    .mode
+                    .machine()
                     .is_some_and(|t| t.state() != super::TransactionState::InTransaction);
                 if stuck && s.core.sending() == 0 {
                     return;
@@ -454,7 +519,7 @@ impl Inner {
             changed.as_mut().enable();
             {
                 let s = self.lock();
-                if s.core.sending() == 0 && !s.add_in_flight {
+                if s.core.sending() == 0 && !s.mode.add_in_flight() {
                     return;
                 }
             }
@@ -475,26 +540,30 @@ impl Inner {
             self.client.invalidate_leader(&tp.topic, tp.partition);
         }
         if let Some((err, bump)) = fx.txn_error {
-            if let Some(t) = s.txn.as_mut() {
+            if let Some(t) = s.mode.machine_mut() {
                 t.on_produce_error(err, bump);
             }
         }
         if let Some(err) = &fx.fatal {
-            let err = match (err, &self.transactional_id) {
-                (ProducerError::Fenced { code, .. }, Some(id)) => ProducerError::Fenced {
-                    transactional_id: id.clone(),
+            let err = match (err, s.mode.machine()) {
+                (ProducerError::Fenced { code, .. }, Some(m)) => ProducerError::Fenced {
+                    transactional_id: m.transactional_id().to_owned(),
                     code: *code,
                 },
                 (e, _) => e.clone(),
             };
             tracing::error!(error = %err, "producer failed fatally");
             s.core.set_fatal(&err);
-            if let Some(t) = s.txn.as_mut() {
+            if let Some(t) = s.mode.machine_mut() {
                 t.on_produce_error(err.clone(), false);
             }
         }
         if fx.need_new_id {
-            s.need_new_id = true;
+            if let Mode::Idempotent { new_id } = &mut s.mode {
+                if *new_id == IdFetch::Idle {
+                    *new_id = IdFetch::Wanted;
+                }
+            }
         }
         if fx.memory_freed || !fx.completions.is_empty() {
             self.changed.notify_waiters();
@@ -519,20 +588,30 @@ impl Inner {
             let mut refresh: Option<Vec<String>> = None;
             let (replies, next) = {
                 let mut s = self.lock();
-                if s.closed && s.senders.is_empty() && !s.add_in_flight && !s.refresh_in_flight {
+                if s.closed
+                    && s.senders.is_empty()
+                    && !s.mode.add_in_flight()
+                    && !s.refresh_in_flight
+                {
                     return;
                 }
                 let fx = s.core.expire(now);
                 let mut replies = self.apply(&mut s, fx);
-                if !s.add_in_flight {
-                    if let Some(req) = s.txn.as_mut().and_then(|t| t.poll_add_partitions(now)) {
-                        s.add_in_flight = true;
-                        add = Some(req);
+                match &mut s.mode {
+                    Mode::Transactional {
+                        machine,
+                        add_in_flight: in_flight @ false,
+                    } => {
+                        if let Some(req) = machine.poll_add_partitions(now) {
+                            *in_flight = true;
+                            add = Some(req);
+                        }
                     }
-                }
-                if s.need_new_id && !s.new_id_in_flight {
-                    s.new_id_in_flight = true;
-                    new_id = true;
+                    Mode::Idempotent { new_id: fetch } if *fetch == IdFetch::Wanted => {
+                        *fetch = IdFetch::InFlight;
+                        new_id = true;
+                    }
+                    _ => {}
                 }
                 let versions = self.produce_versions(&s);
                 let meta = self.client.cached_metadata();
@@ -556,9 +635,9 @@ impl Inner {
                 let mut given: HashMap<TopicPartition, usize> = HashMap::new();
                 let mut bytes_given: HashMap<i32, usize> = HashMap::new();
                 let mut held = false;
-                let Shared { core, txn, .. } = &mut *s;
+                let Shared { core, mode, .. } = &mut *s;
                 let mut allow = |tp: &TopicPartition, bytes: usize| {
-                    if !txn.as_ref().is_none_or(|t| t.can_produce(tp)) {
+                    if !mode.machine().is_none_or(|t| t.can_produce(tp)) {
                         return false;
                     }
                     match meta.leader(&tp.topic, tp.partition) {
@@ -584,7 +663,7 @@ impl Inner {
                     compression: self.config.compression,
                 };
                 let (out, fx) = core.poll_send(now, &mut allow, &mut encoder);
-                if let Some(t) = txn.as_mut() {
+                if let Some(t) = mode.machine_mut() {
                     for b in &out {
                         t.on_produce_sent(&b.partition);
                     }
@@ -618,8 +697,8 @@ impl Inner {
                 replies.extend(self.apply(&mut s, fx));
                 let mut next = [
                     s.core.next_wakeup(now),
-                    s.txn
-                        .as_ref()
+                    s.mode
+                        .machine()
                         .and_then(TxnMachine::add_partitions_not_before),
                 ]
                 .into_iter()
@@ -671,13 +750,10 @@ impl Inner {
     /// The Produce versions this producer may send now: idempotent from v3; in a transaction, those of
     /// its transaction version (the caps are `wire`'s one table).
     fn produce_versions(&self, s: &Shared) -> (i16, i16) {
-        match (
-            &self.transactional_id,
-            s.txn.as_ref().map(TxnMachine::txn_version),
-        ) {
-            (None, _) => (PRODUCE_MIN_IDEMPOTENT, PRODUCE_MAX),
-            (Some(_), Some(TxnVersion::V2)) => (PRODUCE_MIN_TV2, PRODUCE_MAX),
-            (Some(_), _) => (PRODUCE_MIN_IDEMPOTENT, PRODUCE_MAX_TV1),
+        match s.mode.machine().map(TxnMachine::txn_version) {
+            None => (PRODUCE_MIN_IDEMPOTENT, PRODUCE_MAX),
+            Some(TxnVersion::V2) => (PRODUCE_MIN_TV2, PRODUCE_MAX),
+            Some(_) => (PRODUCE_MIN_IDEMPOTENT, PRODUCE_MAX_TV1),
         }
     }
 
@@ -896,10 +972,16 @@ impl Inner {
         let resp = send_txn(&self.client, &req).await;
         let outcome = {
             let mut s = self.lock();
-            s.add_in_flight = false;
-            s.txn
-                .as_mut()
-                .map(|t| t.on_add_partitions(resp, crate::clock::now()))
+            match &mut s.mode {
+                Mode::Transactional {
+                    machine,
+                    add_in_flight,
+                } => {
+                    *add_in_flight = false;
+                    Some(machine.on_add_partitions(resp, crate::clock::now()))
+                }
+                Mode::Idempotent { .. } => None,
+            }
         };
         if let (
             Some(o),
@@ -929,17 +1011,18 @@ impl Inner {
         let result = init_idempotent_id(&self.client, &self.config).await;
         let replies = {
             let mut s = self.lock();
-            s.new_id_in_flight = false;
+            // Either end leaves no fetch wanted: a new id, or a fatal producer that needs none (else
+            // every later pass would fetch again).
+            if let Mode::Idempotent { new_id } = &mut s.mode {
+                *new_id = IdFetch::Idle;
+            }
             match result {
                 Ok(ids) => {
-                    s.need_new_id = false;
                     s.core.set_ids(ids);
                     let fx = s.core.resume_after_new_id();
                     self.apply(&mut s, fx)
                 }
                 Err(e) => {
-                    // Fatal now, so no new id is wanted (else every later pass would fetch again).
-                    s.need_new_id = false;
                     s.core.set_fatal(&e);
                     let fx = s.core.fail_unsent(&e);
                     self.apply(&mut s, fx)

@@ -49,7 +49,7 @@ impl Producer {
     /// Cancel-safe.
     pub async fn new(client: Client, config: ProducerConfig) -> Result<Self, ProducerError> {
         let ids = init_idempotent_id(&client, &config).await?;
-        let inner = Inner::new(client, config, None, None);
+        let inner = Inner::idempotent(client, config);
         inner.lock().core.set_ids(ids);
         inner.spawn();
         Ok(Producer {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use super::config::DEFAULT_TRANSACTION_TIMEOUT;
-use super::driver::{deliver, send_txn, Delivery, Inner};
+use super::driver::{deliver, send_txn, Delivery, Inner, Mode, Shared};
 use super::txn::{BrokerCaps, Coordinator, Step, TxnMachine, TxnResponse, TxnVersion};
 use super::{
     Completion, OffsetAndMetadata, PreparedTxn, ProducerError, ProducerIdEpoch, ProducerRecord,
@@ -141,12 +141,7 @@ impl TransactionalProducer {
             caps,
         )
         .with_two_phase(config.two_phase_commit);
-        let inner = Inner::new(
-            client,
-            config.producer.clone(),
-            Some(config.transactional_id.clone()),
-            Some(machine),
-        );
+        let inner = Inner::transactional(client, config.producer.clone(), machine);
         inner.spawn();
         let producer = TransactionalProducer { inner, config };
         let step = producer
@@ -172,11 +167,7 @@ impl TransactionalProducer {
 
     /// Opens a transaction. Sends nothing.
     pub fn begin(&mut self) -> Result<(), ProducerError> {
-        let mut s = self.inner.lock();
-        s.txn
-            .as_mut()
-            .expect("a transactional producer has a machine")
-            .begin(crate::clock::now())
+        machine(&mut self.inner.lock().mode).begin(crate::clock::now())
     }
 
     /// Adds a record to the open transaction, waiting for buffer space (and the topic's metadata) up to
@@ -268,8 +259,8 @@ impl TransactionalProducer {
     pub fn prepared(&self) -> Option<PreparedTxn> {
         self.inner
             .lock()
-            .txn
-            .as_ref()
+            .mode
+            .machine()
             .and_then(TxnMachine::prepared)
             .map(PreparedTxn::from)
     }
@@ -327,8 +318,8 @@ impl TransactionalProducer {
     pub fn state(&self) -> TransactionState {
         self.inner
             .lock()
-            .txn
-            .as_ref()
+            .mode
+            .machine()
             .map_or(TransactionState::FatalError, TxnMachine::state)
     }
 
@@ -339,12 +330,18 @@ impl TransactionalProducer {
 
     /// The producer id and epoch in use (under TV2 it changes after every transaction).
     pub fn producer_id_and_epoch(&self) -> Option<ProducerIdEpoch> {
-        self.inner.lock().txn.as_ref().and_then(TxnMachine::ids)
+        self.inner.lock().mode.machine().and_then(TxnMachine::ids)
     }
 
     /// The transaction protocol the open (or next) transaction uses: 1 or 2.
     pub fn transaction_version(&self) -> u8 {
-        match self.inner.lock().txn.as_ref().map(TxnMachine::txn_version) {
+        match self
+            .inner
+            .lock()
+            .mode
+            .machine()
+            .map(TxnMachine::txn_version)
+        {
             Some(TxnVersion::V2) => 2,
             _ => 1,
         }
@@ -370,9 +367,7 @@ impl TransactionalProducer {
 
     fn with_txn<R>(&self, f: impl FnOnce(&mut TxnMachine) -> R) -> R {
         let mut s = self.inner.lock();
-        f(s.txn
-            .as_mut()
-            .expect("a transactional producer has a machine"))
+        f(machine(&mut s.mode))
     }
 
     /// Drives an operation's steps to the end: sends, backs off, re-finds coordinators. New ids from
@@ -380,8 +375,8 @@ impl TransactionalProducer {
     async fn run(&self, mut step: Step) -> Result<(), ProducerError> {
         let span = {
             let s = self.inner.lock();
-            s.txn
-                .as_ref()
+            s.mode
+                .machine()
                 .and_then(TxnMachine::span)
                 .cloned()
                 .unwrap_or_else(tracing::Span::current)
@@ -413,13 +408,11 @@ impl TransactionalProducer {
                             None => attempt.await,
                         };
                         let mut s = self.inner.lock();
-                        let t = s
-                            .txn
-                            .as_mut()
-                            .expect("a transactional producer has a machine");
+                        let Shared { mode, core, .. } = &mut *s;
+                        let t = machine(mode);
                         step = t.on_response(resp, crate::clock::now());
                         if let Some(ids) = t.ids() {
-                            s.core.set_ids(ids);
+                            core.set_ids(ids);
                         }
                     }
                     Step::Backoff {
@@ -460,7 +453,7 @@ impl TransactionalProducer {
     /// Re-reads what the broker supports (a feature upgrade takes effect at the next `begin`).
     async fn refresh_caps(&self) {
         let caps = broker_caps(&self.inner.client, &self.config.transactional_id).await;
-        if let Some(t) = self.inner.lock().txn.as_mut() {
+        if let Some(t) = self.inner.lock().mode.machine_mut() {
             t.set_caps(caps);
         }
     }
@@ -502,5 +495,17 @@ async fn broker_caps(client: &Client, transactional_id: &str) -> BrokerCaps {
             transaction_version,
             ..BrokerCaps::default()
         },
+    }
+}
+
+/// The transaction machine in a transactional producer's driver state. A `TransactionalProducer` gets
+/// that state only from [`Inner::transactional`], and a producer's mode never changes, so the
+/// idempotent arm is never reached: this is the one place that says so.
+fn machine(mode: &mut Mode) -> &mut TxnMachine {
+    match mode {
+        Mode::Transactional { machine, .. } => machine,
+        Mode::Idempotent { .. } => {
+            unreachable!("a TransactionalProducer's state is built by Inner::transactional")
+        }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use kafka_protocol::messages::{InitProducerIdResponse, ProducerId};
 use tokio::time::timeout;
 
-use super::Inner;
+use super::{IdFetch, Inner, Mode};
 use crate::net::testing::{
     api_versions, coordinator_is_self, loopback, one_node_metadata, Peer, TRANSACTIONAL_BROKER_APIS,
 };
@@ -175,14 +175,21 @@ async fn a_panicked_id_fetch_fails_the_held_records() {
     settle().await;
     inner.faults.arm("producer id", 1);
     // What an exhausted epoch would report (the core's `need_new_id`), without exhausting one.
-    inner.lock().need_new_id = true;
+    if let Mode::Idempotent { new_id } = &mut inner.lock().mode {
+        *new_id = IdFetch::Wanted;
+    }
     inner.wake();
     let outcome = timeout(PATIENCE, delivery)
         .await
         .expect("the held record's Delivery resolves although the id fetch died");
     assert_task_failed(&outcome.unwrap_err(), "producer id", "producer id");
     assert!(
-        !inner.lock().new_id_in_flight,
+        !matches!(
+            inner.lock().mode,
+            Mode::Idempotent {
+                new_id: IdFetch::InFlight
+            }
+        ),
         "the in-flight flag is clear"
     );
     assert_refused(&inner, "producer id");
@@ -211,7 +218,10 @@ async fn a_panicked_enrolment_fails_the_transaction() {
         .await
         .expect("the record's Delivery resolves although the enrolment died");
     assert_task_failed(&outcome.unwrap_err(), "add partitions", "add partitions");
-    assert!(!inner.lock().add_in_flight, "the in-flight flag is clear");
+    assert!(
+        !inner.lock().mode.add_in_flight(),
+        "the in-flight flag is clear"
+    );
     let commit = timeout(PATIENCE, producer.commit())
         .await
         .expect("commit returns");

@@ -116,6 +116,11 @@ impl TxnMachine {
         self.state.ids()
     }
 
+    /// The transactional id the machine runs transactions for.
+    pub(crate) fn transactional_id(&self) -> &str {
+        &self.transactional_id
+    }
+
     /// The protocol of the open transaction (or the one the next would use).
     pub(crate) fn txn_version(&self) -> TxnVersion {
         self.tv_of(self.state.txn())
