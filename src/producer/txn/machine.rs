@@ -476,12 +476,7 @@ impl TxnMachine {
                     retry.insert(tp);
                 }
                 action => {
-                    let rank = |a: Action| match a {
-                        Action::Fenced => 3,
-                        Action::Fatal => 2,
-                        _ => 1,
-                    };
-                    if worst.is_none_or(|(w, _)| rank(action) > rank(w)) {
+                    if worst.is_none_or(|(w, _)| action.severity() > w.severity()) {
                         worst = Some((action, code));
                     }
                 }
@@ -985,27 +980,17 @@ impl TxnMachine {
                 return self.mismatch("send_offsets");
             }
         };
-        // The most severe answer decides: a fence beats a commit fence beats abortable beats retry.
+        // The most severe answer decides (`Action::severity`).
         let mut decided = Action::Ok;
         let mut decided_code = ErrorCode::None;
         // A short retry only if every partition to retry was answered CONCURRENT_TRANSACTIONS.
         let mut busy = true;
-        let rank = |a: Action| match a {
-            Action::Ok => 0,
-            Action::Retry(Refresh::Nothing) => 1,
-            Action::Retry(_) => 2,
-            Action::Abortable => 3,
-            Action::CommitFenced => 4,
-            Action::Fatal => 5,
-            Action::Fenced => 6,
-            _ => 5,
-        };
         for code in codes {
             let a = classify(api, code);
             if matches!(a, Action::Retry(_)) {
                 busy &= code == ErrorCode::ConcurrentTransactions;
             }
-            if rank(a) > rank(decided) {
+            if a.severity() > decided.severity() {
                 decided = a;
                 decided_code = code;
             }
