@@ -822,121 +822,76 @@ impl TxnMachine {
         }
     }
 
+    /// An answer to InitProducerId: success ends `init`, anything else goes to [`Self::init_failed`].
     fn on_init(&mut self, response: TxnResponse, now: Instant, op: InitOp) -> Step {
-        let (enable_2pc, keep_prepared) = match &op.request {
-            TxnRequest::InitProducerId {
-                enable_2pc,
-                keep_prepared,
-                ..
-            } => (*enable_2pc, *keep_prepared),
-            _ => (false, false),
-        };
-        let mut kept = None;
-        let (code, ids) = match response {
-            TxnResponse::InitProducerId(Ok(ids)) => (ErrorCode::None, Some(ids)),
-            TxnResponse::InitKept { ids, ongoing } if keep_prepared => {
-                kept = Some(ongoing);
-                (ErrorCode::None, Some(ids))
+        let code = match response {
+            TxnResponse::InitProducerId(Ok(ids)) => return self.init_succeeded(ids, None, &op),
+            TxnResponse::InitKept { ids, ongoing } if op.keeps_prepared() => {
+                return self.init_succeeded(ids, Some(ongoing), &op)
             }
-            TxnResponse::InitProducerId(Err(code)) => (code, None),
-            TxnResponse::NoAnswer(_) => (ErrorCode::RequestTimedOut, None),
+            TxnResponse::InitProducerId(Err(code)) => code,
+            TxnResponse::NoAnswer(_) => ErrorCode::RequestTimedOut,
             _ => {
                 self.state = State::Initializing(op);
                 return self.mismatch("init");
             }
         };
-        // A two-phase init refused: say why in KIP-939's terms. The broker answers
-        // TRANSACTIONAL_ID_AUTHORIZATION_FAILED both for a missing TWO_PHASE_COMMIT ACL and for 2PC
-        // switched off on the broker; UNSUPPORTED_VERSION to KeepPreparedTxn (Kafka 4.4.0, always) or
-        // to a v6 it does not speak.
-        let refusal = match code {
-            ErrorCode::TransactionalIdAuthorizationFailed if enable_2pc => {
-                Some(TwoPhaseCommitRefusal::NotAuthorizedOrDisabled)
+        self.init_failed(code, now, op)
+    }
+
+    /// Init step, success: the producer is ready, or holds the predecessor's prepared transaction.
+    fn init_succeeded(
+        &mut self,
+        ids: ProducerIdEpoch,
+        kept: Option<ProducerIdEpoch>,
+        op: &InitOp,
+    ) -> Step {
+        // InitProducerId has just bumped the epoch: the bump a broken sequence asked for is done.
+        self.bump_after_abort = false;
+        match kept {
+            Some(prepared) => {
+                tracing::info!(
+                    transactional_id = %self.transactional_id,
+                    producer_id = ids.id,
+                    producer_epoch = ids.epoch,
+                    prepared = %super::super::PreparedTxn::from(prepared),
+                    "producer initialised, keeping the predecessor's prepared transaction"
+                );
+                self.state = State::Prepared {
+                    ids,
+                    prepared,
+                    txn: None,
+                };
             }
-            ErrorCode::UnsupportedVersion if keep_prepared => {
-                Some(TwoPhaseCommitRefusal::KeepPreparedUnsupported)
+            None => {
+                tracing::info!(
+                    transactional_id = %self.transactional_id,
+                    producer_id = ids.id,
+                    producer_epoch = ids.epoch,
+                    two_phase = op.enables_2pc(),
+                    "producer initialised"
+                );
+                self.state = State::Ready { ids };
             }
-            ErrorCode::UnsupportedVersion if enable_2pc => Some(TwoPhaseCommitRefusal::NotSpoken),
-            _ => None,
-        };
-        if let Some(refusal) = refusal {
+        }
+        Step::Done
+    }
+
+    /// Init step, an error code: a two-phase refusal, a retry, or the end of the producer.
+    fn init_failed(&mut self, code: ErrorCode, now: Instant, op: InitOp) -> Step {
+        if let Some(refusal) = two_phase_refusal(code, &op) {
             self.state = State::Initializing(op);
             return Step::Failed(self.fail_fatal(self.refused_2pc(refusal)));
         }
-        let action = match classify(Api::InitProducerId, code) {
+        match classify(Api::InitProducerId, code) {
+            Action::Retry(refresh) => self.init_not_now(code, refresh, now, op),
             // An abortable answer to InitProducerId leaves nothing to abort: try again.
-            Action::Abortable => Action::Retry(Refresh::Nothing),
-            a => a,
-        };
-        match action {
+            Action::Abortable => self.init_not_now(code, Refresh::Nothing, now, op),
+            // Success carries ids, so a bare "no error" is not something the driver builds from an
+            // answer.
             Action::Ok => {
-                // A success without ids is not something the driver builds from an answer.
-                let Some(ids) = ids else {
-                    self.state = State::Initializing(op);
-                    return self.mismatch("init");
-                };
-                self.bump_after_abort = false;
-                match kept {
-                    Some(prepared) => {
-                        tracing::info!(
-                            transactional_id = %self.transactional_id,
-                            producer_id = ids.id,
-                            producer_epoch = ids.epoch,
-                            prepared = %super::super::PreparedTxn::from(prepared),
-                            "producer initialised, keeping the predecessor's prepared transaction"
-                        );
-                        self.state = State::Prepared {
-                            ids,
-                            prepared,
-                            txn: None,
-                        };
-                    }
-                    None => {
-                        tracing::info!(
-                            transactional_id = %self.transactional_id,
-                            producer_id = ids.id,
-                            producer_epoch = ids.epoch,
-                            two_phase = enable_2pc,
-                            "producer initialised"
-                        );
-                        self.state = State::Ready { ids };
-                    }
-                }
-                Step::Done
-            }
-            Action::Retry(refresh) => {
-                let busy = code == ErrorCode::ConcurrentTransactions;
-                match self.retry_or_timeout(Api::InitProducerId, op.attempts, busy, now) {
-                    NotNow::TimedOut { elapsed } => {
-                        self.state = match op.origin {
-                            Origin::Uninitialized => State::Uninitialized,
-                            Origin::CommitOutcomeUnknown { ids } => {
-                                State::CommitOutcomeUnknown { ids, txn: None }
-                            }
-                            Origin::AbortableError { ids } => State::AbortableError {
-                                ids,
-                                txn: None,
-                                cause: Arc::new(ProducerError::Timeout {
-                                    op: "epoch bump after abort",
-                                    elapsed,
-                                    class: super::super::ErrorClass::Abortable,
-                                    last_error: Some(code),
-                                }),
-                            },
-                        };
-                        Step::Failed(ProducerError::Timeout {
-                            op: "init",
-                            elapsed,
-                            class: super::super::ErrorClass::Retriable,
-                            last_error: Some(code),
-                        })
-                    }
-                    NotNow::Retry { delay, attempts } => {
-                        let request = op.request.clone();
-                        self.state = State::Initializing(InitOp { attempts, ..op });
-                        retry(code, delay, refresh, request)
-                    }
-                }
+                self.state = State::Initializing(op);
+                self.mismatch("init")
             }
             Action::Fenced => {
                 self.state = State::Initializing(op);
@@ -945,6 +900,33 @@ impl TxnMachine {
             _ => {
                 self.state = State::Initializing(op);
                 Step::Failed(self.fail_fatal(self.fatal_refusal(Api::InitProducerId, code)))
+            }
+        }
+    }
+
+    /// Init step, "not now": resend, or past the deadline fall back to where the init started.
+    fn init_not_now(
+        &mut self,
+        code: ErrorCode,
+        refresh: Refresh,
+        now: Instant,
+        op: InitOp,
+    ) -> Step {
+        let busy = code == ErrorCode::ConcurrentTransactions;
+        match self.retry_or_timeout(Api::InitProducerId, op.attempts, busy, now) {
+            NotNow::TimedOut { elapsed } => {
+                self.state = op.origin.timed_out(elapsed, code);
+                Step::Failed(ProducerError::Timeout {
+                    op: "init",
+                    elapsed,
+                    class: super::super::ErrorClass::Retriable,
+                    last_error: Some(code),
+                })
+            }
+            NotNow::Retry { delay, attempts } => {
+                let request = op.request.clone();
+                self.state = State::Initializing(InitOp { attempts, ..op });
+                retry(code, delay, refresh, request)
             }
         }
     }
@@ -1206,6 +1188,23 @@ impl TxnMachine {
         Step::Failed(ProducerError::Defunct {
             cause: Arc::new(cause),
         })
+    }
+}
+
+/// A two-phase init refused, said in KIP-939's terms. The broker answers
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED both for a missing TWO_PHASE_COMMIT ACL and for 2PC switched
+/// off on the broker; UNSUPPORTED_VERSION to KeepPreparedTxn (Kafka 4.4.0, always) or to a v6 it does
+/// not speak. Without this the caller would read a bare authorisation or version error.
+fn two_phase_refusal(code: ErrorCode, op: &InitOp) -> Option<TwoPhaseCommitRefusal> {
+    match code {
+        ErrorCode::TransactionalIdAuthorizationFailed if op.enables_2pc() => {
+            Some(TwoPhaseCommitRefusal::NotAuthorizedOrDisabled)
+        }
+        ErrorCode::UnsupportedVersion if op.keeps_prepared() => {
+            Some(TwoPhaseCommitRefusal::KeepPreparedUnsupported)
+        }
+        ErrorCode::UnsupportedVersion if op.enables_2pc() => Some(TwoPhaseCommitRefusal::NotSpoken),
+        _ => None,
     }
 }
 

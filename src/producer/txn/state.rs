@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use tracing::Span;
 
-use super::super::{OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
+use super::super::{ErrorClass, OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
 use super::{TransactionState, TxnRequest, TxnVersion};
+use crate::wire::ErrorCode;
 use crate::GroupMetadata;
 
 /// Which request of `send_offsets` is under way.
@@ -63,6 +64,30 @@ pub(super) struct InitOp {
     pub(super) origin: Origin,
 }
 
+impl InitOp {
+    /// Whether the request asks for two-phase commit (KIP-939).
+    pub(super) fn enables_2pc(&self) -> bool {
+        matches!(
+            self.request,
+            TxnRequest::InitProducerId {
+                enable_2pc: true,
+                ..
+            }
+        )
+    }
+
+    /// Whether the request asks to keep a prepared transaction the predecessor left open.
+    pub(super) fn keeps_prepared(&self) -> bool {
+        matches!(
+            self.request,
+            TxnRequest::InitProducerId {
+                keep_prepared: true,
+                ..
+            }
+        )
+    }
+}
+
 /// Where an InitProducerId started from: what it falls back to when it times out, with the ids that
 /// state holds.
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +107,26 @@ impl Origin {
         match self {
             Origin::Uninitialized => None,
             Origin::CommitOutcomeUnknown { ids } | Origin::AbortableError { ids } => Some(ids),
+        }
+    }
+
+    /// The state an init that ran out of time returns to, `elapsed` after it started, having last
+    /// been answered `code`. The origin's transaction was closed before the init began (by the
+    /// abort, or as one of unknown outcome), so none comes back with it.
+    pub(super) fn timed_out(self, elapsed: Duration, code: ErrorCode) -> State {
+        match self {
+            Origin::Uninitialized => State::Uninitialized,
+            Origin::CommitOutcomeUnknown { ids } => State::CommitOutcomeUnknown { ids, txn: None },
+            Origin::AbortableError { ids } => State::AbortableError {
+                ids,
+                txn: None,
+                cause: Arc::new(ProducerError::Timeout {
+                    op: "epoch bump after abort",
+                    elapsed,
+                    class: ErrorClass::Abortable,
+                    last_error: Some(code),
+                }),
+            },
         }
     }
 }
