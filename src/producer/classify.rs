@@ -4,7 +4,8 @@
 //! producer, because the same code means different things on different requests: `INVALID_PRODUCER_EPOCH`
 //! from a Produce is an abortable transaction timeout (KIP-588), from EndTxn it is a fence. Every response
 //! handler in the producer goes through [`classify`], so the classification lives in one place and is
-//! tested as a table.
+//! tested as a table. Where one request gets several answers (one per partition), [`Action::severity`]
+//! says which of them decides, again in one place.
 //!
 //! # References
 //! - KIP-98 (transaction APIs), KIP-360, KIP-447, KIP-588, KIP-890 (TRANSACTION_ABORTABLE, v11/v12 Produce)
@@ -76,6 +77,30 @@ pub(crate) enum Action {
     /// transaction this is the coordinator having timed the transaction out (or a fence, which the abort's
     /// epoch bump will reveal): abortable. Without a transaction, the batch was not written.
     StaleEpoch,
+}
+
+impl Action {
+    /// How much the answer weighs when one request gets several (AddPartitionsToTxn and
+    /// TxnOffsetCommit answer per partition) and the heaviest decides for the whole request. A fence
+    /// outweighs everything, because nothing the producer does afterwards can succeed; a fatal
+    /// answer outweighs an abortable one for the same reason, one step down; and a retry that must
+    /// first look the coordinator or leader up outweighs a plain one, so the lookup is not lost.
+    /// The Produce-only answers never come from the requests that rank them, and count as fatal.
+    pub(crate) fn severity(self) -> u8 {
+        match self {
+            Action::Ok => 0,
+            Action::Retry(Refresh::Nothing) => 1,
+            Action::Retry(Refresh::Coordinator | Refresh::Leader) => 2,
+            Action::Abortable => 3,
+            Action::CommitFenced => 4,
+            Action::Fatal
+            | Action::Rejected
+            | Action::Duplicate
+            | Action::SequenceBroken
+            | Action::StaleEpoch => 5,
+            Action::Fenced => 6,
+        }
+    }
 }
 
 /// What `code` means as the answer to `api`. `transactional` distinguishes a transactional producer's
@@ -249,6 +274,23 @@ mod tests {
             E::FencedInstanceId,
         ] {
             assert_eq!(classify(Api::TxnOffsetCommit, code), Action::CommitFenced);
+        }
+    }
+
+    /// Where a request has several answers, the heaviest decides, in one order for every request.
+    #[test]
+    fn severity_orders_fence_over_fatal_over_abortable_over_retry() {
+        let order = [
+            Action::Ok,
+            Action::Retry(Refresh::Nothing),
+            Action::Retry(Refresh::Coordinator),
+            Action::Abortable,
+            Action::CommitFenced,
+            Action::Fatal,
+            Action::Fenced,
+        ];
+        for pair in order.windows(2) {
+            assert!(pair[0].severity() < pair[1].severity(), "{pair:?}");
         }
     }
 

@@ -10,7 +10,7 @@ use super::super::classify::{classify, Action, Api, Refresh};
 use super::super::{
     OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition, TwoPhaseCommitRefusal,
 };
-use super::state::{EndOp, InitOp, OffsetsOp, OffsetsStage, Origin, State, Txn};
+use super::state::{Attempts, EndOp, InitOp, OffsetsOp, OffsetsStage, Origin, State, Txn};
 use super::{BrokerCaps, Step, TransactionState, TxnRequest, TxnResponse, TxnVersion};
 use crate::net::Backoff;
 use crate::wire::ErrorCode;
@@ -44,13 +44,24 @@ pub(crate) fn concurrent_delay(backoff: &Backoff, attempt: u32) -> Duration {
         .min(backoff.delay(attempt))
 }
 
-/// The delay before resending a request answered `code`.
-fn delay_after(backoff: &Backoff, code: ErrorCode, attempt: u32) -> Duration {
-    if code == ErrorCode::ConcurrentTransactions {
-        concurrent_delay(backoff, attempt)
+/// The delay before resending a request of `api` for the `retries`-th time: the short one while the
+/// coordinator is only `busy` with this id (see [`concurrent_delay`]), else the ordinary back-off.
+/// Enrolment has no deadline of its own, so it takes this half of the rule alone.
+fn retry_delay(backoff: &Backoff, api: Api, busy: bool, retries: u32) -> Duration {
+    if busy {
+        concurrent_retry(api);
+        concurrent_delay(backoff, retries)
     } else {
-        backoff.delay(attempt)
+        backoff.delay(retries)
     }
+}
+
+/// What an answer of "not now" does to an operation, as [`TxnMachine::retry_or_timeout`] decides.
+enum NotNow {
+    /// Resend after `delay`, with the operation's budget now `attempts`.
+    Retry { delay: Duration, attempts: Attempts },
+    /// The deadline has passed: the operation ends, `elapsed` after it started.
+    TimedOut { elapsed: Duration },
 }
 
 /// What happened to an AddPartitionsToTxn answer.
@@ -194,6 +205,22 @@ impl TxnMachine {
         }
     }
 
+    /// The one rule for an answer of "not now" to InitProducerId, `send_offsets` or EndTxn: once the
+    /// deadline has passed the operation ends (each caller decides into which state), otherwise it
+    /// is resent after [`retry_delay`]. `busy` says every code that asked for the retry
+    /// was CONCURRENT_TRANSACTIONS.
+    fn retry_or_timeout(&self, api: Api, attempts: Attempts, busy: bool, now: Instant) -> NotNow {
+        if now >= attempts.deadline {
+            return NotNow::TimedOut {
+                elapsed: now.saturating_duration_since(attempts.started),
+            };
+        }
+        NotNow::Retry {
+            delay: retry_delay(&self.backoff, api, busy, attempts.retries),
+            attempts: attempts.retried(),
+        }
+    }
+
     fn init_request(&self, current: Option<ProducerIdEpoch>, keep_prepared: bool) -> TxnRequest {
         TxnRequest::InitProducerId {
             transactional_id: self.transactional_id.clone(),
@@ -243,9 +270,7 @@ impl TxnMachine {
                 // Resumed after the caller dropped the future: send again, it is idempotent.
                 let request = op.request.clone();
                 self.state = State::Initializing(InitOp {
-                    started: now,
-                    deadline: now + timeout,
-                    attempts: 0,
+                    attempts: Attempts::start(now, timeout),
                     request: op.request,
                     origin: op.origin,
                 });
@@ -258,9 +283,7 @@ impl TxnMachine {
         };
         let request = self.init_request(None, keep_prepared);
         self.state = State::Initializing(InitOp {
-            started: now,
-            deadline: now + timeout,
-            attempts: 0,
+            attempts: Attempts::start(now, timeout),
             request: request.clone(),
             origin,
         });
@@ -283,9 +306,7 @@ impl TxnMachine {
         }
         let request = self.init_request(Some(ids), false);
         self.state = State::Initializing(InitOp {
-            started: now,
-            deadline: now + timeout,
-            attempts: 0,
+            attempts: Attempts::start(now, timeout),
             request: request.clone(),
             origin: Origin::AbortableError { ids },
         });
@@ -460,12 +481,7 @@ impl TxnMachine {
                     retry.insert(tp);
                 }
                 action => {
-                    let rank = |a: Action| match a {
-                        Action::Fenced => 3,
-                        Action::Fatal => 2,
-                        _ => 1,
-                    };
-                    if worst.is_none_or(|(w, _)| rank(action) > rank(w)) {
+                    if worst.is_none_or(|(w, _)| action.severity() > w.severity()) {
                         worst = Some((action, code));
                     }
                 }
@@ -483,12 +499,12 @@ impl TxnMachine {
                 txn.add_not_before = None;
             } else {
                 txn.pending.extend(retry);
-                let delay = if busy {
-                    concurrent_retry(Api::AddPartitionsToTxn);
-                    concurrent_delay(&self.backoff, txn.add_attempts)
-                } else {
-                    self.backoff.delay(txn.add_attempts)
-                };
+                let delay = retry_delay(
+                    &self.backoff,
+                    Api::AddPartitionsToTxn,
+                    busy,
+                    txn.add_attempts,
+                );
                 tracing::debug!(
                     api = Api::AddPartitionsToTxn.name(),
                     delay_ms = delay.as_secs_f64() * 1e3,
@@ -584,9 +600,7 @@ impl TxnMachine {
         };
         txn.reached_broker = true;
         let started = OffsetsOp {
-            started: now,
-            deadline: now + timeout,
-            attempts: 0,
+            attempts: Attempts::start(now, timeout),
             group: group.clone(),
             offsets,
             stage,
@@ -764,9 +778,7 @@ impl TxnMachine {
         timeout: Duration,
     ) -> Step {
         let end = EndOp {
-            started: now,
-            deadline: now + timeout,
-            attempts: 0,
+            attempts: Attempts::start(now, timeout),
             in_doubt: resumed,
             timeout,
         };
@@ -815,124 +827,76 @@ impl TxnMachine {
         }
     }
 
+    /// An answer to InitProducerId: success ends `init`, anything else goes to [`Self::init_failed`].
     fn on_init(&mut self, response: TxnResponse, now: Instant, op: InitOp) -> Step {
-        let (enable_2pc, keep_prepared) = match &op.request {
-            TxnRequest::InitProducerId {
-                enable_2pc,
-                keep_prepared,
-                ..
-            } => (*enable_2pc, *keep_prepared),
-            _ => (false, false),
-        };
-        let mut kept = None;
-        let (code, ids) = match response {
-            TxnResponse::InitProducerId(Ok(ids)) => (ErrorCode::None, Some(ids)),
-            TxnResponse::InitKept { ids, ongoing } if keep_prepared => {
-                kept = Some(ongoing);
-                (ErrorCode::None, Some(ids))
+        let code = match response {
+            TxnResponse::InitProducerId(Ok(ids)) => return self.init_succeeded(ids, None, &op),
+            TxnResponse::InitKept { ids, ongoing } if op.keeps_prepared() => {
+                return self.init_succeeded(ids, Some(ongoing), &op)
             }
-            TxnResponse::InitProducerId(Err(code)) => (code, None),
-            TxnResponse::NoAnswer(_) => (ErrorCode::RequestTimedOut, None),
+            TxnResponse::InitProducerId(Err(code)) => code,
+            TxnResponse::NoAnswer(_) => ErrorCode::RequestTimedOut,
             _ => {
                 self.state = State::Initializing(op);
                 return self.mismatch("init");
             }
         };
-        // A two-phase init refused: say why in KIP-939's terms. The broker answers
-        // TRANSACTIONAL_ID_AUTHORIZATION_FAILED both for a missing TWO_PHASE_COMMIT ACL and for 2PC
-        // switched off on the broker; UNSUPPORTED_VERSION to KeepPreparedTxn (Kafka 4.4.0, always) or
-        // to a v6 it does not speak.
-        let refusal = match code {
-            ErrorCode::TransactionalIdAuthorizationFailed if enable_2pc => {
-                Some(TwoPhaseCommitRefusal::NotAuthorizedOrDisabled)
+        self.init_failed(code, now, op)
+    }
+
+    /// Init step, success: the producer is ready, or holds the predecessor's prepared transaction.
+    fn init_succeeded(
+        &mut self,
+        ids: ProducerIdEpoch,
+        kept: Option<ProducerIdEpoch>,
+        op: &InitOp,
+    ) -> Step {
+        // InitProducerId has just bumped the epoch: the bump a broken sequence asked for is done.
+        self.bump_after_abort = false;
+        match kept {
+            Some(prepared) => {
+                tracing::info!(
+                    transactional_id = %self.transactional_id,
+                    producer_id = ids.id,
+                    producer_epoch = ids.epoch,
+                    prepared = %super::super::PreparedTxn::from(prepared),
+                    "producer initialised, keeping the predecessor's prepared transaction"
+                );
+                self.state = State::Prepared {
+                    ids,
+                    prepared,
+                    txn: None,
+                };
             }
-            ErrorCode::UnsupportedVersion if keep_prepared => {
-                Some(TwoPhaseCommitRefusal::KeepPreparedUnsupported)
+            None => {
+                tracing::info!(
+                    transactional_id = %self.transactional_id,
+                    producer_id = ids.id,
+                    producer_epoch = ids.epoch,
+                    two_phase = op.enables_2pc(),
+                    "producer initialised"
+                );
+                self.state = State::Ready { ids };
             }
-            ErrorCode::UnsupportedVersion if enable_2pc => Some(TwoPhaseCommitRefusal::NotSpoken),
-            _ => None,
-        };
-        if let Some(refusal) = refusal {
+        }
+        Step::Done
+    }
+
+    /// Init step, an error code: a two-phase refusal, a retry, or the end of the producer.
+    fn init_failed(&mut self, code: ErrorCode, now: Instant, op: InitOp) -> Step {
+        if let Some(refusal) = two_phase_refusal(code, &op) {
             self.state = State::Initializing(op);
             return Step::Failed(self.fail_fatal(self.refused_2pc(refusal)));
         }
-        let action = match classify(Api::InitProducerId, code) {
+        match classify(Api::InitProducerId, code) {
+            Action::Retry(refresh) => self.init_not_now(code, refresh, now, op),
             // An abortable answer to InitProducerId leaves nothing to abort: try again.
-            Action::Abortable => Action::Retry(Refresh::Nothing),
-            a => a,
-        };
-        match action {
+            Action::Abortable => self.init_not_now(code, Refresh::Nothing, now, op),
+            // Success carries ids, so a bare "no error" is not something the driver builds from an
+            // answer.
             Action::Ok => {
-                // A success without ids is not something the driver builds from an answer.
-                let Some(ids) = ids else {
-                    self.state = State::Initializing(op);
-                    return self.mismatch("init");
-                };
-                self.bump_after_abort = false;
-                match kept {
-                    Some(prepared) => {
-                        tracing::info!(
-                            transactional_id = %self.transactional_id,
-                            producer_id = ids.id,
-                            producer_epoch = ids.epoch,
-                            prepared = %super::super::PreparedTxn::from(prepared),
-                            "producer initialised, keeping the predecessor's prepared transaction"
-                        );
-                        self.state = State::Prepared {
-                            ids,
-                            prepared,
-                            txn: None,
-                        };
-                    }
-                    None => {
-                        tracing::info!(
-                            transactional_id = %self.transactional_id,
-                            producer_id = ids.id,
-                            producer_epoch = ids.epoch,
-                            two_phase = enable_2pc,
-                            "producer initialised"
-                        );
-                        self.state = State::Ready { ids };
-                    }
-                }
-                Step::Done
-            }
-            Action::Retry(refresh) => {
-                if now >= op.deadline {
-                    let elapsed = now.saturating_duration_since(op.started);
-                    self.state = match op.origin {
-                        Origin::Uninitialized => State::Uninitialized,
-                        Origin::CommitOutcomeUnknown { ids } => {
-                            State::CommitOutcomeUnknown { ids, txn: None }
-                        }
-                        Origin::AbortableError { ids } => State::AbortableError {
-                            ids,
-                            txn: None,
-                            cause: Arc::new(ProducerError::Timeout {
-                                op: "epoch bump after abort",
-                                elapsed,
-                                class: super::super::ErrorClass::Abortable,
-                                last_error: Some(code),
-                            }),
-                        },
-                    };
-                    return Step::Failed(ProducerError::Timeout {
-                        op: "init",
-                        elapsed,
-                        class: super::super::ErrorClass::Retriable,
-                        last_error: Some(code),
-                    });
-                }
-                if code == ErrorCode::ConcurrentTransactions {
-                    concurrent_retry(Api::InitProducerId);
-                }
-                let delay = delay_after(&self.backoff, code, op.attempts);
-                let request = op.request.clone();
-                self.state = State::Initializing(InitOp {
-                    attempts: op.attempts + 1,
-                    ..op
-                });
-                retry(code, delay, refresh, request)
+                self.state = State::Initializing(op);
+                self.mismatch("init")
             }
             Action::Fenced => {
                 self.state = State::Initializing(op);
@@ -941,6 +905,33 @@ impl TxnMachine {
             _ => {
                 self.state = State::Initializing(op);
                 Step::Failed(self.fail_fatal(self.fatal_refusal(Api::InitProducerId, code)))
+            }
+        }
+    }
+
+    /// Init step, "not now": resend, or past the deadline fall back to where the init started.
+    fn init_not_now(
+        &mut self,
+        code: ErrorCode,
+        refresh: Refresh,
+        now: Instant,
+        op: InitOp,
+    ) -> Step {
+        let busy = code == ErrorCode::ConcurrentTransactions;
+        match self.retry_or_timeout(Api::InitProducerId, op.attempts, busy, now) {
+            NotNow::TimedOut { elapsed } => {
+                self.state = op.origin.timed_out(elapsed, code);
+                Step::Failed(ProducerError::Timeout {
+                    op: "init",
+                    elapsed,
+                    class: super::super::ErrorClass::Retriable,
+                    last_error: Some(code),
+                })
+            }
+            NotNow::Retry { delay, attempts } => {
+                let request = op.request.clone();
+                self.state = State::Initializing(InitOp { attempts, ..op });
+                retry(code, delay, refresh, request)
             }
         }
     }
@@ -976,27 +967,17 @@ impl TxnMachine {
                 return self.mismatch("send_offsets");
             }
         };
-        // The most severe answer decides: a fence beats a commit fence beats abortable beats retry.
+        // The most severe answer decides (`Action::severity`).
         let mut decided = Action::Ok;
         let mut decided_code = ErrorCode::None;
         // A short retry only if every partition to retry was answered CONCURRENT_TRANSACTIONS.
         let mut busy = true;
-        let rank = |a: Action| match a {
-            Action::Ok => 0,
-            Action::Retry(Refresh::Nothing) => 1,
-            Action::Retry(_) => 2,
-            Action::Abortable => 3,
-            Action::CommitFenced => 4,
-            Action::Fatal => 5,
-            Action::Fenced => 6,
-            _ => 5,
-        };
         for code in codes {
             let a = classify(api, code);
             if matches!(a, Action::Retry(_)) {
                 busy &= code == ErrorCode::ConcurrentTransactions;
             }
-            if rank(a) > rank(decided) {
+            if a.severity() > decided.severity() {
                 decided = a;
                 decided_code = code;
             }
@@ -1008,7 +989,7 @@ impl TxnMachine {
                 OffsetsStage::AddOffsets => {
                     txn.groups.insert(op.group.group_id().to_owned());
                     let commit = OffsetsOp {
-                        attempts: 0,
+                        attempts: op.attempts.next_request(),
                         stage: OffsetsStage::Commit,
                         ..op
                     };
@@ -1018,28 +999,34 @@ impl TxnMachine {
                 }
                 OffsetsStage::Commit => Step::Done,
             },
-            Action::Retry(refresh) if now < op.deadline => {
-                let delay = if busy {
-                    concurrent_retry(api);
-                    concurrent_delay(&self.backoff, op.attempts)
-                } else {
-                    self.backoff.delay(op.attempts)
-                };
-                let again = OffsetsOp {
-                    attempts: op.attempts + 1,
-                    ..op
-                };
-                let request = again.request(&self.transactional_id, ids, txn.tv);
-                next_op = Some(again);
-                retry(decided_code, delay, refresh, request)
-            }
+            Action::Retry(refresh) => match self.retry_or_timeout(api, op.attempts, busy, now) {
+                NotNow::Retry { delay, attempts } => {
+                    let again = OffsetsOp { attempts, ..op };
+                    let request = again.request(&self.transactional_id, ids, txn.tv);
+                    next_op = Some(again);
+                    retry(decided_code, delay, refresh, request)
+                }
+                NotNow::TimedOut { elapsed } => {
+                    self.state = State::InTransaction {
+                        ids,
+                        txn,
+                        offsets: None,
+                    };
+                    return Step::Failed(self.fail_abortable(ProducerError::Timeout {
+                        op: "send_offsets",
+                        elapsed,
+                        class: super::super::ErrorClass::Abortable,
+                        last_error: Some(decided_code),
+                    }));
+                }
+            },
             _ => {
                 self.state = State::InTransaction {
                     ids,
                     txn,
                     offsets: None,
                 };
-                return self.offsets_failed(api, decided, decided_code, now, &op);
+                return self.offsets_failed(api, decided, decided_code, &op);
             }
         };
         self.state = State::InTransaction {
@@ -1050,22 +1037,15 @@ impl TxnMachine {
         step
     }
 
-    /// The failure an offsets answer (or its deadline) ends `send_offsets` with.
+    /// The failure an offsets answer other than success or "not now" ends `send_offsets` with.
     fn offsets_failed(
         &mut self,
         api: Api,
         decided: Action,
         code: ErrorCode,
-        now: Instant,
         op: &OffsetsOp,
     ) -> Step {
         match decided {
-            Action::Retry(_) => Step::Failed(self.fail_abortable(ProducerError::Timeout {
-                op: "send_offsets",
-                elapsed: now.saturating_duration_since(op.started),
-                class: super::super::ErrorClass::Abortable,
-                last_error: Some(code),
-            })),
             Action::CommitFenced => {
                 tracing::warn!(
                     group_id = op.group.group_id(),
@@ -1127,47 +1107,47 @@ impl TxnMachine {
                 }
             }
             Action::Retry(refresh) => {
-                if now >= end.deadline {
-                    let elapsed = now.saturating_duration_since(end.started);
-                    if commit && in_doubt {
-                        if let Some(t) = &txn {
-                            t.span.record("outcome", "unknown");
+                let busy = code == ErrorCode::ConcurrentTransactions;
+                match self.retry_or_timeout(Api::EndTxn, end.attempts, busy, now) {
+                    NotNow::TimedOut { elapsed } => {
+                        if commit && in_doubt {
+                            if let Some(t) = &txn {
+                                t.span.record("outcome", "unknown");
+                            }
+                            self.state = State::CommitOutcomeUnknown { ids, txn };
+                            return Step::Failed(ProducerError::CommitOutcomeUnknown {
+                                transactional_id: self.transactional_id.clone(),
+                                reason: no_answer.unwrap_or_else(|| {
+                                    format!("no answer to an earlier attempt; last answer {code}")
+                                }),
+                            });
                         }
-                        self.state = State::CommitOutcomeUnknown { ids, txn };
-                        return Step::Failed(ProducerError::CommitOutcomeUnknown {
-                            transactional_id: self.transactional_id.clone(),
-                            reason: no_answer.unwrap_or_else(|| {
-                                format!("no answer to an earlier attempt; last answer {code}")
-                            }),
-                        });
+                        // Every attempt was answered "not now": nothing was applied. The transaction is
+                        // still open at the coordinator; aborting it is safe.
+                        let err = ProducerError::Timeout {
+                            op: if commit { "commit" } else { "abort" },
+                            elapsed,
+                            class: super::super::ErrorClass::Abortable,
+                            last_error: Some(code),
+                        };
+                        self.state = State::AbortableError {
+                            ids,
+                            txn,
+                            cause: Arc::new(err.clone()),
+                        };
+                        Step::Failed(err)
                     }
-                    // Every attempt was answered "not now": nothing was applied. The transaction is
-                    // still open at the coordinator; aborting it is safe.
-                    let err = ProducerError::Timeout {
-                        op: if commit { "commit" } else { "abort" },
-                        elapsed,
-                        class: super::super::ErrorClass::Abortable,
-                        last_error: Some(code),
-                    };
-                    self.state = State::AbortableError {
-                        ids,
-                        txn,
-                        cause: Arc::new(err.clone()),
-                    };
-                    return Step::Failed(err);
+                    NotNow::Retry { delay, attempts } => {
+                        let request = self.end_request(ids, commit, self.tv_of(txn.as_ref()));
+                        let end = EndOp {
+                            attempts,
+                            in_doubt,
+                            ..end
+                        };
+                        self.state = State::ending(commit, ids, txn, end);
+                        retry(code, delay, refresh, request)
+                    }
                 }
-                if code == ErrorCode::ConcurrentTransactions {
-                    concurrent_retry(Api::EndTxn);
-                }
-                let delay = delay_after(&self.backoff, code, end.attempts);
-                let request = self.end_request(ids, commit, self.tv_of(txn.as_ref()));
-                let end = EndOp {
-                    attempts: end.attempts + 1,
-                    in_doubt,
-                    ..end
-                };
-                self.state = State::ending(commit, ids, txn, end);
-                retry(code, delay, refresh, request)
             }
             action => {
                 self.state = State::ending(commit, ids, txn, end);
@@ -1213,6 +1193,23 @@ impl TxnMachine {
         Step::Failed(ProducerError::Defunct {
             cause: Arc::new(cause),
         })
+    }
+}
+
+/// A two-phase init refused, said in KIP-939's terms. The broker answers
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED both for a missing TWO_PHASE_COMMIT ACL and for 2PC switched
+/// off on the broker; UNSUPPORTED_VERSION to KeepPreparedTxn (Kafka 4.4.0, always) or to a v6 it does
+/// not speak. Without this the caller would read a bare authorisation or version error.
+fn two_phase_refusal(code: ErrorCode, op: &InitOp) -> Option<TwoPhaseCommitRefusal> {
+    match code {
+        ErrorCode::TransactionalIdAuthorizationFailed if op.enables_2pc() => {
+            Some(TwoPhaseCommitRefusal::NotAuthorizedOrDisabled)
+        }
+        ErrorCode::UnsupportedVersion if op.keeps_prepared() => {
+            Some(TwoPhaseCommitRefusal::KeepPreparedUnsupported)
+        }
+        ErrorCode::UnsupportedVersion if op.enables_2pc() => Some(TwoPhaseCommitRefusal::NotSpoken),
+        _ => None,
     }
 }
 

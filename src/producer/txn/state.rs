@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use tracing::Span;
 
-use super::super::{OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
+use super::super::{ErrorClass, OffsetAndMetadata, ProducerError, ProducerIdEpoch, TopicPartition};
 use super::{TransactionState, TxnRequest, TxnVersion};
+use crate::wire::ErrorCode;
 use crate::GroupMetadata;
 
 /// Which request of `send_offsets` is under way.
@@ -17,15 +18,74 @@ pub(super) enum OffsetsStage {
     Commit,
 }
 
+/// The time budget of an operation under way and how often it has been resent. InitProducerId,
+/// `send_offsets` and EndTxn each keep one, so that a single rule (`TxnMachine::retry_or_timeout`)
+/// decides for all three whether an answer of "not now" is retried or ends the operation.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Attempts {
+    pub(super) started: Instant,
+    pub(super) deadline: Instant,
+    /// Resends so far: the back-off grows with it.
+    pub(super) retries: u32,
+}
+
+impl Attempts {
+    /// The budget of an operation starting (or resumed) at `now`: a resumed operation gets its
+    /// caller's new timeout, not what was left of the old one.
+    pub(super) fn start(now: Instant, timeout: Duration) -> Self {
+        Attempts {
+            started: now,
+            deadline: now + timeout,
+            retries: 0,
+        }
+    }
+
+    /// The same budget after one more resend.
+    pub(super) fn retried(self) -> Self {
+        Attempts {
+            retries: self.retries + 1,
+            ..self
+        }
+    }
+
+    /// The budget for the next request of the same operation: its deadline still binds, but the
+    /// back-off starts over, since the earlier request's trouble says nothing about this one.
+    pub(super) fn next_request(self) -> Self {
+        Attempts { retries: 0, ..self }
+    }
+}
+
 /// An `init` (or the epoch bump after an abort) under way.
 #[derive(Debug, Clone)]
 pub(super) struct InitOp {
-    pub(super) started: Instant,
-    pub(super) deadline: Instant,
-    pub(super) attempts: u32,
+    pub(super) attempts: Attempts,
     pub(super) request: TxnRequest,
     /// The state to fall back to if the operation times out.
     pub(super) origin: Origin,
+}
+
+impl InitOp {
+    /// Whether the request asks for two-phase commit (KIP-939).
+    pub(super) fn enables_2pc(&self) -> bool {
+        matches!(
+            self.request,
+            TxnRequest::InitProducerId {
+                enable_2pc: true,
+                ..
+            }
+        )
+    }
+
+    /// Whether the request asks to keep a prepared transaction the predecessor left open.
+    pub(super) fn keeps_prepared(&self) -> bool {
+        matches!(
+            self.request,
+            TxnRequest::InitProducerId {
+                keep_prepared: true,
+                ..
+            }
+        )
+    }
 }
 
 /// Where an InitProducerId started from: what it falls back to when it times out, with the ids that
@@ -49,14 +109,32 @@ impl Origin {
             Origin::CommitOutcomeUnknown { ids } | Origin::AbortableError { ids } => Some(ids),
         }
     }
+
+    /// The state an init that ran out of time returns to, `elapsed` after it started, having last
+    /// been answered `code`. The origin's transaction was closed before the init began (by the
+    /// abort, or as one of unknown outcome), so none comes back with it.
+    pub(super) fn timed_out(self, elapsed: Duration, code: ErrorCode) -> State {
+        match self {
+            Origin::Uninitialized => State::Uninitialized,
+            Origin::CommitOutcomeUnknown { ids } => State::CommitOutcomeUnknown { ids, txn: None },
+            Origin::AbortableError { ids } => State::AbortableError {
+                ids,
+                txn: None,
+                cause: Arc::new(ProducerError::Timeout {
+                    op: "epoch bump after abort",
+                    elapsed,
+                    class: ErrorClass::Abortable,
+                    last_error: Some(code),
+                }),
+            },
+        }
+    }
 }
 
 /// A `send_offsets` under way.
 #[derive(Debug, Clone)]
 pub(super) struct OffsetsOp {
-    pub(super) started: Instant,
-    pub(super) deadline: Instant,
-    pub(super) attempts: u32,
+    pub(super) attempts: Attempts,
     pub(super) group: GroupMetadata,
     pub(super) offsets: Vec<(TopicPartition, OffsetAndMetadata)>,
     pub(super) stage: OffsetsStage,
@@ -89,9 +167,7 @@ impl OffsetsOp {
 /// An EndTxn (commit or abort: the state says which) under way.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct EndOp {
-    pub(super) started: Instant,
-    pub(super) deadline: Instant,
-    pub(super) attempts: u32,
+    pub(super) attempts: Attempts,
     /// Some attempt may have reached the coordinator without its answer reaching us.
     pub(super) in_doubt: bool,
     /// The caller's budget for the operation, reused for the epoch bump after an abort.
@@ -173,11 +249,13 @@ impl State {
     /// When the operation under way must end, if one is.
     pub(super) fn op_deadline(&self) -> Option<Instant> {
         match self {
-            State::Initializing(op) => Some(op.deadline),
+            State::Initializing(op) => Some(op.attempts.deadline),
             State::InTransaction {
                 offsets: Some(op), ..
-            } => Some(op.deadline),
-            State::Committing { end, .. } | State::Aborting { end, .. } => Some(end.deadline),
+            } => Some(op.attempts.deadline),
+            State::Committing { end, .. } | State::Aborting { end, .. } => {
+                Some(end.attempts.deadline)
+            }
             _ => None,
         }
     }
