@@ -223,19 +223,19 @@ impl<T> Queue<T> {
         // Seal. A request rides only if every write queued before it is in this transaction (or settled
         // earlier): the oldest write still queued bounds which ones may.
         let oldest_left = self.writes.front().map_or(u64::MAX, |w| w.seq);
-        let mut riding = Vec::new();
+        let rides = self
+            .offsets
+            .iter()
+            .take_while(|o| o.seq < oldest_left)
+            .count();
+        let mut riding = Vec::with_capacity(rides);
         let mut offset = self.committed;
-        while self.offsets.front().is_some_and(|o| o.seq < oldest_left) {
-            let o = self.offsets.pop_front().expect("checked");
+        for o in self.offsets.drain(..rides) {
             offset = offset.max(o.value);
             riding.push(o.ticket);
         }
-        let Txn::Producing {
-            joined, first_seq, ..
-        } = std::mem::replace(&mut self.txn, Txn::Idle)
-        else {
-            unreachable!("matched above")
-        };
+        let joined = std::mem::take(joined);
+        let first_seq = *first_seq;
         self.txn = Txn::Sealed {
             joined,
             first_seq,
@@ -248,9 +248,9 @@ impl<T> Queue<T> {
     /// The open transaction ended with `outcome`: every write in it and every request riding in it get
     /// that outcome. Ignored when no transaction is open.
     ///
-    /// `Ok` is only meaningful once sealed (a transaction commits only after its offset); an `Ok` while
-    /// producing is treated as a bug in the driver and fails the transaction's waiters instead of
-    /// reporting writes as committed that no offset commit covered.
+    /// `Ok` says the transaction committed. The driver commits only after the seal (so the offset rides
+    /// along); an `Ok` while producing would be its bug (a debug build stops there), and is taken at
+    /// its word: the writes committed, no offset rode, and the committed offset stays where it was.
     pub(crate) fn handle_outcome(&mut self, outcome: Result<(), SnapshotError>) {
         let (joined, first_seq, riding, offset) = match std::mem::replace(&mut self.txn, Txn::Idle)
         {
@@ -271,16 +271,9 @@ impl<T> Queue<T> {
                 offset,
             } => (joined, first_seq, riding, Some(offset)),
         };
-        let outcome = match (outcome, offset) {
-            (Ok(()), Some(offset)) => {
-                self.committed = offset;
-                Ok(())
-            }
-            (Ok(()), None) => Err(SnapshotError::Config(
-                "internal: a group-commit transaction ended without its offset commit".into(),
-            )),
-            (Err(e), _) => Err(e),
-        };
+        if let (Ok(()), Some(offset)) = (&outcome, offset) {
+            self.committed = offset;
+        }
         for t in joined.into_iter().chain(riding) {
             self.outcomes.push_back((t, outcome.clone()));
         }
