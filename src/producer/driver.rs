@@ -42,7 +42,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kafka_protocol::messages::produce_request::{
     PartitionProduceData, ProduceRequest, TopicProduceData,
@@ -51,6 +51,7 @@ use kafka_protocol::messages::{TopicName, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::{oneshot, Notify};
 
+use super::budget::SendBudget;
 use super::classify::{classify, Action, Api};
 use super::core::{Effects, PartitionAnswer, ProduceAnswer, ProducerCore, ToSend};
 use super::encoder::RecordsEncoder;
@@ -193,6 +194,26 @@ struct ProduceJob {
     /// `(min, max)` Produce version for this producer and transaction version, the max held to v12
     /// when a topic's id is not known.
     versions: (i16, i16),
+}
+
+/// What one pass of the background task decided, to carry out once the lock is let go.
+struct Pass {
+    /// Replies to deliver.
+    replies: Vec<(Reply, Result<RecordMetadata, ProducerError>)>,
+    /// Tasks to start.
+    tasks: Tasks,
+    /// When to look again, if nothing wakes the task first.
+    next: Option<Instant>,
+}
+
+/// The tasks a pass starts: a sender per broker that has none yet, a leader refresh, the mode's side
+/// request.
+#[derive(Default)]
+struct Tasks {
+    senders: Vec<(i32, Arc<Notify>)>,
+    refresh: Option<Vec<String>>,
+    add: Option<TxnRequest>,
+    new_id: bool,
 }
 
 /// The driver's spawned tasks, named for the error their failure becomes.
@@ -577,166 +598,166 @@ impl Inner {
     // ---------------------------------------------------------------------------------------------
     // the background task
 
+    /// One pass of the background task, under the lock: expire what timed out, start the side
+    /// requests due, let out what the budget allows, and say when to look again. `None` once the
+    /// producer is closed and nothing of it is left running.
+    fn pass(&self, now: Instant) -> Option<Pass> {
+        let mut s = self.lock();
+        if s.closed && s.senders.is_empty() && !s.mode.add_in_flight() && !s.refresh_in_flight {
+            return None;
+        }
+        let fx = s.core.expire(now);
+        let mut replies = self.apply(&mut s, fx);
+        let mut tasks = Self::side_requests(&mut s, now);
+        let (fx, look_again_soon) = self.let_out(&mut s, now, &mut tasks);
+        replies.extend(self.apply(&mut s, fx));
+        let mut next = [
+            s.core.next_wakeup(now),
+            s.mode
+                .machine()
+                .and_then(TxnMachine::add_partitions_not_before),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        if look_again_soon {
+            // A held-back batch may be due already; the refresh's end or the busy broker's next
+            // answer wakes this task, so only look again shortly rather than spin until then.
+            next = next.map(|at| at.max(now + HELD_RECHECK));
+        }
+        Some(Pass {
+            replies,
+            tasks,
+            next,
+        })
+    }
+
+    /// The mode's side request that is due, if any: TV1's AddPartitionsToTxn, or the idempotent
+    /// producer's fetch of a new id. Marked as under way here, started after the lock is let go.
+    fn side_requests(s: &mut Shared, now: Instant) -> Tasks {
+        let mut tasks = Tasks::default();
+        match &mut s.mode {
+            Mode::Transactional {
+                machine,
+                add_in_flight: in_flight @ false,
+            } => {
+                if let Some(req) = machine.poll_add_partitions(now) {
+                    *in_flight = true;
+                    tasks.add = Some(req);
+                }
+            }
+            Mode::Idempotent { new_id } if *new_id == IdFetch::Wanted => {
+                *new_id = IdFetch::InFlight;
+                tasks.new_id = true;
+            }
+            _ => {}
+        }
+        tasks
+    }
+
+    /// Lets out what the core has ready and the [`SendBudget`] allows, as Produce requests queued on
+    /// their leaders' senders (a broker without one gets one in `tasks`), and asks for a leader refresh
+    /// for topics with a leaderless ready partition. Returns the core's effects and whether something
+    /// was held back (for want of room or of a leader).
+    fn let_out(&self, s: &mut Shared, now: Instant, tasks: &mut Tasks) -> (Effects<Reply>, bool) {
+        let versions = self.produce_versions(s);
+        let meta = self.client.cached_metadata();
+        let mut leaderless: HashSet<Arc<str>> = HashSet::new();
+        let mut budget = SendBudget::new(
+            self.config.max_in_flight,
+            self.config.max_request_size,
+            s.senders
+                .iter()
+                .map(|(node, slot)| (*node, slot.queue.len() + slot.on_wire)),
+        );
+        let Shared { core, mode, .. } = &mut *s;
+        let mut allow = |tp: &TopicPartition, bytes: usize| {
+            if !mode.machine().is_none_or(|t| t.can_produce(tp)) {
+                return false;
+            }
+            match meta.leader(&tp.topic, tp.partition) {
+                None => {
+                    leaderless.insert(tp.topic.clone());
+                    false
+                }
+                Some(leader) => budget.allow(tp, leader.node, bytes),
+            }
+        };
+        let mut encoder = RecordsEncoder {
+            compression: self.config.compression,
+        };
+        let (out, fx) = core.poll_send(now, &mut allow, &mut encoder);
+        if let Some(t) = mode.machine_mut() {
+            for b in &out {
+                t.on_produce_sent(&b.partition);
+            }
+        }
+        for job in requests_by_leader(
+            &meta,
+            out,
+            versions,
+            self.config.max_request_size,
+            &mut s.topic_names,
+        ) {
+            let slot = s.senders.entry(job.node).or_insert_with(|| {
+                let wake = Arc::new(Notify::new());
+                tasks.senders.push((job.node, wake.clone()));
+                SenderSlot {
+                    queue: VecDeque::new(),
+                    wake,
+                    on_wire: 0,
+                }
+            });
+            slot.wake.notify_one();
+            slot.queue.push_back(job);
+        }
+        if !leaderless.is_empty() && !s.refresh_in_flight {
+            s.refresh_in_flight = true;
+            let mut topics: Vec<String> = leaderless.iter().map(|t| t.to_string()).collect();
+            topics.sort();
+            tasks.refresh = Some(topics);
+        }
+        (fx, !leaderless.is_empty() || budget.held())
+    }
+
+    /// Starts, each under supervision, the tasks a pass decided on.
+    fn start_tasks(self: &Arc<Self>, tasks: Tasks) {
+        for (node, wake) in tasks.senders {
+            let inner = self.clone();
+            self.supervise(
+                Task::Sender(node),
+                async move { inner.sender(node, wake).await },
+            );
+        }
+        if let Some(topics) = tasks.refresh {
+            let inner = self.clone();
+            self.supervise(
+                Task::Leaders,
+                async move { inner.refresh_leaders(topics).await },
+            );
+        }
+        if let Some(req) = tasks.add {
+            let inner = self.clone();
+            self.supervise(Task::AddPartitions, async move {
+                inner.add_partitions(req).await
+            });
+        }
+        if tasks.new_id {
+            let inner = self.clone();
+            self.supervise(Task::ProducerId, async move { inner.fetch_new_id().await });
+        }
+    }
+
     async fn run(self: Arc<Self>) {
         loop {
             #[cfg(test)]
             self.faults.hit("driver");
-            let now = crate::clock::now();
-            let mut start: Vec<(i32, Arc<Notify>)> = Vec::new();
-            let mut add: Option<TxnRequest> = None;
-            let mut new_id = false;
-            let mut refresh: Option<Vec<String>> = None;
-            let (replies, next) = {
-                let mut s = self.lock();
-                if s.closed
-                    && s.senders.is_empty()
-                    && !s.mode.add_in_flight()
-                    && !s.refresh_in_flight
-                {
-                    return;
-                }
-                let fx = s.core.expire(now);
-                let mut replies = self.apply(&mut s, fx);
-                match &mut s.mode {
-                    Mode::Transactional {
-                        machine,
-                        add_in_flight: in_flight @ false,
-                    } => {
-                        if let Some(req) = machine.poll_add_partitions(now) {
-                            *in_flight = true;
-                            add = Some(req);
-                        }
-                    }
-                    Mode::Idempotent { new_id: fetch } if *fetch == IdFetch::Wanted => {
-                        *fetch = IdFetch::InFlight;
-                        new_id = true;
-                    }
-                    _ => {}
-                }
-                let versions = self.produce_versions(&s);
-                let meta = self.client.cached_metadata();
-                let mut leaderless: HashSet<Arc<str>> = HashSet::new();
-                // A broker gets no more requests than it has room for under `max_in_flight` unanswered
-                // ones: a request carries one batch per partition and at most `max_request_size` bytes,
-                // so a pass gives a partition at most that many batches and a broker at most that many
-                // requests' worth of bytes. The rest stay in the accumulator and go on filling, so the
-                // next request carries full batches instead of a stream of small ones (the broker must
-                // take them one at a time on the connection), and every request but a broker's last of
-                // the pass is full rather than topped up by a lone batch that did not fit.
-                let cap = self.config.max_in_flight;
-                let max_bytes = self.config.max_request_size;
-                let room: HashMap<i32, usize> = s
-                    .senders
-                    .iter()
-                    .map(|(node, slot)| {
-                        (*node, cap.saturating_sub(slot.queue.len() + slot.on_wire))
-                    })
-                    .collect();
-                let mut given: HashMap<TopicPartition, usize> = HashMap::new();
-                let mut bytes_given: HashMap<i32, usize> = HashMap::new();
-                let mut held = false;
-                let Shared { core, mode, .. } = &mut *s;
-                let mut allow = |tp: &TopicPartition, bytes: usize| {
-                    if !mode.machine().is_none_or(|t| t.can_produce(tp)) {
-                        return false;
-                    }
-                    match meta.leader(&tp.topic, tp.partition) {
-                        None => {
-                            leaderless.insert(tp.topic.clone());
-                            false
-                        }
-                        Some(leader) => {
-                            let room = room.get(&leader.node).copied().unwrap_or(cap);
-                            let given = given.entry(tp.clone()).or_insert(0);
-                            let bytes_given = bytes_given.entry(leader.node).or_insert(0);
-                            if *given >= room || *bytes_given + bytes > room * max_bytes {
-                                held = true;
-                                return false;
-                            }
-                            *given += 1;
-                            *bytes_given += bytes;
-                            true
-                        }
-                    }
-                };
-                let mut encoder = RecordsEncoder {
-                    compression: self.config.compression,
-                };
-                let (out, fx) = core.poll_send(now, &mut allow, &mut encoder);
-                if let Some(t) = mode.machine_mut() {
-                    for b in &out {
-                        t.on_produce_sent(&b.partition);
-                    }
-                }
-                for job in requests_by_leader(
-                    &meta,
-                    out,
-                    versions,
-                    self.config.max_request_size,
-                    &mut s.topic_names,
-                ) {
-                    let slot = s.senders.entry(job.node).or_insert_with(|| {
-                        let wake = Arc::new(Notify::new());
-                        start.push((job.node, wake.clone()));
-                        SenderSlot {
-                            queue: VecDeque::new(),
-                            wake,
-                            on_wire: 0,
-                        }
-                    });
-                    slot.wake.notify_one();
-                    slot.queue.push_back(job);
-                }
-                if !leaderless.is_empty() && !s.refresh_in_flight {
-                    s.refresh_in_flight = true;
-                    let mut topics: Vec<String> =
-                        leaderless.iter().map(|t| t.to_string()).collect();
-                    topics.sort();
-                    refresh = Some(topics);
-                }
-                replies.extend(self.apply(&mut s, fx));
-                let mut next = [
-                    s.core.next_wakeup(now),
-                    s.mode
-                        .machine()
-                        .and_then(TxnMachine::add_partitions_not_before),
-                ]
-                .into_iter()
-                .flatten()
-                .min();
-                if !leaderless.is_empty() || held {
-                    // A held-back batch may be due already; the refresh's end or the busy broker's next
-                    // answer wakes this task, so only look again shortly rather than spin until then.
-                    next = next.map(|at| at.max(now + HELD_RECHECK));
-                }
-                (replies, next)
+            let Some(pass) = self.pass(crate::clock::now()) else {
+                return;
             };
-            deliver(replies);
-            for (node, wake) in start {
-                let inner = self.clone();
-                self.supervise(
-                    Task::Sender(node),
-                    async move { inner.sender(node, wake).await },
-                );
-            }
-            if let Some(topics) = refresh {
-                let inner = self.clone();
-                self.supervise(
-                    Task::Leaders,
-                    async move { inner.refresh_leaders(topics).await },
-                );
-            }
-            if let Some(req) = add {
-                let inner = self.clone();
-                self.supervise(Task::AddPartitions, async move {
-                    inner.add_partitions(req).await
-                });
-            }
-            if new_id {
-                let inner = self.clone();
-                self.supervise(Task::ProducerId, async move { inner.fetch_new_id().await });
-            }
-            let sleep = match next {
+            deliver(pass.replies);
+            self.start_tasks(pass.tasks);
+            let sleep = match pass.next {
                 Some(at) => tokio::time::Instant::from_std(at),
                 None => tokio::time::Instant::now() + Duration::from_secs(3600),
             };

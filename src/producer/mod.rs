@@ -17,6 +17,7 @@
 //!   TxnOffsetCommit v0-5, EndTxn v0-5
 
 mod accumulator;
+mod budget;
 mod classify;
 mod config;
 mod core;
