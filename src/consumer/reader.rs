@@ -122,6 +122,25 @@ pub struct FetchStats {
     pub record_bytes: u64,
 }
 
+impl FetchStats {
+    /// Counts one answered Fetch: what its `request` carried and what came back.
+    fn count(&mut self, request: &SessionRequest, answered: &Answered) {
+        self.requests += 1;
+        self.incremental += u64::from(!request.full);
+        self.by_topic_id += u64::from(answered.version >= FETCH_TOPIC_IDS);
+        self.last_version = answered.version;
+        self.partitions_sent += request.send.len() as u64;
+        self.partitions_forgotten += request.forget.len() as u64;
+        self.partitions_answered += answered.partitions.len() as u64;
+        self.request_bytes += answered.request_bytes;
+        self.record_bytes += answered
+            .partitions
+            .values()
+            .map(|p| p.records.len() as u64)
+            .sum::<u64>();
+    }
+}
+
 /// Which offset ListOffsets asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OffsetSpec {
@@ -177,9 +196,8 @@ pub struct PartitionReader {
     use_sessions: bool,
     stats: FetchStats,
     lag: crate::telemetry::LagGauges,
-    /// Points inside the per-leader tasks that a test can make panic.
-    #[cfg(test)]
-    pub(crate) faults: std::sync::Arc<crate::supervise::Faults>,
+    /// Points inside the per-leader tasks that a test can make panic (nothing outside tests).
+    pub(crate) faults: TaskFaults,
 }
 
 impl PartitionReader {
@@ -194,8 +212,7 @@ impl PartitionReader {
             use_sessions: true,
             stats: FetchStats::default(),
             lag: Default::default(),
-            #[cfg(test)]
-            faults: std::sync::Arc::default(),
+            faults: Default::default(),
         }
     }
 
@@ -355,7 +372,7 @@ impl PartitionReader {
             return Ok(Vec::new());
         }
         // A guard puts planned partitions back if this future is dropped mid-way.
-        let mut guard = Unplan {
+        let guard = Unplan {
             fetcher: &mut self.fetcher,
             pending: plan
                 .fetch
@@ -365,33 +382,173 @@ impl PartitionReader {
                 .chain(plan.list.values().flatten().map(|p| p.tp.clone()))
                 .collect(),
         };
-        if !plan.leaderless.is_empty() {
-            let topics: Vec<&str> = {
-                let mut t: Vec<&str> = plan.leaderless.iter().map(|tp| &*tp.topic).collect();
-                t.dedup();
-                t
-            };
-            if let Err(e) = self.client.metadata(&topics).await {
-                tracing::debug!(error = %e, "metadata refresh for leaderless partitions failed");
-            }
-        }
+        refresh_leaderless(&self.client, &plan.leaderless).await;
         let isolation = self.config.isolation;
         // One task per leader, so one slow leader does not serialize the others. Dropping this future
-        // drops the set, which aborts the tasks; the guard puts their partitions back.
-        let mut lists = tokio::task::JoinSet::new();
-        for (node, parts) in plan.list {
-            let client = self.client.clone();
-            #[cfg(test)]
-            let faults = self.faults.clone();
-            lists.spawn(async move {
-                #[cfg(test)]
-                faults.hit("list offsets");
-                let r = list_offsets_at(&client, node, &parts, isolation).await;
-                (parts, r)
+        // drops the sets, which aborts the tasks; the guard puts their partitions back.
+        let mut lists = spawn_lists(&self.client, plan.list, isolation, &self.faults);
+        let mut fetches = {
+            let tasks = FetchTasks {
+                client: &self.client,
+                config: &self.config,
+                sessions: &mut self.sessions,
+                use_sessions: self.use_sessions,
+                faults: &self.faults,
+            };
+            tasks.spawn(plan.fetch, &metadata, max_wait)
+        };
+        let (listed, list_failure) = collect(&mut lists).await;
+        let (fetched, fetch_failure) = collect(&mut fetches).await;
+        // A task that died is a bug, and it must surface, not be retried silently for ever. Nothing is
+        // lost by failing here: no answer has been applied yet, so dropping them all lets the guard put
+        // every planned partition back, and the next call fetches them from the same positions.
+        if let Some((task, failure)) = list_failure
+            .map(|f| ("list offsets", f))
+            .or(fetch_failure.map(|f| ("fetch", f)))
+        {
+            return Err(ConsumerError::TaskFailed {
+                task: task.into(),
+                failure,
             });
         }
+        let mut round = Round {
+            guard,
+            client: &self.client,
+            now: super::rebalance::now(),
+            isolation,
+            first_error: None,
+            out: Vec::new(),
+        };
+        for (parts, result) in listed {
+            round.listed(&parts, result);
+        }
+        for (node, parts, request, result) in fetched {
+            let Some(session) = self.sessions.get(&node) else {
+                continue;
+            };
+            let mut session = lock(session);
+            let answered = match result {
+                Ok(answered) => answered,
+                Err(e) => {
+                    tracing::debug!(error = %e, "Fetch failed");
+                    session.handle_failure();
+                    round.failed(&parts);
+                    continue;
+                }
+            };
+            let verdict = session.handle_response(answered.error, answered.session_id);
+            self.stats.count(&request, &answered);
+            tracing::debug!(
+                node,
+                version = answered.version,
+                session = request.session_id,
+                epoch = request.epoch,
+                sent = request.send.len(),
+                forgotten = request.forget.len(),
+                answered = answered.partitions.len(),
+                ?verdict,
+                "fetch answered"
+            );
+            match verdict {
+                SessionVerdict::Use { incremental } => {
+                    round.fetched(&parts, answered.partitions, incremental, &mut self.lag);
+                }
+                SessionVerdict::Reset(code) => {
+                    // Nothing applied, nothing moved: fetch the same positions again, in full, at once.
+                    tracing::debug!(node, %code, "fetch session reset");
+                    self.stats.session_resets += 1;
+                    round.unplanned(&parts);
+                }
+                SessionVerdict::Failed(code) => {
+                    tracing::debug!(node, %code, "Fetch failed as a whole");
+                    round.failed(&parts);
+                }
+            }
+        }
+        round.finish()
+    }
+}
+
+/// Asks for fresh metadata of the topics of partitions that have no known leader, so the next round
+/// can fetch them. A failure is only logged: they stay leaderless and are asked about again.
+async fn refresh_leaderless(client: &Client, leaderless: &[TopicPartition]) {
+    if leaderless.is_empty() {
+        return;
+    }
+    let mut topics: Vec<&str> = leaderless.iter().map(|tp| &*tp.topic).collect();
+    topics.dedup();
+    if let Err(e) = client.metadata(&topics).await {
+        tracing::debug!(error = %e, "metadata refresh for leaderless partitions failed");
+    }
+}
+
+/// The panic points a reader's tasks pass: armed by tests, nothing outside them.
+#[cfg(test)]
+pub(crate) type TaskFaults = Arc<crate::supervise::Faults>;
+/// The panic points a reader's tasks pass: armed by tests, nothing outside them.
+#[cfg(not(test))]
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TaskFaults;
+
+/// Passes the panic point `_point` (see [`TaskFaults`]).
+fn fault(_faults: &TaskFaults, _point: &'static str) {
+    #[cfg(test)]
+    _faults.hit(_point);
+}
+
+/// One ListOffsets task per leader: each yields its partitions with what the leader answered.
+fn spawn_lists(
+    client: &Client,
+    list: BTreeMap<i32, Vec<ListPartition>>,
+    isolation: IsolationLevel,
+    faults: &TaskFaults,
+) -> tokio::task::JoinSet<ListedBy> {
+    let mut lists = tokio::task::JoinSet::new();
+    for (node, parts) in list {
+        let client = client.clone();
+        let faults = faults.clone();
+        lists.spawn(async move {
+            fault(&faults, "list offsets");
+            let r = list_offsets_at(&client, node, &parts, isolation).await;
+            (parts, r)
+        });
+    }
+    lists
+}
+
+/// What a leader's ListOffsets task yields: its partitions, and the leader's answer for each.
+type ListedBy = (
+    Vec<ListPartition>,
+    Result<Vec<(ErrorCode, i64, i32)>, crate::net::NetError>,
+);
+
+/// What a leader's Fetch task yields: the leader, its partitions, the request sent, the answer.
+type FetchedBy = (
+    i32,
+    Vec<FetchPartition>,
+    SessionRequest,
+    Result<Answered, crate::net::NetError>,
+);
+
+/// What the Fetch tasks of a round borrow from the reader.
+struct FetchTasks<'a> {
+    client: &'a Client,
+    config: &'a ReaderConfig,
+    sessions: &'a mut BTreeMap<i32, Arc<Mutex<FetchSession>>>,
+    use_sessions: bool,
+    faults: &'a TaskFaults,
+}
+
+impl FetchTasks<'_> {
+    /// One Fetch task per leader, in that leader's fetch session (made on first contact).
+    fn spawn(
+        self,
+        fetch: BTreeMap<i32, Vec<FetchPartition>>,
+        metadata: &crate::net::ClusterMetadata,
+        max_wait: Duration,
+    ) -> tokio::task::JoinSet<FetchedBy> {
         let mut fetches = tokio::task::JoinSet::new();
-        for (node, mut parts) in plan.fetch {
+        for (node, mut parts) in fetch {
             for p in &mut parts {
                 p.topic_id = metadata
                     .topics
@@ -407,11 +564,9 @@ impl PartitionReader {
                 .clone();
             let client = self.client.clone();
             let config = self.config.clone();
-            #[cfg(test)]
             let faults = self.faults.clone();
             fetches.spawn(async move {
-                #[cfg(test)]
-                faults.hit("fetch");
+                fault(&faults, "fetch");
                 // Topics by id only if the broker speaks v13+ and every topic has one; else by name.
                 // Asked here, not before spawning, so a leader not reached yet delays only its own
                 // fetch; a failure here fails the Fetch itself the same way, and is handled there.
@@ -425,162 +580,163 @@ impl PartitionReader {
                 (node, parts, request, r)
             });
         }
-        let (listed, list_failure) = collect(&mut lists).await;
-        let (fetched, fetch_failure) = collect(&mut fetches).await;
-        // A task that died is a bug, and it must surface, not be retried silently for ever. Nothing is
-        // lost by failing here: no answer has been applied yet, so dropping them all lets the guard put
-        // every planned partition back, and the next call fetches them from the same positions.
-        if let Some((task, failure)) = list_failure
-            .map(|f| ("list offsets", f))
-            .or(fetch_failure.map(|f| ("fetch", f)))
-        {
-            return Err(ConsumerError::TaskFailed {
-                task: task.into(),
-                failure,
-            });
-        }
+        fetches
+    }
+}
 
-        let now = super::rebalance::now();
-        let mut first_error: Option<ConsumerError> = None;
-        for (parts, result) in listed {
-            match result {
-                Ok(answers) => {
-                    for (p, (error, offset, epoch)) in parts.iter().zip(answers) {
-                        guard.done(&p.tp);
-                        let outcome = guard.fetcher.listed(now, &p.tp, error, offset, epoch);
-                        react(&self.client, &p.tp, outcome, &mut first_error);
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "ListOffsets failed");
-                    for p in &parts {
-                        guard.done(&p.tp);
-                        guard.fetcher.failed(now, &p.tp);
-                        // The leader may be gone: re-read who leads before the next attempt.
-                        self.client.invalidate_leader(&p.tp.topic, p.tp.partition);
-                    }
-                }
-            }
+/// A fetch round's answers being applied to the fetcher: the partitions still owed an answer (put back
+/// if the round is dropped), the first partition error, and the records to deliver.
+struct Round<'a> {
+    guard: Unplan<'a>,
+    client: &'a Client,
+    now: std::time::Instant,
+    isolation: IsolationLevel,
+    first_error: Option<ConsumerError>,
+    out: Vec<PartitionRecords>,
+}
+
+impl Round<'_> {
+    /// `parts` got no answer (the request failed, or failed as a whole): each backs off, and its leader
+    /// is looked up again before the next attempt, since the leader may be gone.
+    fn failed<P: Planned>(&mut self, parts: &[P]) {
+        for p in parts {
+            let tp = p.tp();
+            self.guard.done(tp);
+            self.guard.fetcher.failed(self.now, tp);
+            self.client.invalidate_leader(&tp.topic, tp.partition);
         }
-        let mut out = Vec::new();
-        for (node, parts, request, result) in fetched {
-            let Some(session) = self.sessions.get(&node) else {
+    }
+
+    /// `parts` go back to be fetched again at once, from the same positions.
+    fn unplanned(&mut self, parts: &[FetchPartition]) {
+        for p in parts {
+            self.guard.done(&p.tp);
+            self.guard.fetcher.unplanned(&p.tp);
+        }
+    }
+
+    /// A leader's ListOffsets answer (or its failure) for `parts`.
+    fn listed(
+        &mut self,
+        parts: &[ListPartition],
+        result: Result<Vec<(ErrorCode, i64, i32)>, crate::net::NetError>,
+    ) {
+        let answers = match result {
+            Ok(answers) => answers,
+            Err(e) => {
+                tracing::debug!(error = %e, "ListOffsets failed");
+                self.failed(parts);
+                return;
+            }
+        };
+        for (p, (error, offset, epoch)) in parts.iter().zip(answers) {
+            self.guard.done(&p.tp);
+            let outcome = self
+                .guard
+                .fetcher
+                .listed(self.now, &p.tp, error, offset, epoch);
+            react(self.client, &p.tp, outcome, &mut self.first_error);
+        }
+    }
+
+    /// A leader's Fetch answer for `parts`, in a session that kept (`incremental`) or started over.
+    fn fetched(
+        &mut self,
+        parts: &[FetchPartition],
+        mut answers: BTreeMap<TopicPartition, RawFetched>,
+        incremental: bool,
+        lag: &mut crate::telemetry::LagGauges,
+    ) {
+        for p in parts {
+            self.guard.done(&p.tp);
+            let Some(answer) = answers.remove(&p.tp) else {
+                if incremental {
+                    // The session omits a partition with nothing new: fetch it again next round.
+                    self.guard.fetcher.unplanned(&p.tp);
+                } else {
+                    self.guard.fetcher.failed(self.now, &p.tp);
+                }
                 continue;
             };
-            let mut session = lock(session);
-            let answered = match result {
-                Ok(answered) => answered,
-                Err(e) => {
-                    tracing::debug!(error = %e, "Fetch failed");
-                    session.handle_failure();
-                    for p in &parts {
-                        guard.done(&p.tp);
-                        guard.fetcher.failed(now, &p.tp);
-                        self.client.invalidate_leader(&p.tp.topic, p.tp.partition);
-                    }
-                    continue;
-                }
-            };
-            let verdict = session.handle_response(answered.error, answered.session_id);
-            self.stats.requests += 1;
-            self.stats.incremental += u64::from(!request.full);
-            self.stats.by_topic_id += u64::from(answered.version >= FETCH_TOPIC_IDS);
-            self.stats.last_version = answered.version;
-            self.stats.partitions_sent += request.send.len() as u64;
-            self.stats.partitions_forgotten += request.forget.len() as u64;
-            self.stats.partitions_answered += answered.partitions.len() as u64;
-            self.stats.request_bytes += answered.request_bytes;
-            self.stats.record_bytes += answered
-                .partitions
-                .values()
-                .map(|p| p.records.len() as u64)
-                .sum::<u64>();
-            tracing::debug!(
-                node,
-                version = answered.version,
-                session = request.session_id,
-                epoch = request.epoch,
-                sent = request.send.len(),
-                forgotten = request.forget.len(),
-                answered = answered.partitions.len(),
-                ?verdict,
-                "fetch answered"
-            );
-            let incremental = match verdict {
-                SessionVerdict::Use { incremental } => incremental,
-                SessionVerdict::Reset(code) => {
-                    // Nothing applied, nothing moved: fetch the same positions again, in full, at once.
-                    tracing::debug!(node, %code, "fetch session reset");
-                    self.stats.session_resets += 1;
-                    for p in &parts {
-                        guard.done(&p.tp);
-                        guard.fetcher.unplanned(&p.tp);
-                    }
-                    continue;
-                }
-                SessionVerdict::Failed(code) => {
-                    tracing::debug!(node, %code, "Fetch failed as a whole");
-                    for p in &parts {
-                        guard.done(&p.tp);
-                        guard.fetcher.failed(now, &p.tp);
-                        self.client.invalidate_leader(&p.tp.topic, p.tp.partition);
-                    }
-                    continue;
-                }
-            };
-            let mut answers = answered.partitions;
-            for p in &parts {
-                guard.done(&p.tp);
-                let Some(answer) = answers.remove(&p.tp) else {
-                    if incremental {
-                        // The session omits a partition with nothing new: fetch it again next round.
-                        guard.fetcher.unplanned(&p.tp);
-                    } else {
-                        guard.fetcher.failed(now, &p.tp);
-                    }
-                    continue;
-                };
-                let decoded = match decode(&p.tp, answer, p.fetch_offset, isolation) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        guard.fetcher.failed(now, &p.tp);
-                        first_error.get_or_insert(e);
-                        continue;
-                    }
-                };
-                let outcome = guard
-                    .fetcher
-                    .fetched(now, &p.tp, p.fetch_offset, &decoded.fetched);
-                if outcome == Outcome::Deliver {
-                    if let Some(position) = guard.fetcher.position(&p.tp) {
-                        let end = lag_end(isolation, &decoded.fetched);
-                        self.lag.set(&p.tp, end - position);
-                    }
-                }
-                if outcome == Outcome::Deliver && !decoded.records.is_empty() {
-                    out.push(PartitionRecords {
-                        partition: p.tp.clone(),
-                        records: decoded.records,
-                        next_offset: decoded.fetched.next_offset,
-                        high_watermark: decoded.fetched.high_watermark,
-                        last_stable_offset: decoded.fetched.last_stable_offset,
-                    });
-                } else {
-                    react(&self.client, &p.tp, outcome, &mut first_error);
-                }
+            self.partition(p, answer, lag);
+        }
+    }
+
+    /// One partition's part of a Fetch answer: decoded, handed to the fetcher, and delivered when the
+    /// fetcher says so.
+    fn partition(
+        &mut self,
+        p: &FetchPartition,
+        answer: RawFetched,
+        lag: &mut crate::telemetry::LagGauges,
+    ) {
+        let decoded = match decode(&p.tp, answer, p.fetch_offset, self.isolation) {
+            Ok(d) => d,
+            Err(e) => {
+                self.guard.fetcher.failed(self.now, &p.tp);
+                self.first_error.get_or_insert(e);
+                return;
+            }
+        };
+        let outcome = self
+            .guard
+            .fetcher
+            .fetched(self.now, &p.tp, p.fetch_offset, &decoded.fetched);
+        if outcome == Outcome::Deliver {
+            if let Some(position) = self.guard.fetcher.position(&p.tp) {
+                let end = lag_end(self.isolation, &decoded.fetched);
+                lag.set(&p.tp, end - position);
             }
         }
+        if outcome == Outcome::Deliver && !decoded.records.is_empty() {
+            self.out.push(PartitionRecords {
+                partition: p.tp.clone(),
+                records: decoded.records,
+                next_offset: decoded.fetched.next_offset,
+                high_watermark: decoded.fetched.high_watermark,
+                last_stable_offset: decoded.fetched.last_stable_offset,
+            });
+        } else {
+            react(self.client, &p.tp, outcome, &mut self.first_error);
+        }
+    }
+
+    /// What the round delivers: its records, or its first partition error when it has none (an error
+    /// behind delivered records comes back on the next call, as its partition is stopped or backing
+    /// off, so it recurs).
+    fn finish(self) -> Result<Vec<PartitionRecords>, ConsumerError> {
+        let Round {
+            guard,
+            first_error,
+            out,
+            ..
+        } = self;
         drop(guard);
         match first_error {
             Some(e) if out.is_empty() => Err(e),
             Some(e) => {
-                // Deliver what was fetched; the error comes back on the next call (the partition is
-                // stopped or backing off, so it recurs).
                 tracing::warn!(error = %e, "partition error deferred behind delivered records");
                 Ok(out)
             }
             None => Ok(out),
         }
+    }
+}
+
+/// A partition planned for a request: what [`Round::failed`] needs of it.
+trait Planned {
+    fn tp(&self) -> &TopicPartition;
+}
+
+impl Planned for FetchPartition {
+    fn tp(&self) -> &TopicPartition {
+        &self.tp
+    }
+}
+
+impl Planned for ListPartition {
+    fn tp(&self) -> &TopicPartition {
+        &self.tp
     }
 }
 
