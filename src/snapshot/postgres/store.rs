@@ -442,18 +442,30 @@ impl Drop for Stage {
         if !lane.pg_txn_open {
             return;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if tokio::runtime::Handle::try_current().is_ok() {
             let partition = self.store.partition;
-            runtime.spawn(async move {
-                if lane.pg.batch_execute("ROLLBACK").await.is_ok() {
-                    lane.pg_txn_open = false;
-                } else {
+            // Supervised like every task: a rollback that panics or is cancelled leaves the lane
+            // marked with its transaction open, exactly as a failed rollback does, and its report
+            // says so in the log as that one does.
+            crate::supervise::spawn(
+                async move {
+                    if lane.pg.batch_execute("ROLLBACK").await.is_ok() {
+                        lane.pg_txn_open = false;
+                    } else {
+                        tracing::warn!(
+                            partition,
+                            "rolling back an abandoned flush failed; the next flush tries again"
+                        );
+                    }
+                },
+                move |failure| {
                     tracing::warn!(
                         partition,
-                        "rolling back an abandoned flush failed; the next flush tries again"
+                        %failure,
+                        "rolling back an abandoned flush did not finish; the next flush tries again"
                     );
-                }
-            });
+                },
+            );
         }
     }
 }
