@@ -109,6 +109,8 @@ impl TransactionalProducer {
     /// [`TwoPhaseCommitRefusal::KeepPreparedUnsupported`](super::TwoPhaseCommitRefusal::KeepPreparedUnsupported),
     /// after which nothing has changed and [`init`](Self::init) is the fallback (it aborts the open
     /// transaction).
+    ///
+    /// Cancel-safe as [`init`](Self::init).
     pub async fn init_keeping_prepared(
         client: Client,
         config: TransactionalConfig,

@@ -73,7 +73,7 @@ pub struct SnapshotWrite {
 ///
 /// Implemented over the transactional producer behind [`SnapshotStore`](super::SnapshotStore); tests use a
 /// recording fake.
-pub trait TransactionRunner: Send + 'static {
+pub(crate) trait TransactionRunner: Send + 'static {
     /// Opens a transaction. Sends nothing.
     fn begin(&mut self) -> Result<(), TxnFailure>;
 
@@ -186,7 +186,7 @@ impl<R> Inner<R> {
 }
 
 /// The group-commit queue of one snapshot partition. Cheap to clone; clones share the queue.
-pub struct GroupCommit<R> {
+pub(crate) struct GroupCommit<R> {
     inner: Arc<Inner<R>>,
 }
 
@@ -240,11 +240,6 @@ impl<R: TransactionRunner> GroupCommit<R> {
                 metrics: TxnMetrics::new(partition),
             }),
         })
-    }
-
-    /// The partition this queue writes.
-    pub fn partition(&self) -> i32 {
-        self.inner.partition
     }
 
     /// The offset the last successful transaction committed (or the assigned offset before any).
@@ -319,6 +314,9 @@ impl<R: TransactionRunner> GroupCommit<R> {
 
     /// Refuses new writes and waits for the transaction in flight (if any) to finish. Writes still queued
     /// are failed with [`SnapshotError::Closed`].
+    ///
+    /// Cancel-safe: the queue is closed from the first poll on; dropping the future only stops the
+    /// wait for the transaction in flight.
     pub async fn close(&self) {
         {
             let mut s = self.inner.lock();
@@ -366,7 +364,7 @@ impl<R: TransactionRunner> GroupCommit<R> {
     }
 }
 
-/// The writes handed back by [`GroupCommit::try_write`].
+/// Why [`SnapshotStore::try_write`](super::SnapshotStore::try_write) did not queue a write.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TryWriteError {

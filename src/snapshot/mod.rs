@@ -41,9 +41,7 @@ pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure
 pub use fence_core::{FencePolicy, FlowStats};
 pub use flow::{Flow, FlowConfig, FlowError, PersistenceMode, StatsHandle};
 pub use fold::{BoxError, Change, Clock, Fold, SystemClock};
-pub use group_commit::{
-    GroupCommit, MetadataSource, SnapshotWrite, TransactionRunner, TryWriteError,
-};
+pub use group_commit::{MetadataSource, SnapshotWrite, TryWriteError};
 pub use log::PartitionLog;
 pub use recovery::{
     read_to_target, recover, LogChunk, LogError, RecoveryConfig, RecoveryStats, SnapshotLog,

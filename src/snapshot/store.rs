@@ -271,14 +271,23 @@ impl SnapshotStore {
     }
 
     /// Writes a snapshot (`Some`) or deletes the key (`None`), and waits until the transaction carrying it
-    /// committed, fenced by the consumer's generation. See [`GroupCommit::write`] for batching and cancel
-    /// safety.
+    /// committed, fenced by the consumer's generation. Writes queued while a transaction is producing
+    /// join it, up to `max_writes_per_transaction`; with `max_queued_writes` already waiting, this waits
+    /// for room first ([`try_write`](Self::try_write) fails instead).
+    ///
+    /// Cancel safety: dropping the future may or may not withdraw the write: once queued, it rides in a
+    /// transaction regardless, and only its outcome is lost to the caller.
     pub async fn write(&self, key: Bytes, value: Option<Bytes>) -> Result<(), SnapshotError> {
         self.commits.write(key, value).await
     }
 
-    /// Commits `offset` as the input partition's committable offset (riding with queued writes, or as an
-    /// offset-only transaction), and waits for the outcome. See [`GroupCommit::commit_offset`].
+    /// Commits `offset` as the input partition's committable offset, and waits until a transaction has
+    /// committed it. It rides with the writes queued before it (joining the open transaction if all of
+    /// them are in it); with none queued it is an offset-only transaction. It never rides in a
+    /// transaction that leaves a write queued before it behind, and it fails if such a write's
+    /// transaction failed. The committed offset never moves backwards.
+    ///
+    /// Cancel safety: as [`write`](Self::write).
     pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
         self.commits.commit_offset(offset).await
     }
@@ -297,6 +306,9 @@ impl SnapshotStore {
     }
 
     /// Stops accepting writes and waits for the transaction in flight. The producer is closed with it.
+    ///
+    /// Cancel-safe: the store refuses writes from the first poll on; dropping the future only stops
+    /// the wait, and the transaction in flight ends on its own.
     pub async fn close(self) {
         self.commits.close().await;
     }

@@ -258,6 +258,8 @@ impl PgSnapshotStore {
     }
 
     /// Every snapshot of the partition, as the recovery read of the topic store returns them.
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn read_state(&self) -> Result<RecoveredState, SnapshotError> {
         let lane = self.lane.lock().await;
         read_rows(&lane.pg, &self.statements, &self.prefix, self.partition)
@@ -270,6 +272,9 @@ impl PgSnapshotStore {
 
     /// Writes `writes` (a `None` value deletes the key) and the current committed offset as one flush,
     /// and waits for its outcome.
+    ///
+    /// Not cancel-safe in outcome: dropped part-way, the flush is abandoned as a dropped step is (see
+    /// the steps' docs): its rows are rolled back unless step 3 committed them.
     pub async fn write_all(
         &self,
         writes: Vec<(Bytes, Option<Bytes>)>,
@@ -278,6 +283,8 @@ impl PgSnapshotStore {
     }
 
     /// Records `offset` as the input partition's committed offset (a flush without rows).
+    ///
+    /// Not cancel-safe in outcome, as [`write_all`](Self::write_all).
     pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
         self.flush(Vec::new(), offset).await
     }
@@ -300,6 +307,9 @@ impl PgSnapshotStore {
 
     /// Step 1 of a flush: a Kafka transaction with the fenced offset commit of `offset`, prepared. A
     /// stale generation fails here ([`SnapshotError::is_fenced`]) and nothing was written.
+    ///
+    /// Cancel-safe: nothing reaches PostgreSQL in this step; a Kafka transaction left open by a dropped
+    /// future is aborted by the next flush or the next owner's init.
     pub async fn begin_flush(
         &self,
         writes: Vec<(Bytes, Option<Bytes>)>,
@@ -367,6 +377,9 @@ impl PgSnapshotStore {
     /// Stops the store: refuses new flushes, waits for the one in flight, rolls back an abandoned
     /// PostgreSQL transaction, and closes the producer (an open Kafka transaction is left to the next
     /// owner's init).
+    ///
+    /// Cancel-safe: dropping the future leaves the store as it was, or closed; an abandoned
+    /// PostgreSQL transaction is rolled back by its step's drop either way.
     pub async fn close(self) {
         let mut lane = self.lane.lock().await;
         lane.closed = true;
@@ -492,6 +505,10 @@ impl KafkaPrepared {
     /// prepared transaction's name; the snapshot rows (deletes for `None` values; the last write of a
     /// key wins). A newer owner's epoch fails it with [`PgError::Fenced`]: rolled back, the Kafka
     /// transaction aborted, the store closed.
+    ///
+    /// Cancel-safe in the sense of the steps: dropping the future drops the step, which rolls the open
+    /// PostgreSQL transaction back; the prepared Kafka transaction is aborted by the next flush or
+    /// the next owner's init.
     pub async fn write_rows(self) -> Result<RowsWritten, SnapshotError> {
         let KafkaPrepared(mut stage) = self;
         let s = &mut stage;
@@ -563,6 +580,9 @@ impl RowsWritten {
     /// Step 3: `COMMIT`. An answer lost with the connection leaves the outcome unknown: the Kafka side
     /// is left prepared and the store closed, for the next takeover to settle by what the fencing row
     /// says.
+    ///
+    /// Not cancel-safe in outcome: dropped while `COMMIT` is out, whether the rows landed is unknown,
+    /// as with a lost connection; the next takeover settles the Kafka side by the fencing row.
     pub async fn commit_rows(self) -> Result<RowsCommitted, SnapshotError> {
         let RowsWritten(mut stage) = self;
         let s = &mut stage;
@@ -592,6 +612,9 @@ impl RowsCommitted {
     /// Step 4: commits the prepared Kafka transaction (the group's committed offset moves). The rows
     /// have landed whatever happens here: a failure (fenced by a newer owner, an unknown outcome) is
     /// reported with its kind, and the next takeover finishes the Kafka side by the fencing row.
+    ///
+    /// Not cancel-safe in outcome: the rows have landed, but whether the Kafka commit did is unknown to
+    /// a caller that dropped the future; the next takeover finishes the Kafka side by the fencing row.
     pub async fn commit_kafka(self) -> Result<(), SnapshotError> {
         let RowsCommitted(mut stage) = self;
         let s = &mut stage;
