@@ -1060,7 +1060,7 @@ mod lag_tests {
         let rec = Recording::default();
         rec.run(async {
             let (addr, stub) = stub().await;
-            let client = Client::connect(ClientConfig::new(&addr.to_string()))
+            let client = Client::connect(ClientConfig::new(addr.to_string()))
                 .await
                 .unwrap();
             client.metadata(&["t"]).await.unwrap();
@@ -1205,7 +1205,7 @@ mod session_tests {
     async fn the_reader_follows_the_session_script() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (addr, stub) = stub(seen.clone()).await;
-        let client = Client::connect(ClientConfig::new(&addr.to_string()))
+        let client = Client::connect(ClientConfig::new(addr.to_string()))
             .await
             .unwrap();
         client.metadata(&["t"]).await.unwrap();
