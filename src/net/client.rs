@@ -583,7 +583,7 @@ impl Client {
     ) -> Result<Arc<ClusterMetadata>, NetError> {
         // v0 reads an empty topic list as "all topics"; v1+ has null for that, which is what we need.
         let options = CallOptions {
-            min_version: Some(1),
+            min_version: Some(crate::wire::METADATA_MIN),
             ..CallOptions::default()
         };
         let version = pick_version::<MetadataRequest>(broker, &options)?;
