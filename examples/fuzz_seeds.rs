@@ -29,7 +29,7 @@ fn log(codec: Compression) -> Vec<u8> {
     let mut offset = 0i64;
     let data = |out: &mut BytesMut, offset: &mut i64, pid: i64, values: &[&str]| {
         let mut b = BatchBuilder::new(codec, 1 << 16);
-        let headers: &[(&str, Option<&[u8]>)] = &[("h", Some(b"x"))];
+        let headers: &[(&[u8], Option<&[u8]>)] = &[(b"h", Some(b"x"))];
         for (i, v) in values.iter().enumerate() {
             let rec = NewRecord {
                 timestamp: 1_000 + i as i64,

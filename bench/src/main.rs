@@ -422,7 +422,7 @@ async fn run_all(options: &Options) -> Result<Report, Error> {
         }
         eprintln!("== starting {nodes} node(s)");
         let kafka = dedicated(spec).await;
-        let client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
+        let client = Client::connect(ClientConfig::new(kafka.bootstrap())).await?;
         let mut notes = Vec::new();
         let contenders = contenders(options, &kafka, &mut notes)?;
         for note in notes {

@@ -138,7 +138,7 @@ async fn run(options: &Options) -> Result<String, Error> {
         ClusterSpec::kafka4()
     };
     let kafka = dedicated(spec).await;
-    let client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap())).await?;
     let mut takeovers = Vec::new();
     for &n in &options.partitions {
         eprintln!("== takeover of {n} partition(s)");
@@ -254,7 +254,7 @@ async fn takeover_rows(
 
         // A: fresh acquisition, fold, one persist wave, close.
         let began = Instant::now();
-        let a_client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
+        let a_client = Client::connect(ClientConfig::new(kafka.bootstrap())).await?;
         let mut a = Flow::start(a_client, config(), Counter).await?;
         let (fresh_ms, mut folded) = hold_all(&mut a, n, began).await?;
         let fold_began = Instant::now();
@@ -277,7 +277,7 @@ async fn takeover_rows(
             _ => {}
         }
         let began = Instant::now();
-        let b_client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
+        let b_client = Client::connect(ClientConfig::new(kafka.bootstrap())).await?;
         let mut b = Flow::start(b_client, config, Counter).await?;
         let (takeover_ms, _) = hold_all(&mut b, n, began).await?;
         let sockets = broker_sockets(kafka);

@@ -139,7 +139,7 @@ async fn run(options: &Options) -> Result<String, Error> {
     // Durable, as a production server runs (the test fixture turns fsync off for speed): every commit
     // waits for its WAL flush, as a Kafka commit waits for the transaction log's append.
     let pg = tokio::task::spawn_blocking(|| PostgresServer::start_with(DURABLE)).await??;
-    let client = Client::connect(ClientConfig::new(&kafka.bootstrap())).await?;
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap())).await?;
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -93,7 +93,7 @@ async fn snapfence(kafka: &KafkaCluster, args: &[&str]) -> Run {
 // ---- the cluster --------------------------------------------------------------------------------
 
 async fn client(kafka: &KafkaCluster) -> Client {
-    Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .expect("connect")
 }

@@ -276,7 +276,7 @@ fn config(port: u16) -> ClientConfig {
         retry_backoff: Duration::from_millis(1),
         retry_backoff_max: Duration::from_millis(1),
         max_retries: 0,
-        ..ClientConfig::new(&format!("127.0.0.1:{port}"))
+        ..ClientConfig::new(format!("127.0.0.1:{port}"))
     }
 }
 

@@ -614,7 +614,7 @@ impl<'a> Round<'a> {
         cfg: &'a CampaignConfig,
         plan: &'a RoundPlan,
     ) -> Result<Round<'a>, String> {
-        let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+        let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
             .await
             .map_err(|e| e.to_string())?;
         let input = unique("fc-input");

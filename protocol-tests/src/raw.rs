@@ -21,7 +21,7 @@ pub const BY_NAME: i16 = 12;
 
 /// A client on the fixture's bootstrap address.
 pub async fn connect(kafka: &KafkaCluster) -> Client {
-    Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .expect("connect")
 }

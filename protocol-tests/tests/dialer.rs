@@ -76,7 +76,7 @@ async fn through_proxy(kafka: &KafkaCluster, request_timeout: Duration) -> Optio
         request_timeout,
         connect_timeout: Duration::from_secs(10),
         max_retries: 3,
-        ..ClientConfig::new(&kafka.bootstrap()).with_dialer(ViaProxy(routes))
+        ..ClientConfig::new(kafka.bootstrap()).with_dialer(ViaProxy(routes))
     };
     let client = Client::connect(config)
         .await

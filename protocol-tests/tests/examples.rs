@@ -136,7 +136,7 @@ async fn balances_folds_persists_and_recovers() {
     }
 
     let kafka = cluster(ClusterSpec::kafka4()).await;
-    let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();
     snapfence::admin::delete_topic(&client, input)

@@ -65,7 +65,7 @@ impl World {
         partitions: i32,
         snapshots_topic: Option<(i32, &[(&str, &str)])>,
     ) -> World {
-        let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+        let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
             .await
             .unwrap();
         let input = unique("input");

@@ -279,7 +279,7 @@ fn fences_aborts_commits_and_recovery_are_counted() {
 /// Runs the story; returns the consumer group's name.
 async fn scenario(prefix: &str) -> String {
     let kafka = cluster(ClusterSpec::kafka4()).await;
-    let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .expect("connect");
     let input = unique("input");

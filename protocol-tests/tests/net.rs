@@ -20,7 +20,7 @@ const END_TXN: i16 = 26;
 const TXN_OFFSET_COMMIT: i16 = 28;
 
 async fn client(cluster: &KafkaCluster) -> Client {
-    Client::connect(ClientConfig::new(&cluster.bootstrap()))
+    Client::connect(ClientConfig::new(cluster.bootstrap()))
         .await
         .expect("connect to the fixture cluster")
 }
@@ -198,7 +198,7 @@ async fn request_to_a_killed_leader_is_rerouted_to_the_new_one() {
     let client = Client::connect(ClientConfig {
         max_retries: 60,
         request_timeout: Duration::from_secs(10),
-        ..ClientConfig::new(&cluster.bootstrap())
+        ..ClientConfig::new(cluster.bootstrap())
     })
     .await
     .unwrap();

@@ -177,7 +177,7 @@ async fn leader_cut_from_its_followers_loses_no_acknowledged_record() {
     assert_eq!(namespaces.len(), 4, "a hub and one per broker");
     assert!(namespaces.iter().all(|n| netns_exists(n)));
 
-    let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .expect("connect through the forwarders");
     let topic = unique("netns-cut");
@@ -436,7 +436,7 @@ async fn isolated_cluster_answers_and_leaves_no_namespace_behind() {
     let names = kafka.namespaces();
     assert_eq!(names.len(), 2, "{names:?}");
     assert!(names.iter().all(|n| netns_exists(n)), "{names:?}");
-    let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .expect("connect through the forwarder");
     let metadata = client.metadata(&[]).await.expect("metadata");

@@ -41,7 +41,7 @@ async fn the_next_owner_resolves_a_flush_killed_at_each_step() {
         .await
         .unwrap()
         .expect("start PostgreSQL");
-    let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();
     // (step, the rows PostgreSQL holds after it, the offset the next owner starts at)

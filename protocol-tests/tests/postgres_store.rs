@@ -35,7 +35,7 @@ struct World {
 
 impl World {
     async fn new(kafka: &KafkaCluster, pg: &PostgresServer) -> World {
-        let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+        let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
             .await
             .unwrap();
         let input = unique("pg-in");

@@ -28,7 +28,7 @@ use snapfence::ErrorCode;
 // helpers
 
 async fn client(kafka: &KafkaCluster) -> Client {
-    Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .expect("connect to the test cluster")
 }

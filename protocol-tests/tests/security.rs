@@ -598,9 +598,7 @@ mod tls {
     async fn mutual_tls_needs_the_client_certificate() {
         let kafka = cluster(tls_spec()).await;
         let bootstrap = kafka.listener_bootstrap(Listener::Mtls);
-        let admin = connect(ClientConfig::new(&kafka.bootstrap()))
-            .await
-            .unwrap();
+        let admin = connect(ClientConfig::new(kafka.bootstrap())).await.unwrap();
         let (granted, other) = (topic(&admin).await, topic(&admin).await);
         let principal = format!("User:CN={CLIENT_CN}");
         create_acls(

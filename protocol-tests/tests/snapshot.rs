@@ -23,7 +23,7 @@ use snapfence::snapshot::{
 use snapfence::GroupMetadata;
 
 async fn client(kafka: &KafkaCluster) -> Client {
-    Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .expect("connect")
 }

@@ -87,7 +87,7 @@ struct World {
 
 impl World {
     async fn new(kafka: &KafkaCluster, protocol: Protocol, policy: FencePolicy) -> World {
-        let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+        let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
             .await
             .unwrap();
         let (input, snapshots) = (unique("storm-in"), unique("storm-snap"));

@@ -36,7 +36,7 @@ struct World {
 }
 
 async fn world(kafka: &KafkaCluster) -> World {
-    let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();
     let topic = unique("2pc-out");
@@ -202,7 +202,7 @@ async fn a_new_owner_finds_the_prepared_transaction_and_4_4_0_aborts_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_by_the_broker_say_which() {
     let plain = cluster(ClusterSpec::kafka4()).await;
-    let client = Client::connect(ClientConfig::new(&plain.bootstrap()))
+    let client = Client::connect(ClientConfig::new(plain.bootstrap()))
         .await
         .unwrap();
     let began = Instant::now();
@@ -218,7 +218,7 @@ async fn refusals_by_the_broker_say_which() {
 
     let off =
         cluster(ClusterSpec::kafka4().with_prop("unstable.api.versions.enable", "true")).await;
-    let client = Client::connect(ClientConfig::new(&off.bootstrap()))
+    let client = Client::connect(ClientConfig::new(off.bootstrap()))
         .await
         .unwrap();
     let id = unique("2pc-off");

@@ -60,7 +60,7 @@ async fn offsets_partitions(client: &Client) -> Vec<i32> {
 /// transaction (the log and the group coordinator take an end marker for a producer they have not seen).
 /// With `stop_at_first`, stops at the first incomplete answer.
 async fn burst(kafka: &KafkaCluster, first_id: i64, requests: i64, stop_at_first: bool) -> Outcome {
-    let client = Client::connect(ClientConfig::new(&kafka.bootstrap()))
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();
     let partitions = offsets_partitions(&client).await;

@@ -89,7 +89,11 @@ pub(crate) async fn execute(
             protocols,
             reason,
         } => {
-            let min_version = if group_instance_id.is_some() { 5 } else { 0 };
+            let min_version = if group_instance_id.is_some() {
+                crate::wire::JOIN_GROUP_MIN_STATIC
+            } else {
+                0
+            };
             let options = CallOptions {
                 min_version: Some(min_version),
                 ..options

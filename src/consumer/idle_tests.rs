@@ -58,7 +58,7 @@ async fn serve(mut peer: Peer, addr: SocketAddr) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_member_does_a_bounded_amount_of_work() {
     let (addr, stub) = idle_coordinator().await;
-    let client = Client::connect(ClientConfig::new(&addr.to_string()))
+    let client = Client::connect(ClientConfig::new(addr.to_string()))
         .await
         .unwrap();
     let mut group = GroupConfig::new("idle-group");

@@ -25,13 +25,11 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::{ConsumerError, TopicPartition};
 use crate::net::{CallOptions, Client, Target, Verdict};
-use crate::wire::ErrorCode;
+use crate::wire::{
+    ErrorCode, OFFSET_COMMIT_MAX, OFFSET_COMMIT_MIN, OFFSET_COMMIT_MIN_STATIC, OFFSET_FETCH_MAX,
+    OFFSET_FETCH_MIN,
+};
 use crate::GroupMetadata;
-
-/// OffsetCommit v10 addresses topics by id; this client addresses them by name.
-const COMMIT_MAX_VERSION: i16 = 9;
-/// OffsetFetch v10 addresses topics by id.
-const FETCH_MAX_VERSION: i16 = 9;
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
@@ -78,7 +76,7 @@ pub async fn commit_offsets(
             .with_group_id(GroupId(s(metadata.group_id())))
             .with_generation_id_or_member_epoch(metadata.generation_id())
             .with_member_id(s(metadata.member_id()))
-            .with_group_instance_id(if version >= 7 {
+            .with_group_instance_id(if version >= OFFSET_COMMIT_MIN_STATIC {
                 metadata.group_instance_id().map(s)
             } else {
                 None
@@ -105,16 +103,16 @@ pub async fn commit_offsets(
             )
     };
     let min_version = if metadata.group_instance_id().is_some() {
-        7
+        OFFSET_COMMIT_MIN_STATIC
     } else {
-        2
+        OFFSET_COMMIT_MIN
     };
     let response: OffsetCommitResponse = client
         .call(
             Target::group(metadata.group_id()),
             &CallOptions {
                 min_version: Some(min_version),
-                max_version: Some(COMMIT_MAX_VERSION),
+                max_version: Some(OFFSET_COMMIT_MAX),
                 ..CallOptions::default()
             },
             build,
@@ -211,8 +209,8 @@ pub async fn committed_offsets(
         .call(
             Target::group(group_id),
             &CallOptions {
-                min_version: Some(1),
-                max_version: Some(FETCH_MAX_VERSION),
+                min_version: Some(OFFSET_FETCH_MIN),
+                max_version: Some(OFFSET_FETCH_MAX),
                 ..CallOptions::default()
             },
             build,

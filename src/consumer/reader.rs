@@ -37,12 +37,12 @@ use crate::net::{CallOptions, Client, Target, Verdict};
 use crate::records::{
     decode_batches, visible, AbortedTransaction, IsolationLevel, Record, RecordBatch,
 };
-use crate::wire::ErrorCode;
+use crate::wire::{
+    ErrorCode, FETCH_MAX_BY_NAME, FETCH_MIN, FETCH_MIN_BY_ID, FETCH_MIN_SESSIONS, LIST_OFFSETS_MIN,
+};
 
 /// The Fetch API key.
 const FETCH: i16 = 1;
-/// The first Fetch version that addresses topics by id (KIP-516).
-const FETCH_TOPIC_IDS: i16 = 13;
 
 /// Partition reader settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl FetchStats {
     fn count(&mut self, request: &SessionRequest, answered: &Answered) {
         self.requests += 1;
         self.incremental += u64::from(!request.full);
-        self.by_topic_id += u64::from(answered.version >= FETCH_TOPIC_IDS);
+        self.by_topic_id += u64::from(answered.version >= FETCH_MIN_BY_ID);
         self.last_version = answered.version;
         self.partitions_sent += request.send.len() as u64;
         self.partitions_forgotten += request.forget.len() as u64;
@@ -272,7 +272,7 @@ impl PartitionReader {
                 .call(
                     Target::Broker(node),
                     &CallOptions {
-                        min_version: Some(7),
+                        min_version: Some(FETCH_MIN_SESSIONS),
                         max_retries: Some(0),
                         ..CallOptions::default()
                     },
@@ -571,7 +571,7 @@ impl FetchTasks<'_> {
                 // Asked here, not before spawning, so a leader not reached yet delays only its own
                 // fetch; a failure here fails the Fetch itself the same way, and is handled there.
                 let speaks_ids = match client.broker_versions(node).await {
-                    Ok(v) => v.usable_at_least(FETCH, FETCH_TOPIC_IDS).is_some(),
+                    Ok(v) => v.usable_at_least(FETCH, FETCH_MIN_BY_ID).is_some(),
                     Err(_) => false,
                 };
                 let uses_ids = speaks_ids && parts.iter().all(|p| !p.topic_id.is_zero());
@@ -813,7 +813,7 @@ pub async fn list_offsets(
             .call(
                 Target::leader(tp.topic.clone(), tp.partition),
                 &CallOptions {
-                    min_version: Some(2),
+                    min_version: Some(LIST_OFFSETS_MIN),
                     ..CallOptions::default()
                 },
                 |_| list_request(&[(tp, timestamp, -1)], isolation),
@@ -885,7 +885,7 @@ async fn list_offsets_at(
         .call(
             Target::Broker(node),
             &CallOptions {
-                min_version: Some(2),
+                min_version: Some(LIST_OFFSETS_MIN),
                 max_retries: Some(0),
                 ..CallOptions::default()
             },
@@ -990,9 +990,9 @@ async fn fetch_at(
     // A session's partitions and the request's addressing must agree: by id at v13+ (every topic has
     // one: the caller checked), by name at v12 and below.
     let (min_version, max_version) = if request.uses_ids {
-        (FETCH_TOPIC_IDS, None)
+        (FETCH_MIN_BY_ID, None)
     } else {
-        (4, Some(FETCH_TOPIC_IDS - 1))
+        (FETCH_MIN, Some(FETCH_MAX_BY_NAME))
     };
     // The broker may hold the request for max_wait before answering.
     let timeout = client.config().request_timeout + max_wait;
@@ -1017,7 +1017,7 @@ async fn fetch_at(
         parts.iter().map(|p| (p.topic_id, &p.tp.topic)).collect();
     let mut out = BTreeMap::new();
     for t in r.responses {
-        let topic: std::sync::Arc<str> = if version >= FETCH_TOPIC_IDS {
+        let topic: std::sync::Arc<str> = if version >= FETCH_MIN_BY_ID {
             match names.get(&TopicId(*t.topic_id.as_bytes())) {
                 Some(name) => (*name).clone(),
                 None => {
@@ -1216,7 +1216,7 @@ mod lag_tests {
         let rec = Recording::default();
         rec.run(async {
             let (addr, stub) = stub().await;
-            let client = Client::connect(ClientConfig::new(&addr.to_string()))
+            let client = Client::connect(ClientConfig::new(addr.to_string()))
                 .await
                 .unwrap();
             client.metadata(&["t"]).await.unwrap();
@@ -1361,7 +1361,7 @@ mod session_tests {
     async fn the_reader_follows_the_session_script() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (addr, stub) = stub(seen.clone()).await;
-        let client = Client::connect(ClientConfig::new(&addr.to_string()))
+        let client = Client::connect(ClientConfig::new(addr.to_string()))
             .await
             .unwrap();
         client.metadata(&["t"]).await.unwrap();

@@ -19,7 +19,7 @@ use crate::net::{Client, ClientConfig};
 const PATIENCE: Duration = Duration::from_secs(10);
 
 async fn member(addr: std::net::SocketAddr) -> GroupConsumer {
-    let client = Client::connect(ClientConfig::new(&addr.to_string()))
+    let client = Client::connect(ClientConfig::new(addr.to_string()))
         .await
         .unwrap();
     let mut group = GroupConfig::new("idle-group");
@@ -111,7 +111,7 @@ pub(crate) async fn leader_stub() -> (std::net::SocketAddr, tokio::task::JoinHan
 #[tokio::test]
 async fn a_panicked_fetch_task_fails_the_read() {
     let (addr, stub) = leader_stub().await;
-    let client = Client::connect(ClientConfig::new(&addr.to_string()))
+    let client = Client::connect(ClientConfig::new(addr.to_string()))
         .await
         .unwrap();
     client.metadata(&["t"]).await.unwrap();

@@ -1,19 +1,24 @@
 //! Opening a connection to one broker: the TCP socket with its options, then the ApiVersions handshake
-//! that tells us which versions of each API the broker speaks and which features the cluster finalized.
+//! that tells us which versions of each API the broker speaks and which features the cluster finalized,
+//! then the SASL login when one is configured. The login's round trips live here with the other
+//! handshake I/O; what goes into them is worked out without I/O in `sasl.rs`.
 //!
 //! # References
 //! - KIP-35 (ApiVersions), KIP-511 (v3: client software name and version, UNSUPPORTED_VERSION answered
 //!   in a v0 body), KIP-584 (finalized features)
+//! - KIP-43 (SaslHandshake), KIP-152 (SaslAuthenticate; handshake v1), KIP-368 (session lifetime)
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kafka_protocol::messages::ApiVersionsRequest;
+use bytes::Bytes;
+use kafka_protocol::messages::{ApiVersionsRequest, SaslAuthenticateRequest, SaslHandshakeRequest};
 use kafka_protocol::protocol::StrBytes;
 use tokio::time::{timeout_at, Instant};
 
 use super::conn::{ConnOptions, Connection};
 use super::dial::{Dialer, Stream, TcpDialer};
+use super::sasl::{AuthFailure, Exchange, SaslConfig};
 use super::{ClientConfig, NetError};
 use crate::telemetry::{self, AUTHENTICATION_FAILURES, CONNECTIONS_OPENED};
 use crate::wire::{self, ApiRequest, BrokerApiVersions, ErrorCode, Features};
@@ -130,7 +135,7 @@ async fn finish(
     if let Some(sasl) = &config.sasl {
         let started = Instant::now();
         let remaining = deadline.saturating_duration_since(started);
-        let lifetime = super::sasl::authenticate(&conn, &versions, sasl, remaining)
+        let lifetime = authenticate(&conn, &versions, sasl, remaining)
             .await
             .map_err(|e| match e {
                 NetError::Timeout { .. } | NetError::Connection { .. } => NetError::Connect {
@@ -156,6 +161,70 @@ async fn finish(
         features,
         retire_at,
     })
+}
+
+/// Logs in on a connection that has finished ApiVersions and carried nothing else. Returns how long the
+/// broker lets the session live (KIP-368), if it set a limit.
+///
+/// Cancel-safe: dropping it drops the half-authenticated connection with it (the caller owns it and has
+/// not handed it out).
+async fn authenticate(
+    conn: &Connection,
+    versions: &BrokerApiVersions,
+    sasl: &SaslConfig,
+    timeout: Duration,
+) -> Result<Option<Duration>, NetError> {
+    let fail = |reason: AuthFailure| NetError::Authentication {
+        addr: conn.addr().to_owned(),
+        mechanism: sasl.mechanism,
+        reason,
+    };
+    // Handshake v0 means the raw GSSAPI-era framing instead of SaslAuthenticate; only v1 is spoken here.
+    let (Some(handshake_version), Some(auth_version)) = (
+        versions.usable_at_least(SaslHandshakeRequest::KEY, 1),
+        versions.usable(SaslAuthenticateRequest::KEY),
+    ) else {
+        return Err(fail(AuthFailure::NotSupportedByBroker));
+    };
+    let handshake = SaslHandshakeRequest::default()
+        .with_mechanism(StrBytes::from_static_str(sasl.mechanism.name()));
+    let answer = conn.request(&handshake, handshake_version, timeout).await?;
+    match ErrorCode::from_code(answer.error_code) {
+        ErrorCode::None => {}
+        ErrorCode::UnsupportedSaslMechanism => {
+            return Err(fail(AuthFailure::UnsupportedMechanism {
+                enabled: answer.mechanisms.iter().map(|m| m.to_string()).collect(),
+            }))
+        }
+        code => {
+            return Err(fail(AuthFailure::Rejected {
+                code,
+                message: String::new(),
+            }))
+        }
+    }
+
+    let mut exchange = Exchange::new(sasl).map_err(fail)?;
+    let mut to_send = Some(exchange.first());
+    let mut lifetime_ms = 0i64;
+    while let Some(bytes) = to_send.take() {
+        let request = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(bytes));
+        let answer = conn.request(&request, auth_version, timeout).await?;
+        let code = ErrorCode::from_code(answer.error_code);
+        if code != ErrorCode::None {
+            return Err(fail(AuthFailure::Rejected {
+                code,
+                message: answer
+                    .error_message
+                    .map(|m| m.to_string())
+                    .unwrap_or_default(),
+            }));
+        }
+        lifetime_ms = answer.session_lifetime_ms;
+        to_send = exchange.step(&answer.auth_bytes).map_err(fail)?;
+    }
+    tracing::debug!(addr = conn.addr(), mechanism = %sasl.mechanism, lifetime_ms, "authenticated");
+    Ok((lifetime_ms > 0).then(|| Duration::from_millis(lifetime_ms as u64)))
 }
 
 /// How often a connection looks for abandoned requests that are overdue: often enough to notice within
@@ -257,6 +326,7 @@ pub(crate) async fn negotiate(
 mod tests {
     use super::*;
     use crate::net::testing::{options, pair};
+    use crate::net::SaslMechanism;
     use kafka_protocol::messages::api_versions_response::{ApiVersion, FinalizedFeatureKey};
     use kafka_protocol::messages::ApiVersionsResponse;
     use kafka_protocol::protocol::Decodable;
@@ -374,5 +444,87 @@ mod tests {
         .await;
         let err = client.await.unwrap().unwrap_err();
         assert_eq!(err.error_code(), Some(ErrorCode::InvalidRequest));
+    }
+
+    fn sasl_versions() -> BrokerApiVersions {
+        use kafka_protocol::messages::api_versions_response::ApiVersion;
+        use kafka_protocol::messages::ApiVersionsResponse;
+        let key = |k, max| {
+            ApiVersion::default()
+                .with_api_key(k)
+                .with_min_version(0)
+                .with_max_version(max)
+        };
+        BrokerApiVersions::from_response(
+            &ApiVersionsResponse::default().with_api_keys(vec![key(17, 1), key(36, 2)]),
+        )
+    }
+
+    /// A refused login surfaces as a fatal Authentication error naming the mechanism and carrying the
+    /// broker's own message, after exactly one handshake and one authenticate request.
+    #[tokio::test]
+    async fn a_rejected_login_is_a_fatal_error_with_the_brokers_message() {
+        use crate::net::testing::{options, pair};
+        use kafka_protocol::messages::{SaslAuthenticateResponse, SaslHandshakeResponse};
+        use kafka_protocol::protocol::Decodable;
+        let (conn, mut peer) = pair(4096, options());
+        let sasl = SaslConfig::new(SaslMechanism::Plain, "alice", "wrong");
+        let client = tokio::spawn(async move {
+            authenticate(&conn, &sasl_versions(), &sasl, Duration::from_secs(5)).await
+        });
+        let hs = peer.next_request().await.unwrap();
+        assert_eq!(hs.header.request_api_key, 17);
+        assert_eq!(hs.header.request_api_version, 1);
+        let mut body = hs.body;
+        let req = SaslHandshakeRequest::decode(&mut body, 1).unwrap();
+        assert_eq!(req.mechanism.as_str(), "PLAIN");
+        peer.respond(
+            hs.header.correlation_id,
+            &SaslHandshakeResponse::default(),
+            1,
+        )
+        .await;
+        let auth = peer.next_request().await.unwrap();
+        assert_eq!(auth.header.request_api_key, 36);
+        let v = auth.header.request_api_version;
+        let mut body = auth.body;
+        let req = SaslAuthenticateRequest::decode(&mut body, v).unwrap();
+        assert_eq!(&req.auth_bytes[..], b"\0alice\0wrong");
+        let refusal = SaslAuthenticateResponse::default()
+            .with_error_code(ErrorCode::SaslAuthenticationFailed.code())
+            .with_error_message(Some("Invalid username or password".into()));
+        peer.respond(auth.header.correlation_id, &refusal, v).await;
+        let err = client.await.unwrap().unwrap_err();
+        assert!(err.is_authentication() && !err.is_retriable(), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("PLAIN") && text.contains("Invalid username or password"),
+            "{text}"
+        );
+    }
+
+    /// The broker's list of enabled mechanisms is reported when ours is not among them.
+    #[tokio::test]
+    async fn an_unsupported_mechanism_names_what_the_broker_offers() {
+        use crate::net::testing::{options, pair};
+        use kafka_protocol::messages::SaslHandshakeResponse;
+        let (conn, mut peer) = pair(4096, options());
+        let sasl = SaslConfig::new(SaslMechanism::ScramSha256, "u", "p");
+        let client = tokio::spawn(async move {
+            authenticate(&conn, &sasl_versions(), &sasl, Duration::from_secs(5)).await
+        });
+        let hs = peer.next_request().await.unwrap();
+        let answer = SaslHandshakeResponse::default()
+            .with_error_code(ErrorCode::UnsupportedSaslMechanism.code())
+            .with_mechanisms(vec!["SCRAM-SHA-512".into()]);
+        peer.respond(hs.header.correlation_id, &answer, 1).await;
+        match client.await.unwrap() {
+            Err(NetError::Authentication {
+                reason: AuthFailure::UnsupportedMechanism { enabled },
+                mechanism: SaslMechanism::ScramSha256,
+                ..
+            }) => assert_eq!(enabled, vec!["SCRAM-SHA-512".to_owned()]),
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }

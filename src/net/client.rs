@@ -124,6 +124,18 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
+/// The connection pool, the routing state and the caches that every clone of a [`Client`] shares.
+///
+/// Which lock guards what. The pool: `slots` guards only the map from node id to slot, held just long
+/// enough to find or add one; each slot's own async lock guards that node's connection and is held
+/// across a connect, so that callers arriving meanwhile wait for that attempt instead of opening a
+/// connection each; `bootstrap` does the same for a bootstrap connection no node id matched. Routing
+/// and caches have one std lock each: `metadata` (brokers, topics and leaders: the route of a
+/// `Target::Leader` and the address of every connect), `coordinators` (the route of a
+/// `Target::Coordinator`), `features` (the newest finalized features seen) and `versions` (each
+/// node's last ApiVersions table). A std lock is held for one short read or update: never held
+/// across an await, never while taking another std lock. The one nesting is an async lock (a slot or
+/// `bootstrap`) held while taking a std lock or `try_lock`ing a slot, which cannot wait in a circle.
 struct Inner {
     config: ClientConfig,
     /// One slot per broker; the async lock makes concurrent callers share one connect attempt.
@@ -131,9 +143,17 @@ struct Inner {
     /// The connection made to a bootstrap address whose node id could not be matched; used only when
     /// no known broker is reachable.
     bootstrap: tokio::sync::Mutex<Option<BrokerConn>>,
+    /// The ApiVersions table each node last reported, bootstrap connections under -1. Not a copy of
+    /// the slots: an entry outlives its connection (a failed reconnect leaves the slot empty, the
+    /// table stays), and it is read without waiting on a slot that is mid-connect, which the plain fn
+    /// `api_version` could not do. Reading the slots instead would change what `api_version` and
+    /// `broker_versions` answer in exactly those cases.
     versions: Mutex<HashMap<i32, Arc<BrokerApiVersions>>>,
+    /// The newest finalized features any connection reported (highest feature epoch).
     features: Mutex<Features>,
+    /// Brokers, topics and partition leaders; replaced whole, so readers keep a consistent snapshot.
     metadata: Mutex<Arc<ClusterMetadata>>,
+    /// The coordinator node of each group or transactional id, until a response says it moved.
     coordinators: Mutex<HashMap<(CoordinatorKind, String), i32>>,
     /// Rotates the starting broker for [`Target::Any`] so that load and failures spread.
     next_any: AtomicUsize,
@@ -583,7 +603,7 @@ impl Client {
     ) -> Result<Arc<ClusterMetadata>, NetError> {
         // v0 reads an empty topic list as "all topics"; v1+ has null for that, which is what we need.
         let options = CallOptions {
-            min_version: Some(1),
+            min_version: Some(crate::wire::METADATA_MIN),
             ..CallOptions::default()
         };
         let version = pick_version::<MetadataRequest>(broker, &options)?;

@@ -81,9 +81,10 @@ impl Default for ClientConfig {
 
 impl ClientConfig {
     /// Default settings for a comma-separated bootstrap list such as `"127.0.0.1:9092,127.0.0.1:9093"`.
-    pub fn new(bootstrap: &str) -> Self {
+    pub fn new(bootstrap: impl Into<String>) -> Self {
         ClientConfig {
             bootstrap: bootstrap
+                .into()
                 .split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())

@@ -1,8 +1,10 @@
-//! SASL authentication of a new connection: PLAIN and SCRAM-SHA-256/512.
+//! SASL authentication of a new connection: PLAIN and SCRAM-SHA-256/512, the settings and the message
+//! exchange only. The round trips that carry the messages are `authenticate` in `broker.rs`, beside the
+//! rest of the connection handshake, so that this file does no I/O and needs nothing from `conn.rs`.
 //!
 //! Every connection the pool opens runs ApiVersions, then SaslHandshake v1 naming the mechanism, then one
 //! SaslAuthenticate round trip per SASL message, before any other request can be sent on it (the pool only
-//! hands out a connection once [`authenticate`] returned). A reconnect is a new connection, so it
+//! hands out a connection once the login finished). A reconnect is a new connection, so it
 //! authenticates again. When the broker announces a session lifetime (KIP-368,
 //! `connections.max.reauth.ms`), the connection is retired shortly before it ends and the next request
 //! opens (and authenticates) a fresh one, instead of re-authenticating in place.
@@ -10,8 +12,9 @@
 //! The SCRAM exchange itself is [`ScramClient`], a sans-IO state machine: bytes from the server in, bytes
 //! to send out, so it is tested against the RFC's example exchange without a socket.
 //!
-//! A rejected login is fatal: [`NetError::Authentication`] is not retriable, so the routing loop gives up
-//! at once instead of hammering the broker with logins that will keep failing.
+//! A rejected login is fatal: [`NetError::Authentication`](super::NetError::Authentication) is not
+//! retriable, so the routing loop gives up at once instead of hammering the broker with logins that will
+//! keep failing.
 //!
 //! Not done: SASLprep (RFC 4013) of user names and passwords. Kafka's own client does not apply it either,
 //! and the broker stores credentials as given, so applying it would break non-ASCII passwords that work
@@ -23,19 +26,13 @@
 //! - RFC 4616 (PLAIN), RFC 5802 (SCRAM), RFC 7677 (SCRAM-SHA-256)
 
 use std::fmt;
-use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use bytes::Bytes;
 use hmac::{Hmac, Mac};
-use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
-use kafka_protocol::protocol::StrBytes;
 use sha2::{Digest, Sha256, Sha512};
 
-use super::conn::Connection;
-use super::NetError;
-use crate::wire::{ApiRequest, BrokerApiVersions, ErrorCode};
+use crate::wire::ErrorCode;
 
 /// A SASL mechanism this client can log in with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,7 +111,7 @@ impl fmt::Debug for SaslConfig {
     }
 }
 
-/// Why a SASL login failed; carried by [`NetError::Authentication`].
+/// Why a SASL login failed; carried by [`NetError::Authentication`](super::NetError::Authentication).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AuthFailure {
@@ -388,70 +385,6 @@ fn attr<'a>(attrs: &[(char, &'a str)], name: char) -> Option<&'a str> {
     attrs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
 }
 
-/// Logs in on a connection that has finished ApiVersions and carried nothing else. Returns how long the
-/// broker lets the session live (KIP-368), if it set a limit.
-///
-/// Cancel-safe: dropping it drops the half-authenticated connection with it (the caller owns it and has
-/// not handed it out).
-pub(crate) async fn authenticate(
-    conn: &Connection,
-    versions: &BrokerApiVersions,
-    sasl: &SaslConfig,
-    timeout: Duration,
-) -> Result<Option<Duration>, NetError> {
-    let fail = |reason: AuthFailure| NetError::Authentication {
-        addr: conn.addr().to_owned(),
-        mechanism: sasl.mechanism,
-        reason,
-    };
-    // Handshake v0 means the raw GSSAPI-era framing instead of SaslAuthenticate; only v1 is spoken here.
-    let (Some(handshake_version), Some(auth_version)) = (
-        versions.usable_at_least(SaslHandshakeRequest::KEY, 1),
-        versions.usable(SaslAuthenticateRequest::KEY),
-    ) else {
-        return Err(fail(AuthFailure::NotSupportedByBroker));
-    };
-    let handshake = SaslHandshakeRequest::default()
-        .with_mechanism(StrBytes::from_static_str(sasl.mechanism.name()));
-    let answer = conn.request(&handshake, handshake_version, timeout).await?;
-    match ErrorCode::from_code(answer.error_code) {
-        ErrorCode::None => {}
-        ErrorCode::UnsupportedSaslMechanism => {
-            return Err(fail(AuthFailure::UnsupportedMechanism {
-                enabled: answer.mechanisms.iter().map(|m| m.to_string()).collect(),
-            }))
-        }
-        code => {
-            return Err(fail(AuthFailure::Rejected {
-                code,
-                message: String::new(),
-            }))
-        }
-    }
-
-    let mut exchange = Exchange::new(sasl).map_err(fail)?;
-    let mut to_send = Some(exchange.first());
-    let mut lifetime_ms = 0i64;
-    while let Some(bytes) = to_send.take() {
-        let request = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(bytes));
-        let answer = conn.request(&request, auth_version, timeout).await?;
-        let code = ErrorCode::from_code(answer.error_code);
-        if code != ErrorCode::None {
-            return Err(fail(AuthFailure::Rejected {
-                code,
-                message: answer
-                    .error_message
-                    .map(|m| m.to_string())
-                    .unwrap_or_default(),
-            }));
-        }
-        lifetime_ms = answer.session_lifetime_ms;
-        to_send = exchange.step(&answer.auth_bytes).map_err(fail)?;
-    }
-    tracing::debug!(addr = conn.addr(), mechanism = %sasl.mechanism, lifetime_ms, "authenticated");
-    Ok((lifetime_ms > 0).then(|| Duration::from_millis(lifetime_ms as u64)))
-}
-
 /// One mechanism's message sequence, sans-IO: the first message, then each server message in gives the
 /// next client message out, or `None` when the client is satisfied.
 pub(crate) enum Exchange {
@@ -689,87 +622,5 @@ mod tests {
             SaslConfig::new(SaslMechanism::Plain, "u", "hunter2")
         );
         assert!(!shown.contains("hunter2"), "{shown}");
-    }
-
-    fn sasl_versions() -> BrokerApiVersions {
-        use kafka_protocol::messages::api_versions_response::ApiVersion;
-        use kafka_protocol::messages::ApiVersionsResponse;
-        let key = |k, max| {
-            ApiVersion::default()
-                .with_api_key(k)
-                .with_min_version(0)
-                .with_max_version(max)
-        };
-        BrokerApiVersions::from_response(
-            &ApiVersionsResponse::default().with_api_keys(vec![key(17, 1), key(36, 2)]),
-        )
-    }
-
-    /// A refused login surfaces as a fatal Authentication error naming the mechanism and carrying the
-    /// broker's own message, after exactly one handshake and one authenticate request.
-    #[tokio::test]
-    async fn a_rejected_login_is_a_fatal_error_with_the_brokers_message() {
-        use crate::net::testing::{options, pair};
-        use kafka_protocol::messages::{SaslAuthenticateResponse, SaslHandshakeResponse};
-        use kafka_protocol::protocol::Decodable;
-        let (conn, mut peer) = pair(4096, options());
-        let sasl = SaslConfig::new(SaslMechanism::Plain, "alice", "wrong");
-        let client = tokio::spawn(async move {
-            authenticate(&conn, &sasl_versions(), &sasl, Duration::from_secs(5)).await
-        });
-        let hs = peer.next_request().await.unwrap();
-        assert_eq!(hs.header.request_api_key, 17);
-        assert_eq!(hs.header.request_api_version, 1);
-        let mut body = hs.body;
-        let req = SaslHandshakeRequest::decode(&mut body, 1).unwrap();
-        assert_eq!(req.mechanism.as_str(), "PLAIN");
-        peer.respond(
-            hs.header.correlation_id,
-            &SaslHandshakeResponse::default(),
-            1,
-        )
-        .await;
-        let auth = peer.next_request().await.unwrap();
-        assert_eq!(auth.header.request_api_key, 36);
-        let v = auth.header.request_api_version;
-        let mut body = auth.body;
-        let req = SaslAuthenticateRequest::decode(&mut body, v).unwrap();
-        assert_eq!(&req.auth_bytes[..], b"\0alice\0wrong");
-        let refusal = SaslAuthenticateResponse::default()
-            .with_error_code(ErrorCode::SaslAuthenticationFailed.code())
-            .with_error_message(Some("Invalid username or password".into()));
-        peer.respond(auth.header.correlation_id, &refusal, v).await;
-        let err = client.await.unwrap().unwrap_err();
-        assert!(err.is_authentication() && !err.is_retriable(), "{err:?}");
-        let text = err.to_string();
-        assert!(
-            text.contains("PLAIN") && text.contains("Invalid username or password"),
-            "{text}"
-        );
-    }
-
-    /// The broker's list of enabled mechanisms is reported when ours is not among them.
-    #[tokio::test]
-    async fn an_unsupported_mechanism_names_what_the_broker_offers() {
-        use crate::net::testing::{options, pair};
-        use kafka_protocol::messages::SaslHandshakeResponse;
-        let (conn, mut peer) = pair(4096, options());
-        let sasl = SaslConfig::new(SaslMechanism::ScramSha256, "u", "p");
-        let client = tokio::spawn(async move {
-            authenticate(&conn, &sasl_versions(), &sasl, Duration::from_secs(5)).await
-        });
-        let hs = peer.next_request().await.unwrap();
-        let answer = SaslHandshakeResponse::default()
-            .with_error_code(ErrorCode::UnsupportedSaslMechanism.code())
-            .with_mechanisms(vec!["SCRAM-SHA-512".into()]);
-        peer.respond(hs.header.correlation_id, &answer, 1).await;
-        match client.await.unwrap() {
-            Err(NetError::Authentication {
-                reason: AuthFailure::UnsupportedMechanism { enabled },
-                mechanism: SaslMechanism::ScramSha256,
-                ..
-            }) => assert_eq!(enabled, vec!["SCRAM-SHA-512".to_owned()]),
-            other => panic!("unexpected {other:?}"),
-        }
     }
 }

@@ -1270,7 +1270,7 @@ pub(crate) async fn send_txn(client: &Client, req: &TxnRequest) -> TxnResponse {
                     target,
                     &CallOptions {
                         // Below v3 the generation fence cannot be expressed.
-                        min_version: Some(3),
+                        min_version: Some(crate::wire::TXN_OFFSET_COMMIT_MIN_FENCED),
                         ..options.clone()
                     },
                     |_| messages::txn_offset_commit(transactional_id, *ids, group, offsets),

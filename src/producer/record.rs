@@ -5,16 +5,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub use crate::net::TopicPartition;
+// The header a consumer reads back is the one a producer writes: one type, owned by the records layer
+// that encodes and decodes it.
+pub use crate::records::Header;
 use crate::records::{encoded_record_size, NewRecord};
-
-/// One record header. Kafka allows repeated keys and a null value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Header {
-    /// The header key.
-    pub key: String,
-    /// The header value, `None` for a null value.
-    pub value: Option<Bytes>,
-}
 
 /// A record to produce.
 ///
@@ -68,10 +62,11 @@ impl ProducerRecord {
         self
     }
 
-    /// Appends a header.
+    /// Appends a header. Kafka allows repeated keys and a null value. The key is taken as a string
+    /// because other clients read header keys as UTF-8.
     pub fn header(mut self, key: impl Into<String>, value: Option<Bytes>) -> Self {
         self.headers.push(Header {
-            key: key.into(),
+            key: Bytes::from(key.into()),
             value,
         });
         self
@@ -98,10 +93,10 @@ impl ProducerRecord {
 
     /// Calls `f` with this record as the records layer encodes it (a missing timestamp as 0).
     pub(crate) fn as_new_record<R>(&self, f: impl FnOnce(&NewRecord<'_>) -> R) -> R {
-        let headers: Vec<(&str, Option<&[u8]>)> = self
+        let headers: Vec<(&[u8], Option<&[u8]>)> = self
             .headers
             .iter()
-            .map(|h| (h.key.as_str(), h.value.as_deref()))
+            .map(|h| (&h.key[..], h.value.as_deref()))
             .collect();
         f(&NewRecord {
             timestamp: self.timestamp.unwrap_or(0),

@@ -441,8 +441,9 @@ fn be_i16(buf: &[u8], at: usize) -> i16 {
     i16::from_be_bytes([buf[at], buf[at + 1]])
 }
 
-/// One record header. Kafka header keys are UTF-8 strings written by the Java client; they are kept as
-/// bytes here so decoding never fails or copies on them.
+/// One record header, as a producer writes it and a consumer reads it back (also
+/// `snapfence::producer::Header`). Kafka allows repeated keys and a null value. Keys are UTF-8 by the
+/// Java client's convention; they are kept as bytes here so decoding never fails or copies on them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Header {
     /// The header key.

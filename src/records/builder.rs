@@ -24,8 +24,9 @@ pub struct NewRecord<'a> {
     pub key: Option<&'a [u8]>,
     /// The value, `None` for null (a tombstone).
     pub value: Option<&'a [u8]>,
-    /// The headers, `(key, value)`.
-    pub headers: &'a [(&'a str, Option<&'a [u8]>)],
+    /// The headers, `(key, value)`. Kafka clients write keys as UTF-8; the keys are bytes here as they
+    /// are in a decoded [`Header`](super::Header), so whatever a record carries can be written back.
+    pub headers: &'a [(&'a [u8], Option<&'a [u8]>)],
 }
 
 /// The producer's identity stamped on a batch when it is sealed.
@@ -143,7 +144,7 @@ impl BatchBuilder {
         put_nullable(&mut self.buf, record.value);
         put_varint(&mut self.buf, zigzag32(record.headers.len() as i32));
         for (k, v) in record.headers {
-            put_nullable(&mut self.buf, Some(k.as_bytes()));
+            put_nullable(&mut self.buf, Some(k));
             put_nullable(&mut self.buf, *v);
         }
         debug_assert_eq!(self.buf.len() - before, size);
@@ -378,9 +379,7 @@ fn body_size(record: &NewRecord<'_>, offset_delta: i32, base: i64) -> Result<usi
         + varint_len(zigzag32(header_count));
     for (k, v) in record.headers {
         n = n
-            .checked_add(
-                nullable_len("header key", Some(k.as_bytes()))? + nullable_len("header value", *v)?,
-            )
+            .checked_add(nullable_len("header key", Some(k))? + nullable_len("header value", *v)?)
             .ok_or(EncodeError::TooLong {
                 field: "record",
                 len: usize::MAX,

@@ -281,7 +281,7 @@ fn a_closed_partition_is_unassigned() {
 
 async fn logs() -> (SharedLogs, tokio::task::JoinHandle<()>) {
     let (addr, stub) = leader_stub().await;
-    let client = Client::connect(ClientConfig::new(&addr.to_string()))
+    let client = Client::connect(ClientConfig::new(addr.to_string()))
         .await
         .unwrap();
     client.metadata(&["t"]).await.unwrap();

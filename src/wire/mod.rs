@@ -31,8 +31,13 @@ pub use versions::{client_versions, client_versions_of, BrokerApiVersions, Featu
 pub(crate) use codec::{decode_response, encode_request, request_api, response_correlation_id};
 pub(crate) use frame::FrameDecoder;
 pub(crate) use versions::{
-    decode_api_versions, initial_api_versions_version, PRODUCE_MAX, PRODUCE_MAX_BY_NAME,
-    PRODUCE_MAX_TV1, PRODUCE_MIN_IDEMPOTENT, PRODUCE_MIN_TV2,
+    decode_api_versions, initial_api_versions_version, ADD_PARTITIONS_TO_TXN_MAX, END_TXN_MAX,
+    END_TXN_MAX_TV1, END_TXN_MIN_TV2, FETCH_MAX_BY_NAME, FETCH_MIN, FETCH_MIN_BY_ID,
+    FETCH_MIN_SESSIONS, INIT_PRODUCER_ID_MIN_2PC, INIT_PRODUCER_ID_MIN_BUMP, JOIN_GROUP_MIN_STATIC,
+    LIST_OFFSETS_MIN, METADATA_MIN, OFFSET_COMMIT_MAX, OFFSET_COMMIT_MIN, OFFSET_COMMIT_MIN_STATIC,
+    OFFSET_FETCH_MAX, OFFSET_FETCH_MIN, PRODUCE_MAX, PRODUCE_MAX_BY_NAME, PRODUCE_MAX_TV1,
+    PRODUCE_MIN_IDEMPOTENT, PRODUCE_MIN_TV2, TXN_OFFSET_COMMIT_MAX, TXN_OFFSET_COMMIT_MAX_TV1,
+    TXN_OFFSET_COMMIT_MIN_FENCED, TXN_OFFSET_COMMIT_MIN_TV2,
 };
 
 /// Internals the cargo-fuzz targets drive directly; not part of the public API.

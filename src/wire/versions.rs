@@ -34,9 +34,90 @@ pub(crate) const PRODUCE_MAX_TV1: i16 = 11;
 /// The oldest Produce of a TV2 transaction, for the same reason.
 pub(crate) const PRODUCE_MIN_TV2: i16 = 12;
 
+/// The oldest Metadata this client sends: v0 reads an empty topic list as "all topics", and only v1+
+/// can ask for the broker list alone.
+pub(crate) const METADATA_MIN: i16 = 1;
+
+/// The oldest JoinGroup that carries a group instance id, which a static member must send (KIP-345).
+pub(crate) const JOIN_GROUP_MIN_STATIC: i16 = 5;
+
+/// The oldest InitProducerId that can ask for a two-phase-commit producer or keep a prepared
+/// transaction (KIP-939).
+pub(crate) const INIT_PRODUCER_ID_MIN_2PC: i16 = 6;
+
+/// The oldest Fetch the reader sends: v4 is the first that carries an isolation level and answers with
+/// the last stable offset and the aborted transactions that read_committed needs.
+pub(crate) const FETCH_MIN: i16 = 4;
+
+/// The oldest Fetch that can open or close an incremental fetch session (KIP-227).
+pub(crate) const FETCH_MIN_SESSIONS: i16 = 7;
+
+/// The first Fetch that addresses topics by id instead of name (KIP-516).
+pub(crate) const FETCH_MIN_BY_ID: i16 = 13;
+
+/// The newest Fetch that addresses topics by name: a session's partitions and its requests' addressing
+/// must agree, so a by-name session stays below the by-id versions.
+pub(crate) const FETCH_MAX_BY_NAME: i16 = FETCH_MIN_BY_ID - 1;
+
+/// The oldest ListOffsets the reader sends: v2 is the first that carries an isolation level, so that
+/// `Latest` under read_committed means the last stable offset.
+pub(crate) const LIST_OFFSETS_MIN: i16 = 2;
+
+/// The oldest OffsetCommit this client sends: v2 is the first that leaves retention to the broker
+/// (retention time -1) instead of stamping each partition with a commit time.
+pub(crate) const OFFSET_COMMIT_MIN: i16 = 2;
+
+/// The oldest OffsetCommit that carries a group instance id, which a static member must send (KIP-345).
+pub(crate) const OFFSET_COMMIT_MIN_STATIC: i16 = 7;
+
+/// The newest OffsetCommit this client sends: v10 addresses topics by id, and commits here name them.
+pub(crate) const OFFSET_COMMIT_MAX: i16 = 9;
+
+/// The oldest OffsetFetch this client sends: v0 reads offsets kept in ZooKeeper, v1 those in Kafka.
+pub(crate) const OFFSET_FETCH_MIN: i16 = 1;
+
+/// The newest OffsetFetch this client sends: v10 addresses topics by id, and the answer is read by name.
+pub(crate) const OFFSET_FETCH_MAX: i16 = 9;
+
+/// The oldest InitProducerId that bumps the epoch of a known producer id instead of handing out a new
+/// one (KIP-360).
+pub(crate) const INIT_PRODUCER_ID_MIN_BUMP: i16 = 3;
+
+/// The newest AddPartitionsToTxn a producer sends: v4 and later are the batched broker-to-broker form
+/// (KIP-890), which a client is not allowed to use.
+pub(crate) const ADD_PARTITIONS_TO_TXN_MAX: i16 = 3;
+
+/// The oldest TxnOffsetCommit a transactional producer sends: v3 is the first that carries the group
+/// generation and member id, so the commit is fenced against a zombie of the group (KIP-447).
+pub(crate) const TXN_OFFSET_COMMIT_MIN_FENCED: i16 = 3;
+
+/// The newest TxnOffsetCommit under transaction version 1: v5 means "this producer speaks TV2"
+/// (KIP-890 part 2), which a TV1 transaction must not claim.
+pub(crate) const TXN_OFFSET_COMMIT_MAX_TV1: i16 = 4;
+
+/// The oldest TxnOffsetCommit of a TV2 transaction, for the same reason.
+pub(crate) const TXN_OFFSET_COMMIT_MIN_TV2: i16 = 5;
+
+/// The newest TxnOffsetCommit this client sends, the version it was written against.
+pub(crate) const TXN_OFFSET_COMMIT_MAX: i16 = 5;
+
+/// The newest EndTxn under transaction version 1: v5 means "this producer speaks TV2" (KIP-890 part
+/// 2), which a TV1 transaction must not claim.
+pub(crate) const END_TXN_MAX_TV1: i16 = 4;
+
+/// The oldest EndTxn of a TV2 transaction, for the same reason.
+pub(crate) const END_TXN_MIN_TV2: i16 = 5;
+
+/// The newest EndTxn this client sends, the version it was written against.
+pub(crate) const END_TXN_MAX: i16 = 5;
+
 /// APIs this client holds at a version it was written for, whatever kafka-protocol learns later (a
-/// newer Produce changes what the producer must put in it). The one table of version caps: the
-/// producer reads the Produce constants above rather than keeping its own.
+/// newer Produce changes what the producer must put in it).
+///
+/// This file is the one table of version caps and minimums. Only the caps here bind every request of
+/// their API; the constants above bind one request shape (a by-name Fetch, a TV1 transaction's
+/// EndTxn), so the code that builds that shape passes them in its `CallOptions` instead of keeping
+/// numbers of its own.
 const CLIENT_CAPS: &[(i16, i16)] = &[(0, PRODUCE_MAX)];
 
 /// The versions of `api_key` this client will send: kafka-protocol's range, capped by the table above.

@@ -433,7 +433,7 @@ fn answer_after(delay: Duration) -> Script {
 
 /// A client bootstrapped from the first broker.
 async fn client(c: &Cluster) -> Client {
-    Client::connect(ClientConfig::new(&c.addrs[0].to_string()))
+    Client::connect(ClientConfig::new(c.addrs[0].to_string()))
         .await
         .unwrap()
 }

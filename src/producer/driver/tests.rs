@@ -72,7 +72,7 @@ fn record() -> ProducerRecord {
 }
 
 async fn client(addr: SocketAddr) -> Client {
-    Client::connect(ClientConfig::new(&addr.to_string()))
+    Client::connect(ClientConfig::new(addr.to_string()))
         .await
         .unwrap()
 }

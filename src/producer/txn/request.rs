@@ -93,7 +93,7 @@ impl TxnRequest {
             | TxnRequest::InitProducerId {
                 keep_prepared: true,
                 ..
-            } => Some(6),
+            } => Some(crate::wire::INIT_PRODUCER_ID_MIN_2PC),
             _ => None,
         }
     }

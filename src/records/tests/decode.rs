@@ -7,7 +7,7 @@ use super::*;
 
 fn sample_batch(codec: Compression, stamp: ProducerStamp) -> SealedBatch {
     let mut b = BatchBuilder::new(codec, 1 << 20);
-    let headers: &[(&str, Option<&[u8]>)] = &[("trace", Some(b"abc")), ("empty", None)];
+    let headers: &[(&[u8], Option<&[u8]>)] = &[(b"trace", Some(b"abc")), (b"empty", None)];
     let recs = [
         NewRecord {
             timestamp: 10_000,

@@ -12,7 +12,7 @@ use super::*;
 #[test]
 fn kafka_protocol_reads_our_batches() {
     let mut b = BatchBuilder::new(Compression::None, 1 << 16);
-    let headers: &[(&str, Option<&[u8]>)] = &[("a", Some(b"1")), ("b", None)];
+    let headers: &[(&[u8], Option<&[u8]>)] = &[(b"a", Some(b"1")), (b"b", None)];
     for i in 0..5i64 {
         let value = format!("value-{i}");
         let rec = NewRecord {

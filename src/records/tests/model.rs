@@ -240,8 +240,8 @@ proptest! {
         let codec = ALL_CODECS[codec];
         let mut b = BatchBuilder::new(codec, usize::MAX);
         for r in &records {
-            let headers: Vec<(&str, Option<&[u8]>)> =
-                r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+            let headers: Vec<(&[u8], Option<&[u8]>)> =
+                r.headers.iter().map(|(k, v)| (k.as_bytes(), v.as_deref())).collect();
             let rec = NewRecord {
                 timestamp: r.timestamp,
                 key: r.key.as_deref(),
