@@ -26,7 +26,7 @@ mod assignor;
 mod config;
 mod error;
 mod exec;
-mod fetcher;
+mod fetch_core;
 mod group;
 mod listener;
 mod live;
@@ -35,7 +35,7 @@ mod offsets;
 mod protocol;
 mod reader;
 mod rebalance;
-mod session;
+mod session_core;
 mod types;
 
 #[cfg(test)]
@@ -46,7 +46,7 @@ pub(crate) mod supervise_tests;
 pub use assignor::{Assignor, RebalanceProtocol};
 pub use config::{GroupConfig, GroupProtocol};
 pub use error::ConsumerError;
-pub use fetcher::{OffsetReset, StartAt};
+pub use fetch_core::{OffsetReset, StartAt};
 pub use group::{GroupConsumer, GroupConsumerConfig};
 pub use listener::RebalanceListener;
 pub use live::GroupMetadataHandle;

@@ -5,7 +5,7 @@
 //! read_committed filtering (aborted transactions, control markers, the LSO bound) is decided in one
 //! place for every reader in the crate.
 //!
-//! Each leader is fetched in a fetch session (KIP-227, the machine in `session.rs`): after the first,
+//! Each leader is fetched in a fetch session (KIP-227, the machine in `session_core.rs`): after the first,
 //! full, request a Fetch carries only the partitions whose position changed and the broker answers
 //! only for partitions with something new. Topics go by id (Fetch v13+, KIP-516) when the broker
 //! speaks it and metadata gave every topic of the request an id; otherwise by name at v12.
@@ -28,10 +28,10 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::{BrokerId, FetchRequest, ListOffsetsRequest, TopicName};
 use kafka_protocol::protocol::{Encodable, StrBytes};
 
-use super::fetcher::{
+use super::fetch_core::{
     FetchPartition, Fetched, Fetcher, ListPartition, Outcome, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP,
 };
-use super::session::{FetchSession, SessionRequest, SessionVerdict};
+use super::session_core::{FetchSession, SessionRequest, SessionVerdict};
 use super::{ConsumerError, OffsetReset, StartAt, TopicId, TopicPartition};
 use crate::net::{CallOptions, Client, Target, Verdict};
 use crate::records::{
@@ -355,7 +355,7 @@ impl PartitionReader {
         max_wait: Duration,
     ) -> Result<Vec<PartitionRecords>, ConsumerError> {
         let metadata = self.client.cached_metadata();
-        let plan = self.fetcher.plan(super::rebalance::now(), |tp| {
+        let plan = self.fetcher.poll_plan(super::rebalance::now(), |tp| {
             metadata
                 .leader(&tp.topic, tp.partition)
                 .map(|l| (l.node, l.epoch))
@@ -366,7 +366,7 @@ impl PartitionReader {
             let now = super::rebalance::now();
             let until = self
                 .fetcher
-                .next_wakeup(now)
+                .poll_timeout(now)
                 .map_or(max_wait, |t| t.duration_since(now).min(max_wait));
             tokio::time::sleep(until).await;
             return Ok(Vec::new());
@@ -575,7 +575,7 @@ impl FetchTasks<'_> {
                     Err(_) => false,
                 };
                 let uses_ids = speaks_ids && parts.iter().all(|p| !p.topic_id.is_zero());
-                let request = lock(&session).build(&parts, uses_ids);
+                let request = lock(&session).poll_request(&parts, uses_ids);
                 let r = fetch_at(&client, node, &parts, &request, &config, max_wait).await;
                 (node, parts, request, r)
             });
@@ -602,7 +602,7 @@ impl Round<'_> {
         for p in parts {
             let tp = p.tp();
             self.guard.done(tp);
-            self.guard.fetcher.failed(self.now, tp);
+            self.guard.fetcher.handle_failed(self.now, tp);
             self.client.invalidate_leader(&tp.topic, tp.partition);
         }
     }
@@ -611,7 +611,7 @@ impl Round<'_> {
     fn unplanned(&mut self, parts: &[FetchPartition]) {
         for p in parts {
             self.guard.done(&p.tp);
-            self.guard.fetcher.unplanned(&p.tp);
+            self.guard.fetcher.handle_unplanned(&p.tp);
         }
     }
 
@@ -634,7 +634,7 @@ impl Round<'_> {
             let outcome = self
                 .guard
                 .fetcher
-                .listed(self.now, &p.tp, error, offset, epoch);
+                .handle_listed(self.now, &p.tp, error, offset, epoch);
             react(self.client, &p.tp, outcome, &mut self.first_error);
         }
     }
@@ -652,9 +652,9 @@ impl Round<'_> {
             let Some(answer) = answers.remove(&p.tp) else {
                 if incremental {
                     // The session omits a partition with nothing new: fetch it again next round.
-                    self.guard.fetcher.unplanned(&p.tp);
+                    self.guard.fetcher.handle_unplanned(&p.tp);
                 } else {
-                    self.guard.fetcher.failed(self.now, &p.tp);
+                    self.guard.fetcher.handle_failed(self.now, &p.tp);
                 }
                 continue;
             };
@@ -673,15 +673,15 @@ impl Round<'_> {
         let decoded = match decode(&p.tp, answer, p.fetch_offset, self.isolation) {
             Ok(d) => d,
             Err(e) => {
-                self.guard.fetcher.failed(self.now, &p.tp);
+                self.guard.fetcher.handle_failed(self.now, &p.tp);
                 self.first_error.get_or_insert(e);
                 return;
             }
         };
-        let outcome = self
-            .guard
-            .fetcher
-            .fetched(self.now, &p.tp, p.fetch_offset, &decoded.fetched);
+        let outcome =
+            self.guard
+                .fetcher
+                .handle_fetched(self.now, &p.tp, p.fetch_offset, &decoded.fetched);
         if outcome == Outcome::Deliver {
             if let Some(position) = self.guard.fetcher.position(&p.tp) {
                 let end = lag_end(self.isolation, &decoded.fetched);
@@ -1131,7 +1131,7 @@ impl Unplan<'_> {
 impl Drop for Unplan<'_> {
     fn drop(&mut self) {
         for tp in &self.pending {
-            self.fetcher.unplanned(tp);
+            self.fetcher.handle_unplanned(tp);
         }
     }
 }

@@ -63,8 +63,8 @@ impl Member {
         both!(self, m => m.ack(now))
     }
     /// Records a poll; true when the driver must be woken to act on it.
-    pub(crate) fn on_poll(&mut self, now: Instant) -> bool {
-        both!(self, m => m.on_poll(now))
+    pub(crate) fn handle_poll(&mut self, now: Instant) -> bool {
+        both!(self, m => m.handle_poll(now))
     }
     pub(crate) fn subscribe(&mut self, topics: impl IntoIterator<Item = String>) {
         both!(self, m => m.subscribe(topics))
@@ -215,7 +215,7 @@ impl PollPath {
         // Waking the driver on every poll made an idle member spin: the driver's pass woke the poll
         // waiting for a join, whose next pass woke the driver. Only a poll that changed what the driver
         // must send wakes it.
-        if shared.lock().on_poll(now()) {
+        if shared.lock().handle_poll(now()) {
             shared.wake.notify_one();
         }
         loop {

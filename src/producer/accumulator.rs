@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::sequence::BatchId;
+use super::sequence_core::BatchId;
 use super::{ProducerRecord, TopicPartition};
 
 /// Bytes a v2 record batch spends on its header, whatever its records.
@@ -345,8 +345,8 @@ mod tests {
     /// deltas, keys and headers: a batch fills up to `batch_size`, not to a bound below it.
     #[test]
     fn a_batch_reserves_exactly_the_bytes_it_encodes_to() {
-        use crate::producer::core::BatchEncoder;
         use crate::producer::encoder::RecordsEncoder;
+        use crate::producer::produce_core::BatchEncoder;
         let t0 = Instant::now();
         let mut acc = Accumulator::new(AccumulatorConfig {
             batch_size: 64 * 1024,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::accumulator::AccumulatorConfig;
-use super::sequence::MAX_IN_FLIGHT;
+use super::sequence_core::MAX_IN_FLIGHT;
 use crate::net::Backoff;
 use crate::records::Compression;
 

@@ -35,7 +35,7 @@
 //! bytes, oldest first and before anything new, so the broker deduplicates what it had already written;
 //! a batch that reaches the broker ahead of a predecessor is refused OUT_OF_ORDER_SEQUENCE_NUMBER and
 //! resent after it, and only an attempt that left as the partition's oldest unacknowledged batch can
-//! prove a real gap (see `sequence.rs`).
+//! prove a real gap (see `sequence_core.rs`).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -53,8 +53,8 @@ use tokio::sync::{oneshot, Notify};
 
 use super::budget::SendBudget;
 use super::classify::{classify, Action, Api};
-use super::core::{Effects, PartitionAnswer, ProduceAnswer, ProducerCore, ToSend};
 use super::encoder::RecordsEncoder;
+use super::produce_core::{Effects, PartitionAnswer, ProduceAnswer, ProducerCore, ToSend};
 use super::record::partition_for_key;
 use super::txn::{TxnMachine, TxnRequest, TxnResponse, TxnVersion};
 use super::{
@@ -429,7 +429,7 @@ impl Inner {
         };
         let tp = TopicPartition::new(record.topic.clone(), partition);
         if let Some(txn) = s.mode.machine_mut() {
-            txn.on_append(&tp).map_err(|e| (e, None))?;
+            txn.handle_append(&tp).map_err(|e| (e, None))?;
         }
         if record.timestamp.is_none() {
             record.timestamp = Some(wall_clock_ms());
@@ -504,13 +504,13 @@ impl Inner {
     }
 
     /// Ends the linger of every batch buffered now; waits for nothing.
-    pub(crate) fn send_buffered(&self) -> Option<super::sequence::BatchId> {
+    pub(crate) fn send_buffered(&self) -> Option<super::sequence_core::BatchId> {
         let marker = self.lock().core.flush();
         self.wake();
         marker
     }
 
-    async fn wait_flushed(&self, marker: Option<super::sequence::BatchId>) {
+    async fn wait_flushed(&self, marker: Option<super::sequence_core::BatchId>) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -562,7 +562,7 @@ impl Inner {
         }
         if let Some((err, bump)) = fx.txn_error {
             if let Some(t) = s.mode.machine_mut() {
-                t.on_produce_error(err, bump);
+                t.handle_produce_error(err, bump);
             }
         }
         if let Some(err) = &fx.fatal {
@@ -576,7 +576,7 @@ impl Inner {
             tracing::error!(error = %err, "producer failed fatally");
             s.core.set_fatal(&err);
             if let Some(t) = s.mode.machine_mut() {
-                t.on_produce_error(err.clone(), false);
+                t.handle_produce_error(err.clone(), false);
             }
         }
         if fx.need_new_id {
@@ -606,16 +606,14 @@ impl Inner {
         if s.closed && s.senders.is_empty() && !s.mode.add_in_flight() && !s.refresh_in_flight {
             return None;
         }
-        let fx = s.core.expire(now);
+        let fx = s.core.handle_timeout(now);
         let mut replies = self.apply(&mut s, fx);
         let mut tasks = Self::side_requests(&mut s, now);
         let (fx, look_again_soon) = self.let_out(&mut s, now, &mut tasks);
         replies.extend(self.apply(&mut s, fx));
         let mut next = [
-            s.core.next_wakeup(now),
-            s.mode
-                .machine()
-                .and_then(TxnMachine::add_partitions_not_before),
+            s.core.poll_timeout(now),
+            s.mode.machine().and_then(TxnMachine::poll_timeout),
         ]
         .into_iter()
         .flatten()
@@ -689,7 +687,7 @@ impl Inner {
         let (out, fx) = core.poll_send(now, &mut allow, &mut encoder);
         if let Some(t) = mode.machine_mut() {
             for b in &out {
-                t.on_produce_sent(&b.partition);
+                t.handle_produce_sent(&b.partition);
             }
         }
         for job in requests_by_leader(
@@ -829,7 +827,7 @@ impl Inner {
                 }
                 for (job, answers) in answered {
                     for (b, answer) in job.batches.iter().zip(answers) {
-                        let fx = s.core.on_answer(b.id, answer, now);
+                        let fx = s.core.handle_answer(b.id, answer, now);
                         replies.extend(self.apply(&mut s, fx));
                     }
                 }
@@ -999,7 +997,7 @@ impl Inner {
                     add_in_flight,
                 } => {
                     *add_in_flight = false;
-                    Some(machine.on_add_partitions(resp, crate::clock::now()))
+                    Some(machine.handle_add_partitions(resp, crate::clock::now()))
                 }
                 Mode::Idempotent { .. } => None,
             }
@@ -1371,6 +1369,8 @@ pub(crate) async fn init_idempotent_id(
 }
 
 #[cfg(test)]
+#[path = "pipeline_tests.rs"]
 mod pipeline_tests;
 #[cfg(test)]
+#[path = "driver_tests.rs"]
 mod tests;

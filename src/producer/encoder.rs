@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use super::core::BatchEncoder;
+use super::produce_core::BatchEncoder;
 use super::{ProducerIdEpoch, ProducerRecord};
 use crate::records::{BatchBuilder, Compression, ProducerStamp};
 

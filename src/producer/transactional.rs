@@ -412,7 +412,7 @@ impl TransactionalProducer {
                         let mut s = self.inner.lock();
                         let Shared { mode, core, .. } = &mut *s;
                         let t = machine(mode);
-                        step = t.on_response(resp, crate::clock::now());
+                        step = t.handle_response(resp, crate::clock::now());
                         if let Some(ids) = t.ids() {
                             core.set_ids(ids);
                         }

@@ -9,6 +9,12 @@
 //! in a row, a fence during a rejoin) is a scripted test below.
 //!
 //! See docs/fencing.md, "A spurious fence survived in place", for why each answer is safe.
+//!
+//! # Method kinds and call order
+//! - **`handle_*`**, input: `handle_failure` (a failure and where it happened; answers a [`Verdict`]),
+//!   `handle_rebalance`, `handle_reacquired`, `handle_released`;
+//! - **`poll_*`**, output, asked before each poll: `poll_rejoin` (the member must rejoin), then
+//!   `poll_reacquire` (the dropped partitions to acquire again, of those the consumer holds).
 
 use std::collections::BTreeSet;
 
@@ -114,7 +120,7 @@ impl FenceCore {
 
     /// `partition` failed at `site` with a failure whose answer is `response` (`None`: not a failed
     /// commit, e.g. a network error reading the committed offset).
-    pub(crate) fn on_failure(
+    pub(crate) fn handle_failure(
         &mut self,
         partition: i32,
         response: Option<Response>,
@@ -156,12 +162,12 @@ impl FenceCore {
     }
 
     /// A rebalance handler ran.
-    pub(crate) fn on_rebalance_event(&mut self) {
+    pub(crate) fn handle_rebalance(&mut self) {
         self.stats.rebalance_events += 1;
     }
 
     /// The rejoin to hand to the consumer before the next poll, once.
-    pub(crate) fn take_rejoin(&mut self) -> Option<String> {
+    pub(crate) fn poll_rejoin(&mut self) -> Option<String> {
         self.rejoin.take()
     }
 
@@ -173,7 +179,7 @@ impl FenceCore {
     /// Before a poll: which dropped partitions to acquire again, given the partitions the consumer
     /// holds (its listener was told, and no revocation was handled since). Dropped partitions it no
     /// longer holds are forgotten. Nothing while a rejoin is pending.
-    pub(crate) fn plan(&mut self, owned: &BTreeSet<i32>) -> Vec<i32> {
+    pub(crate) fn poll_reacquire(&mut self, owned: &BTreeSet<i32>) -> Vec<i32> {
         if self.rejoin.is_some() {
             return Vec::new();
         }
@@ -186,14 +192,14 @@ impl FenceCore {
     }
 
     /// `partition` was acquired again in place.
-    pub(crate) fn reacquired(&mut self, partition: i32) {
+    pub(crate) fn handle_reacquired(&mut self, partition: i32) {
         if self.dropped.remove(&partition) {
             self.stats.reacquisitions += 1;
         }
     }
 
     /// `partitions` were revoked or lost: a dropped one is not this member's to acquire any more.
-    pub(crate) fn released(&mut self, partitions: impl IntoIterator<Item = i32>) {
+    pub(crate) fn handle_released(&mut self, partitions: impl IntoIterator<Item = i32>) {
         for p in partitions {
             if self.dropped.remove(&p) {
                 self.stats.forgotten += 1;
@@ -216,13 +222,13 @@ mod tests {
     fn a_fence_drops_one_lane_and_the_next_poll_reacquires_it() {
         let mut c = FenceCore::new(FencePolicy::Recover);
         assert_eq!(
-            c.on_failure(1, Some(Response::RecoverInPlace), Site::Held),
+            c.handle_failure(1, Some(Response::RecoverInPlace), Site::Held),
             Verdict::DropLane
         );
         assert!(c.is_dropped(1) && !c.is_dropped(0));
-        assert_eq!(c.plan(&owned(&[0, 1, 2])), vec![1]);
-        c.reacquired(1);
-        assert_eq!(c.plan(&owned(&[0, 1, 2])), Vec::<i32>::new());
+        assert_eq!(c.poll_reacquire(&owned(&[0, 1, 2])), vec![1]);
+        c.handle_reacquired(1);
+        assert_eq!(c.poll_reacquire(&owned(&[0, 1, 2])), Vec::<i32>::new());
         let s = c.stats();
         assert_eq!(
             (s.fences_recovered, s.reacquisitions, s.forgotten),
@@ -235,9 +241,9 @@ mod tests {
     #[test]
     fn a_fence_then_a_revoke_forgets_the_partition() {
         let mut c = FenceCore::new(FencePolicy::Recover);
-        c.on_failure(3, Some(Response::RecoverInPlace), Site::Held);
-        c.released([3]);
-        assert_eq!(c.plan(&owned(&[0])), Vec::<i32>::new());
+        c.handle_failure(3, Some(Response::RecoverInPlace), Site::Held);
+        c.handle_released([3]);
+        assert_eq!(c.poll_reacquire(&owned(&[0])), Vec::<i32>::new());
         assert_eq!(c.stats().forgotten, 1);
         assert_eq!(c.stats().reacquisitions, 0);
     }
@@ -247,8 +253,8 @@ mod tests {
     #[test]
     fn a_fenced_partition_no_longer_owned_is_forgotten() {
         let mut c = FenceCore::new(FencePolicy::Recover);
-        c.on_failure(2, Some(Response::RecoverInPlace), Site::Held);
-        assert_eq!(c.plan(&owned(&[0, 1])), Vec::<i32>::new());
+        c.handle_failure(2, Some(Response::RecoverInPlace), Site::Held);
+        assert_eq!(c.poll_reacquire(&owned(&[0, 1])), Vec::<i32>::new());
         assert!(!c.is_dropped(2));
         assert_eq!(c.stats().forgotten, 1);
     }
@@ -258,14 +264,14 @@ mod tests {
     #[test]
     fn two_fences_in_a_row() {
         let mut c = FenceCore::new(FencePolicy::Recover);
-        c.on_failure(0, Some(Response::RecoverInPlace), Site::Held);
-        assert_eq!(c.plan(&owned(&[0])), vec![0]);
+        c.handle_failure(0, Some(Response::RecoverInPlace), Site::Held);
+        assert_eq!(c.poll_reacquire(&owned(&[0])), vec![0]);
         assert_eq!(
-            c.on_failure(0, Some(Response::RecoverInPlace), Site::Acquire),
+            c.handle_failure(0, Some(Response::RecoverInPlace), Site::Acquire),
             Verdict::DropLane
         );
-        assert_eq!(c.plan(&owned(&[0])), vec![0]);
-        c.reacquired(0);
+        assert_eq!(c.poll_reacquire(&owned(&[0])), vec![0]);
+        c.handle_reacquired(0);
         let s = c.stats();
         assert_eq!((s.fences_recovered, s.reacquisitions), (2, 1));
     }
@@ -276,21 +282,21 @@ mod tests {
     #[test]
     fn a_rejoin_drops_everything_once() {
         let mut c = FenceCore::new(FencePolicy::Recover);
-        c.on_failure(1, Some(Response::RecoverInPlace), Site::Held);
+        c.handle_failure(1, Some(Response::RecoverInPlace), Site::Held);
         assert_eq!(
-            c.on_failure(0, Some(Response::Rejoin), Site::Held),
+            c.handle_failure(0, Some(Response::Rejoin), Site::Held),
             Verdict::DropAll
         );
         assert_eq!(
-            c.on_failure(2, Some(Response::Rejoin), Site::Held),
+            c.handle_failure(2, Some(Response::Rejoin), Site::Held),
             Verdict::DropAll
         );
-        c.on_failure(3, Some(Response::RecoverInPlace), Site::Held);
-        assert_eq!(c.plan(&owned(&[0, 1, 2, 3])), Vec::<i32>::new());
-        assert!(c.take_rejoin().is_some());
-        assert!(c.take_rejoin().is_none());
+        c.handle_failure(3, Some(Response::RecoverInPlace), Site::Held);
+        assert_eq!(c.poll_reacquire(&owned(&[0, 1, 2, 3])), Vec::<i32>::new());
+        assert!(c.poll_rejoin().is_some());
+        assert!(c.poll_rejoin().is_none());
         assert_eq!(c.stats().rejoins, 1);
-        assert_eq!(c.plan(&owned(&[0, 1, 2, 3])), Vec::<i32>::new());
+        assert_eq!(c.poll_reacquire(&owned(&[0, 1, 2, 3])), Vec::<i32>::new());
     }
 
     /// A flush refused at revoke time is expected whatever refused it; a stopping failure still stops.
@@ -298,16 +304,19 @@ mod tests {
     fn a_refused_revoke_flush_is_expected() {
         let mut c = FenceCore::new(FencePolicy::Recover);
         for r in [Response::RecoverInPlace, Response::Rejoin] {
-            assert_eq!(c.on_failure(0, Some(r), Site::Release), Verdict::Expected);
+            assert_eq!(
+                c.handle_failure(0, Some(r), Site::Release),
+                Verdict::Expected
+            );
         }
         assert_eq!(
-            c.on_failure(0, Some(Response::Stop), Site::Release),
+            c.handle_failure(0, Some(Response::Stop), Site::Release),
             Verdict::Fail
         );
-        assert_eq!(c.on_failure(0, None, Site::Release), Verdict::Fail);
+        assert_eq!(c.handle_failure(0, None, Site::Release), Verdict::Fail);
         assert_eq!(c.stats().revoke_flushes_refused, 2);
         assert_eq!(c.stats().rejoins, 0);
-        assert!(c.take_rejoin().is_none());
+        assert!(c.poll_rejoin().is_none());
     }
 
     /// The stopping mode fails on everything, as kafka-flow does, and counts nothing.
@@ -320,23 +329,23 @@ mod tests {
             (Response::RecoverInPlace, Site::Release),
             (Response::RecoverInPlace, Site::Acquire),
         ] {
-            assert_eq!(c.on_failure(0, Some(r), site), Verdict::Fail);
+            assert_eq!(c.handle_failure(0, Some(r), site), Verdict::Fail);
         }
         assert_eq!(c.stats(), FlowStats::default());
-        assert!(c.take_rejoin().is_none());
+        assert!(c.poll_rejoin().is_none());
     }
 
     /// Failures that are not refused commits, or that say stop, fail in the tolerant mode too.
     #[test]
     fn other_failures_still_fail() {
         let mut c = FenceCore::new(FencePolicy::Recover);
-        assert_eq!(c.on_failure(0, None, Site::Held), Verdict::Fail);
+        assert_eq!(c.handle_failure(0, None, Site::Held), Verdict::Fail);
         assert_eq!(
-            c.on_failure(0, Some(Response::Stop), Site::Held),
+            c.handle_failure(0, Some(Response::Stop), Site::Held),
             Verdict::Fail
         );
         assert_eq!(
-            c.on_failure(0, Some(Response::Retry), Site::Acquire),
+            c.handle_failure(0, Some(Response::Retry), Site::Acquire),
             Verdict::Fail
         );
         assert_eq!(c.stats(), FlowStats::default());

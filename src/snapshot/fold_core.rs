@@ -3,8 +3,17 @@
 //!
 //! The core takes events, `now` and the outcomes of writes and commits in, and hands out what to write
 //! (a [`Wave`] of snapshots, graves and tombstones) and what may be committed
-//! ([`committable`](PartitionCore::committable)). The async driver in `flow.rs` owns the store and the
+//! ([`committable`](PartitionCore::committable)). The async driver in `flow/` owns the store and the
 //! timers; the rules live here, where scripted tests can drive every ordering.
+//!
+//! # Method kinds and call order
+//! - **`handle_*`**, input: `handle_event` (one input event, in offset order), `handle_read_to` (the
+//!   input was read up to an offset), `handle_timeout` (fire the deadlines at or before `now`),
+//!   `handle_wave_outcome` (how a wave's write ended), `handle_commit_landed`, `handle_fenced`;
+//!   `restore` feeds the recovered state in before any of them;
+//! - **`poll_*`**, output: `poll_wave` (the next write, at most one in flight), `poll_commit` (an
+//!   offset to commit, once it moved), `poll_timeout` (the earliest deadline);
+//! - **queries**: `committable`, `position`, `states`, `tombstones_due`, `is_fenced`.
 //!
 //! # The rules
 //!
@@ -26,7 +35,7 @@
 //!   was still at or below the delete, a restart would replay the key's earlier events onto an absent
 //!   state and could bring the key back with a state no owner ever had.
 //! - **Timers.** A key's deadline is derived from its state ([`Fold::deadline`](super::Fold::deadline)),
-//!   so it is persisted with the state and a new owner recovers it. [`tick`](PartitionCore::tick) fires
+//!   so it is persisted with the state and a new owner recovers it. [`handle_timeout`](PartitionCore::handle_timeout) fires
 //!   every deadline at or before `now`; the effect is a change like an event's, holding the committable
 //!   offset at the position the timer fired at until its write lands.
 //! - **Fence outcomes.** A wave that lands clears what it covered; a failed wave leaves every key it
@@ -106,7 +115,7 @@ struct Entry<S> {
 }
 
 /// The writes of one persist wave: hand them to the store, then report with
-/// [`PartitionCore::wave_done`].
+/// [`PartitionCore::handle_wave_outcome`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Wave {
     pub(crate) id: u64,
@@ -197,7 +206,7 @@ impl<S> PartitionCore<S> {
     }
 
     /// Folds one event (events of the partition arrive in offset order).
-    pub(crate) fn fold_event<F>(&mut self, fold: &F, event: &Record) -> Folded
+    pub(crate) fn handle_event<F>(&mut self, fold: &F, event: &Record) -> Folded
     where
         F: Fold<State = S>,
     {
@@ -242,12 +251,12 @@ impl<S> PartitionCore<S> {
     }
 
     /// Moves the position past offsets a fetch skipped (aborted batches, markers, compacted gaps).
-    pub(crate) fn advance(&mut self, next_offset: i64) {
+    pub(crate) fn handle_read_to(&mut self, next_offset: i64) {
         self.position = self.position.max(next_offset);
     }
 
     /// Fires every timer due at `now`. Returns how many fired.
-    pub(crate) fn tick<F>(&mut self, fold: &F, now: i64) -> usize
+    pub(crate) fn handle_timeout<F>(&mut self, fold: &F, now: i64) -> usize
     where
         F: Fold<State = S>,
     {
@@ -285,8 +294,8 @@ impl<S> PartitionCore<S> {
         fired
     }
 
-    /// The earliest deadline of any key (when the driver should call [`tick`](Self::tick) next).
-    pub(crate) fn next_deadline(&self) -> Option<i64> {
+    /// The earliest deadline of any key (when the driver should call [`handle_timeout`](Self::handle_timeout) next).
+    pub(crate) fn poll_timeout(&self) -> Option<i64> {
         self.timers.first().map(|(d, _)| *d)
     }
 
@@ -317,7 +326,7 @@ impl<S> PartitionCore<S> {
 
     /// The next wave to write: every dirty key's snapshot or grave, and every tombstone now due. `None`
     /// when there is nothing to write, a wave is in flight, or the partition was fenced.
-    pub(crate) fn begin_wave<F>(&mut self, fold: &F) -> Option<Wave>
+    pub(crate) fn poll_wave<F>(&mut self, fold: &F) -> Option<Wave>
     where
         F: Fold<State = S>,
     {
@@ -367,7 +376,7 @@ impl<S> PartitionCore<S> {
     }
 
     /// Applies a wave's outcome. An unknown or stale `id` is ignored.
-    pub(crate) fn wave_done(&mut self, id: u64, landing: Landing) {
+    pub(crate) fn handle_wave_outcome(&mut self, id: u64, landing: Landing) {
         let carried = match self.in_flight.take() {
             Some((current, carried)) if current == id => carried,
             other => {
@@ -417,13 +426,13 @@ impl<S> PartitionCore<S> {
     /// The committable offset when it is past the last landed commit: what a periodic commit has to
     /// send. `None` when the group already has it, so an idle partition commits nothing (each commit
     /// is a transaction with a marker on the snapshot partition and on `__consumer_offsets`).
-    pub(crate) fn commit_due(&self) -> Option<i64> {
+    pub(crate) fn poll_commit(&self) -> Option<i64> {
         let offset = self.committable();
         (offset > self.committed).then_some(offset)
     }
 
     /// A commit of `offset` landed. Graves behind it get their tombstones in the next wave.
-    pub(crate) fn commit_landed(&mut self, offset: i64) {
+    pub(crate) fn handle_commit_landed(&mut self, offset: i64) {
         self.committed = self.committed.max(offset);
     }
 
@@ -438,7 +447,7 @@ impl<S> PartitionCore<S> {
     }
 
     /// A fence refused a commit: the partition stops.
-    pub(crate) fn fence(&mut self) {
+    pub(crate) fn handle_fenced(&mut self) {
         self.fenced = true;
     }
 

@@ -78,9 +78,9 @@ fn keys_of(w: &Wave) -> Vec<(Bytes, Option<Bytes>)> {
 fn replay_skips_what_the_snapshot_already_folded() {
     let mut c = PartitionCore::new(0);
     c.restore(&NO_TTL, b("a"), Some(St { count: 3, seen: 0 }), 4);
-    assert_eq!(c.fold_event(&NO_TTL, &ev(3, "a", "x")), Folded::Skipped);
-    assert_eq!(c.fold_event(&NO_TTL, &ev(4, "a", "x")), Folded::Skipped);
-    assert_eq!(c.fold_event(&NO_TTL, &ev(5, "a", "x")), Folded::Changed);
+    assert_eq!(c.handle_event(&NO_TTL, &ev(3, "a", "x")), Folded::Skipped);
+    assert_eq!(c.handle_event(&NO_TTL, &ev(4, "a", "x")), Folded::Skipped);
+    assert_eq!(c.handle_event(&NO_TTL, &ev(5, "a", "x")), Folded::Changed);
     assert_eq!(c.states().next().unwrap().1.count, 4);
     assert_eq!(
         c.committable(),
@@ -93,19 +93,19 @@ fn replay_skips_what_the_snapshot_already_folded() {
 #[test]
 fn a_write_in_flight_holds_and_a_change_during_it_holds_again() {
     let mut c = PartitionCore::new(10);
-    c.fold_event(&NO_TTL, &ev(10, "a", "x"));
-    c.fold_event(&NO_TTL, &ev(11, "b", "x"));
-    let w = c.begin_wave(&NO_TTL).unwrap();
+    c.handle_event(&NO_TTL, &ev(10, "a", "x"));
+    c.handle_event(&NO_TTL, &ev(11, "b", "x"));
+    let w = c.poll_wave(&NO_TTL).unwrap();
     assert_eq!(w.writes.len(), 2);
-    assert!(c.begin_wave(&NO_TTL).is_none(), "one wave at a time");
+    assert!(c.poll_wave(&NO_TTL).is_none(), "one wave at a time");
     // Folded while the wave flies: a's next change.
-    c.fold_event(&NO_TTL, &ev(12, "a", "x"));
+    c.handle_event(&NO_TTL, &ev(12, "a", "x"));
     assert_eq!(c.committable(), 10, "in flight is not landed");
-    c.wave_done(w.id, Landing::Landed);
+    c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.committable(), 12, "a's later change holds again");
-    let w = c.begin_wave(&NO_TTL).unwrap();
+    let w = c.poll_wave(&NO_TTL).unwrap();
     assert_eq!(keys_of(&w).len(), 1);
-    c.wave_done(w.id, Landing::Landed);
+    c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.committable(), 13);
 }
 
@@ -127,14 +127,14 @@ fn every_ordering_of_write_commit_and_fence_keeps_the_commit_behind_unlanded_wri
         ];
         for order in orders {
             let mut c = PartitionCore::new(0);
-            c.fold_event(&NO_TTL, &ev(0, "a", "x"));
-            c.fold_event(&NO_TTL, &ev(1, "b", "x"));
+            c.handle_event(&NO_TTL, &ev(0, "a", "x"));
+            c.handle_event(&NO_TTL, &ev(1, "b", "x"));
             let mut wave = None;
             let mut committed = Vec::new();
             let mut landed = false;
             for step in order {
                 match step {
-                    Step::Begin => wave = c.begin_wave(&NO_TTL),
+                    Step::Begin => wave = c.poll_wave(&NO_TTL),
                     Step::Commit => {
                         if !c.is_fenced() {
                             committed.push(c.committable());
@@ -142,7 +142,7 @@ fn every_ordering_of_write_commit_and_fence_keeps_the_commit_behind_unlanded_wri
                     }
                     Step::Outcome => {
                         let w = wave.take().expect("begun");
-                        c.wave_done(w.id, outcome);
+                        c.handle_wave_outcome(w.id, outcome);
                         landed = outcome == Landing::Landed;
                     }
                 }
@@ -159,15 +159,15 @@ fn every_ordering_of_write_commit_and_fence_keeps_the_commit_behind_unlanded_wri
                 _ => assert_eq!(c.committable(), 0, "{order:?} {outcome:?}"),
             }
             if outcome == Landing::Fenced {
-                c.fold_event(&NO_TTL, &ev(2, "a", "x"));
+                c.handle_event(&NO_TTL, &ev(2, "a", "x"));
                 assert!(
-                    c.begin_wave(&NO_TTL).is_none(),
+                    c.poll_wave(&NO_TTL).is_none(),
                     "a fenced partition writes nothing"
                 );
             }
             if outcome == Landing::Failed {
                 let again = c
-                    .begin_wave(&NO_TTL)
+                    .poll_wave(&NO_TTL)
                     .expect("a failed wave is written again");
                 assert_eq!(again.writes.len(), 2);
             }
@@ -180,11 +180,11 @@ fn every_ordering_of_write_commit_and_fence_keeps_the_commit_behind_unlanded_wri
 #[test]
 fn a_stale_outcome_is_ignored() {
     let mut c = PartitionCore::new(0);
-    c.fold_event(&NO_TTL, &ev(0, "a", "x"));
-    let w = c.begin_wave(&NO_TTL).unwrap();
-    c.wave_done(w.id + 7, Landing::Landed);
+    c.handle_event(&NO_TTL, &ev(0, "a", "x"));
+    let w = c.poll_wave(&NO_TTL).unwrap();
+    c.handle_wave_outcome(w.id + 7, Landing::Landed);
     assert_eq!(c.committable(), 0);
-    c.wave_done(w.id, Landing::Landed);
+    c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.committable(), 1);
 }
 
@@ -193,29 +193,29 @@ fn a_stale_outcome_is_ignored() {
 #[test]
 fn a_delete_is_a_grave_until_the_commit_passes_it_then_a_tombstone() {
     let mut c = PartitionCore::new(0);
-    c.fold_event(&NO_TTL, &ev(0, "a", "x"));
-    c.fold_event(&NO_TTL, &ev(1, "b", "x"));
-    let w = c.begin_wave(&NO_TTL).unwrap();
-    c.wave_done(w.id, Landing::Landed);
-    c.fold_event(&NO_TTL, &ev(2, "a", "del"));
+    c.handle_event(&NO_TTL, &ev(0, "a", "x"));
+    c.handle_event(&NO_TTL, &ev(1, "b", "x"));
+    let w = c.poll_wave(&NO_TTL).unwrap();
+    c.handle_wave_outcome(w.id, Landing::Landed);
+    c.handle_event(&NO_TTL, &ev(2, "a", "del"));
     assert_eq!(c.states().count(), 1, "a deleted key is not a state");
-    let w = c.begin_wave(&NO_TTL).unwrap();
+    let w = c.poll_wave(&NO_TTL).unwrap();
     assert_eq!(w.writes, vec![(b("a"), Some(grave(2)))]);
-    c.wave_done(w.id, Landing::Landed);
+    c.handle_wave_outcome(w.id, Landing::Landed);
     // Replay of the deleted key's own events is still skipped.
-    assert_eq!(c.fold_event(&NO_TTL, &ev(2, "a", "x")), Folded::Skipped);
+    assert_eq!(c.handle_event(&NO_TTL, &ev(2, "a", "x")), Folded::Skipped);
     assert!(
-        c.begin_wave(&NO_TTL).is_none(),
+        c.poll_wave(&NO_TTL).is_none(),
         "no tombstone before the commit"
     );
     assert!(!c.tombstones_due());
     let offset = c.committable();
     assert_eq!(offset, 3);
-    c.commit_landed(offset);
+    c.handle_commit_landed(offset);
     assert!(c.tombstones_due());
-    let w = c.begin_wave(&NO_TTL).unwrap();
+    let w = c.poll_wave(&NO_TTL).unwrap();
     assert_eq!(w.writes, vec![(b("a"), None)]);
-    c.wave_done(w.id, Landing::Landed);
+    c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.remembered(), 1, "the deleted key is forgotten");
 }
 
@@ -223,19 +223,19 @@ fn a_delete_is_a_grave_until_the_commit_passes_it_then_a_tombstone() {
 #[test]
 fn a_failed_tombstone_is_retried_and_a_recreated_key_outlives_its_tombstone() {
     let mut c = PartitionCore::new(0);
-    c.fold_event(&NO_TTL, &ev(0, "a", "x"));
-    c.fold_event(&NO_TTL, &ev(1, "a", "del"));
-    c.commit_landed(5); // a commit already past the delete: no grave needed
-    let w = c.begin_wave(&NO_TTL).unwrap();
+    c.handle_event(&NO_TTL, &ev(0, "a", "x"));
+    c.handle_event(&NO_TTL, &ev(1, "a", "del"));
+    c.handle_commit_landed(5); // a commit already past the delete: no grave needed
+    let w = c.poll_wave(&NO_TTL).unwrap();
     assert_eq!(w.writes, vec![(b("a"), None)]);
-    c.wave_done(w.id, Landing::Failed);
-    let w = c.begin_wave(&NO_TTL).unwrap();
+    c.handle_wave_outcome(w.id, Landing::Failed);
+    let w = c.poll_wave(&NO_TTL).unwrap();
     assert_eq!(w.writes, vec![(b("a"), None)], "retried");
-    c.fold_event(&NO_TTL, &ev(6, "a", "x"));
-    c.wave_done(w.id, Landing::Landed);
+    c.handle_event(&NO_TTL, &ev(6, "a", "x"));
+    c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.states().count(), 1, "re-created after the delete");
     assert_eq!(c.committable(), 6);
-    let w = c.begin_wave(&NO_TTL).unwrap();
+    let w = c.poll_wave(&NO_TTL).unwrap();
     assert!(matches!(&w.writes[..], [(k, Some(_))] if k == "a"));
 }
 
@@ -247,8 +247,8 @@ fn a_recovered_grave_gates_replay_and_is_tombstoned_when_committed_past() {
     c.restore(&NO_TTL, b("a"), None, 3);
     c.restore(&NO_TTL, b("z"), None, 9);
     assert_eq!(c.states().count(), 0);
-    assert_eq!(c.fold_event(&NO_TTL, &ev(9, "z", "x")), Folded::Skipped);
-    let w = c.begin_wave(&NO_TTL).unwrap();
+    assert_eq!(c.handle_event(&NO_TTL, &ev(9, "z", "x")), Folded::Skipped);
+    let w = c.poll_wave(&NO_TTL).unwrap();
     assert_eq!(
         w.writes,
         vec![(b("a"), None)],
@@ -261,13 +261,13 @@ fn a_recovered_grave_gates_replay_and_is_tombstoned_when_committed_past() {
 #[test]
 fn a_short_lived_key_leaves_a_grave_and_keep_holds_nothing() {
     let mut c = PartitionCore::new(0);
-    c.fold_event(&NO_TTL, &ev(0, "a", "x"));
-    c.fold_event(&NO_TTL, &ev(1, "a", "del"));
-    assert_eq!(c.fold_event(&NO_TTL, &ev(2, "b", "keep")), Folded::Kept);
+    c.handle_event(&NO_TTL, &ev(0, "a", "x"));
+    c.handle_event(&NO_TTL, &ev(1, "a", "del"));
+    assert_eq!(c.handle_event(&NO_TTL, &ev(2, "b", "keep")), Folded::Kept);
     assert_eq!(c.committable(), 0);
-    let w = c.begin_wave(&NO_TTL).unwrap();
+    let w = c.poll_wave(&NO_TTL).unwrap();
     assert_eq!(w.writes, vec![(b("a"), Some(grave(1)))]);
-    c.wave_done(w.id, Landing::Landed);
+    c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.committable(), 3);
 }
 
@@ -277,23 +277,23 @@ fn a_short_lived_key_leaves_a_grave_and_keep_holds_nothing() {
 fn timers_fire_on_scripted_time_hold_the_offset_and_survive_recovery() {
     let ttl = Script { ttl: Some(10_000) };
     let mut c = PartitionCore::new(0);
-    c.fold_event(&ttl, &ev(0, "a", "x")); // seen 0 → due 10 000
-    c.fold_event(&ttl, &ev(5, "b", "x")); // seen 5 000 → due 15 000
-    let w = c.begin_wave(&ttl).unwrap();
-    c.wave_done(w.id, Landing::Landed);
-    assert_eq!(c.next_deadline(), Some(10_000));
-    assert_eq!(c.tick(&ttl, 9_999), 0);
-    assert_eq!(c.tick(&ttl, 10_000), 1);
+    c.handle_event(&ttl, &ev(0, "a", "x")); // seen 0 → due 10 000
+    c.handle_event(&ttl, &ev(5, "b", "x")); // seen 5 000 → due 15 000
+    let w = c.poll_wave(&ttl).unwrap();
+    c.handle_wave_outcome(w.id, Landing::Landed);
+    assert_eq!(c.poll_timeout(), Some(10_000));
+    assert_eq!(c.handle_timeout(&ttl, 9_999), 0);
+    assert_eq!(c.handle_timeout(&ttl, 10_000), 1);
     assert_eq!(c.states().count(), 1);
     assert_eq!(
         c.committable(),
         6,
         "the expiry holds where the partition stood"
     );
-    let w = c.begin_wave(&ttl).unwrap();
+    let w = c.poll_wave(&ttl).unwrap();
     assert_eq!(w.writes, vec![(b("a"), Some(grave(0)))]);
-    c.wave_done(w.id, Landing::Landed);
-    assert_eq!(c.next_deadline(), Some(15_000));
+    c.handle_wave_outcome(w.id, Landing::Landed);
+    assert_eq!(c.poll_timeout(), Some(15_000));
 
     // A new owner recovers b's state, and with it the schedule.
     let mut next: PartitionCore<St> = PartitionCore::new(6);
@@ -306,13 +306,13 @@ fn timers_fire_on_scripted_time_hold_the_offset_and_survive_recovery() {
         }),
         5,
     );
-    assert_eq!(next.next_deadline(), Some(15_000));
+    assert_eq!(next.poll_timeout(), Some(15_000));
     assert_eq!(
-        next.tick(&ttl, 20_000),
+        next.handle_timeout(&ttl, 20_000),
         1,
         "overdue at takeover: fires at once"
     );
-    let w = next.begin_wave(&ttl).unwrap();
+    let w = next.poll_wave(&ttl).unwrap();
     assert_eq!(
         w.writes,
         vec![(b("b"), None)],
@@ -326,13 +326,13 @@ fn timers_fire_on_scripted_time_hold_the_offset_and_survive_recovery() {
 fn an_event_moves_the_deadline() {
     let ttl = Script { ttl: Some(10_000) };
     let mut c = PartitionCore::new(0);
-    c.fold_event(&ttl, &ev(0, "a", "x"));
-    c.fold_event(&ttl, &ev(8, "a", "x")); // seen 8 000 → due 18 000
-    assert_eq!(c.tick(&ttl, 12_000), 0);
-    assert_eq!(c.next_deadline(), Some(18_000));
-    c.fold_event(&ttl, &ev(9, "a", "del"));
-    assert_eq!(c.next_deadline(), None);
-    assert_eq!(c.tick(&ttl, 100_000), 0);
+    c.handle_event(&ttl, &ev(0, "a", "x"));
+    c.handle_event(&ttl, &ev(8, "a", "x")); // seen 8 000 → due 18 000
+    assert_eq!(c.handle_timeout(&ttl, 12_000), 0);
+    assert_eq!(c.poll_timeout(), Some(18_000));
+    c.handle_event(&ttl, &ev(9, "a", "del"));
+    assert_eq!(c.poll_timeout(), None);
+    assert_eq!(c.handle_timeout(&ttl, 100_000), 0);
 }
 
 /// Like [`Script`], but `del` deletes only a key with at least two events: whether a delete happens
@@ -430,13 +430,13 @@ fn simulated_crashes_always_recover_the_fold_of_all_input() {
                 0 | 1 => {
                     let p = core.position() as usize;
                     if p < input.len() {
-                        core.fold_event(&Picky, &input[p]);
+                        core.handle_event(&Picky, &input[p]);
                         trace.push(format!("fold {p}"));
                     }
                 }
                 2 => {
                     if wave.is_none() {
-                        wave = core.begin_wave(&Picky);
+                        wave = core.poll_wave(&Picky);
                         trace.push(format!("begin {:?}", wave.as_ref().map(|w| w.writes.len())));
                     }
                 }
@@ -450,7 +450,7 @@ fn simulated_crashes_always_recover_the_fold_of_all_input() {
                         if landed {
                             durable.apply(&w);
                         }
-                        core.wave_done(w.id, told);
+                        core.handle_wave_outcome(w.id, told);
                         trace.push(format!("wave landed={landed} told={told:?}"));
                     }
                 }
@@ -458,7 +458,7 @@ fn simulated_crashes_always_recover_the_fold_of_all_input() {
                     // A commit can land before a wave still in flight: it rides in its own transaction.
                     let offset = core.committable();
                     durable.committed = durable.committed.max(offset);
-                    core.commit_landed(offset);
+                    core.handle_commit_landed(offset);
                     trace.push(format!("commit {offset}"));
                 }
                 _ => {
@@ -475,20 +475,20 @@ fn simulated_crashes_always_recover_the_fold_of_all_input() {
         }
         // Finish: fold the rest, persist, commit, write the tombstones, then a last restart.
         if let Some(w) = wave.take() {
-            core.wave_done(w.id, Landing::Failed);
+            core.handle_wave_outcome(w.id, Landing::Failed);
         }
         while (core.position() as usize) < input.len() {
             let p = core.position() as usize;
-            core.fold_event(&Picky, &input[p]);
+            core.handle_event(&Picky, &input[p]);
         }
         for _ in 0..2 {
-            if let Some(w) = core.begin_wave(&Picky) {
+            if let Some(w) = core.poll_wave(&Picky) {
                 durable.apply(&w);
-                core.wave_done(w.id, Landing::Landed);
+                core.handle_wave_outcome(w.id, Landing::Landed);
             }
             let offset = core.committable();
             durable.committed = offset;
-            core.commit_landed(offset);
+            core.handle_commit_landed(offset);
         }
         assert_eq!(durable.committed, input.len() as i64, "seed {seed}");
         let recovered = durable.recover();

@@ -14,7 +14,7 @@
 //! joining, the transaction waits for what it has sent to be acknowledged before it fixes its offset
 //! (the commit waits for those acknowledgements anyway), so a burst's stragglers still join.
 //!
-//! What goes into which transaction, and which offset each commits, is decided by [`queue::Queue`], a
+//! What goes into which transaction, and which offset each commits, is decided by [`queue_core::Queue`], a
 //! state machine without I/O; this module is its driver: the public handle, the drain loop that feeds the
 //! queue's steps to a [`TransactionRunner`], and the supervision of that loop.
 //!
@@ -36,7 +36,7 @@
 //! # References
 //! - KIP-98 (transactions), KIP-447 (TxnOffsetCommit carries the consumer's generation and member id)
 
-mod queue;
+mod queue_core;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -50,7 +50,7 @@ use tracing::Instrument;
 use super::error::{FailureKind, SnapshotError, TxnFailure};
 use crate::telemetry::TxnMetrics;
 use crate::GroupMetadata;
-use queue::{Queue, Step};
+use queue_core::{Queue, Step};
 
 /// One snapshot write: a key and its new snapshot, or `None` to delete the key (a tombstone).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,7 +306,8 @@ impl<R: TransactionRunner> GroupCommit<R> {
         let (reply, rx) = oneshot::channel();
         {
             let mut s = self.inner.lock();
-            s.queue.push_offset(offset, Ticket { reply, _slot: None })?;
+            s.queue
+                .handle_offset(offset, Ticket { reply, _slot: None })?;
             self.start_drain_locked(&mut s);
         }
         rx.await.unwrap_or_else(|_| Err(self.refused()))
@@ -343,7 +344,7 @@ impl<R: TransactionRunner> GroupCommit<R> {
     ) -> Result<oneshot::Receiver<Result<(), SnapshotError>>, SnapshotError> {
         let (reply, rx) = oneshot::channel();
         let mut s = self.inner.lock();
-        s.queue.push_write(
+        s.queue.handle_write(
             write,
             Ticket {
                 reply,

@@ -251,7 +251,7 @@ async fn drive(
     loop {
         #[cfg(test)]
         faults.hit("shared read");
-        core.prepare().apply(&mut reader);
+        core.poll_fetch().apply(&mut reader);
         if !core.fetching() {
             if !open {
                 return;
@@ -281,7 +281,7 @@ async fn drive(
             continue;
         }
         gathered = false;
-        let wait = core.wait(crate::clock::now(), idle_wait);
+        let wait = core.poll_timeout(crate::clock::now(), idle_wait);
         let before = reader.fetch_stats().requests;
         let result = {
             let fetch = reader.fetch_for(wait);
@@ -311,13 +311,13 @@ async fn drive(
                         (p.partition, records)
                     })
                     .collect();
-                deliver(core.fetched(now, delivered, |tp| {
+                deliver(core.handle_fetched(now, delivered, |tp| {
                     let (high_watermark, last_stable) = reader.watermarks(tp);
                     let end = last_stable.filter(|&o| o >= 0).or(high_watermark);
                     (reader.position(tp), end)
                 }));
             }
-            Err(e) => deliver(core.failed(now, Arc::new(e))),
+            Err(e) => deliver(core.handle_failed(now, Arc::new(e))),
         }
     }
 }
@@ -365,6 +365,11 @@ struct Want<R> {
 
 /// The shared reader's decisions, without I/O: generic over the reply handle so tests can see what
 /// went where.
+///
+/// Method kinds, as the other I/O-free machines: `handle_read` (a partition's read wants its next
+/// chunk) and `close` are input from the logs; the driver asks `poll_fetch` for what the next Fetch
+/// carries, reports it with `handle_fetched` or `handle_failed`, fires `handle_timeout` for reads past
+/// their deadline, and sleeps at most `poll_timeout`.
 #[derive(Debug)]
 pub(super) struct Core<R> {
     parts: BTreeMap<TopicPartition, Part<R>>,
@@ -421,7 +426,7 @@ impl Core<Reply> {
                 deadline,
                 reply,
             } => self
-                .want(partition, offset, deadline, reply)
+                .handle_read(partition, offset, deadline, reply)
                 .map(|(r, chunk)| (r, Ok(chunk)))
                 .into_iter()
                 .collect(),
@@ -437,7 +442,7 @@ impl<R> Core<R> {
     /// A read of `partition` from `offset`: answered now if its room holds the chunk that starts
     /// there, else waited for (with a seek first if the reader is not at `offset`). A read that
     /// replaces one still waiting drops the earlier reply.
-    pub(super) fn want(
+    pub(super) fn handle_read(
         &mut self,
         partition: TopicPartition,
         offset: i64,
@@ -489,7 +494,7 @@ impl<R> Core<R> {
     /// How long the next Fetch may wait: until the first waiting read's deadline, at most `idle`; not
     /// at all when it only reads ahead (a long poll would hold the connection, which other requests
     /// share, for nobody).
-    pub(super) fn wait(&self, now: Instant, idle: Duration) -> Duration {
+    pub(super) fn poll_timeout(&self, now: Instant, idle: Duration) -> Duration {
         self.parts
             .values()
             .filter(|p| p.fetchable())
@@ -500,7 +505,7 @@ impl<R> Core<R> {
     }
 
     /// The reader changes due before the next Fetch; the core then counts them as done.
-    pub(super) fn prepare(&mut self) -> Plan {
+    pub(super) fn poll_fetch(&mut self) -> Plan {
         let mut plan = Plan {
             unassign: std::mem::take(&mut self.closed),
             ..Plan::default()
@@ -526,7 +531,7 @@ impl<R> Core<R> {
     /// A Fetch answered with `delivered` records per partition; `reader` gives each partition's
     /// position after it and the end the answer reported (the last stable offset), if any. Fills rooms,
     /// answers reads, and gives an empty chunk to every read whose deadline has passed.
-    pub(super) fn fetched(
+    pub(super) fn handle_fetched(
         &mut self,
         now: Instant,
         mut delivered: BTreeMap<TopicPartition, Records>,
@@ -567,13 +572,13 @@ impl<R> Core<R> {
                 }
             }
         }
-        out.extend(self.expire(now));
+        out.extend(self.handle_timeout(now));
         out
     }
 
     /// A Fetch failed. A partition-level error goes to that partition's read, and the partition is
     /// let go (a later read assigns it afresh); any other error goes to every waiting read.
-    pub(super) fn failed(
+    pub(super) fn handle_failed(
         &mut self,
         now: Instant,
         error: Arc<ConsumerError>,
@@ -599,12 +604,12 @@ impl<R> Core<R> {
                 }
             }
         }
-        out.extend(self.expire(now));
+        out.extend(self.handle_timeout(now));
         out
     }
 
     /// Empty chunks for the reads whose deadline has passed with nothing to give them.
-    fn expire(&mut self, now: Instant) -> Vec<(R, Result<LogChunk, LogError>)> {
+    fn handle_timeout(&mut self, now: Instant) -> Vec<(R, Result<LogChunk, LogError>)> {
         let mut out = Vec::new();
         for part in self.parts.values_mut() {
             if let Some(w) = part.want.take_if(|w| w.deadline <= now) {

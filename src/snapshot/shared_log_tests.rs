@@ -48,8 +48,8 @@ fn later() -> Instant {
 #[test]
 fn reads_ahead_one_chunk_and_answers_from_the_room() {
     let mut core: Core<&str> = Core::default();
-    assert!(core.want(tp(0), 0, later(), "first").is_none());
-    let plan = core.prepare();
+    assert!(core.handle_read(tp(0), 0, later(), "first").is_none());
+    let plan = core.poll_fetch();
     assert_eq!(
         format!("{plan:?}")
             .matches("assign: [(TopicPartition")
@@ -58,7 +58,7 @@ fn reads_ahead_one_chunk_and_answers_from_the_room() {
         "{plan:?}"
     );
 
-    let out = core.fetched(Instant::now(), answer(0, &["a", "b"]), |_| (Some(2), None));
+    let out = core.handle_fetched(Instant::now(), answer(0, &["a", "b"]), |_| (Some(2), None));
     assert_eq!(out.len(), 1);
     let (who, chunk) = &out[0];
     assert_eq!(*who, "first");
@@ -67,18 +67,18 @@ fn reads_ahead_one_chunk_and_answers_from_the_room() {
 
     // Nobody waits now, but the room is empty: the next Fetch reads ahead.
     assert!(core.fetching());
-    let plan = format!("{:?}", core.prepare());
+    let plan = format!("{:?}", core.poll_fetch());
     assert!(plan.contains("resume: [TopicPartition"), "{plan}");
     assert!(core
-        .fetched(Instant::now(), answer(0, &["c"]), |_| (Some(3), None))
+        .handle_fetched(Instant::now(), answer(0, &["c"]), |_| (Some(3), None))
         .is_empty());
     // The room is full: paused, and nothing more to fetch.
     assert!(!core.fetching());
-    let plan = format!("{:?}", core.prepare());
+    let plan = format!("{:?}", core.poll_fetch());
     assert!(plan.contains("pause: [TopicPartition"), "{plan}");
 
     let (who, chunk) = core
-        .want(tp(0), 2, later(), "second")
+        .handle_read(tp(0), 2, later(), "second")
         .expect("answered from the room");
     assert_eq!(who, "second");
     assert_eq!(
@@ -94,18 +94,18 @@ fn reads_ahead_one_chunk_and_answers_from_the_room() {
 #[test]
 fn a_read_elsewhere_drops_the_room_and_seeks() {
     let mut core: Core<&str> = Core::default();
-    core.want(tp(0), 0, later(), "first");
-    core.prepare();
-    core.fetched(Instant::now(), answer(0, &["a"]), |_| (Some(1), None));
-    core.prepare();
-    core.fetched(Instant::now(), answer(0, &["b"]), |_| (Some(2), None));
-    assert!(core.want(tp(0), 0, later(), "again").is_none());
-    let plan = format!("{:?}", core.prepare());
+    core.handle_read(tp(0), 0, later(), "first");
+    core.poll_fetch();
+    core.handle_fetched(Instant::now(), answer(0, &["a"]), |_| (Some(1), None));
+    core.poll_fetch();
+    core.handle_fetched(Instant::now(), answer(0, &["b"]), |_| (Some(2), None));
+    assert!(core.handle_read(tp(0), 0, later(), "again").is_none());
+    let plan = format!("{:?}", core.poll_fetch());
     assert!(
         plan.contains("seek: [(TopicPartition { topic: \"t\", partition: 0 }, 0)]"),
         "{plan}"
     );
-    let out = core.fetched(Instant::now(), answer(0, &["a"]), |_| (Some(1), None));
+    let out = core.handle_fetched(Instant::now(), answer(0, &["a"]), |_| (Some(1), None));
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, "again");
     assert_eq!(out[0].1.as_ref().unwrap().records, records(&["a"]));
@@ -117,16 +117,16 @@ fn a_read_elsewhere_drops_the_room_and_seeks() {
 fn no_read_ahead_at_the_end_and_no_long_poll_for_read_ahead() {
     let mut core: Core<&str> = Core::default();
     let now = Instant::now();
-    core.want(tp(0), 0, now + Duration::from_millis(300), "p0");
-    core.want(tp(1), 0, now + Duration::from_millis(300), "p1");
-    core.prepare();
+    core.handle_read(tp(0), 0, now + Duration::from_millis(300), "p0");
+    core.handle_read(tp(1), 0, now + Duration::from_millis(300), "p1");
+    core.poll_fetch();
     assert_eq!(
-        core.wait(now, Duration::from_millis(500)),
+        core.poll_timeout(now, Duration::from_millis(500)),
         Duration::from_millis(300)
     );
     // p0 reaches its end, p1 does not; both reads answered.
     let both = BTreeMap::from([(tp(0), records(&["a"])), (tp(1), records(&["b"]))]);
-    let out = core.fetched(now, both, |t| {
+    let out = core.handle_fetched(now, both, |t| {
         if t.partition == 0 {
             (Some(1), Some(1))
         } else {
@@ -135,22 +135,25 @@ fn no_read_ahead_at_the_end_and_no_long_poll_for_read_ahead() {
     });
     assert_eq!(out.len(), 2);
     assert!(core.fetching(), "p1 has more to read ahead");
-    assert_eq!(core.wait(now, Duration::from_millis(500)), Duration::ZERO);
-    let plan = format!("{:?}", core.prepare());
+    assert_eq!(
+        core.poll_timeout(now, Duration::from_millis(500)),
+        Duration::ZERO
+    );
+    let plan = format!("{:?}", core.poll_fetch());
     assert!(
         plan.contains("pause: [TopicPartition { topic: \"t\", partition: 0 }]"),
         "{plan}"
     );
-    core.fetched(now, answer(1, &["c"]), |t| {
+    core.handle_fetched(now, answer(1, &["c"]), |t| {
         let at = if t.partition == 0 { 1 } else { 2 };
         (Some(at), Some(at))
     });
     assert!(!core.fetching(), "both at their end, nobody waiting");
     // A read at the end makes the partition worth a (waiting) Fetch again.
-    core.want(tp(0), 1, now + Duration::from_millis(200), "p0 again");
+    core.handle_read(tp(0), 1, now + Duration::from_millis(200), "p0 again");
     assert!(core.fetching());
     assert_eq!(
-        core.wait(now, Duration::from_millis(500)),
+        core.poll_timeout(now, Duration::from_millis(500)),
         Duration::from_millis(200)
     );
 }
@@ -159,15 +162,15 @@ fn no_read_ahead_at_the_end_and_no_long_poll_for_read_ahead() {
 #[test]
 fn a_chunk_from_before_a_seek_is_dropped() {
     let mut core: Core<&str> = Core::default();
-    core.want(tp(0), 0, later(), "first");
-    core.prepare();
+    core.handle_read(tp(0), 0, later(), "first");
+    core.poll_fetch();
     // While the Fetch is out, the read gives up and another asks from 5.
-    core.want(tp(0), 5, later(), "from five");
-    let out = core.fetched(Instant::now(), answer(0, &["a"]), |_| (Some(1), None));
+    core.handle_read(tp(0), 5, later(), "from five");
+    let out = core.handle_fetched(Instant::now(), answer(0, &["a"]), |_| (Some(1), None));
     assert!(out.is_empty(), "the stale chunk went nowhere");
-    let plan = format!("{:?}", core.prepare());
+    let plan = format!("{:?}", core.poll_fetch());
     assert!(plan.contains(", 5)]"), "{plan}");
-    let out = core.fetched(Instant::now(), answer(0, &["f"]), |_| (Some(6), None));
+    let out = core.handle_fetched(Instant::now(), answer(0, &["f"]), |_| (Some(6), None));
     assert_eq!(out[0].0, "from five");
     assert_eq!(out[0].1.as_ref().unwrap().next_offset, 6);
 }
@@ -178,17 +181,17 @@ fn a_chunk_from_before_a_seek_is_dropped() {
 fn an_idle_read_gets_an_empty_chunk_at_its_deadline() {
     let mut core: Core<&str> = Core::default();
     let now = Instant::now();
-    core.want(tp(0), 7, now + Duration::from_millis(100), "p0");
-    core.want(tp(1), 3, now + Duration::from_millis(300), "p1");
-    core.prepare();
+    core.handle_read(tp(0), 7, now + Duration::from_millis(100), "p0");
+    core.handle_read(tp(1), 3, now + Duration::from_millis(300), "p1");
+    core.poll_fetch();
     assert_eq!(
-        core.wait(now, Duration::from_millis(500)),
+        core.poll_timeout(now, Duration::from_millis(500)),
         Duration::from_millis(100)
     );
     assert!(core
-        .fetched(now, BTreeMap::new(), |_| (None, None))
+        .handle_fetched(now, BTreeMap::new(), |_| (None, None))
         .is_empty());
-    let out = core.fetched(now + Duration::from_millis(150), BTreeMap::new(), |_| {
+    let out = core.handle_fetched(now + Duration::from_millis(150), BTreeMap::new(), |_| {
         (None, None)
     });
     assert_eq!(out.len(), 1);
@@ -201,7 +204,7 @@ fn an_idle_read_gets_an_empty_chunk_at_its_deadline() {
         }
     );
     assert_eq!(
-        core.wait(now + Duration::from_millis(150), Duration::from_millis(500)),
+        core.poll_timeout(now + Duration::from_millis(150), Duration::from_millis(500)),
         Duration::from_millis(150)
     );
 }
@@ -211,9 +214,9 @@ fn an_idle_read_gets_an_empty_chunk_at_its_deadline() {
 #[test]
 fn a_position_moved_without_records_is_a_chunk() {
     let mut core: Core<&str> = Core::default();
-    core.want(tp(0), 0, later(), "first");
-    core.prepare();
-    let out = core.fetched(Instant::now(), BTreeMap::new(), |_| (Some(4), None));
+    core.handle_read(tp(0), 0, later(), "first");
+    core.poll_fetch();
+    let out = core.handle_fetched(Instant::now(), BTreeMap::new(), |_| (Some(4), None));
     assert_eq!(out.len(), 1);
     assert_eq!(
         out[0].1.as_ref().unwrap(),
@@ -229,31 +232,31 @@ fn a_position_moved_without_records_is_a_chunk() {
 #[test]
 fn errors_go_to_the_reads_they_concern() {
     let mut core: Core<&str> = Core::default();
-    core.want(tp(0), 0, later(), "p0");
-    core.want(tp(1), 0, later(), "p1");
-    core.prepare();
+    core.handle_read(tp(0), 0, later(), "p0");
+    core.handle_read(tp(1), 0, later(), "p1");
+    core.poll_fetch();
     let named = Arc::new(ConsumerError::Partition {
         partition: tp(1),
         code: ErrorCode::UnknownTopicOrPartition,
     });
-    let out = core.failed(Instant::now(), named);
+    let out = core.handle_failed(Instant::now(), named);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, "p1");
     assert!(matches!(out[0].1, Err(LogError::SharedFetch(_))));
-    let plan = format!("{:?}", core.prepare());
+    let plan = format!("{:?}", core.poll_fetch());
     assert!(
         plan.contains("unassign: [TopicPartition { topic: \"t\", partition: 1 }]"),
         "{plan}"
     );
 
-    core.want(tp(1), 0, later(), "p1 again");
-    core.prepare();
+    core.handle_read(tp(1), 0, later(), "p1 again");
+    core.poll_fetch();
     let whole = Arc::new(ConsumerError::TaskFailed {
         task: "fetch".into(),
         failure: "gone".into(),
     });
     let mut who: Vec<&str> = core
-        .failed(Instant::now(), whole)
+        .handle_failed(Instant::now(), whole)
         .into_iter()
         .map(|(w, r)| {
             assert!(matches!(r, Err(LogError::SharedFetch(_))));
@@ -268,14 +271,14 @@ fn errors_go_to_the_reads_they_concern() {
 #[test]
 fn a_closed_partition_is_unassigned() {
     let mut core: Core<&str> = Core::default();
-    core.want(tp(0), 0, later(), "p0");
-    core.prepare();
+    core.handle_read(tp(0), 0, later(), "p0");
+    core.poll_fetch();
     core.close(&tp(0));
     assert!(!core.fetching());
-    let plan = format!("{:?}", core.prepare());
+    let plan = format!("{:?}", core.poll_fetch());
     assert!(plan.contains("unassign: [TopicPartition"), "{plan}");
     assert!(core
-        .fetched(Instant::now(), answer(0, &["late"]), |_| (Some(1), None))
+        .handle_fetched(Instant::now(), answer(0, &["late"]), |_| (Some(1), None))
         .is_empty());
 }
 

@@ -250,7 +250,7 @@ impl ClassicMember {
     /// Records a poll. Returns whether the driver has something new to send (a member that had left
     /// for exceeding the poll interval rejoins); an ordinary poll only moves the poll-interval deadline,
     /// which the driver reads the next time it wakes anyway.
-    pub(crate) fn on_poll(&mut self, now: Instant) -> bool {
+    pub(crate) fn handle_poll(&mut self, now: Instant) -> bool {
         self.last_poll = now;
         if self.phase == Phase::Dormant {
             self.phase = Phase::Unjoined;
@@ -1098,4 +1098,5 @@ impl ClassicMember {
 }
 
 #[cfg(test)]
+#[path = "classic_tests.rs"]
 mod tests;

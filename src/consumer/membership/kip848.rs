@@ -216,8 +216,8 @@ impl ConsumerMember {
     }
 
     /// Records a poll. Returns whether the driver has something new to send (a member that had left
-    /// for exceeding the poll interval rejoins); see the classic machine's `on_poll`.
-    pub(crate) fn on_poll(&mut self, now: Instant) -> bool {
+    /// for exceeding the poll interval rejoins); see the classic machine's `handle_poll`.
+    pub(crate) fn handle_poll(&mut self, now: Instant) -> bool {
         self.last_poll = now;
         if self.phase == Phase::Dormant {
             self.rejoin();
@@ -723,4 +723,5 @@ impl ConsumerMember {
 }
 
 #[cfg(test)]
+#[path = "kip848_tests.rs"]
 mod tests;

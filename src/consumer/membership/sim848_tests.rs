@@ -263,7 +263,7 @@ impl Sim {
             if !self.apps[i].alive {
                 continue;
             }
-            self.apps[i].member.on_poll(self.now);
+            self.apps[i].member.handle_poll(self.now);
             self.handle_events(i);
             self.exchange(i);
             self.handle_events(i);

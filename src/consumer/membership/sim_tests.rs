@@ -302,7 +302,7 @@ impl Sim {
             if !self.apps[i].alive {
                 continue;
             }
-            self.apps[i].member.on_poll(self.now);
+            self.apps[i].member.handle_poll(self.now);
             while let Some(t) = self.apps[i].member.poll_transmit(self.now) {
                 for (idx, id, response) in self.coordinator.handle(i, &t) {
                     self.apps[idx]

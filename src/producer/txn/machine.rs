@@ -1,4 +1,18 @@
 //! The transaction machine itself: what each call and each answer does to the state (`state.rs`).
+//!
+//! # Method kinds and call order
+//! As every I/O-free machine here (quinn-proto's vocabulary), all taking `now` where time matters:
+//! - **commands** from the application: `start_init`, `begin`, `start_send_offsets`, `prepare`,
+//!   `start_commit`, `start_abort`; each answers with the first [`Step`] of its operation;
+//! - **`handle_*`**, input: `handle_response` (the answer to the last `Step::Send`),
+//!   `handle_add_partitions` (a TV1 enrolment's answer), and what the produce path reports:
+//!   `handle_append`, `handle_produce_sent`, `handle_produce_error`;
+//! - **`poll_*`**, output: `poll_add_partitions` (the enrolment to send now), `poll_timeout` (when to
+//!   ask `poll_add_partitions` again).
+//!
+//! The transactional driver runs one operation at a time: a command, then `handle_response` for each
+//! `Step::Send` until a terminal step. The produce driver calls `handle_append` before buffering a
+//! record, asks `can_produce` before letting a batch out, and polls the enrolment on each pass.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -365,7 +379,7 @@ impl TxnMachine {
 
     /// A record for `tp` is being accepted into the transaction. Refuses outside an open, healthy
     /// transaction. Under TV1 a partition seen for the first time is queued for AddPartitionsToTxn.
-    pub(crate) fn on_append(&mut self, tp: &TopicPartition) -> Result<(), ProducerError> {
+    pub(crate) fn handle_append(&mut self, tp: &TopicPartition) -> Result<(), ProducerError> {
         let State::InTransaction { txn, .. } = &mut self.state else {
             return Err(self.refusal("send"));
         };
@@ -388,7 +402,7 @@ impl TxnMachine {
 
     /// A Produce carrying a batch for `tp` is going out. Under TV2 that enrols the partition, so from
     /// here on the transaction must be ended with EndTxn.
-    pub(crate) fn on_produce_sent(&mut self, tp: &TopicPartition) {
+    pub(crate) fn handle_produce_sent(&mut self, tp: &TopicPartition) {
         if let Some(t) = self.state.txn_mut() {
             t.reached_broker = true;
             if t.tv == TxnVersion::V2 {
@@ -419,7 +433,7 @@ impl TxnMachine {
     }
 
     /// When the next AddPartitionsToTxn may go out after a backoff.
-    pub(crate) fn add_partitions_not_before(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         self.state.txn().and_then(|t| t.add_not_before)
     }
 
@@ -432,7 +446,7 @@ impl TxnMachine {
     }
 
     /// The answer to the AddPartitionsToTxn from [`TxnMachine::poll_add_partitions`].
-    pub(crate) fn on_add_partitions(
+    pub(crate) fn handle_add_partitions(
         &mut self,
         response: TxnResponse,
         now: Instant,
@@ -548,7 +562,7 @@ impl TxnMachine {
 
     /// A batch of the transaction failed. `err` carries the class; `needs_bump` says the partition's
     /// sequence or epoch is broken, so under TV1 the abort must be followed by an epoch bump.
-    pub(crate) fn on_produce_error(&mut self, err: ProducerError, needs_bump: bool) {
+    pub(crate) fn handle_produce_error(&mut self, err: ProducerError, needs_bump: bool) {
         if needs_bump {
             self.bump_after_abort = true;
         }
@@ -809,7 +823,7 @@ impl TxnMachine {
     // answers
 
     /// Feeds the answer to the last [`Step::Send`] of the operation in progress.
-    pub(crate) fn on_response(&mut self, response: TxnResponse, now: Instant) -> Step {
+    pub(crate) fn handle_response(&mut self, response: TxnResponse, now: Instant) -> Step {
         match self.take_state() {
             State::Initializing(op) => self.on_init(response, now, op),
             State::InTransaction {
@@ -822,7 +836,7 @@ impl TxnMachine {
             // The operation was cut short (a fatal error from the produce path, say): report why.
             other => {
                 self.state = other;
-                Step::Failed(self.refusal("on_response"))
+                Step::Failed(self.refusal("handle_response"))
             }
         }
     }

@@ -152,7 +152,7 @@ pub(crate) enum TxnResponse {
 /// What the driver does next for an operation.
 #[derive(Debug, Clone)]
 pub(crate) enum Step {
-    /// Send this request now and feed the answer to [`TxnMachine::on_response`].
+    /// Send this request now and feed the answer to [`TxnMachine::handle_response`](super::TxnMachine::handle_response).
     Send(TxnRequest),
     /// Wait `delay`; if `refresh`, look the request's coordinator up again; then send `request`.
     Backoff {

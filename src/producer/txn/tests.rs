@@ -45,7 +45,7 @@ fn ready(tv: i16, t0: Instant) -> TxnMachine {
         Step::Send(TxnRequest::InitProducerId { current: None, .. })
     ));
     assert_eq!(
-        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
+        m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
         Step::Done
     );
     assert_eq!(m.state(), TransactionState::Ready);
@@ -142,7 +142,7 @@ fn init_retries_busy_coordinators_then_succeeds() {
         }
     );
     assert_eq!(m.state(), TransactionState::Initializing);
-    let step = m.on_response(
+    let step = m.handle_response(
         TxnResponse::InitProducerId(Err(ErrorCode::CoordinatorLoadInProgress)),
         t0,
     );
@@ -154,7 +154,7 @@ fn init_retries_busy_coordinators_then_succeeds() {
             request: req.clone()
         }
     );
-    let step = m.on_response(
+    let step = m.handle_response(
         TxnResponse::InitProducerId(Err(ErrorCode::NotCoordinator)),
         t0,
     );
@@ -166,13 +166,13 @@ fn init_retries_busy_coordinators_then_succeeds() {
             request: req.clone()
         }
     );
-    let step = m.on_response(
+    let step = m.handle_response(
         TxnResponse::InitProducerId(Err(ErrorCode::ConcurrentTransactions)),
         t0,
     );
     assert!(matches!(step, Step::Backoff { refresh: false, .. }));
     assert_eq!(
-        m.on_response(TxnResponse::NoAnswer("eof".into()), t0),
+        m.handle_response(TxnResponse::NoAnswer("eof".into()), t0),
         Step::Backoff {
             delay: Duration::from_millis(800),
             refresh: false,
@@ -180,7 +180,7 @@ fn init_retries_busy_coordinators_then_succeeds() {
         }
     );
     assert_eq!(
-        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
+        m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
         Step::Done
     );
     assert_eq!(m.state(), TransactionState::Ready);
@@ -192,7 +192,7 @@ fn init_gives_up_at_its_deadline_and_can_be_called_again() {
     let t0 = Instant::now();
     let mut m = machine(2);
     sent(m.start_init(t0, OP, false));
-    let err = failed(m.on_response(
+    let err = failed(m.handle_response(
         TxnResponse::InitProducerId(Err(ErrorCode::CoordinatorNotAvailable)),
         t0 + OP,
     ));
@@ -212,7 +212,7 @@ fn init_fenced_or_unauthorised_is_fatal() {
     ] {
         let mut m = machine(2);
         sent(m.start_init(t0, OP, false));
-        let err = failed(m.on_response(TxnResponse::InitProducerId(Err(code)), t0));
+        let err = failed(m.handle_response(TxnResponse::InitProducerId(Err(code)), t0));
         assert!(err.is_fatal(), "{code}: {err}");
         if code == ErrorCode::TransactionalIdAuthorizationFailed {
             // The operator must learn which ACL is missing: the error names the transactional id.
@@ -238,7 +238,7 @@ fn interrupted_init_resumes() {
     assert!(m.op_in_progress());
     assert_eq!(sent(m.start_init(t0, OP, false)), first);
     assert_eq!(
-        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
+        m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
         Step::Done
     );
 }
@@ -259,7 +259,10 @@ fn illegal_transitions_are_refused_without_changing_state() {
     assert_eq!(m.state(), TransactionState::Uninitialized);
 
     let mut m = ready(2, t0);
-    assert!(m.on_append(&tp(0)).is_err(), "send outside a transaction");
+    assert!(
+        m.handle_append(&tp(0)).is_err(),
+        "send outside a transaction"
+    );
     assert_eq!(
         failed(m.start_send_offsets(&group(), offsets(), t0, OP)).class(),
         ErrorClass::Refused
@@ -285,9 +288,9 @@ fn tv1_request_sequence() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_append(&tp(0)).unwrap();
-    m.on_append(&tp(1)).unwrap();
-    m.on_append(&tp(0)).unwrap();
+    m.handle_append(&tp(0)).unwrap();
+    m.handle_append(&tp(1)).unwrap();
+    m.handle_append(&tp(0)).unwrap();
     assert!(!m.can_produce(&tp(0)), "not enrolled yet");
     let add = m.poll_add_partitions(t0).expect("enrolment request");
     assert_eq!(
@@ -304,8 +307,8 @@ fn tv1_request_sequence() {
         "one in flight at a time"
     );
     // A partition appearing while the first request is in flight waits for the next one.
-    m.on_append(&tp(2)).unwrap();
-    let out = m.on_add_partitions(
+    m.handle_append(&tp(2)).unwrap();
+    let out = m.handle_add_partitions(
         TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None), (tp(1), ErrorCode::None)]),
         t0,
     );
@@ -316,7 +319,7 @@ fn tv1_request_sequence() {
     assert!(
         matches!(add2, TxnRequest::AddPartitions { ref partitions, .. } if partitions == &vec![tp(2)])
     );
-    m.on_add_partitions(
+    m.handle_add_partitions(
         TxnResponse::AddPartitions(vec![(tp(2), ErrorCode::None)]),
         t0,
     );
@@ -331,7 +334,7 @@ fn tv1_request_sequence() {
             group_id: "g".into()
         }
     );
-    let req = sent(m.on_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
+    let req = sent(m.handle_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
     assert!(matches!(
         req,
         TxnRequest::TxnOffsetCommit {
@@ -342,7 +345,7 @@ fn tv1_request_sequence() {
     assert_eq!(req.max_version(), 4);
     assert_eq!(req.coordinator(), Coordinator::Group("g".into()));
     assert_eq!(
-        m.on_response(
+        m.handle_response(
             TxnResponse::TxnOffsetCommit(vec![(TopicPartition::new("in", 0), ErrorCode::None)]),
             t0
         ),
@@ -351,7 +354,7 @@ fn tv1_request_sequence() {
     // A second send_offsets for the same group needs no second AddOffsetsToTxn.
     let again = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
     assert!(matches!(again, TxnRequest::TxnOffsetCommit { .. }));
-    m.on_response(TxnResponse::TxnOffsetCommit(vec![]), t0);
+    m.handle_response(TxnResponse::TxnOffsetCommit(vec![]), t0);
 
     let end = sent(m.start_commit(t0, OP));
     assert_eq!(
@@ -367,7 +370,7 @@ fn tv1_request_sequence() {
     assert_eq!(m.state(), TransactionState::Committing);
     // A TV1 EndTxn answer carries no ids (v4 and below); even if one did, TV1 keeps its epoch.
     assert_eq!(
-        m.on_response(end_ok(Some(ProducerIdEpoch { id: 1, epoch: 1 })), t0),
+        m.handle_response(end_ok(Some(ProducerIdEpoch { id: 1, epoch: 1 })), t0),
         Step::Done
     );
     assert_eq!(m.state(), TransactionState::Ready);
@@ -379,10 +382,10 @@ fn tv1_add_partitions_retries_and_errors() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_append(&tp(0)).unwrap();
-    m.on_append(&tp(1)).unwrap();
+    m.handle_append(&tp(0)).unwrap();
+    m.handle_append(&tp(1)).unwrap();
     m.poll_add_partitions(t0).unwrap();
-    let out = m.on_add_partitions(
+    let out = m.handle_add_partitions(
         TxnResponse::AddPartitions(vec![
             (tp(0), ErrorCode::None),
             (tp(1), ErrorCode::NotCoordinator),
@@ -394,20 +397,20 @@ fn tv1_add_partitions_retries_and_errors() {
     assert!(m.enrolment_pending());
     // Backed off: not before the delay.
     assert!(m.poll_add_partitions(t0).is_none());
-    let at = m.add_partitions_not_before().unwrap();
+    let at = m.poll_timeout().unwrap();
     assert_eq!(at, t0 + Duration::from_millis(100));
     let retry = m.poll_add_partitions(at).unwrap();
     assert!(
         matches!(retry, TxnRequest::AddPartitions { ref partitions, .. } if partitions == &vec![tp(1)])
     );
     // No answer at all: retried like a transient error.
-    let out = m.on_add_partitions(TxnResponse::NoAnswer("timeout".into()), at);
+    let out = m.handle_add_partitions(TxnResponse::NoAnswer("timeout".into()), at);
     assert!(out.error.is_none());
     assert!(m.enrolment_pending());
-    let later = m.add_partitions_not_before().unwrap();
+    let later = m.poll_timeout().unwrap();
     m.poll_add_partitions(later).unwrap();
     // One partition not authorised, the other not attempted: the transaction is abortable.
-    let out = m.on_add_partitions(
+    let out = m.handle_add_partitions(
         TxnResponse::AddPartitions(vec![
             (tp(1), ErrorCode::TopicAuthorizationFailed),
             (tp(3), ErrorCode::OperationNotAttempted),
@@ -417,7 +420,7 @@ fn tv1_add_partitions_retries_and_errors() {
     assert!(out.error.as_ref().is_some_and(ProducerError::is_abortable));
     assert_eq!(m.state(), TransactionState::AbortableError);
     assert!(!m.can_produce(&tp(0)));
-    let refused = m.on_append(&tp(0)).unwrap_err();
+    let refused = m.handle_append(&tp(0)).unwrap_err();
     assert!(matches!(refused, ProducerError::MustAbort { .. }));
 }
 
@@ -429,39 +432,39 @@ fn tv1_enrolment_answered_concurrent_transactions_retries_quickly() {
     let slow = Backoff::exponential(Duration::from_millis(500), Duration::from_secs(1));
     let mut m = TxnMachine::new("tx-1", Duration::from_secs(60), slow, caps(1));
     sent(m.start_init(t0, OP, false));
-    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
     m.begin(t0).unwrap();
-    m.on_append(&tp(0)).unwrap();
+    m.handle_append(&tp(0)).unwrap();
     m.poll_add_partitions(t0).unwrap();
     let busy = |p| TxnResponse::AddPartitions(vec![(tp(p), ErrorCode::ConcurrentTransactions)]);
-    m.on_add_partitions(busy(0), t0);
-    assert_eq!(m.add_partitions_not_before(), Some(t0 + CONCURRENT_RETRY));
+    m.handle_add_partitions(busy(0), t0);
+    assert_eq!(m.poll_timeout(), Some(t0 + CONCURRENT_RETRY));
     let t1 = t0 + CONCURRENT_RETRY;
     assert!(m
         .poll_add_partitions(t1 - Duration::from_micros(1))
         .is_none());
     m.poll_add_partitions(t1).unwrap();
-    m.on_add_partitions(busy(0), t1);
+    m.handle_add_partitions(busy(0), t1);
     assert_eq!(
-        m.add_partitions_not_before(),
+        m.poll_timeout(),
         Some(t1 + CONCURRENT_RETRY),
         "the short delay holds for the first retries"
     );
     let t2 = t1 + CONCURRENT_RETRY;
     m.poll_add_partitions(t2).unwrap();
-    m.on_add_partitions(
+    m.handle_add_partitions(
         TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None)]),
         t2,
     );
     // A later enrolment answered so (an AddOffsetsToTxn's log append in progress) is just as short.
-    m.on_append(&tp(1)).unwrap();
+    m.handle_append(&tp(1)).unwrap();
     m.poll_add_partitions(t2).unwrap();
-    m.on_add_partitions(busy(1), t2);
-    assert_eq!(m.add_partitions_not_before(), Some(t2 + CONCURRENT_RETRY));
+    m.handle_add_partitions(busy(1), t2);
+    assert_eq!(m.poll_timeout(), Some(t2 + CONCURRENT_RETRY));
     let t3 = t2 + CONCURRENT_RETRY;
-    m.on_append(&tp(2)).unwrap();
+    m.handle_append(&tp(2)).unwrap();
     m.poll_add_partitions(t3).unwrap();
-    m.on_add_partitions(
+    m.handle_add_partitions(
         TxnResponse::AddPartitions(vec![
             (tp(1), ErrorCode::ConcurrentTransactions),
             (tp(2), ErrorCode::CoordinatorLoadInProgress),
@@ -469,7 +472,7 @@ fn tv1_enrolment_answered_concurrent_transactions_retries_quickly() {
         t3,
     );
     assert_eq!(
-        m.add_partitions_not_before(),
+        m.poll_timeout(),
         Some(t3 + Duration::from_secs(1)),
         "a loading coordinator gets the ordinary backoff (attempt 1: 500 ms doubled)"
     );
@@ -524,7 +527,7 @@ fn offsets_answered_concurrent_transactions_retry_quickly() {
         };
         for attempt in 0..3 {
             assert_eq!(
-                m.on_response(answer.clone(), t0),
+                m.handle_response(answer.clone(), t0),
                 Step::Backoff {
                     delay: CONCURRENT_RETRY,
                     refresh: false,
@@ -546,7 +549,7 @@ fn offsets_answered_concurrent_transactions_retry_quickly() {
         ),
     ]);
     assert_eq!(
-        m.on_response(mixed, t0),
+        m.handle_response(mixed, t0),
         Step::Backoff {
             delay: Duration::from_millis(100),
             refresh: false,
@@ -562,14 +565,14 @@ fn end_and_init_answered_concurrent_transactions_retry_quickly() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
+    m.handle_produce_sent(&tp(0));
     let end = sent(m.start_commit(t0, OP));
     let busy = TxnResponse::EndTxn {
         code: ErrorCode::ConcurrentTransactions,
         next: None,
     };
     assert_eq!(
-        m.on_response(busy, t0),
+        m.handle_response(busy, t0),
         Step::Backoff {
             delay: CONCURRENT_RETRY,
             refresh: false,
@@ -581,7 +584,7 @@ fn end_and_init_answered_concurrent_transactions_retry_quickly() {
         next: None,
     };
     assert_eq!(
-        m.on_response(loading, t0),
+        m.handle_response(loading, t0),
         Step::Backoff {
             delay: Duration::from_millis(200),
             refresh: false,
@@ -592,7 +595,7 @@ fn end_and_init_answered_concurrent_transactions_retry_quickly() {
     let mut m = machine(1);
     let init = sent(m.start_init(t0, OP, false));
     assert_eq!(
-        m.on_response(
+        m.handle_response(
             TxnResponse::InitProducerId(Err(ErrorCode::ConcurrentTransactions)),
             t0
         ),
@@ -609,9 +612,9 @@ fn tv1_add_partitions_fenced_is_fatal() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_append(&tp(0)).unwrap();
+    m.handle_append(&tp(0)).unwrap();
     m.poll_add_partitions(t0).unwrap();
-    let out = m.on_add_partitions(
+    let out = m.handle_add_partitions(
         TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::InvalidProducerEpoch)]),
         t0,
     );
@@ -630,13 +633,13 @@ fn tv2_request_sequence_and_epoch_adoption() {
     let t0 = Instant::now();
     let mut m = ready(2, t0);
     m.begin(t0).unwrap();
-    m.on_append(&tp(0)).unwrap();
+    m.handle_append(&tp(0)).unwrap();
     assert!(
         m.can_produce(&tp(0)),
         "Produce v12 enrols the partition itself"
     );
     assert!(m.poll_add_partitions(t0).is_none());
-    m.on_produce_sent(&tp(0));
+    m.handle_produce_sent(&tp(0));
     let req = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
     assert!(matches!(
         req,
@@ -647,7 +650,7 @@ fn tv2_request_sequence_and_epoch_adoption() {
     ));
     assert_eq!(req.max_version(), 5);
     assert_eq!(
-        m.on_response(TxnResponse::TxnOffsetCommit(vec![]), t0),
+        m.handle_response(TxnResponse::TxnOffsetCommit(vec![]), t0),
         Step::Done
     );
     let end = sent(m.start_commit(t0, OP));
@@ -665,16 +668,16 @@ fn tv2_request_sequence_and_epoch_adoption() {
         id: IDS.id,
         epoch: IDS.epoch + 1,
     };
-    assert_eq!(m.on_response(end_ok(Some(next)), t0), Step::Done);
+    assert_eq!(m.handle_response(end_ok(Some(next)), t0), Step::Done);
     assert_eq!(m.ids(), Some(next), "the bumped epoch is adopted");
     // The next transaction runs under it.
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
+    m.handle_produce_sent(&tp(0));
     let end = sent(m.start_commit(t0, OP));
     assert!(matches!(end, TxnRequest::EndTxn { ids, .. } if ids == next));
     // Epoch exhausted: the coordinator hands out a new producer id at epoch 0.
     let fresh = ProducerIdEpoch { id: 2000, epoch: 0 };
-    m.on_response(end_ok(Some(fresh)), t0);
+    m.handle_response(end_ok(Some(fresh)), t0);
     assert_eq!(m.ids(), Some(fresh));
 }
 
@@ -685,7 +688,7 @@ fn tv2_offsets_only_transaction_is_ended() {
     let mut m = ready(2, t0);
     m.begin(t0).unwrap();
     sent(m.start_send_offsets(&group(), offsets(), t0, OP));
-    m.on_response(TxnResponse::TxnOffsetCommit(vec![]), t0);
+    m.handle_response(TxnResponse::TxnOffsetCommit(vec![]), t0);
     assert!(matches!(
         sent(m.start_commit(t0, OP)),
         TxnRequest::EndTxn { .. }
@@ -718,9 +721,9 @@ fn tv1_enrolment_sent_means_end_txn_is_needed() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_append(&tp(0)).unwrap();
+    m.handle_append(&tp(0)).unwrap();
     m.poll_add_partitions(t0).unwrap();
-    m.on_add_partitions(TxnResponse::NoAnswer("lost".into()), t0);
+    m.handle_add_partitions(TxnResponse::NoAnswer("lost".into()), t0);
     // The partition could not be enrolled; abort still has to tell the coordinator.
     assert!(matches!(
         sent(m.start_abort(t0, OP)),
@@ -733,7 +736,7 @@ fn commit_waits_for_enrolment() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_append(&tp(0)).unwrap();
+    m.handle_append(&tp(0)).unwrap();
     let err = failed(m.start_commit(t0, OP));
     assert_eq!(err.class(), ErrorClass::Refused);
     assert_eq!(m.state(), TransactionState::InTransaction);
@@ -749,9 +752,9 @@ fn unanswered_commit_is_outcome_unknown_and_never_aborted() {
     let t0 = Instant::now();
     let mut m = ready(2, t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
+    m.handle_produce_sent(&tp(0));
     let end = sent(m.start_commit(t0, OP));
-    let step = m.on_response(TxnResponse::NoAnswer("request timed out".into()), t0);
+    let step = m.handle_response(TxnResponse::NoAnswer("request timed out".into()), t0);
     assert_eq!(
         step,
         Step::Backoff {
@@ -761,7 +764,7 @@ fn unanswered_commit_is_outcome_unknown_and_never_aborted() {
         }
     );
     // A later attempt is answered "try again" but the first one's fate is still unknown.
-    let err = failed(m.on_response(
+    let err = failed(m.handle_response(
         TxnResponse::EndTxn {
             code: ErrorCode::CoordinatorLoadInProgress,
             next: None,
@@ -778,11 +781,11 @@ fn unanswered_commit_is_outcome_unknown_and_never_aborted() {
         ProducerError::IllegalState { op: "abort", .. }
     ));
     assert!(m.begin(t0 + OP).is_err());
-    assert!(m.on_append(&tp(0)).is_err());
+    assert!(m.handle_append(&tp(0)).is_err());
 
     // Retrying the commit resends the same EndTxn (same ids: the coordinator recognises the retry).
     assert_eq!(sent(m.start_commit(t0 + OP, OP)), end);
-    assert_eq!(m.on_response(end_ok(None), t0 + OP), Step::Done);
+    assert_eq!(m.handle_response(end_ok(None), t0 + OP), Step::Done);
     assert_eq!(m.state(), TransactionState::Ready);
 }
 
@@ -791,9 +794,9 @@ fn reinit_after_unknown_commit() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
+    m.handle_produce_sent(&tp(0));
     sent(m.start_commit(t0, OP));
-    let err = failed(m.on_response(TxnResponse::NoAnswer("eof".into()), t0 + OP));
+    let err = failed(m.handle_response(TxnResponse::NoAnswer("eof".into()), t0 + OP));
     assert!(err.is_outcome_unknown());
     let req = sent(m.start_init(t0 + OP, OP, false));
     assert!(matches!(
@@ -804,7 +807,7 @@ fn reinit_after_unknown_commit() {
         id: IDS.id,
         epoch: IDS.epoch + 1,
     };
-    m.on_response(TxnResponse::InitProducerId(Ok(new)), t0 + OP);
+    m.handle_response(TxnResponse::InitProducerId(Ok(new)), t0 + OP);
     assert_eq!(m.state(), TransactionState::Ready);
     assert_eq!(m.ids(), Some(new));
 }
@@ -815,17 +818,17 @@ fn commit_refused_until_deadline_is_abortable() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
+    m.handle_produce_sent(&tp(0));
     sent(m.start_commit(t0, OP));
     let busy = TxnResponse::EndTxn {
         code: ErrorCode::ConcurrentTransactions,
         next: None,
     };
     assert!(matches!(
-        m.on_response(busy.clone(), t0),
+        m.handle_response(busy.clone(), t0),
         Step::Backoff { .. }
     ));
-    let err = failed(m.on_response(busy, t0 + OP));
+    let err = failed(m.handle_response(busy, t0 + OP));
     assert!(err.is_abortable(), "{err}");
     assert_eq!(m.state(), TransactionState::AbortableError);
     assert!(matches!(
@@ -841,12 +844,12 @@ fn interrupted_commit_resumes_in_doubt() {
     let t0 = Instant::now();
     let mut m = ready(2, t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
+    m.handle_produce_sent(&tp(0));
     let end = sent(m.start_commit(t0, OP));
     // Dropped. Abort is refused: the commit may land.
     assert!(failed(m.start_abort(t0, OP)).class() == ErrorClass::Refused);
     assert_eq!(sent(m.start_commit(t0, OP)), end);
-    let err = failed(m.on_response(
+    let err = failed(m.handle_response(
         TxnResponse::EndTxn {
             code: ErrorCode::NotCoordinator,
             next: None,
@@ -862,9 +865,9 @@ fn end_txn_fenced_is_fatal() {
     for code in [ErrorCode::ProducerFenced, ErrorCode::InvalidProducerEpoch] {
         let mut m = ready(1, t0);
         m.begin(t0).unwrap();
-        m.on_produce_sent(&tp(0));
+        m.handle_produce_sent(&tp(0));
         sent(m.start_commit(t0, OP));
-        let err = failed(m.on_response(TxnResponse::EndTxn { code, next: None }, t0));
+        let err = failed(m.handle_response(TxnResponse::EndTxn { code, next: None }, t0));
         assert!(matches!(err, ProducerError::Fenced { .. }), "{err}");
         assert_eq!(m.state(), TransactionState::FatalError);
     }
@@ -886,16 +889,16 @@ fn fenced_offset_commit_is_abortable_and_blocks_commit() {
         ] {
             let mut m = ready(tv, t0);
             m.begin(t0).unwrap();
-            m.on_produce_sent(&tp(0));
+            m.handle_produce_sent(&tp(0));
             let mut req = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
             if matches!(req, TxnRequest::AddOffsets { .. }) {
-                req = sent(m.on_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
+                req = sent(m.handle_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
             }
             let TxnRequest::TxnOffsetCommit { group: g, .. } = &req else {
                 panic!("expected TxnOffsetCommit, got {req:?}");
             };
             assert_eq!(g.generation_id(), 5);
-            let err = failed(m.on_response(
+            let err = failed(m.handle_response(
                 TxnResponse::TxnOffsetCommit(vec![(TopicPartition::new("in", 0), code)]),
                 t0,
             ));
@@ -911,7 +914,7 @@ fn fenced_offset_commit_is_abortable_and_blocks_commit() {
             );
             let abort = sent(m.start_abort(t0, OP));
             assert!(matches!(abort, TxnRequest::EndTxn { commit: false, .. }));
-            m.on_response(end_ok(None), t0);
+            m.handle_response(end_ok(None), t0);
             assert_eq!(m.state(), TransactionState::Ready, "tv{tv} {code}");
         }
     }
@@ -923,7 +926,7 @@ fn offset_commit_retries_coordinator_moves() {
     let mut m = ready(2, t0);
     m.begin(t0).unwrap();
     let req = sent(m.start_send_offsets(&group(), offsets(), t0, OP));
-    let step = m.on_response(
+    let step = m.handle_response(
         TxnResponse::TxnOffsetCommit(vec![(
             TopicPartition::new("in", 0),
             ErrorCode::NotCoordinator,
@@ -939,7 +942,7 @@ fn offset_commit_retries_coordinator_moves() {
         }
     );
     // The worst answer decides: a fence among retriable answers is a fence.
-    let err = failed(m.on_response(
+    let err = failed(m.handle_response(
         TxnResponse::TxnOffsetCommit(vec![
             (
                 TopicPartition::new("in", 0),
@@ -958,7 +961,7 @@ fn commit_after_interrupted_send_offsets_is_refused() {
     let t0 = Instant::now();
     let mut m = ready(2, t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
+    m.handle_produce_sent(&tp(0));
     sent(m.start_send_offsets(&group(), offsets(), t0, OP));
     // Dropped before the answer.
     let err = failed(m.start_commit(t0, OP));
@@ -979,7 +982,7 @@ fn offset_commit_needs_kip447() {
         ..caps(1)
     });
     sent(m.start_init(t0, OP, false));
-    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
     m.begin(t0).unwrap();
     let err = failed(m.start_send_offsets(&group(), offsets(), t0, OP));
     assert!(matches!(err, ProducerError::Unsupported { .. }) && err.is_fatal());
@@ -995,14 +998,14 @@ fn tv1_abort_after_sequence_error_bumps_the_epoch() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_append(&tp(0)).unwrap();
+    m.handle_append(&tp(0)).unwrap();
     m.poll_add_partitions(t0).unwrap();
-    m.on_add_partitions(
+    m.handle_add_partitions(
         TxnResponse::AddPartitions(vec![(tp(0), ErrorCode::None)]),
         t0,
     );
-    m.on_produce_sent(&tp(0));
-    m.on_produce_error(
+    m.handle_produce_sent(&tp(0));
+    m.handle_produce_error(
         ProducerError::Broker {
             api: "Produce",
             code: ErrorCode::OutOfOrderSequenceNumber,
@@ -1019,7 +1022,7 @@ fn tv1_abort_after_sequence_error_bumps_the_epoch() {
             ..
         }
     ));
-    let bump = sent(m.on_response(end_ok(None), t0));
+    let bump = sent(m.handle_response(end_ok(None), t0));
     assert_eq!(
         bump,
         TxnRequest::InitProducerId {
@@ -1035,16 +1038,16 @@ fn tv1_abort_after_sequence_error_bumps_the_epoch() {
         epoch: IDS.epoch + 1,
     };
     assert_eq!(
-        m.on_response(TxnResponse::InitProducerId(Ok(bumped)), t0),
+        m.handle_response(TxnResponse::InitProducerId(Ok(bumped)), t0),
         Step::Done
     );
     assert_eq!(m.state(), TransactionState::Ready);
     assert_eq!(m.ids(), Some(bumped));
     // The bump is not repeated after the next, clean, abort.
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
+    m.handle_produce_sent(&tp(0));
     sent(m.start_abort(t0, OP));
-    assert_eq!(m.on_response(end_ok(None), t0), Step::Done);
+    assert_eq!(m.handle_response(end_ok(None), t0), Step::Done);
 }
 
 /// If another producer took the id meanwhile, the bump is answered as a fence.
@@ -1053,8 +1056,8 @@ fn tv1_bump_fenced_is_fatal() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
-    m.on_produce_error(
+    m.handle_produce_sent(&tp(0));
+    m.handle_produce_error(
         ProducerError::Broker {
             api: "Produce",
             code: ErrorCode::InvalidProducerEpoch,
@@ -1063,8 +1066,8 @@ fn tv1_bump_fenced_is_fatal() {
         true,
     );
     sent(m.start_abort(t0, OP));
-    sent(m.on_response(end_ok(None), t0));
-    let err = failed(m.on_response(
+    sent(m.handle_response(end_ok(None), t0));
+    let err = failed(m.handle_response(
         TxnResponse::InitProducerId(Err(ErrorCode::ProducerFenced)),
         t0,
     ));
@@ -1080,10 +1083,10 @@ fn tv1_bump_without_kip360_is_fatal() {
         ..caps(1)
     });
     sent(m.start_init(t0, OP, false));
-    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
-    m.on_produce_error(
+    m.handle_produce_sent(&tp(0));
+    m.handle_produce_error(
         ProducerError::Broker {
             api: "Produce",
             code: ErrorCode::UnknownProducerId,
@@ -1092,7 +1095,7 @@ fn tv1_bump_without_kip360_is_fatal() {
         true,
     );
     sent(m.start_abort(t0, OP));
-    let err = failed(m.on_response(end_ok(None), t0));
+    let err = failed(m.handle_response(end_ok(None), t0));
     assert!(matches!(err, ProducerError::Unsupported { .. }));
     assert_eq!(m.state(), TransactionState::FatalError);
 }
@@ -1103,8 +1106,8 @@ fn interrupted_bump_resumes_on_abort() {
     let t0 = Instant::now();
     let mut m = ready(1, t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
-    m.on_produce_error(
+    m.handle_produce_sent(&tp(0));
+    m.handle_produce_error(
         ProducerError::Broker {
             api: "Produce",
             code: ErrorCode::OutOfOrderSequenceNumber,
@@ -1113,7 +1116,7 @@ fn interrupted_bump_resumes_on_abort() {
         true,
     );
     sent(m.start_abort(t0, OP));
-    let bump = sent(m.on_response(end_ok(None), t0));
+    let bump = sent(m.handle_response(end_ok(None), t0));
     // Dropped here.
     assert_eq!(m.state(), TransactionState::Initializing);
     assert!(m.begin(t0).is_err());
@@ -1126,8 +1129,8 @@ fn tv2_abort_after_sequence_error_adopts_end_txn_epoch() {
     let t0 = Instant::now();
     let mut m = ready(2, t0);
     m.begin(t0).unwrap();
-    m.on_produce_sent(&tp(0));
-    m.on_produce_error(
+    m.handle_produce_sent(&tp(0));
+    m.handle_produce_error(
         ProducerError::Broker {
             api: "Produce",
             code: ErrorCode::OutOfOrderSequenceNumber,
@@ -1140,7 +1143,7 @@ fn tv2_abort_after_sequence_error_adopts_end_txn_epoch() {
         id: IDS.id,
         epoch: IDS.epoch + 1,
     };
-    assert_eq!(m.on_response(end_ok(Some(next)), t0), Step::Done);
+    assert_eq!(m.handle_response(end_ok(Some(next)), t0), Step::Done);
     assert_eq!(m.ids(), Some(next));
     assert_eq!(m.state(), TransactionState::Ready);
 }
@@ -1150,7 +1153,7 @@ fn fatal_produce_error_poisons_the_producer() {
     let t0 = Instant::now();
     let mut m = ready(2, t0);
     m.begin(t0).unwrap();
-    m.on_produce_error(
+    m.handle_produce_error(
         ProducerError::Fenced {
             transactional_id: "tx-1".into(),
             code: ErrorCode::ProducerFenced,
@@ -1169,11 +1172,11 @@ fn mismatched_answer_is_fatal_not_a_panic() {
     let t0 = Instant::now();
     let mut m = machine(2);
     sent(m.start_init(t0, OP, false));
-    let err = failed(m.on_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
+    let err = failed(m.handle_response(TxnResponse::AddOffsets(ErrorCode::None), t0));
     assert!(err.is_fatal());
     let mut m = ready(2, t0);
     assert!(matches!(
-        m.on_response(end_ok(None), t0),
+        m.handle_response(end_ok(None), t0),
         Step::Failed(ProducerError::IllegalState { .. })
     ));
 }
@@ -1185,7 +1188,7 @@ fn init_success_without_ids_is_a_typed_driver_bug() {
     let t0 = Instant::now();
     let mut m = machine(1);
     sent(m.start_init(t0, OP, false));
-    let err = failed(m.on_response(TxnResponse::InitProducerId(Err(ErrorCode::None)), t0));
+    let err = failed(m.handle_response(TxnResponse::InitProducerId(Err(ErrorCode::None)), t0));
     assert!(matches!(err, ProducerError::Defunct { .. }), "{err:?}");
     assert_eq!(m.state(), TransactionState::FatalError);
     assert!(!m.op_in_progress());
@@ -1351,7 +1354,7 @@ mod walk {
                     }
                 }
                 Cmd::Append(p) => {
-                    let _ = m.on_append(&tp(p));
+                    let _ = m.handle_append(&tp(p));
                 }
                 Cmd::PollAdd => {
                     if add_outstanding.is_none() {
@@ -1367,7 +1370,7 @@ mod walk {
                         if let (true, TxnRequest::AddPartitions { partitions, .. }) = (ok, &req) {
                             model.enrolled.extend(partitions.iter().cloned());
                         }
-                        if let Some(e) = m.on_add_partitions(resp, now).error {
+                        if let Some(e) = m.handle_add_partitions(resp, now).error {
                             check_error(&m, &e);
                         }
                     }
@@ -1381,7 +1384,7 @@ mod walk {
                             );
                         }
                         model.reached = true;
-                        m.on_produce_sent(&tp(p));
+                        m.handle_produce_sent(&tp(p));
                     }
                 }
                 Cmd::ProduceError { fatal, bump } => {
@@ -1397,14 +1400,14 @@ mod walk {
                             class: ErrorClass::Abortable,
                         }
                     };
-                    m.on_produce_error(err, bump);
+                    m.handle_produce_error(err, bump);
                 }
                 Cmd::SendOffsets => step = Some(m.start_send_offsets(&group(), offsets(), now, OP)),
                 Cmd::Commit => step = Some(m.start_commit(now, OP)),
                 Cmd::Abort => step = Some(m.start_abort(now, OP)),
                 Cmd::Answer(a) => {
                     if let Some(req) = outstanding.take() {
-                        let s = m.on_response(response(&req, a), now);
+                        let s = m.handle_response(response(&req, a), now);
                         // A later send_offsets that completed ran the fence for the offsets that count
                         // (requests to one coordinator are processed in order).
                         if matches!(req, TxnRequest::TxnOffsetCommit { .. })
@@ -1497,7 +1500,7 @@ fn an_init_timeout_names_the_last_answer() {
     sent(m.start_init(t0, OP, false));
     let mut now = t0;
     let failed = loop {
-        match m.on_response(
+        match m.handle_response(
             TxnResponse::InitProducerId(Err(ErrorCode::ConcurrentTransactions)),
             now,
         ) {
@@ -1538,32 +1541,32 @@ fn concurrent_transactions_retries_are_counted_per_api() {
         let busy = ErrorCode::ConcurrentTransactions;
         let mut m = machine(1);
         sent(m.start_init(t0, OP, false));
-        m.on_response(TxnResponse::InitProducerId(Err(busy)), t0);
-        m.on_response(TxnResponse::InitProducerId(Err(busy)), t0);
-        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+        m.handle_response(TxnResponse::InitProducerId(Err(busy)), t0);
+        m.handle_response(TxnResponse::InitProducerId(Err(busy)), t0);
+        m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
         m.begin(t0).unwrap();
-        m.on_append(&tp(0)).unwrap();
+        m.handle_append(&tp(0)).unwrap();
         m.poll_add_partitions(t0).unwrap();
-        m.on_add_partitions(TxnResponse::AddPartitions(vec![(tp(0), busy)]), t0);
+        m.handle_add_partitions(TxnResponse::AddPartitions(vec![(tp(0), busy)]), t0);
         sent(m.start_send_offsets(&group(), offsets(), t0, OP));
-        m.on_response(TxnResponse::AddOffsets(busy), t0);
-        m.on_produce_sent(&tp(0));
+        m.handle_response(TxnResponse::AddOffsets(busy), t0);
+        m.handle_produce_sent(&tp(0));
 
         let mut m = ready(2, t0);
         m.begin(t0).unwrap();
         sent(m.start_send_offsets(&group(), offsets(), t0, OP));
         let in0 = TopicPartition::new("in", 0);
         let in1 = TopicPartition::new("in", 1);
-        m.on_response(TxnResponse::TxnOffsetCommit(vec![(in0.clone(), busy)]), t0);
+        m.handle_response(TxnResponse::TxnOffsetCommit(vec![(in0.clone(), busy)]), t0);
         // Beside a loading coordinator it is an ordinary retry.
         let mixed = vec![(in0, busy), (in1, ErrorCode::CoordinatorLoadInProgress)];
-        m.on_response(TxnResponse::TxnOffsetCommit(mixed), t0);
+        m.handle_response(TxnResponse::TxnOffsetCommit(mixed), t0);
 
         let mut m = ready(1, t0);
         m.begin(t0).unwrap();
-        m.on_produce_sent(&tp(0));
+        m.handle_produce_sent(&tp(0));
         sent(m.start_commit(t0, OP));
-        m.on_response(
+        m.handle_response(
             TxnResponse::EndTxn {
                 code: busy,
                 next: None,
@@ -1571,7 +1574,7 @@ fn concurrent_transactions_retries_are_counted_per_api() {
             t0,
         );
         let loading = ErrorCode::CoordinatorLoadInProgress;
-        m.on_response(
+        m.handle_response(
             TxnResponse::EndTxn {
                 code: loading,
                 next: None,
@@ -1616,15 +1619,15 @@ fn open_2pc(t0: Instant) -> TxnMachine {
     ));
     assert_eq!(init.min_version(), Some(6), "v6 or nothing");
     assert_eq!(
-        m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
+        m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0),
         Step::Done
     );
     m.begin(t0).unwrap();
-    m.on_append(&tp(0)).unwrap();
-    m.on_produce_sent(&tp(0));
+    m.handle_append(&tp(0)).unwrap();
+    m.handle_produce_sent(&tp(0));
     sent(m.start_send_offsets(&group(), offsets(), t0, OP));
     assert_eq!(
-        m.on_response(TxnResponse::TxnOffsetCommit(vec![]), t0),
+        m.handle_response(TxnResponse::TxnOffsetCommit(vec![]), t0),
         Step::Done
     );
     m
@@ -1640,7 +1643,7 @@ fn a_prepared_transaction_takes_only_commit_or_abort() {
         assert_eq!(m.prepared(), Some(IDS));
         // Nothing more joins a prepared transaction, and it cannot be prepared twice.
         assert_eq!(
-            m.on_append(&tp(1)).unwrap_err().class(),
+            m.handle_append(&tp(1)).unwrap_err().class(),
             ErrorClass::Refused
         );
         assert_eq!(
@@ -1661,7 +1664,7 @@ fn a_prepared_transaction_takes_only_commit_or_abort() {
             id: IDS.id,
             epoch: IDS.epoch + 1,
         };
-        assert_eq!(m.on_response(end_ok(Some(next)), t0), Step::Done);
+        assert_eq!(m.handle_response(end_ok(Some(next)), t0), Step::Done);
         assert_eq!(m.state(), TransactionState::Ready);
         assert_eq!(m.prepared(), None);
         assert_eq!(m.ids(), Some(next));
@@ -1683,7 +1686,7 @@ fn prepare_is_refused_under_tv1_without_two_phase_and_mid_offsets() {
     )
     .with_two_phase(true);
     sent(m.start_init(t0, OP, false));
-    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
     m.begin(t0).unwrap();
     let e = m.prepare().unwrap_err();
     assert_eq!(
@@ -1706,7 +1709,7 @@ fn prepare_is_refused_under_tv1_without_two_phase_and_mid_offsets() {
     // A send_offsets under way: whether the fence ran is not known yet.
     let mut m = machine_2pc();
     sent(m.start_init(t0, OP, false));
-    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
     m.begin(t0).unwrap();
     sent(m.start_send_offsets(&group(), offsets(), t0, OP));
     assert_eq!(m.prepare().unwrap_err().class(), ErrorClass::Refused);
@@ -1728,7 +1731,7 @@ fn a_kept_transaction_is_prepared_under_the_predecessors_name() {
     let ongoing = ProducerIdEpoch { id: 77, epoch: 3 };
     let ids = ProducerIdEpoch { id: 77, epoch: 4 };
     assert_eq!(
-        m.on_response(TxnResponse::InitKept { ids, ongoing }, t0),
+        m.handle_response(TxnResponse::InitKept { ids, ongoing }, t0),
         Step::Done
     );
     assert_eq!(m.state(), TransactionState::Prepared);
@@ -1737,12 +1740,12 @@ fn a_kept_transaction_is_prepared_under_the_predecessors_name() {
     // It is ended under the ids this producer holds: the coordinator completes the kept one.
     let end = sent(m.start_commit(t0, OP));
     assert!(matches!(end, TxnRequest::EndTxn { commit: true, ids: i, .. } if i == ids));
-    m.on_response(end_ok(None), t0);
+    m.handle_response(end_ok(None), t0);
     assert_eq!(m.state(), TransactionState::Ready);
     // Nothing open: an ordinary success, and the machine is ready.
     let mut m = machine_2pc();
     sent(m.start_init(t0, OP, true));
-    m.on_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
+    m.handle_response(TxnResponse::InitProducerId(Ok(IDS)), t0);
     assert_eq!(m.state(), TransactionState::Ready);
     // Only a two-phase producer may ask.
     assert!(matches!(
@@ -1771,7 +1774,7 @@ fn refused_two_phase_inits_say_why() {
     for (keep, code, want) in cases {
         let mut m = machine_2pc();
         sent(m.start_init(t0, OP, keep));
-        let e = failed(m.on_response(TxnResponse::InitProducerId(Err(code)), t0));
+        let e = failed(m.handle_response(TxnResponse::InitProducerId(Err(code)), t0));
         assert_eq!(e.two_phase_refusal(), Some(want), "{code}");
         assert!(e.is_fatal());
         assert_eq!(m.state(), TransactionState::FatalError);
@@ -1786,7 +1789,7 @@ fn refused_two_phase_inits_say_why() {
     // Without two-phase commit, the same code is the ordinary missing-ACL refusal.
     let mut m = machine(2);
     sent(m.start_init(t0, OP, false));
-    let e = failed(m.on_response(
+    let e = failed(m.handle_response(
         TxnResponse::InitProducerId(Err(ErrorCode::TransactionalIdAuthorizationFailed)),
         t0,
     ));

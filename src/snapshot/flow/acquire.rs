@@ -79,7 +79,7 @@ impl<F: Fold> Shared<F> {
     }
 
     /// The client a partition's snapshot producer talks through: its own, with the client id
-    /// `<client_id>-p<partition>`, or the flow's (see [`FlowConfig::partition_client_ids`]).
+    /// `<client_id>-p<partition>`, or the flow's (see [`FlowConfig::partition_client_ids`](super::FlowConfig::partition_client_ids)).
     async fn partition_client(&self, partition: i32) -> Result<Client, SnapshotError> {
         if !self.config.partition_client_ids {
             return Ok(self.client.clone());
@@ -94,7 +94,7 @@ impl<F: Fold> Shared<F> {
             })
     }
 
-    /// Acquires `partitions` together, at most [`FlowConfig::max_concurrent_partitions`] at once, each on
+    /// Acquires `partitions` together, at most [`FlowConfig::max_concurrent_partitions`](super::FlowConfig::max_concurrent_partitions) at once, each on
     /// its own task ([`fan_out`]): a takeover of many partitions costs about as long as its slowest
     /// acquisition, not the sum of them (each waits on its own InitProducerId, committed-offset read and
     /// recovery read). Returns each partition's outcome, in the order given; a task that panicked yields
@@ -231,7 +231,9 @@ impl<F: Fold> Shared<F> {
         }
         // Timers that fell due while nobody owned the partition fire before any event is folded, as
         // they would have on a live owner that ticked.
-        let fired = lane.core().tick(&*self.fold, self.config.clock.now_ms());
+        let fired = lane
+            .core()
+            .handle_timeout(&*self.fold, self.config.clock.now_ms());
         if fired > 0 {
             tracing::info!(
                 partition = tp.partition,

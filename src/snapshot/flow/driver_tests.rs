@@ -112,7 +112,7 @@ fn failing_lane(
             value: None,
             headers: Vec::new(),
         };
-        core.fold_event(&Count, &event);
+        core.handle_event(&Count, &event);
     }
     (Arc::new(Lane::new(partition, core, writer)), transactions)
 }
@@ -249,7 +249,7 @@ async fn a_slow_partition_holds_up_neither_folding_nor_other_partitions() {
         value: None,
         headers: Vec::new(),
     };
-    assert_eq!(slow.core().fold_event(&Count, &event), Folded::Changed);
+    assert_eq!(slow.core().handle_event(&Count, &event), Folded::Changed);
     tokio::time::timeout(Duration::from_secs(5), persist_lane(&Count, &fast))
         .await
         .expect("the fast partition is not held up")
@@ -260,7 +260,7 @@ async fn a_slow_partition_holds_up_neither_folding_nor_other_partitions() {
     let _ = slow_wave.await;
     // The dropped wave counts as failed: everything it carried is written again.
     assert_eq!(
-        slow.core().begin_wave(&Count).map(|w| w.writes.len()),
+        slow.core().poll_wave(&Count).map(|w| w.writes.len()),
         Some(10)
     );
 }
@@ -351,7 +351,10 @@ async fn a_spurious_fence_drops_one_lane_and_plans_its_reacquisition() {
     assert!(result.is_ok(), "{result:?}");
     let mut fence = fence.into_inner().unwrap();
     assert_eq!(fence.stats().fences_recovered, 1);
-    assert_eq!(fence.plan(&[0, 1, 2].into_iter().collect()), vec![1]);
+    assert_eq!(
+        fence.poll_reacquire(&[0, 1, 2].into_iter().collect()),
+        vec![1]
+    );
 }
 
 /// An unknown outcome is recovered in place too: the new acquisition's InitProducerId settles it.
@@ -372,7 +375,7 @@ async fn an_eviction_or_a_producer_fence_drops_everything_and_rejoins() {
         assert!(left.is_empty(), "{kind:?}: {left:?}");
         assert!(result.is_ok(), "{kind:?}: {result:?}");
         let mut fence = fence.into_inner().unwrap();
-        assert!(fence.take_rejoin().is_some(), "{kind:?}");
+        assert!(fence.poll_rejoin().is_some(), "{kind:?}");
         assert_eq!(fence.stats().rejoins, 1);
     }
 }
@@ -403,7 +406,7 @@ async fn an_unmoved_offset_is_not_committed_again() {
     let after_persist = transactions.load(Ordering::Relaxed);
     commit_lane(&lane, CommitWhen::Moved).await.unwrap();
     assert_eq!(transactions.load(Ordering::Relaxed), after_persist + 1);
-    assert_eq!(lane.core().commit_due(), None);
+    assert_eq!(lane.core().poll_commit(), None);
     commit_lane(&lane, CommitWhen::Moved).await.unwrap();
     assert_eq!(
         transactions.load(Ordering::Relaxed),

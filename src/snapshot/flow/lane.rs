@@ -51,7 +51,9 @@ struct WaveGuard<'a, S, W> {
 impl<S, W> Drop for WaveGuard<'_, S, W> {
     fn drop(&mut self) {
         if !self.done {
-            self.lane.core().wave_done(self.id, Landing::Failed);
+            self.lane
+                .core()
+                .handle_wave_outcome(self.id, Landing::Failed);
         }
     }
 }
@@ -70,7 +72,7 @@ pub(super) async fn persist_lane<F: Fold, W: Writes>(
     lane: &Lane<F::State, W>,
 ) -> Result<(), FlowError> {
     let _turn = lane.turn.lock().await;
-    let Some(wave) = lane.core().begin_wave(fold) else {
+    let Some(wave) = lane.core().poll_wave(fold) else {
         return Ok(());
     };
     let mut guard = WaveGuard {
@@ -80,7 +82,7 @@ pub(super) async fn persist_lane<F: Fold, W: Writes>(
     };
     let result = lane.writer.write_all(wave.writes).await;
     guard.done = true;
-    lane.core().wave_done(wave.id, landing(&result));
+    lane.core().handle_wave_outcome(wave.id, landing(&result));
     result
 }
 
@@ -97,7 +99,7 @@ pub(super) async fn commit_lane<S, W: Writes>(
         }
         match when {
             CommitWhen::Always => core.committable(),
-            CommitWhen::Moved => match core.commit_due() {
+            CommitWhen::Moved => match core.poll_commit() {
                 Some(offset) => offset,
                 None => return Ok(()),
             },
@@ -105,8 +107,8 @@ pub(super) async fn commit_lane<S, W: Writes>(
     };
     let result = lane.writer.commit_offset(offset).await;
     match landing(&result) {
-        Landing::Landed => lane.core().commit_landed(offset),
-        Landing::Fenced => lane.core().fence(),
+        Landing::Landed => lane.core().handle_commit_landed(offset),
+        Landing::Fenced => lane.core().handle_fenced(),
         Landing::Failed => {}
     }
     result

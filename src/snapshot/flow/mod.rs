@@ -447,7 +447,7 @@ impl<F: Fold> Flow<F> {
     /// the offset the new lane starts at: the events after it, including any fetched for the dropped
     /// lane and skipped unfolded, are fetched again. A partition no longer held is forgotten.
     async fn before_poll(&mut self) -> Result<(), FlowError> {
-        let rejoin = self.shared.fence().take_rejoin();
+        let rejoin = self.shared.fence().poll_rejoin();
         if let Some(reason) = rejoin {
             self.consumer.rejoin(&reason);
             return Ok(());
@@ -459,11 +459,11 @@ impl<F: Fold> Flow<F> {
             .filter(|tp| tp.topic.as_ref() == self.shared.config.input_topic.as_str())
             .map(|tp| tp.partition)
             .collect();
-        let plan = self.shared.fence().plan(&owned);
+        let plan = self.shared.fence().poll_reacquire(&owned);
         let mut again = Vec::new();
         for partition in plan {
             if self.shared.lanes().contains_key(&partition) {
-                self.shared.fence().reacquired(partition);
+                self.shared.fence().handle_reacquired(partition);
             } else {
                 let topic = self.shared.config.input_topic.as_str();
                 again.push(TopicPartition::new(topic, partition));
@@ -476,7 +476,7 @@ impl<F: Fold> Flow<F> {
                 Ok(lane) => {
                     let start = lane.core().position();
                     self.shared.lanes().insert(partition, Arc::new(lane));
-                    self.shared.fence().reacquired(partition);
+                    self.shared.fence().handle_reacquired(partition);
                     self.consumer.seek(&tp, StartAt::Offset(start));
                     tracing::info!(
                         partition,
@@ -511,7 +511,7 @@ impl<F: Fold> Flow<F> {
             let Some(lane) = lane else { continue };
             let mut core = lane.core();
             for event in &batch.records {
-                match core.fold_event(&*self.shared.fold, event) {
+                match core.handle_event(&*self.shared.fold, event) {
                     Folded::NullKey => {
                         if self.shared.null_keys.fetch_add(1, Ordering::Relaxed) == 0 {
                             tracing::warn!(
@@ -526,7 +526,7 @@ impl<F: Fold> Flow<F> {
                     Folded::Kept | Folded::Changed => folded += 1,
                 }
             }
-            core.advance(batch.next_offset);
+            core.handle_read_to(batch.next_offset);
         }
         Ok(folded)
     }
@@ -539,7 +539,7 @@ impl<F: Fold> Flow<F> {
         self.shared
             .all_lanes()
             .iter()
-            .map(|lane| lane.core().tick(&*self.shared.fold, now))
+            .map(|lane| lane.core().handle_timeout(&*self.shared.fold, now))
             .sum()
     }
 
@@ -549,7 +549,7 @@ impl<F: Fold> Flow<F> {
         self.shared
             .all_lanes()
             .iter()
-            .filter_map(|lane| lane.core().next_deadline())
+            .filter_map(|lane| lane.core().poll_timeout())
             .min()
     }
 

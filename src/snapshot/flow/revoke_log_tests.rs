@@ -74,11 +74,11 @@ fn a_revocation_flush_says_which_offset_it_commits() {
                             value: None,
                             headers: Vec::new(),
                         };
-                        core.fold_event(&Count, &event);
+                        core.handle_event(&Count, &event);
                     }
                     let lane = Lane::new(partition, core, writer);
                     if fenced {
-                        lane.core().fence();
+                        lane.core().handle_fenced();
                     }
                     flush_lane(&Count, &lane).await.unwrap();
                 }

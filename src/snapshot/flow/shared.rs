@@ -95,7 +95,7 @@ impl<F: Fold> Shared<F> {
     /// so one slow partition does not lengthen the others' handover. Then closes their stores.
     pub(super) async fn release(&self, partitions: &[TopicPartition], flush: bool) {
         self.fence()
-            .released(partitions.iter().map(|tp| tp.partition));
+            .handle_released(partitions.iter().map(|tp| tp.partition));
         let lanes: Vec<_> = {
             let mut held = self.lanes();
             partitions
@@ -117,7 +117,7 @@ impl<F: Fold> Shared<F> {
             for (partition, e) in failures {
                 let verdict = self
                     .fence()
-                    .on_failure(partition, e.response(), Site::Release);
+                    .handle_failure(partition, e.response(), Site::Release);
                 match verdict {
                     Verdict::Expected => {
                         tracing::info!(partition, error = %e, "flush on revoke refused; the next owner replays")
@@ -148,11 +148,10 @@ pub(super) fn judge<S, W>(
     let mut drop = Vec::new();
     let mut drop_all = false;
     for (partition, e) in failures {
-        let verdict = fence.lock().unwrap_or_else(|p| p.into_inner()).on_failure(
-            partition,
-            e.response(),
-            site,
-        );
+        let verdict = fence
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .handle_failure(partition, e.response(), site);
         match verdict {
             Verdict::Fail => {
                 first_err.get_or_insert(e);
@@ -191,7 +190,7 @@ pub(super) struct Listener<F: Fold>(pub(super) Arc<Shared<F>>);
 
 impl<F: Fold> RebalanceListener for Listener<F> {
     async fn on_partitions_assigned(&mut self, partitions: &[TopicPartition]) {
-        self.0.fence().on_rebalance_event();
+        self.0.fence().handle_rebalance();
         let new: Vec<TopicPartition> = {
             let lanes = self.0.lanes();
             partitions
@@ -223,7 +222,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
 
     /// Synchronous teardown: flush, commit, close, before the group may hand the partition on.
     async fn on_partitions_revoked(&mut self, partitions: &[TopicPartition]) {
-        self.0.fence().on_rebalance_event();
+        self.0.fence().handle_rebalance();
         self.0.release(partitions, true).await;
     }
 
@@ -235,7 +234,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
             ?partitions,
             "partitions lost without revocation; dropping their flows unflushed"
         );
-        self.0.fence().on_rebalance_event();
+        self.0.fence().handle_rebalance();
         self.0.release(partitions, false).await;
     }
 }

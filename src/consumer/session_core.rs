@@ -16,10 +16,14 @@
 //! driver does not fetch this round (paused, backing off, waiting for a reset) is forgotten, so the
 //! broker never answers for a partition nobody asked about; it is added again when it is fetched.
 //!
-//! No I/O and no clock: the driver calls [`FetchSession::build`] before a Fetch to this broker and
+//! No I/O and no clock: the driver calls [`FetchSession::poll_request`] before a Fetch to this broker and
 //! reports the outcome with [`FetchSession::handle_response`] or [`FetchSession::handle_failure`].
 //! A request whose outcome was never reported (its future was dropped, its task died) leaves the
-//! session in an unknown epoch; the next `build` notices and starts over with a full fetch.
+//! session in an unknown epoch; the next `poll_request` notices and starts over with a full fetch.
+//!
+//! # Method kinds and call order
+//! `poll_request` (output: what the next Fetch carries), then exactly one of `handle_response` or
+//! `handle_failure` (input) for it; `open` and `close` are the driver's commands.
 //!
 //! # References
 //! - KIP-227 (fetch sessions: session id and epoch, full and incremental requests, forgotten topics,
@@ -28,7 +32,7 @@
 
 use std::collections::BTreeMap;
 
-use super::fetcher::FetchPartition;
+use super::fetch_core::FetchPartition;
 use super::{TopicId, TopicPartition};
 use crate::wire::ErrorCode;
 
@@ -150,7 +154,11 @@ impl FetchSession {
 
     /// The Fetch to send now for `wanted` (every partition to fetch from this broker this round);
     /// `uses_ids` says whether the request will go at Fetch v13+ (topics by id).
-    pub(crate) fn build(&mut self, wanted: &[FetchPartition], uses_ids: bool) -> SessionRequest {
+    pub(crate) fn poll_request(
+        &mut self,
+        wanted: &[FetchPartition],
+        uses_ids: bool,
+    ) -> SessionRequest {
         let next: BTreeMap<TopicPartition, Cached> = wanted
             .iter()
             .map(|p| (p.tp.clone(), Cached::of(p)))
@@ -372,7 +380,7 @@ mod tests {
     /// An open session with partitions at `offsets`, id 42, the next request at epoch 1.
     fn opened(offsets: &[i64]) -> FetchSession {
         let mut s = FetchSession::new(true);
-        let r = s.build(&parts(offsets), true);
+        let r = s.poll_request(&parts(offsets), true);
         assert_eq!((r.session_id, r.epoch, r.full), (0, 0, true));
         assert_eq!(
             s.handle_response(ErrorCode::None, 42),
@@ -387,7 +395,7 @@ mod tests {
     #[test]
     fn full_fetch_creates_then_unchanged_partitions_are_omitted() {
         let mut s = opened(&[0, 5, 9]);
-        let r = s.build(&parts(&[0, 5, 9]), true);
+        let r = s.poll_request(&parts(&[0, 5, 9]), true);
         assert_eq!((r.session_id, r.epoch, r.full), (42, 1, false));
         assert!(r.send.is_empty() && r.forget.is_empty(), "{r:?}");
         assert_eq!(
@@ -404,11 +412,11 @@ mod tests {
         let mut s = opened(&[0, 5, 9]);
         let mut next = parts(&[3, 5, 9]);
         next[2].current_leader_epoch = 2;
-        let r = s.build(&next, true);
+        let r = s.poll_request(&next, true);
         assert_eq!(sent(&r), vec![0, 2]);
         assert_eq!(r.send[0].fetch_offset, 3);
         s.handle_response(ErrorCode::None, 42);
-        let r = s.build(&next, true);
+        let r = s.poll_request(&next, true);
         assert!(r.send.is_empty(), "now cached: {r:?}");
     }
 
@@ -417,15 +425,15 @@ mod tests {
     fn added_and_removed_partitions() {
         let mut s = opened(&[0, 5]);
         let mut next = vec![part(0, 0), part(2, 7)];
-        let r = s.build(&next, true);
+        let r = s.poll_request(&next, true);
         assert_eq!((sent(&r), forgotten(&r)), (vec![2], vec![1]));
         assert_eq!(r.forget[0].1, ID, "forgotten by id at v13+");
         s.handle_response(ErrorCode::None, 42);
         next.push(part(1, 5));
-        let r = s.build(&next, true);
+        let r = s.poll_request(&next, true);
         assert_eq!((sent(&r), forgotten(&r)), (vec![1], vec![]));
         s.handle_response(ErrorCode::None, 42);
-        let r = s.build(&[], true);
+        let r = s.poll_request(&[], true);
         assert_eq!(forgotten(&r), vec![0, 1, 2]);
     }
 
@@ -435,11 +443,11 @@ mod tests {
         let mut s = opened(&[0, 5]);
         let mut next = parts(&[0, 5]);
         next[1].topic_id = TopicId([9; 16]);
-        let r = s.build(&next, true);
+        let r = s.poll_request(&next, true);
         assert_eq!((sent(&r), forgotten(&r)), (vec![1], vec![1]));
         assert_eq!((r.send[0].topic_id, r.forget[0].1), (TopicId([9; 16]), ID));
         s.handle_response(ErrorCode::None, 42);
-        assert!(s.build(&next, true).forget.is_empty());
+        assert!(s.poll_request(&next, true).forget.is_empty());
     }
 
     /// FETCH_SESSION_ID_NOT_FOUND (evicted, broker restarted) makes the next request full with no
@@ -453,10 +461,10 @@ mod tests {
             (ErrorCode::FetchSessionTopicIdError, 42),
         ] {
             let mut s = opened(&[0, 5]);
-            s.build(&parts(&[0, 5]), true);
+            s.poll_request(&parts(&[0, 5]), true);
             assert_eq!(s.handle_response(code, 0), SessionVerdict::Reset(code));
             assert_eq!(s.open(), None);
-            let r = s.build(&parts(&[0, 5]), true);
+            let r = s.poll_request(&parts(&[0, 5]), true);
             assert_eq!(
                 (r.session_id, r.epoch, r.full),
                 (replace, 0, true),
@@ -476,12 +484,12 @@ mod tests {
     #[test]
     fn other_top_level_errors_fail_the_request() {
         let mut s = opened(&[0]);
-        s.build(&parts(&[0]), true);
+        s.poll_request(&parts(&[0]), true);
         assert_eq!(
             s.handle_response(ErrorCode::UnknownServerError, 42),
             SessionVerdict::Failed(ErrorCode::UnknownServerError)
         );
-        let r = s.build(&parts(&[0]), true);
+        let r = s.poll_request(&parts(&[0]), true);
         assert_eq!((r.session_id, r.epoch, r.full), (42, 0, true));
     }
 
@@ -490,18 +498,18 @@ mod tests {
     #[test]
     fn lost_outcomes_start_over() {
         let mut s = opened(&[0]);
-        s.build(&parts(&[0]), true);
+        s.poll_request(&parts(&[0]), true);
         s.handle_failure();
-        let r = s.build(&parts(&[0]), true);
+        let r = s.poll_request(&parts(&[0]), true);
         assert_eq!((r.session_id, r.epoch, r.full), (42, 0, true));
         // Never reported: built twice in a row.
         s.handle_response(ErrorCode::None, 50);
-        s.build(&parts(&[0]), true);
-        let r = s.build(&parts(&[0]), true);
+        s.poll_request(&parts(&[0]), true);
+        let r = s.poll_request(&parts(&[0]), true);
         assert_eq!((r.session_id, r.epoch, r.full), (50, 0, true));
         // A full request lost before any session existed still closes the one it replaced.
         s.handle_failure();
-        let r = s.build(&parts(&[0]), true);
+        let r = s.poll_request(&parts(&[0]), true);
         assert_eq!((r.session_id, r.epoch), (50, 0));
     }
 
@@ -515,7 +523,7 @@ mod tests {
         if let State::Open { epoch, .. } = &mut s.state {
             *epoch = i32::MAX;
         }
-        let r = s.build(&parts(&[0]), true);
+        let r = s.poll_request(&parts(&[0]), true);
         assert_eq!(r.epoch, i32::MAX);
         s.handle_response(ErrorCode::None, 42);
         assert_eq!(s.open(), Some((42, 1)));
@@ -525,12 +533,12 @@ mod tests {
     #[test]
     fn broker_without_a_session_slot() {
         let mut s = FetchSession::new(true);
-        s.build(&parts(&[0]), true);
+        s.poll_request(&parts(&[0]), true);
         assert_eq!(
             s.handle_response(ErrorCode::None, 0),
             SessionVerdict::Use { incremental: false }
         );
-        let r = s.build(&parts(&[0]), true);
+        let r = s.poll_request(&parts(&[0]), true);
         assert_eq!((r.session_id, r.epoch, r.full), (0, 0, true));
     }
 
@@ -538,9 +546,9 @@ mod tests {
     #[test]
     fn switching_to_topic_ids_replaces_the_session() {
         let mut s = FetchSession::new(true);
-        s.build(&parts(&[0]), false);
+        s.poll_request(&parts(&[0]), false);
         s.handle_response(ErrorCode::None, 42);
-        let r = s.build(&parts(&[0]), true);
+        let r = s.poll_request(&parts(&[0]), true);
         assert_eq!(
             (r.session_id, r.epoch, r.full, r.uses_ids),
             (42, 0, true, true)
@@ -551,12 +559,12 @@ mod tests {
     #[test]
     fn answer_for_another_session_resets() {
         let mut s = opened(&[0]);
-        s.build(&parts(&[0]), true);
+        s.poll_request(&parts(&[0]), true);
         assert!(matches!(
             s.handle_response(ErrorCode::None, 7),
             SessionVerdict::Reset(_)
         ));
-        assert_eq!(s.build(&parts(&[0]), true).session_id, 42);
+        assert_eq!(s.poll_request(&parts(&[0]), true).session_id, 42);
     }
 
     /// Close goes at epoch -1 for the session the broker may hold, once; a sessionless reader never
@@ -566,7 +574,7 @@ mod tests {
         let mut s = opened(&[0]);
         assert_eq!(s.close(), Some((42, -1)));
         assert_eq!(s.close(), None);
-        let r = s.build(&parts(&[0]), true);
+        let r = s.poll_request(&parts(&[0]), true);
         assert_eq!(
             (r.session_id, r.epoch),
             (0, 0),
@@ -574,7 +582,7 @@ mod tests {
         );
 
         let mut s = FetchSession::new(false);
-        let r = s.build(&parts(&[0, 1]), true);
+        let r = s.poll_request(&parts(&[0, 1]), true);
         assert_eq!(
             (r.session_id, r.epoch, r.full, sent(&r)),
             (0, -1, true, vec![0, 1])

@@ -274,7 +274,7 @@ fn requests_keep_to_the_byte_budget_and_each_partitions_order() {
 
     use super::requests_by_leader;
     use crate::net::ClusterMetadata;
-    use crate::producer::core::ToSend;
+    use crate::producer::produce_core::ToSend;
     use crate::producer::{ProducerIdEpoch, TopicPartition};
 
     let addr: SocketAddr = "127.0.0.1:9092".parse().unwrap();

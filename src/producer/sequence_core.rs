@@ -1,5 +1,11 @@
 //! Idempotence bookkeeping: per-partition sequence numbers and the window of batches in flight.
 //!
+//! # Method kinds and call order
+//! Called by the producer core only: `assign` when a new batch leaves the accumulator (`can_send_new`
+//! first), `poll_resend` for what must go again, `handle_outcome` with every answer (or its lack),
+//! `give_up` when a batch's delivery timeout passes; `resolved_broken` / `take_requeue` /
+//! `bump_local_epoch` / `adopt` / `reset` when the epoch changes.
+//!
 //! The broker deduplicates a producer's writes per partition by (producer id, epoch, sequence) and
 //! remembers the last five batches, so the producer keeps at most five batches in flight per partition,
 //! and a retry resends the very same bytes with the very same sequence: if the first attempt was written,
@@ -274,7 +280,7 @@ impl Sequencer {
     }
 
     /// Records what came back for an attempt of batch `id` and says what to do with it.
-    pub(crate) fn on_outcome(
+    pub(crate) fn handle_outcome(
         &mut self,
         tp: &TopicPartition,
         id: BatchId,
@@ -523,7 +529,7 @@ mod tests {
         assert_eq!(s.assign(&other, 3, 4), (ids(0), 0));
         assert_eq!(s.next_seq(&tp()), 5);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::Acked, now()),
+            s.handle_outcome(&tp(), 1, Outcome::Acked, now()),
             Resolution::Done
         );
         assert_eq!(s.assign(&tp(), 4, 1), (ids(0), 5));
@@ -538,7 +544,7 @@ mod tests {
             s.assign(&tp(), i, 1);
         }
         assert!(!s.can_send_new(&tp(), now()));
-        s.on_outcome(&tp(), 0, Outcome::Acked, now());
+        s.handle_outcome(&tp(), 0, Outcome::Acked, now());
         assert!(s.can_send_new(&tp(), now()));
         // A configured window above five is clamped to five.
         let s = trusting(ids(0), 50);
@@ -561,12 +567,15 @@ mod tests {
         );
         // A passing refusal leaves the partition unconfirmed: still one at a time.
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::Retriable, t0),
+            s.handle_outcome(&tp(), 1, Outcome::Retriable, t0),
             Resolution::Resend
         );
         assert_eq!(s.poll_resend(&tp()), Some(1));
         assert!(!s.can_send_new(&tp(), t0));
-        assert_eq!(s.on_outcome(&tp(), 1, Outcome::Acked, t0), Resolution::Done);
+        assert_eq!(
+            s.handle_outcome(&tp(), 1, Outcome::Acked, t0),
+            Resolution::Done
+        );
         for id in 2..7 {
             assert!(s.can_send_new(&tp(), t0), "batch {id} may join the window");
             s.assign(&tp(), id, 1);
@@ -574,7 +583,7 @@ mod tests {
         assert!(!s.can_send_new(&tp(), t0), "five is the most");
         for id in 2..7 {
             assert_eq!(
-                s.on_outcome(&tp(), id, Outcome::Acked, t0),
+                s.handle_outcome(&tp(), id, Outcome::Acked, t0),
                 Resolution::Done
             );
         }
@@ -583,7 +592,7 @@ mod tests {
         s.assign(&tp(), 7, 1);
         assert!(!s.can_send_new(&tp(), later));
         assert_eq!(
-            s.on_outcome(&tp(), 7, Outcome::Acked, later),
+            s.handle_outcome(&tp(), 7, Outcome::Acked, later),
             Resolution::Done
         );
         // An epoch bump keeps the producer id, and the broker's state with it.
@@ -591,7 +600,7 @@ mod tests {
         s.assign(&tp(), 8, 1);
         assert!(s.can_send_new(&tp(), later));
         assert_eq!(
-            s.on_outcome(&tp(), 8, Outcome::Acked, later),
+            s.handle_outcome(&tp(), 8, Outcome::Acked, later),
             Resolution::Done
         );
         // A new producer id is unknown to the broker.
@@ -610,16 +619,16 @@ mod tests {
         s.assign(&tp(), 1, 1);
         s.assign(&tp(), 2, 1);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::Retriable, now()),
+            s.handle_outcome(&tp(), 1, Outcome::Retriable, now()),
             Resolution::Resend
         );
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::Acked, now()),
+            s.handle_outcome(&tp(), 2, Outcome::Acked, now()),
             Resolution::Done
         );
         assert_eq!(s.poll_resend(&tp()), Some(1));
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
+            s.handle_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
             Resolution::OrderLost
         );
         assert!(!s.is_broken(&tp()));
@@ -631,11 +640,11 @@ mod tests {
         let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
         s.assign(&tp(), 2, 1);
-        s.on_outcome(&tp(), 1, Outcome::NoAnswer, now());
-        s.on_outcome(&tp(), 2, Outcome::Acked, now());
+        s.handle_outcome(&tp(), 1, Outcome::NoAnswer, now());
+        s.handle_outcome(&tp(), 2, Outcome::Acked, now());
         assert_eq!(s.poll_resend(&tp()), Some(1));
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::Acked, now()),
+            s.handle_outcome(&tp(), 1, Outcome::Acked, now()),
             Resolution::Done
         );
     }
@@ -647,12 +656,12 @@ mod tests {
         s.assign(&tp(), 1, 2);
         s.assign(&tp(), 2, 2);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::NoAnswer, now()),
+            s.handle_outcome(&tp(), 1, Outcome::NoAnswer, now()),
             Resolution::Resend
         );
         // The second batch is refused as out of order while the first is being retried: not a gap.
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
+            s.handle_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Resend
         );
         assert!(
@@ -665,11 +674,11 @@ mod tests {
         assert_eq!(s.base_seq(&tp(), 2), Some(2));
         assert_eq!(s.poll_resend(&tp()), None);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::Acked, now()),
+            s.handle_outcome(&tp(), 1, Outcome::Acked, now()),
             Resolution::Done
         );
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::Acked, now()),
+            s.handle_outcome(&tp(), 2, Outcome::Acked, now()),
             Resolution::Done
         );
         assert_eq!(s.assign(&tp(), 3, 1).1, 4);
@@ -685,24 +694,24 @@ mod tests {
         s.assign(&tp(), 2, 1);
         // 1's request is lost (its connection reset) and 1 is resent while 2's first attempt is still out.
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::NoAnswer, now()),
+            s.handle_outcome(&tp(), 1, Outcome::NoAnswer, now()),
             Resolution::Resend
         );
         assert_eq!(s.poll_resend(&tp()), Some(1));
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::Acked, now()),
+            s.handle_outcome(&tp(), 1, Outcome::Acked, now()),
             Resolution::Done
         );
         // 2's old attempt is answered last: it reached the broker before 1 did.
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
+            s.handle_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Resend
         );
         assert!(!s.is_broken(&tp()));
         assert_eq!(s.poll_resend(&tp()), Some(2));
         // Resent as the oldest batch, the same answer now is a real gap.
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
+            s.handle_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         assert!(s.is_broken(&tp()));
@@ -717,7 +726,7 @@ mod tests {
         s.assign(&tp(), 2, 1);
         s.assign(&tp(), 3, 1);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
+            s.handle_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         assert!(s.is_broken(&tp()));
@@ -727,12 +736,12 @@ mod tests {
             "2 and 3 are still in flight"
         );
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
+            s.handle_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         // A transient error behind the gap: not written (nothing after a gap is).
         assert_eq!(
-            s.on_outcome(&tp(), 3, Outcome::Retriable, now()),
+            s.handle_outcome(&tp(), 3, Outcome::Retriable, now()),
             Resolution::Held
         );
         assert_eq!(s.resolved_broken(), vec![(tp(), true)]);
@@ -753,11 +762,11 @@ mod tests {
         s.assign(&tp(), 1, 1);
         s.assign(&tp(), 2, 1);
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::NoAnswer, now()),
+            s.handle_outcome(&tp(), 2, Outcome::NoAnswer, now()),
             Resolution::Resend
         );
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
+            s.handle_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         assert_eq!(
@@ -776,12 +785,12 @@ mod tests {
         let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::NoAnswer, now()),
+            s.handle_outcome(&tp(), 1, Outcome::NoAnswer, now()),
             Resolution::Resend
         );
         assert_eq!(s.poll_resend(&tp()), Some(1));
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
+            s.handle_outcome(&tp(), 1, Outcome::SequenceBroken, now()),
             Resolution::Unknown
         );
         assert_eq!(s.in_window(&tp()), 0);
@@ -794,12 +803,12 @@ mod tests {
         s.assign(&tp(), 1, 1);
         s.assign(&tp(), 2, 1);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::Rejected, now()),
+            s.handle_outcome(&tp(), 1, Outcome::Rejected, now()),
             Resolution::Failed
         );
         assert!(s.is_broken(&tp()));
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
+            s.handle_outcome(&tp(), 2, Outcome::SequenceBroken, now()),
             Resolution::Held
         );
         assert_eq!(s.resolved_broken(), vec![(tp(), true)]);
@@ -812,7 +821,7 @@ mod tests {
         s.assign(&tp(), 1, 2);
         s.assign(&tp(), 2, 3);
         assert_eq!(
-            s.on_outcome(&tp(), 2, Outcome::Rejected, now()),
+            s.handle_outcome(&tp(), 2, Outcome::Rejected, now()),
             Resolution::Failed
         );
         assert!(!s.is_broken(&tp()));
@@ -826,11 +835,11 @@ mod tests {
     fn give_up_distinguishes_maybe_written() {
         let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
-        s.on_outcome(&tp(), 1, Outcome::Retriable, now());
+        s.handle_outcome(&tp(), 1, Outcome::Retriable, now());
         assert_eq!(s.give_up(&tp(), 1), Resolution::Failed);
         let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 1);
-        s.on_outcome(&tp(), 1, Outcome::NoAnswer, now());
+        s.handle_outcome(&tp(), 1, Outcome::NoAnswer, now());
         assert_eq!(s.give_up(&tp(), 1), Resolution::Unknown);
         assert!(s.is_broken(&tp()));
     }
@@ -842,12 +851,12 @@ mod tests {
         let mut s = trusting(ids(0), 5);
         let idle = TopicPartition::new("t", 1);
         s.assign(&idle, 9, 4);
-        s.on_outcome(&idle, 9, Outcome::Acked, now());
+        s.handle_outcome(&idle, 9, Outcome::Acked, now());
         s.assign(&tp(), 1, 1);
         s.adopt(ids(1));
         assert!(!s.can_send_new(&tp(), now()));
         assert_eq!(s.assign(&idle, 10, 1), (ids(1), 0));
-        s.on_outcome(&tp(), 1, Outcome::Acked, now());
+        s.handle_outcome(&tp(), 1, Outcome::Acked, now());
         assert!(s.can_send_new(&tp(), now()));
         assert_eq!(s.assign(&tp(), 2, 1), (ids(1), 0));
     }
@@ -883,7 +892,7 @@ mod tests {
         let mut s = trusting(ids(0), 5);
         s.assign(&tp(), 1, 2);
         assert_eq!(
-            s.on_outcome(&tp(), 1, Outcome::StaleEpoch, now()),
+            s.handle_outcome(&tp(), 1, Outcome::StaleEpoch, now()),
             Resolution::Held
         );
         assert!(s.any_broken());

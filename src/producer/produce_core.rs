@@ -5,6 +5,18 @@
 //! it, and feeds every answer back; the core says which records are done and how, which leaders to look
 //! up again, and whether the transaction or the producer is broken.
 //!
+//! # Method kinds and call order
+//! - **commands**: `append` (buffer a record), `set_ids`, `flush`, `fail_unsent`, `abandon`,
+//!   `set_fatal`;
+//! - **`handle_*`**, input: `handle_answer` (a batch's part of a Produce answer, or its lack of one),
+//!   `handle_timeout` (batches past their delivery timeout), `resume_after_new_id`;
+//! - **`poll_*`**, output: `poll_send` (the batches to send now, each allowed by the caller's budget:
+//!   [`SendBudget`](super::budget::SendBudget) in the driver), `poll_timeout` (when to look again).
+//!
+//! Each driver pass: `handle_timeout`, then `poll_send`; every answer goes to `handle_answer`. Every
+//! call returns [`Effects`] (completions, leaders to refresh, a transaction or producer error), which
+//! the driver applies.
+//!
 //! A batch is encoded once, when it first leaves the accumulator, and its bytes are kept: every retry
 //! sends exactly those bytes, so the broker sees the same sequence and deduplicates. Only a batch known
 //! not to be written is encoded again, after an epoch bump, with a new sequence.
@@ -22,7 +34,7 @@ use bytes::Bytes;
 use super::accumulator::{Accumulator, AppendError, Batch};
 use super::classify::{classify, Action, Api, Refresh};
 use super::config::ProducerConfig;
-use super::sequence::{BatchId, Outcome, Resolution, Sequencer};
+use super::sequence_core::{BatchId, Outcome, Resolution, Sequencer};
 use super::{
     ErrorClass, ProducerError, ProducerIdEpoch, ProducerRecord, RecordMetadata, TopicPartition,
 };
@@ -314,7 +326,7 @@ impl<T> ProducerCore<T> {
                     }
                     Err(reason) => {
                         // Never sent: the sequence is taken back as if the broker had rejected it.
-                        seq.on_outcome(&tp, batch.id, Outcome::Rejected, now);
+                        seq.handle_outcome(&tp, batch.id, Outcome::Rejected, now);
                         let err = ProducerError::Broker {
                             api: "encode",
                             code: ErrorCode::InvalidRecord,
@@ -365,7 +377,7 @@ impl<T> ProducerCore<T> {
     }
 
     /// Feeds the answer for batch `id`'s latest attempt.
-    pub(crate) fn on_answer(
+    pub(crate) fn handle_answer(
         &mut self,
         id: BatchId,
         answer: ProduceAnswer,
@@ -421,7 +433,7 @@ impl<T> ProducerCore<T> {
             fx.refresh_leader.push(tp.clone());
         }
         let seq = self.seq.as_mut().expect("a batch in flight implies ids");
-        let mut resolution = seq.on_outcome(&tp, id, outcome, now);
+        let mut resolution = seq.handle_outcome(&tp, id, outcome, now);
         if resolution == Resolution::Resend && now >= self.flights[&id].deadline {
             resolution = seq.give_up(&tp, id);
         }
@@ -525,7 +537,7 @@ impl<T> ProducerCore<T> {
 
     /// Fails what ran out of delivery time: batches never sent ("not written") and batches waiting for a
     /// retry (unknown if an attempt may have been written). Batches with a request out wait for its answer.
-    pub(crate) fn expire(&mut self, now: Instant) -> Effects<T> {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> Effects<T> {
         let mut fx = Effects::default();
         if let Some(cutoff) = now.checked_sub(self.delivery_timeout) {
             for batch in self.acc.take_created_before(cutoff) {
@@ -583,7 +595,7 @@ impl<T> ProducerCore<T> {
     }
 
     /// When the driver should wake up next to send or expire something (absent answers).
-    pub(crate) fn next_wakeup(&self, now: Instant) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self, now: Instant) -> Option<Instant> {
         let linger = self.acc.next_ready_at(now);
         let expiry = self.acc.oldest_created().map(|c| c + self.delivery_timeout);
         let retries = self.flights.values().filter_map(|f| match f.state {
@@ -694,4 +706,5 @@ impl<T> ProducerCore<T> {
 }
 
 #[cfg(test)]
+#[path = "produce_core_tests.rs"]
 mod tests;

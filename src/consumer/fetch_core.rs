@@ -1,10 +1,17 @@
 //! The partition reader's bookkeeping as a sans-IO core: positions, which partitions to fetch from
 //! which leader, what to do with each partition's answer.
 //!
-//! The async partition reader owns the I/O: it asks [`Fetcher::plan`] for
+//! The async partition reader owns the I/O: it asks [`Fetcher::poll_plan`] for
 //! the requests to send (Fetch per leader, ListOffsets for partitions whose position must be reset),
 //! turns the records of each fetched partition into deliverable records through the records layer's
 //! visibility engine, and reports each partition's outcome back here.
+//!
+//! # Method kinds and call order
+//! - **commands**: `assign`, `unassign`, `seek`, `set_paused`;
+//! - **`poll_*`**, output: `poll_plan` (per leader, what to fetch and which offsets to list; each
+//!   planned partition is owed exactly one answer), `poll_timeout` (when a backoff ends);
+//! - **`handle_*`**, input, one per planned partition: `handle_fetched`, `handle_listed`,
+//!   `handle_failed` (no answer: back off), `handle_unplanned` (put back untouched).
 //!
 //! Rules kept here:
 //! - a position only moves forward through a fetch that started at it: an answer for an offset the
@@ -237,7 +244,7 @@ impl Fetcher {
 
     /// The requests to send now. Partitions planned are marked in flight until their answer (or
     /// failure) is reported.
-    pub(crate) fn plan(
+    pub(crate) fn poll_plan(
         &mut self,
         now: Instant,
         mut leader: impl FnMut(&TopicPartition) -> Option<(i32, i32)>,
@@ -273,7 +280,7 @@ impl Fetcher {
     }
 
     /// A Fetch or ListOffsets that included `tp` failed as a whole (transport): retry after backoff.
-    pub(crate) fn failed(&mut self, now: Instant, tp: &TopicPartition) {
+    pub(crate) fn handle_failed(&mut self, now: Instant, tp: &TopicPartition) {
         if let Some(p) = self.partitions.get_mut(tp) {
             p.inflight = false;
             p.backoff_until = Some(now + self.retry_backoff);
@@ -281,14 +288,14 @@ impl Fetcher {
     }
 
     /// The partition was planned but the driver did not send it (e.g. the fetch was cancelled).
-    pub(crate) fn unplanned(&mut self, tp: &TopicPartition) {
+    pub(crate) fn handle_unplanned(&mut self, tp: &TopicPartition) {
         if let Some(p) = self.partitions.get_mut(tp) {
             p.inflight = false;
         }
     }
 
     /// A Fetch answer for `tp` that was sent at `fetch_offset`.
-    pub(crate) fn fetched(
+    pub(crate) fn handle_fetched(
         &mut self,
         now: Instant,
         tp: &TopicPartition,
@@ -385,7 +392,7 @@ impl Fetcher {
     }
 
     /// A ListOffsets answer for a pending reset of `tp`.
-    pub(crate) fn listed(
+    pub(crate) fn handle_listed(
         &mut self,
         now: Instant,
         tp: &TopicPartition,
@@ -431,7 +438,7 @@ impl Fetcher {
 
     /// The earliest backoff that ends after `now`, so a caller with nothing to fetch knows when to
     /// look again.
-    pub(crate) fn next_wakeup(&self, now: Instant) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self, now: Instant) -> Option<Instant> {
         self.partitions
             .values()
             .filter_map(|p| p.backoff_until)
@@ -474,7 +481,7 @@ mod tests {
             f.assign(tp(p), StartAt::Offset(10 * p as i64));
         }
         let leaders = |t: &TopicPartition| Some((t.partition % 2, 5));
-        let plan = f.plan(now, leaders);
+        let plan = f.poll_plan(now, leaders);
         assert_eq!(plan.fetch.len(), 2);
         assert_eq!(
             plan.fetch[&0]
@@ -487,10 +494,13 @@ mod tests {
         assert!(plan.fetch[&1]
             .iter()
             .all(|p| p.current_leader_epoch == 5 && p.last_fetched_epoch == -1));
-        assert_eq!(f.plan(now, leaders), Plan::default(), "all in flight");
-        assert_eq!(f.fetched(now, &tp(0), 0, &ok(4, 9)), Outcome::Deliver);
+        assert_eq!(f.poll_plan(now, leaders), Plan::default(), "all in flight");
+        assert_eq!(
+            f.handle_fetched(now, &tp(0), 0, &ok(4, 9)),
+            Outcome::Deliver
+        );
         assert_eq!(f.position(&tp(0)), Some(4));
-        let plan = f.plan(now, leaders);
+        let plan = f.poll_plan(now, leaders);
         assert_eq!(plan.fetch[&0][0].fetch_offset, 4);
         assert_eq!(plan.fetch[&0][0].last_fetched_epoch, 3);
     }
@@ -501,9 +511,12 @@ mod tests {
         let now = Instant::now();
         let mut f = fetcher(OffsetReset::Fail);
         f.assign(tp(0), StartAt::Offset(0));
-        f.plan(now, |_| Some((1, 0)));
+        f.poll_plan(now, |_| Some((1, 0)));
         f.seek(&tp(0), StartAt::Offset(100));
-        assert_eq!(f.fetched(now, &tp(0), 0, &ok(50, 60)), Outcome::Stale);
+        assert_eq!(
+            f.handle_fetched(now, &tp(0), 0, &ok(50, 60)),
+            Outcome::Stale
+        );
         assert_eq!(f.position(&tp(0)), Some(100));
     }
 
@@ -513,17 +526,20 @@ mod tests {
         let now = Instant::now();
         let mut f = fetcher(OffsetReset::Fail);
         f.assign(tp(0), StartAt::Offset(500));
-        f.plan(now, |_| Some((1, 0)));
+        f.poll_plan(now, |_| Some((1, 0)));
         let mut e = ok(0, 10);
         e.error = ErrorCode::OffsetOutOfRange;
         assert_eq!(
-            f.fetched(now, &tp(0), 500, &e),
+            f.handle_fetched(now, &tp(0), 500, &e),
             Outcome::OutOfRange { offset: 500 }
         );
         assert_eq!(f.position(&tp(0)), Some(500));
-        assert_eq!(f.plan(now, |_| Some((1, 0))), Plan::default());
+        assert_eq!(f.poll_plan(now, |_| Some((1, 0))), Plan::default());
         f.seek(&tp(0), StartAt::Offset(3));
-        assert_eq!(f.plan(now, |_| Some((1, 0))).fetch[&1][0].fetch_offset, 3);
+        assert_eq!(
+            f.poll_plan(now, |_| Some((1, 0))).fetch[&1][0].fetch_offset,
+            3
+        );
     }
 
     /// OFFSET_OUT_OF_RANGE with a reset policy lists the offset and continues from it.
@@ -536,12 +552,12 @@ mod tests {
             let now = Instant::now();
             let mut f = fetcher(policy);
             f.assign(tp(0), StartAt::Offset(500));
-            f.plan(now, |_| Some((1, 0)));
+            f.poll_plan(now, |_| Some((1, 0)));
             let mut e = ok(0, 10);
             e.error = ErrorCode::OffsetOutOfRange;
-            assert_eq!(f.fetched(now, &tp(0), 500, &e), Outcome::Reset);
+            assert_eq!(f.handle_fetched(now, &tp(0), 500, &e), Outcome::Reset);
             assert_eq!(f.position(&tp(0)), None);
-            let plan = f.plan(now, |_| Some((1, 4)));
+            let plan = f.poll_plan(now, |_| Some((1, 4)));
             assert!(plan.fetch.is_empty());
             assert_eq!(
                 plan.list[&1],
@@ -552,7 +568,7 @@ mod tests {
                 }]
             );
             assert_eq!(
-                f.listed(now, &tp(0), ErrorCode::None, 7, 4),
+                f.handle_listed(now, &tp(0), ErrorCode::None, 7, 4),
                 Outcome::Deliver
             );
             assert_eq!(f.position(&tp(0)), Some(7));
@@ -567,19 +583,22 @@ mod tests {
             let mut f = fetcher(OffsetReset::Fail);
             f.assign(tp(0), StartAt::Offset(0));
             f.assign(tp(1), StartAt::Offset(0));
-            f.plan(now, |_| Some((1, 0)));
+            f.poll_plan(now, |_| Some((1, 0)));
             let mut e = ok(0, 0);
             e.error = code;
-            assert_eq!(f.fetched(now, &tp(0), 0, &e), Outcome::RefreshLeader);
-            assert_eq!(f.fetched(now, &tp(1), 0, &ok(2, 2)), Outcome::Deliver);
-            let plan = f.plan(now, |_| Some((2, 1)));
+            assert_eq!(f.handle_fetched(now, &tp(0), 0, &e), Outcome::RefreshLeader);
+            assert_eq!(
+                f.handle_fetched(now, &tp(1), 0, &ok(2, 2)),
+                Outcome::Deliver
+            );
+            let plan = f.poll_plan(now, |_| Some((2, 1)));
             assert_eq!(
                 plan.fetch[&2].len(),
                 1,
                 "only the healthy partition: {plan:?}"
             );
             assert_eq!(plan.fetch[&2][0].tp, tp(1));
-            let plan = f.plan(now + Duration::from_millis(100), |_| Some((2, 1)));
+            let plan = f.poll_plan(now + Duration::from_millis(100), |_| Some((2, 1)));
             assert_eq!(
                 plan.fetch[&2][0].tp,
                 tp(0),
@@ -601,17 +620,17 @@ mod tests {
         let now = Instant::now();
         let mut f = fetcher(OffsetReset::Fail);
         f.assign(tp(0), StartAt::Offset(0));
-        f.plan(now, |_| Some((1, 3)));
-        f.fetched(now, &tp(0), 0, &ok(100, 100));
-        f.plan(now, |_| Some((2, 4)));
+        f.poll_plan(now, |_| Some((1, 3)));
+        f.handle_fetched(now, &tp(0), 0, &ok(100, 100));
+        f.poll_plan(now, |_| Some((2, 4)));
         let mut d = ok(100, 90);
         d.diverging = Some((3, 90));
         assert_eq!(
-            f.fetched(now, &tp(0), 100, &d),
+            f.handle_fetched(now, &tp(0), 100, &d),
             Outcome::Truncated { from: 100, to: 90 }
         );
         assert_eq!(f.position(&tp(0)), Some(90));
-        let plan = f.plan(now, |_| Some((2, 4)));
+        let plan = f.poll_plan(now, |_| Some((2, 4)));
         assert_eq!(plan.fetch[&2][0].last_fetched_epoch, 3);
     }
 
@@ -624,11 +643,11 @@ mod tests {
         f.assign(tp(0), StartAt::Offset(0));
         let mut round = |f: &mut Fetcher, error: ErrorCode| {
             now += Duration::from_secs(1);
-            let plan = f.plan(now, |_| Some((1, 0)));
+            let plan = f.poll_plan(now, |_| Some((1, 0)));
             assert_eq!(plan.fetch[&1].len(), 1, "fetched again after the backoff");
             let mut a = ok(0, 0);
             a.error = error;
-            f.fetched(now, &tp(0), 0, &a)
+            f.handle_fetched(now, &tp(0), 0, &a)
         };
         for _ in 0..TOPIC_ID_ERROR_LIMIT - 1 {
             let outcome = round(&mut f, ErrorCode::InconsistentTopicId);
@@ -652,10 +671,10 @@ mod tests {
         let now = Instant::now();
         let mut f = fetcher(OffsetReset::Fail);
         f.assign(tp(0), StartAt::Latest);
-        let plan = f.plan(now, |_| None);
+        let plan = f.poll_plan(now, |_| None);
         assert_eq!(plan.leaderless, vec![tp(0)]);
         assert!(
-            f.plan(now, |_| Some((1, 0))).list.contains_key(&1),
+            f.poll_plan(now, |_| Some((1, 0))).list.contains_key(&1),
             "not left in flight"
         );
     }
@@ -666,17 +685,20 @@ mod tests {
         let now = Instant::now();
         let mut f = fetcher(OffsetReset::Fail);
         f.assign(tp(0), StartAt::Offset(0));
-        f.plan(now, |_| Some((1, 0)));
+        f.poll_plan(now, |_| Some((1, 0)));
         let mut a = ok(5, 12);
         a.last_stable_offset = 7;
-        f.fetched(now, &tp(0), 0, &a);
+        f.handle_fetched(now, &tp(0), 0, &a);
         assert_eq!(
             (f.high_watermark(&tp(0)), f.last_stable_offset(&tp(0))),
             (Some(12), Some(7))
         );
         f.set_paused(&tp(0), true);
-        assert_eq!(f.plan(now, |_| Some((1, 0))), Plan::default());
+        assert_eq!(f.poll_plan(now, |_| Some((1, 0))), Plan::default());
         f.set_paused(&tp(0), false);
-        assert_eq!(f.plan(now, |_| Some((1, 0))).fetch[&1][0].fetch_offset, 5);
+        assert_eq!(
+            f.poll_plan(now, |_| Some((1, 0))).fetch[&1][0].fetch_offset,
+            5
+        );
     }
 }

@@ -78,7 +78,7 @@ impl H {
     /// Advances time, polling as a live application does.
     fn advance_polling(&mut self, d: Duration) {
         self.now += d;
-        self.m.on_poll(self.now);
+        self.m.handle_poll(self.now);
         self.m.handle_timeout(self.now);
     }
 
@@ -491,7 +491,7 @@ fn poll_interval_expiry_is_reported_and_leaves() {
     assert_eq!(h.m.poll_timeout(), None, "dormant until polled");
     h.m.ack(h.now);
     h.nothing();
-    h.m.on_poll(h.now);
+    h.m.handle_poll(h.now);
     match &h.expect("JoinGroup").request {
         Request::JoinGroup { member_id, .. } => assert_eq!(member_id, ""),
         _ => unreachable!(),
@@ -808,7 +808,7 @@ fn poll_timeout_covers_the_next_heartbeat() {
     let wake = h.m.poll_timeout().unwrap();
     assert!(wake <= h.now + Duration::from_secs(1));
     h.now = wake;
-    h.m.on_poll(h.now);
+    h.m.handle_poll(h.now);
     h.expect("Heartbeat");
 }
 

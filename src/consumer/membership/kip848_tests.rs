@@ -106,7 +106,7 @@ impl H {
 
     fn advance_polling(&mut self, d: Duration) {
         self.now += d;
-        self.m.on_poll(self.now);
+        self.m.handle_poll(self.now);
         self.m.handle_timeout(self.now);
     }
 
@@ -263,7 +263,7 @@ fn heartbeat_interval_from_the_response() {
     let mut h = H::new();
     h.join(1, &[0]);
     h.now += Duration::from_millis(999);
-    h.m.on_poll(h.now);
+    h.m.handle_poll(h.now);
     h.nothing();
     h.now += Duration::from_millis(1);
     h.hb();
@@ -411,7 +411,7 @@ fn poll_interval_expiry_leaves_and_rejoins_on_poll() {
     h.nothing();
     assert_eq!(h.m.poll_timeout(), None);
     h.m.ack(h.now);
-    h.m.on_poll(h.now);
+    h.m.handle_poll(h.now);
     assert_eq!(h.hb().1.member_epoch, 0);
 }
 

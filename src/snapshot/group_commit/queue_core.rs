@@ -6,6 +6,12 @@
 //! in the parent module owns the producer and the waiters' channels; the `T` it hands in with each write
 //! or offset commit is that waiter's ticket, and comes back with its outcome.
 //!
+//! # Method kinds and call order
+//! - **`handle_*`**, input: `handle_write` and `handle_offset` (a waiter's request, with its ticket),
+//!   `handle_outcome` (how the open transaction ended); `close` and `fail_all` end the queue;
+//! - **`poll_*`**, output: `poll_begin` (start a transaction with what is queued), `poll_step` (its
+//!   next step), `poll_outcome` (one waiter's outcome at a time, to deliver).
+//!
 //! # One transaction
 //!
 //! ```text
@@ -139,7 +145,7 @@ impl<T> Queue<T> {
     }
 
     /// Queues a write. Refused (and `ticket` dropped) once the queue is closed.
-    pub(crate) fn push_write(
+    pub(crate) fn handle_write(
         &mut self,
         write: SnapshotWrite,
         ticket: T,
@@ -157,7 +163,7 @@ impl<T> Queue<T> {
     }
 
     /// Queues an offset commit request. Refused (and `ticket` dropped) once the queue is closed.
-    pub(crate) fn push_offset(&mut self, offset: i64, ticket: T) -> Result<(), SnapshotError> {
+    pub(crate) fn handle_offset(&mut self, offset: i64, ticket: T) -> Result<(), SnapshotError> {
         if let Some(err) = &self.closed {
             return Err(err.clone());
         }
@@ -428,7 +434,7 @@ mod tests {
     #[test]
     fn lone_write_begins_at_once_with_the_seeded_offset() {
         let mut q = Q::new(256, 42);
-        q.push_write(w("a"), "a").unwrap();
+        q.handle_write(w("a"), "a").unwrap();
         assert_eq!(q.poll_begin(), sent(&["a"]));
         assert_eq!(q.poll_begin(), None, "one transaction at a time");
         assert_eq!(q.poll_step(), commit(42));
@@ -446,14 +452,14 @@ mod tests {
     #[test]
     fn offset_only_transaction_then_a_write_recommits_it() {
         let mut q = Q::new(256, 10);
-        q.push_offset(25, "o").unwrap();
+        q.handle_offset(25, "o").unwrap();
         assert_eq!(q.poll_begin(), commit(25));
         q.handle_outcome(Ok(()));
         assert_eq!(q.committed(), 25);
-        q.push_write(w("a"), "a").unwrap();
+        q.handle_write(w("a"), "a").unwrap();
         assert_eq!(q.poll_begin(), sent(&["a"]));
         assert_eq!(q.poll_step(), commit(25));
-        q.push_offset(20, "lower").unwrap();
+        q.handle_offset(20, "lower").unwrap();
         q.handle_outcome(Ok(()));
         assert_eq!(
             q.poll_begin(),
@@ -468,19 +474,19 @@ mod tests {
     fn an_offset_rides_free_of_the_cap() {
         let mut q = Q::new(3, 0);
         for k in ["a", "b", "c"] {
-            q.push_write(w(k), k).unwrap();
+            q.handle_write(w(k), k).unwrap();
         }
-        q.push_offset(50, "o").unwrap();
+        q.handle_offset(50, "o").unwrap();
         assert_eq!(q.poll_begin(), sent(&["a", "b", "c"]));
         assert_eq!(q.poll_step(), commit(50));
         q.handle_outcome(Ok(()));
         assert_eq!(outcomes(&mut q).len(), 4);
 
-        q.push_write(w("d"), "d").unwrap();
+        q.handle_write(w("d"), "d").unwrap();
         assert_eq!(q.poll_begin(), sent(&["d"]));
-        q.push_write(w("e"), "e").unwrap();
-        q.push_write(w("f"), "f").unwrap();
-        q.push_offset(60, "o2").unwrap();
+        q.handle_write(w("e"), "e").unwrap();
+        q.handle_write(w("f"), "f").unwrap();
+        q.handle_offset(60, "o2").unwrap();
         assert_eq!(q.poll_step(), sent(&["e", "f"]));
         assert_eq!(q.poll_step(), commit(60));
     }
@@ -491,9 +497,9 @@ mod tests {
     fn an_offset_never_rides_ahead_of_a_write_left_behind() {
         let mut q = Q::new(2, 0);
         for k in ["a", "b", "c"] {
-            q.push_write(w(k), k).unwrap();
+            q.handle_write(w(k), k).unwrap();
         }
-        q.push_offset(99, "o").unwrap();
+        q.handle_offset(99, "o").unwrap();
         assert_eq!(q.poll_begin(), sent(&["a", "b"]));
         assert_eq!(
             q.poll_step(),
@@ -513,20 +519,20 @@ mod tests {
     #[test]
     fn writes_join_until_the_seal_and_later_ones_wait_for_the_next_commit() {
         let mut q = Q::new(4, 0);
-        q.push_write(w("a"), "a").unwrap();
+        q.handle_write(w("a"), "a").unwrap();
         assert_eq!(q.poll_begin(), sent(&["a"]));
         for k in ["b", "c", "d", "e"] {
-            q.push_write(w(k), k).unwrap();
+            q.handle_write(w(k), k).unwrap();
         }
-        q.push_offset(5, "o5").unwrap();
+        q.handle_offset(5, "o5").unwrap();
         assert_eq!(q.poll_step(), sent(&["b", "c", "d"]), "up to the cap of 4");
         assert_eq!(
             q.poll_step(),
             commit(0),
             "e is left behind, so o5 may not ride"
         );
-        q.push_write(w("f"), "f").unwrap();
-        q.push_offset(7, "o7").unwrap();
+        q.handle_write(w("f"), "f").unwrap();
+        q.handle_offset(7, "o7").unwrap();
         assert_eq!(q.poll_step(), None, "sealed: nothing joins");
         q.handle_outcome(Ok(()));
         let first = outcomes(&mut q);
@@ -547,10 +553,10 @@ mod tests {
     #[test]
     fn a_growing_transaction_settles_before_it_seals() {
         let mut q = Q::new(4, 0);
-        q.push_write(w("a"), "a").unwrap();
-        q.push_write(w("b"), "b").unwrap();
+        q.handle_write(w("a"), "a").unwrap();
+        q.handle_write(w("b"), "b").unwrap();
         assert_eq!(q.poll_begin(), sent(&["a", "b"]));
-        q.push_write(w("c"), "c").unwrap();
+        q.handle_write(w("c"), "c").unwrap();
         assert_eq!(q.poll_step(), sent(&["c"]));
         assert_eq!(q.poll_step(), Some(Step::Settle));
         assert_eq!(
@@ -560,13 +566,13 @@ mod tests {
         );
         q.handle_outcome(Ok(()));
 
-        q.push_write(w("d"), "d").unwrap();
+        q.handle_write(w("d"), "d").unwrap();
         assert_eq!(q.poll_begin(), sent(&["d"]));
-        q.push_write(w("e"), "e").unwrap();
+        q.handle_write(w("e"), "e").unwrap();
         assert_eq!(q.poll_step(), sent(&["e"]));
         assert_eq!(q.poll_step(), Some(Step::Settle));
         for k in ["f", "g", "h"] {
-            q.push_write(w(k), k).unwrap();
+            q.handle_write(w(k), k).unwrap();
         }
         assert_eq!(q.poll_step(), sent(&["f", "g"]), "up to the cap");
         assert_eq!(
@@ -581,9 +587,9 @@ mod tests {
     #[test]
     fn an_offset_after_joined_writes_rides_in_their_transaction() {
         let mut q = Q::new(256, 0);
-        q.push_write(w("a"), "a").unwrap();
+        q.handle_write(w("a"), "a").unwrap();
         assert_eq!(q.poll_begin(), sent(&["a"]));
-        q.push_offset(5, "o").unwrap();
+        q.handle_offset(5, "o").unwrap();
         assert_eq!(q.poll_step(), commit(5));
         q.handle_outcome(Ok(()));
         assert_eq!(
@@ -606,7 +612,7 @@ mod tests {
             // and commits whenever it seals.
             while done < n {
                 if pushed < n {
-                    q.push_write(w("k"), pushed).unwrap();
+                    q.handle_write(w("k"), pushed).unwrap();
                     pushed += 1;
                 }
                 let step = match q.phase() {
@@ -637,27 +643,27 @@ mod tests {
     fn fenced_leaves_the_queue_usable_fatal_and_unknown_close_it() {
         for k in [FailureKind::Fenced, FailureKind::Aborted] {
             let mut q = Q::new(256, 3);
-            q.push_write(w("a"), "a").unwrap();
+            q.handle_write(w("a"), "a").unwrap();
             q.poll_begin();
             q.poll_step();
             q.handle_outcome(Err(failed(k)));
             assert_eq!(outcomes(&mut q), BTreeMap::from([("a", Err(Some(k)))]));
             assert_eq!(q.committed(), 3, "a failed transaction commits no offset");
-            q.push_write(w("b"), "b").unwrap();
+            q.handle_write(w("b"), "b").unwrap();
             assert_eq!(q.poll_begin(), sent(&["b"]));
         }
         for k in [FailureKind::Fatal, FailureKind::OutcomeUnknown] {
             let mut q = Q::new(256, 3);
-            q.push_write(w("a"), "a").unwrap();
+            q.handle_write(w("a"), "a").unwrap();
             q.poll_begin();
             q.poll_step();
-            q.push_write(w("b"), "b").unwrap();
+            q.handle_write(w("b"), "b").unwrap();
             q.handle_outcome(Err(failed(k)));
             assert_eq!(
                 outcomes(&mut q),
                 BTreeMap::from([("a", Err(Some(k))), ("b", Err(Some(k)))])
             );
-            let refused = q.push_write(w("c"), "c").unwrap_err();
+            let refused = q.handle_write(w("c"), "c").unwrap_err();
             assert_eq!(kind(&Err(refused)), Err(Some(k)));
             assert_eq!(
                 q.poll_begin(),
@@ -673,9 +679,9 @@ mod tests {
     #[test]
     fn a_failure_while_producing_fails_the_offsets_that_would_cover_it() {
         let mut q = Q::new(256, 0);
-        q.push_offset(4, "before").unwrap();
-        q.push_write(w("a"), "a").unwrap();
-        q.push_offset(9, "after").unwrap();
+        q.handle_offset(4, "before").unwrap();
+        q.handle_write(w("a"), "a").unwrap();
+        q.handle_offset(9, "after").unwrap();
         // The transaction begins with `a` (writes first), so `before` has not ridden yet.
         assert_eq!(q.poll_begin(), sent(&["a"]));
         q.handle_outcome(Err(failed(FailureKind::Aborted)));
@@ -701,27 +707,27 @@ mod tests {
             message: "boom".into(),
         };
         let mut q = Q::new(256, 0);
-        q.push_write(w("a"), "a").unwrap();
+        q.handle_write(w("a"), "a").unwrap();
         q.poll_begin();
-        q.push_write(w("b"), "b").unwrap();
-        q.push_offset(3, "o").unwrap();
+        q.handle_write(w("b"), "b").unwrap();
+        q.handle_offset(3, "o").unwrap();
         q.fail_all(died.clone());
         assert_eq!(outcomes(&mut q).len(), 3);
         assert!(matches!(
-            q.push_write(w("c"), "c"),
+            q.handle_write(w("c"), "c"),
             Err(SnapshotError::DrainDied { .. })
         ));
 
         let mut q = Q::new(256, 0);
-        q.push_write(w("a"), "a").unwrap();
+        q.handle_write(w("a"), "a").unwrap();
         q.poll_begin();
-        q.push_write(w("b"), "b").unwrap();
+        q.handle_write(w("b"), "b").unwrap();
         q.close(SnapshotError::Closed { partition: 0 });
         assert_eq!(outcomes(&mut q).keys().copied().collect::<Vec<_>>(), ["b"]);
         assert_eq!(q.poll_step(), commit(0), "the open transaction goes on");
         q.handle_outcome(Ok(()));
         assert_eq!(outcomes(&mut q), BTreeMap::from([("a", Ok(()))]));
-        assert!(q.push_offset(1, "late").is_err());
+        assert!(q.handle_offset(1, "late").is_err());
     }
 
     /// What one scripted run saw.
@@ -745,9 +751,9 @@ mod tests {
             for &(_, name) in events.iter().filter(|e| e.0 == tick) {
                 run.pushed_at.insert(name, tick);
                 if name.starts_with('o') {
-                    q.push_offset(100, name).unwrap();
+                    q.handle_offset(100, name).unwrap();
                 } else {
-                    q.push_write(w(name), name).unwrap();
+                    q.handle_write(w(name), name).unwrap();
                 }
             }
             let step = match q.phase() {

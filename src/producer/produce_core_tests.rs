@@ -117,7 +117,7 @@ fn a_pass_starts_after_the_partition_the_last_one_took() {
                 .collect::<Vec<_>>(),
         );
         for b in out {
-            c.on_answer(b.id, ok(0), t0);
+            c.handle_answer(b.id, ok(0), t0);
         }
     }
     assert_eq!(taken, [vec![0, 1], vec![2, 3], vec![0, 1], vec![2, 3]]);
@@ -139,7 +139,7 @@ fn records_batch_linger_and_complete_with_offsets() {
         c.append(&tp(0), rec(10), i, t0).unwrap();
     }
     assert!(send(&mut c, t0, &mut enc).is_empty(), "lingering");
-    assert_eq!(c.next_wakeup(t0), Some(t0 + LINGER));
+    assert_eq!(c.poll_timeout(t0), Some(t0 + LINGER));
     let out = send(&mut c, t0 + LINGER, &mut enc);
     assert_eq!(out.len(), 1);
     assert_eq!(
@@ -147,7 +147,7 @@ fn records_batch_linger_and_complete_with_offsets() {
         (IDS, 0, 0)
     );
     assert_eq!(enc.calls, vec![(IDS, 0, 3, false)]);
-    let fx = c.on_answer(out[0].id, ok(100), t0 + LINGER);
+    let fx = c.handle_answer(out[0].id, ok(100), t0 + LINGER);
     assert!(fx.memory_freed);
     let mut got: Vec<_> = fx
         .completions
@@ -170,24 +170,24 @@ fn retries_resend_the_same_bytes_and_sequence() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let first = send(&mut c, t0, &mut enc).remove(0);
-    let fx = c.on_answer(first.id, ProduceAnswer::NoAnswer("timeout".into()), t0);
+    let fx = c.handle_answer(first.id, ProduceAnswer::NoAnswer("timeout".into()), t0);
     assert_eq!(fx.refresh_leader, vec![tp(0)]);
     assert!(fx.completions.is_empty());
     assert!(send(&mut c, t0, &mut enc).is_empty(), "backing off");
-    let at = c.next_wakeup(t0).unwrap();
+    let at = c.poll_timeout(t0).unwrap();
     assert_eq!(at, t0 + Duration::from_millis(100));
     let again = send(&mut c, at, &mut enc).remove(0);
     assert_eq!(again.records, first.records);
     assert_eq!(again.base_sequence, first.base_sequence);
     assert_eq!(again.attempt, 1);
     assert_eq!(enc.calls.len(), 1, "never re-encoded");
-    let fx = c.on_answer(again.id, err(ErrorCode::NotLeaderOrFollower), at);
+    let fx = c.handle_answer(again.id, err(ErrorCode::NotLeaderOrFollower), at);
     assert_eq!(fx.refresh_leader, vec![tp(0)]);
-    let at2 = c.next_wakeup(at).unwrap();
+    let at2 = c.poll_timeout(at).unwrap();
     assert_eq!(at2, at + Duration::from_millis(200), "backoff doubles");
     let third = send(&mut c, at2, &mut enc).remove(0);
     // Acknowledged as a duplicate of an earlier attempt: success, offset unknown.
-    let fx = c.on_answer(third.id, err(ErrorCode::DuplicateSequenceNumber), at2);
+    let fx = c.handle_answer(third.id, err(ErrorCode::DuplicateSequenceNumber), at2);
     let m = fx.completions[0].result.as_ref().unwrap();
     assert_eq!(m.offset, None);
 }
@@ -219,11 +219,11 @@ fn at_most_five_batches_in_flight_per_partition() {
         "other partitions are not held up"
     );
     assert!(send(&mut c, t0, &mut enc).is_empty());
-    c.on_answer(out[0].id, ok(0), t0);
+    c.handle_answer(out[0].id, ok(0), t0);
     let out = send(&mut c, t0, &mut enc);
     assert_eq!(seqs_of(&out, 0), vec![1, 2, 3, 4, 5]);
     assert!(send(&mut c, t0, &mut enc).is_empty());
-    c.on_answer(out[0].id, ok(1), t0);
+    c.handle_answer(out[0].id, ok(1), t0);
     let next = send(&mut c, t0, &mut enc);
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].base_sequence, 6);
@@ -240,18 +240,18 @@ fn idempotent_gap_bumps_epoch_and_resequences() {
     c.flush();
     // The first batch goes alone and is written: the broker knows the producer.
     let known = send(&mut c, t0, &mut enc).remove(0);
-    c.on_answer(known.id, ok(0), t0);
+    c.handle_answer(known.id, ok(0), t0);
     let out = send(&mut c, t0, &mut enc);
     assert_eq!(out.len(), 3);
-    let fx = c.on_answer(out[0].id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
+    let fx = c.handle_answer(out[0].id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
     assert!(fx.completions.is_empty(), "held, not failed");
-    c.on_answer(out[1].id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
+    c.handle_answer(out[1].id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
     assert_eq!(
         c.ids(),
         Some(IDS),
         "no bump until every batch is heard from"
     );
-    c.on_answer(out[2].id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
+    c.handle_answer(out[2].id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
     let bumped = ProducerIdEpoch {
         id: IDS.id,
         epoch: 1,
@@ -275,7 +275,7 @@ fn idempotent_gap_bumps_epoch_and_resequences() {
         "re-encoded under the new epoch"
     );
     for s in &again {
-        let fx = c.on_answer(s.id, ok(10), t0);
+        let fx = c.handle_answer(s.id, ok(10), t0);
         assert!(fx.completions.iter().all(|c| c.result.is_ok()));
     }
     assert!(c.is_idle());
@@ -290,10 +290,10 @@ fn maybe_written_batch_fails_as_unknown_never_duplicated() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    c.on_answer(s.id, ProduceAnswer::NoAnswer("eof".into()), t0);
-    let at = c.next_wakeup(t0).unwrap();
+    c.handle_answer(s.id, ProduceAnswer::NoAnswer("eof".into()), t0);
+    let at = c.poll_timeout(t0).unwrap();
     let s = send(&mut c, at, &mut enc).remove(0);
-    let fx = c.on_answer(s.id, err(ErrorCode::UnknownProducerId), at);
+    let fx = c.handle_answer(s.id, err(ErrorCode::UnknownProducerId), at);
     let e = fx.completions[0].result.as_ref().unwrap_err();
     assert!(e.is_outcome_unknown(), "{e}");
     assert_eq!(enc.calls.len(), 1, "not re-encoded");
@@ -308,8 +308,8 @@ fn delivery_timeout_while_retrying_is_unknown() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    c.on_answer(s.id, ProduceAnswer::NoAnswer("eof".into()), t0);
-    let fx = c.expire(t0 + Duration::from_secs(5));
+    c.handle_answer(s.id, ProduceAnswer::NoAnswer("eof".into()), t0);
+    let fx = c.handle_timeout(t0 + Duration::from_secs(5));
     let e = fx.completions[0].result.as_ref().unwrap_err();
     assert!(e.is_outcome_unknown(), "{e}");
     assert!(c.is_idle());
@@ -324,7 +324,7 @@ fn late_retriable_answer_gives_up() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    let fx = c.on_answer(
+    let fx = c.handle_answer(
         s.id,
         err(ErrorCode::NotEnoughReplicas),
         t0 + Duration::from_secs(6),
@@ -348,7 +348,7 @@ fn answers_given_after_the_append_leave_the_outcome_unknown() {
         c.append(&tp(0), rec(10), 1, t0).unwrap();
         c.flush();
         let s = send(&mut c, t0, &mut enc).remove(0);
-        let fx = c.on_answer(s.id, err(code), t0 + Duration::from_secs(6));
+        let fx = c.handle_answer(s.id, err(code), t0 + Duration::from_secs(6));
         let e = fx.completions[0].result.as_ref().unwrap_err();
         assert!(e.is_outcome_unknown(), "{code:?}: {e}");
     }
@@ -359,13 +359,16 @@ fn never_sent_batches_expire_as_not_written() {
     let t0 = Instant::now();
     let mut c = core(false);
     c.append(&tp(0), rec(10), 1, t0).unwrap();
-    assert!(c.expire(t0 + Duration::from_secs(4)).completions.is_empty());
+    assert!(c
+        .handle_timeout(t0 + Duration::from_secs(4))
+        .completions
+        .is_empty());
     // Once ready, only the delivery deadline is left to wake up for (sending is driven by poll_send).
     assert_eq!(
-        c.next_wakeup(t0 + LINGER),
+        c.poll_timeout(t0 + LINGER),
         Some(t0 + Duration::from_secs(5))
     );
-    let fx = c.expire(t0 + Duration::from_secs(5));
+    let fx = c.handle_timeout(t0 + Duration::from_secs(5));
     let e = fx.completions[0].result.as_ref().unwrap_err();
     assert!(matches!(e, ProducerError::Timeout { .. }) && e.is_abortable());
     assert!(c.is_idle());
@@ -380,7 +383,7 @@ fn rejected_batch_fails_alone() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    let fx = c.on_answer(s.id, err(ErrorCode::MessageTooLarge), t0);
+    let fx = c.handle_answer(s.id, err(ErrorCode::MessageTooLarge), t0);
     let e = fx.completions[0].result.as_ref().unwrap_err();
     assert!(e.is_abortable() && !e.is_fatal());
     assert!(fx.txn_error.is_none() && fx.fatal.is_none());
@@ -398,7 +401,7 @@ fn fatal_produce_error_stops_the_producer() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    let fx = c.on_answer(s.id, err(ErrorCode::ClusterAuthorizationFailed), t0);
+    let fx = c.handle_answer(s.id, err(ErrorCode::ClusterAuthorizationFailed), t0);
     assert!(fx.fatal.as_ref().is_some_and(ProducerError::is_fatal));
     let (e, _, _) = c.append(&tp(0), rec(10), 2, t0).unwrap_err();
     assert!(matches!(e, ProducerError::Defunct { .. }));
@@ -423,7 +426,7 @@ fn back_pressure_until_completion() {
     let out = send(&mut c, t0, &mut enc);
     // In flight still holds memory.
     assert!(c.append(&tp(0), refused.1.clone(), n, t0).is_err());
-    let fx = c.on_answer(out[0].id, ok(0), t0);
+    let fx = c.handle_answer(out[0].id, ok(0), t0);
     assert!(fx.memory_freed);
     assert!(c.append(&tp(0), refused.1, n, t0).is_ok());
 }
@@ -447,7 +450,7 @@ fn flush_marker_tracks_completion() {
     let s = send(&mut c, t0, &mut enc).remove(0);
     assert!(!c.flushed(marker), "in flight");
     c.append(&tp(0), rec(10), 2, t0).unwrap();
-    c.on_answer(s.id, ok(0), t0);
+    c.handle_answer(s.id, ok(0), t0);
     assert!(c.flushed(marker), "later appends do not hold the flush");
     assert!(c.flushed(None));
 }
@@ -460,7 +463,7 @@ fn log_append_time_is_reported() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    let fx = c.on_answer(
+    let fx = c.handle_answer(
         s.id,
         ProduceAnswer::Partition(PartitionAnswer {
             code: ErrorCode::None,
@@ -505,7 +508,7 @@ fn exhausted_epoch_asks_for_a_new_id() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    let fx = c.on_answer(s.id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
+    let fx = c.handle_answer(s.id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
     assert!(fx.need_new_id);
     let fresh = ProducerIdEpoch { id: 6, epoch: 0 };
     c.set_ids(fresh);
@@ -543,7 +546,7 @@ fn transactional_gap_is_abortable_with_bump() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    let fx = c.on_answer(s.id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
+    let fx = c.handle_answer(s.id, err(ErrorCode::OutOfOrderSequenceNumber), t0);
     let (e, bump) = fx.txn_error.expect("transaction error");
     assert!(e.is_abortable() && bump);
     assert!(fx.completions[0]
@@ -566,7 +569,7 @@ fn transactional_stale_epoch_and_abortable_answers() {
         c.append(&tp(0), rec(10), 1, t0).unwrap();
         c.flush();
         let s = send(&mut c, t0, &mut enc).remove(0);
-        let fx = c.on_answer(s.id, err(code), t0);
+        let fx = c.handle_answer(s.id, err(code), t0);
         let (e, b) = fx.txn_error.expect("transaction error");
         assert!(e.is_abortable(), "{code}: {e}");
         assert_eq!(b, bump, "{code}");
@@ -577,7 +580,7 @@ fn transactional_stale_epoch_and_abortable_answers() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    let fx = c.on_answer(s.id, err(ErrorCode::ProducerFenced), t0);
+    let fx = c.handle_answer(s.id, err(ErrorCode::ProducerFenced), t0);
     assert!(fx.fatal.is_some());
 }
 
@@ -590,8 +593,8 @@ fn transactional_unknown_delivery_is_abortable() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    c.on_answer(s.id, ProduceAnswer::NoAnswer("eof".into()), t0);
-    let fx = c.expire(t0 + Duration::from_secs(5));
+    c.handle_answer(s.id, ProduceAnswer::NoAnswer("eof".into()), t0);
+    let fx = c.handle_timeout(t0 + Duration::from_secs(5));
     let e = fx.completions[0].result.as_ref().unwrap_err();
     assert!(e.is_abortable() && !e.is_outcome_unknown(), "{e}");
     assert!(fx.txn_error.is_some_and(|(_, bump)| bump));
@@ -608,7 +611,7 @@ fn fail_unsent_on_abort() {
     c.append(&tp(1), rec(10), 2, t0).unwrap();
     c.flush();
     let out = send(&mut c, t0, &mut enc);
-    c.on_answer(out[0].id, ProduceAnswer::NoAnswer("eof".into()), t0);
+    c.handle_answer(out[0].id, ProduceAnswer::NoAnswer("eof".into()), t0);
     c.append(&tp(2), rec(10), 3, t0).unwrap();
     let abort = ProducerError::IllegalState {
         op: "send",
@@ -620,7 +623,7 @@ fn fail_unsent_on_abort() {
     assert_eq!(failed, vec![1, 3]);
     assert!(fx.txn_error.is_some_and(|(_, bump)| bump));
     assert_eq!(c.sending(), 1);
-    c.on_answer(out[1].id, ok(0), t0);
+    c.handle_answer(out[1].id, ok(0), t0);
     assert!(c.is_idle());
 }
 
@@ -633,7 +636,7 @@ fn transactional_sequences_follow_the_ids() {
     c.append(&tp(0), rec(10), 1, t0).unwrap();
     c.flush();
     let s = send(&mut c, t0, &mut enc).remove(0);
-    c.on_answer(s.id, ok(0), t0);
+    c.handle_answer(s.id, ok(0), t0);
     c.set_ids(IDS);
     c.append(&tp(0), rec(10), 2, t0).unwrap();
     c.flush();
@@ -642,7 +645,7 @@ fn transactional_sequences_follow_the_ids() {
         s.base_sequence, 1,
         "TV1 carries sequences across transactions"
     );
-    c.on_answer(s.id, ok(1), t0);
+    c.handle_answer(s.id, ok(1), t0);
     let next = ProducerIdEpoch { id: 77, epoch: 1 };
     c.set_ids(next);
     c.append(&tp(0), rec(10), 3, t0).unwrap();
