@@ -5,7 +5,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-section() { echo; echo "--- $* ($(( $(date +%s) - start ))s)"; }
+# Each section's name and start, for the table printed when the script ends (as .ci/run does for its
+# steps), so the one CI step that runs this script is broken down too.
+section_names=()
+section_starts=()
+section() {
+  local now
+  now=$(date +%s)
+  section_names+=("$*")
+  section_starts+=("$now")
+  echo; echo "--- $* ($(( now - start ))s)"
+}
+section_table() {
+  local rc=$? end i next
+  end=$(date +%s)
+  echo
+  echo "--- section times (exit $rc)"
+  for i in "${!section_names[@]}"; do
+    next=${section_starts[$((i + 1))]:-$end}
+    printf '    %-76s %7d\n' "${section_names[$i]}" $(( next - section_starts[i] ))
+  done
+}
+trap section_table EXIT
 
 # ============================================================================================
 # fuzz (records): build every cargo-fuzz target, then run each briefly from its committed seeds.
