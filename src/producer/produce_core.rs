@@ -384,7 +384,9 @@ impl<T> ProducerCore<T> {
         now: Instant,
     ) -> Effects<T> {
         let mut fx = Effects::default();
-        let Some(flight) = self.flights.get(&id) else {
+        // The batch in flight and the sequencer that numbered it: a flight exists only once ids did,
+        // so an answer finds both or is for a batch this core no longer has (given up on already).
+        let (Some(flight), Some(seq)) = (self.flights.get(&id), self.seq.as_mut()) else {
             return fx;
         };
         let tp = flight.batch.partition.clone();
@@ -432,7 +434,6 @@ impl<T> ProducerCore<T> {
         if let Action::Retry(Refresh::Leader) = action {
             fx.refresh_leader.push(tp.clone());
         }
-        let seq = self.seq.as_mut().expect("a batch in flight implies ids");
         let mut resolution = seq.handle_outcome(&tp, id, outcome, now);
         if resolution == Resolution::Resend && now >= self.flights[&id].deadline {
             resolution = seq.give_up(&tp, id);
@@ -555,6 +556,10 @@ impl<T> ProducerCore<T> {
                 Self::complete_err(&mut fx, batch, &err);
             }
         }
+        // Batches in flight exist only once ids do: with none yet, nothing has been sent to expire.
+        let Some(seq) = self.seq.as_mut() else {
+            return fx;
+        };
         let expired: Vec<BatchId> = self
             .flights
             .iter()
@@ -562,9 +567,10 @@ impl<T> ProducerCore<T> {
             .map(|(id, _)| *id)
             .collect();
         for id in expired {
-            let f = self.flights.remove(&id).expect("present");
+            let Some(f) = self.flights.remove(&id) else {
+                continue;
+            };
             let tp = f.batch.partition.clone();
-            let seq = self.seq.as_mut().expect("flights imply ids");
             let unknown = seq.give_up(&tp, id) == Resolution::Unknown;
             self.acc.release(f.batch.reserved);
             fx.memory_freed = true;
