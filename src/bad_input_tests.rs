@@ -38,6 +38,8 @@ type FrameRow = (
 /// (name, frame, header version, the correlation id or which part failed)
 type HeaderRow = (&'static str, &'static [u8], i16, Result<i32, &'static str>);
 
+/// A frame length that is negative or above the limit is a typed error, a truncated prefix or body waits
+/// for more bytes, and an empty frame is a frame.
 #[test]
 fn frames() {
     const MAX: usize = 1 << 20;
@@ -87,6 +89,8 @@ fn frames() {
     }
 }
 
+/// A response header too short for its correlation id, or whose tagged fields lie about their count or
+/// length, is a typed error naming the header, never a panic or a huge allocation.
 #[test]
 fn response_headers() {
     // (name, frame, header version, expected: correlation id or which error)

@@ -1263,6 +1263,7 @@ mod tests {
         assert!(verdict(&good, &undamaged, &mut Vec::new()).is_err());
     }
 
+    /// The demo names the damage it finds by the deposits lost, runs of numbers collapsed into ranges.
     #[test]
     fn lost_deposits_are_named() {
         assert_eq!(numbers(&[16, 17, 18, 19, 20]), "#16-#20");

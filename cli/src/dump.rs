@@ -760,6 +760,7 @@ mod tests {
         }
     }
 
+    /// A topic's summary is the sum of its partitions' tallies, in text and in JSON.
     #[test]
     fn the_topic_summary_adds_up_the_partitions() {
         let mut total = Tally::default();

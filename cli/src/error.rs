@@ -407,6 +407,8 @@ fn authorization_hint(code: ErrorCode) -> &'static str {
 mod tests {
     use super::*;
 
+    /// A transport failure exits as unreachable and an ACL code as not authorised, each with the next
+    /// step that fits it, and any other broker error points at the broker logs or a retry.
     #[test]
     fn transport_failures_are_unreachable_and_acl_codes_not_authorized() {
         let down = NetError::Connect {
@@ -495,6 +497,8 @@ mod tests {
         assert!(text.contains("bad"), "{text}");
     }
 
+    /// A part of an error message is dropped only when the part just before it already says it in whole
+    /// words, so repeats go and new facts stay.
     #[test]
     fn say_once_keeps_what_is_new() {
         assert_eq!(say_once("x failed: x: y"), "x failed: y");
@@ -517,6 +521,7 @@ mod tests {
         assert_eq!(render(&e), "i/o: disk full");
     }
 
+    /// A partition that does not exist exits as not found and says which partitions do.
     #[test]
     fn not_found_errors_say_what_exists() {
         let e = CliError::UnknownPartition {

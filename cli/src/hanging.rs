@@ -588,6 +588,8 @@ mod tests {
         );
     }
 
+    /// Each KIP-664 reason for a hanging transaction (no transactional id, unknown to its coordinator, a
+    /// partition its transaction does not include) is reported, and a live transaction is not.
     #[test]
     fn each_kip664_reason_is_recognised_and_a_live_transaction_is_not_hanging() {
         let open = |id, partition| OpenTxn {

@@ -259,6 +259,8 @@ mod tests {
         )
     }
 
+    /// The clap definition of the command line is internally consistent (no clashing names or broken
+    /// argument relations), so a bad definition fails here and not in a user's hands.
     #[test]
     fn the_command_line_is_consistent() {
         use clap::CommandFactory;
@@ -274,6 +276,9 @@ mod tests {
         assert!(!help.contains("__demo-owner"), "{help}");
     }
 
+    /// A missing bootstrap, or options that only make sense with another (an offset without a partition,
+    /// a partition without a topic), is a usage error naming what is missing, before any broker is
+    /// reached.
     #[tokio::test]
     async fn a_missing_scope_or_bootstrap_is_a_usage_error() {
         let (code, _, err) = run_captured(&["snapfence", "inspect", "t"]).await;
@@ -298,6 +303,8 @@ mod tests {
         assert!(err.contains("no JSON output"), "{err}");
     }
 
+    /// An unreachable broker exits with the unreachable status, names the address once, and says what to
+    /// check next.
     #[tokio::test]
     async fn an_unreachable_broker_says_so_and_what_to_check() {
         // Port 1 on loopback: nothing listens there, so the connection is refused at once.

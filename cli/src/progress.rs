@@ -83,6 +83,8 @@ fn render(label: &str, done: u64, total: Option<u64>) -> String {
 mod tests {
     use super::*;
 
+    /// Disabled progress (stderr not a terminal) writes nothing at all, so piped output never sees a
+    /// carriage return.
     #[test]
     fn disabled_progress_writes_nothing() {
         let mut out = Vec::new();
@@ -92,6 +94,8 @@ mod tests {
         assert!(out.is_empty());
     }
 
+    /// Enabled progress shows the count and percentage, erases its line when done so output stays clean,
+    /// and never shows more done than the total.
     #[test]
     fn enabled_progress_draws_and_erases() {
         let mut out = Vec::new();

@@ -254,6 +254,8 @@ mod tests {
         }
     }
 
+    /// SASL is configured only with a mechanism, a user and a password together; any one without the
+    /// others is a usage error, never a half-configured login.
     #[test]
     fn sasl_needs_mechanism_user_and_password_together() {
         let base = || ClientConfig::new("h:1");
@@ -277,6 +279,8 @@ mod tests {
         );
     }
 
+    /// A password file takes precedence over the environment, and its trailing newline is not part of
+    /// the password.
     #[test]
     fn the_password_file_wins_and_loses_its_newline() {
         let dir = std::env::temp_dir().join(format!("snapfence-cli-pw-{}", std::process::id()));

@@ -196,6 +196,8 @@ impl Table {
 mod tests {
     use super::*;
 
+    /// Printable UTF-8 is shown as quoted text and anything else as hex, so a value can never send an
+    /// escape sequence to the terminal.
     #[test]
     fn text_stays_text_and_the_rest_becomes_hex() {
         let s = ShownBytes::new(b"order-17", 64);
@@ -208,6 +210,7 @@ mod tests {
         assert_eq!(s.text(), "0xff0010");
     }
 
+    /// A value longer than the limit is cut, never inside a UTF-8 character, and says its full size.
     #[test]
     fn long_values_are_cut_with_their_size() {
         let s = ShownBytes::new(&[b'a'; 100], 8);
@@ -224,6 +227,8 @@ mod tests {
         assert_eq!((s.data.as_str(), s.truncated), ("ffff", true));
     }
 
+    /// Ages print in the largest units that read naturally, negative ones included, times as UTC ISO
+    /// 8601 to the millisecond, and a -1 timestamp as "-".
     #[test]
     fn ages_and_times_read_naturally() {
         assert_eq!(age(12), "12ms");
@@ -236,6 +241,7 @@ mod tests {
         assert_eq!(utc(-1), "-");
     }
 
+    /// Table columns are padded to their widest cell so they line up.
     #[test]
     fn tables_align_columns() {
         let mut t = Table::new(&["A", "LONGER"]);

@@ -549,6 +549,8 @@ async fn inspect_and_dump_follow_a_transaction_from_open_to_commit_and_abort() {
     assert_eq!(two[2]["stopped_at"], "count");
 }
 
+/// A topic, partition or offset that does not exist exits with the not-found status, naming the valid
+/// range for a partition or offset, rather than failing generically.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_topics_partitions_and_offsets_fail_with_their_own_status() {
     let kafka = cluster(ClusterSpec::kafka4()).await;

@@ -1951,6 +1951,8 @@ async fn produce(
 mod tests {
     use super::*;
 
+    /// A round's plan is a function of its seed, so a failing round replays exactly, while across rounds
+    /// every fault kind and every group protocol gets drawn.
     #[test]
     fn plans_replay_from_their_seed_and_vary() {
         let a = RoundPlan::draw(7, 3);
@@ -1981,6 +1983,8 @@ mod tests {
         }
     }
 
+    /// The per-key check accepts snapshots that move forward through deletes and flags one that goes
+    /// back, spans a delete, or folds none of the key's events.
     #[test]
     fn the_key_check_follows_deletes_and_catches_a_stale_write() {
         let ev: Vec<Bytes> = ["a", "b", "c-del", "d", "e"]
@@ -2009,6 +2013,8 @@ mod tests {
         assert!(!is_grave(&[1, 0, 0, 0, 0, 0, 0, 0, 7]));
     }
 
+    /// A snapshot value yields the tally it carries, and bytes that are not a snapshot yield none rather
+    /// than a false reading.
     #[test]
     fn a_snapshot_value_yields_its_tally_and_garbage_does_not() {
         use snapfence::snapshot::Fold as _;
@@ -2020,6 +2026,8 @@ mod tests {
         assert_eq!(tally_of_snapshot(&v[1..]), None);
     }
 
+    /// The campaign summary counts each fault kind and names the seed to replay for every round with an
+    /// anomaly, and only for those.
     #[test]
     fn the_summary_counts_faults_and_names_replay_seeds() {
         let plan = RoundPlan {

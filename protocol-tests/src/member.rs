@@ -721,6 +721,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    /// A member's arguments survive the trip through the command line unchanged, and a missing value or
+    /// option is refused with its name.
     #[test]
     fn args_round_trip_and_bad_ones_are_named() {
         let mut a = MemberArgs::new("127.0.0.1:1", "g", "in", "snap", "p");
@@ -744,6 +746,8 @@ mod tests {
         assert!(missing.contains("--bootstrap"), "{missing}");
     }
 
+    /// Every line kind a member process prints is read into its log, and only a fence, not a timeout,
+    /// counts as a fence exit.
     #[test]
     fn the_log_reads_every_line_kind() {
         let mut log = MemberLog::default();

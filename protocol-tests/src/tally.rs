@@ -85,6 +85,8 @@ impl Fold for Counter {
 mod tests {
     use super::*;
 
+    /// A tally tells apart folds that differ in order or repeats, a delete restarts it, and its 16-byte
+    /// encoding round-trips while shorter input is refused.
     #[test]
     fn order_and_repeats_change_the_tally_and_encoding_round_trips() {
         let (a, b) = (Bytes::from_static(b"a"), Bytes::from_static(b"b"));

@@ -670,26 +670,36 @@ async fn two_members_share_a_topic(spec: ClusterSpec, protocol: GroupProtocol) {
         .unwrap();
 }
 
+/// Under eager rebalancing (range) on Kafka 4, two members never own a partition at once and split a
+/// topic evenly, and the one left takes everything back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_members_eager_kafka4() {
     two_members_share_a_topic(ClusterSpec::kafka4(), classic(Assignor::Range)).await;
 }
 
+/// Under cooperative rebalancing on Kafka 4, two members never own a partition at once and split a topic
+/// evenly, and the one left takes everything back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_members_cooperative_kafka4() {
     two_members_share_a_topic(ClusterSpec::kafka4(), classic(Assignor::CooperativeSticky)).await;
 }
 
+/// Under the KIP-848 consumer protocol on Kafka 4, two members never own a partition at once and split a
+/// topic evenly, and the one left takes everything back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_members_consumer_protocol_kafka4() {
     two_members_share_a_topic(ClusterSpec::kafka4(), consumer_protocol()).await;
 }
 
+/// Under eager rebalancing (round robin) on Kafka 3.9, two members never own a partition at once and
+/// split a topic evenly, and the one left takes everything back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_members_eager_kafka39() {
     two_members_share_a_topic(ClusterSpec::kafka39(), classic(Assignor::RoundRobin)).await;
 }
 
+/// Under cooperative rebalancing on Kafka 3.9, two members never own a partition at once and split a
+/// topic evenly, and the one left takes everything back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_members_cooperative_kafka39() {
     two_members_share_a_topic(ClusterSpec::kafka39(), classic(Assignor::CooperativeSticky)).await;
@@ -765,21 +775,29 @@ async fn silent_bump_is_visible(spec: ClusterSpec, protocol: GroupProtocol) {
     a.close(Duration::from_secs(10)).await.unwrap();
 }
 
+/// Under eager rebalancing on Kafka 4, a rebalance that leaves this member's partitions alone still
+/// shows its new generation in the group metadata.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_bump_eager_kafka4() {
     silent_bump_is_visible(ClusterSpec::kafka4(), classic(Assignor::Range)).await;
 }
 
+/// Under cooperative rebalancing on Kafka 4, a rebalance that leaves this member's partitions alone
+/// shows its new generation in the group metadata and fires no listener event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_bump_cooperative_kafka4() {
     silent_bump_is_visible(ClusterSpec::kafka4(), classic(Assignor::CooperativeSticky)).await;
 }
 
+/// Under the consumer protocol on Kafka 4, a rebalance that leaves this member's partitions alone shows
+/// its new member epoch in the group metadata and fires no listener event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_bump_consumer_protocol_kafka4() {
     silent_bump_is_visible(ClusterSpec::kafka4(), consumer_protocol()).await;
 }
 
+/// Under cooperative rebalancing on Kafka 3.9, a rebalance that leaves this member's partitions alone
+/// shows its new generation in the group metadata and fires no listener event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_bump_cooperative_kafka39() {
     silent_bump_is_visible(ClusterSpec::kafka39(), classic(Assignor::CooperativeSticky)).await;
@@ -829,6 +847,8 @@ async fn evicted_member_commit_is_fenced(
     }
 }
 
+/// On Kafka 4, a classic-protocol member evicted after its session timeout cannot commit with its old
+/// group metadata: the commit is refused as fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evicted_classic_member_is_fenced_kafka4() {
     evicted_member_commit_is_fenced(
@@ -839,6 +859,8 @@ async fn evicted_classic_member_is_fenced_kafka4() {
     .await;
 }
 
+/// On Kafka 4, a consumer-protocol member evicted after the broker's session timeout cannot commit with
+/// its old group metadata: the commit is refused as fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evicted_consumer_protocol_member_is_fenced_kafka4() {
     // The consumer protocol's session timeout is the broker's (the fixture sets 6 s).
@@ -850,6 +872,8 @@ async fn evicted_consumer_protocol_member_is_fenced_kafka4() {
     .await;
 }
 
+/// On Kafka 3.9, a classic-protocol member evicted after its session timeout cannot commit with its old
+/// group metadata: the commit is refused as fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evicted_classic_member_is_fenced_kafka39() {
     evicted_member_commit_is_fenced(
@@ -915,11 +939,15 @@ async fn static_member_restart_keeps_the_generation(spec: ClusterSpec, assignor:
     }
 }
 
+/// On Kafka 4, a static member restarted within its session gets its partitions back under the same
+/// generation, with no rebalance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_member_restart_kafka4() {
     static_member_restart_keeps_the_generation(ClusterSpec::kafka4(), Assignor::Range).await;
 }
 
+/// On Kafka 3.9 with cooperative rebalancing, a static member restarted within its session gets its
+/// partitions back under the same generation, with no rebalance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_member_restart_kafka39() {
     static_member_restart_keeps_the_generation(ClusterSpec::kafka39(), Assignor::CooperativeSticky)
@@ -1124,6 +1152,8 @@ async fn interop(spec: ClusterSpec, ours: GroupProtocol, java_protocol: &str, ja
     me.close(Duration::from_secs(10)).await.unwrap();
 }
 
+/// On Kafka 4 our cooperative member and a Java cooperative-sticky consumer share a group, each
+/// partition owned by exactly one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interop_java_classic_cooperative_kafka4() {
     interop(
@@ -1135,6 +1165,8 @@ async fn interop_java_classic_cooperative_kafka4() {
     .await;
 }
 
+/// On Kafka 3.9 our range member and a Java range consumer share a group, each partition owned by
+/// exactly one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interop_java_classic_range_kafka39() {
     interop(
@@ -1146,6 +1178,8 @@ async fn interop_java_classic_range_kafka39() {
     .await;
 }
 
+/// On Kafka 4 our consumer-protocol member and a Java consumer-protocol consumer share a group, each
+/// partition owned by exactly one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interop_java_consumer_protocol_kafka4() {
     interop(ClusterSpec::kafka4(), consumer_protocol(), "consumer", "").await;

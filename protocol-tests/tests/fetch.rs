@@ -257,16 +257,22 @@ async fn many_partitions_in_one_session(spec: ClusterSpec) {
     );
 }
 
+/// On Kafka 4, 64 partitions of one leader are read by topic id in one incremental fetch session, every
+/// record exactly once, with idle fetches carrying no partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_partitions_in_one_session_kafka4() {
     many_partitions_in_one_session(ClusterSpec::kafka4()).await;
 }
 
+/// On Kafka 4.2, 64 partitions of one leader are read by topic id in one incremental fetch session,
+/// every record exactly once, with idle fetches carrying no partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_partitions_in_one_session_kafka42() {
     many_partitions_in_one_session(ClusterSpec::kafka42()).await;
 }
 
+/// On Kafka 3.9, 64 partitions of one leader are read by topic id in one incremental fetch session,
+/// every record exactly once, with idle fetches carrying no partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_partitions_in_one_session_kafka39() {
     many_partitions_in_one_session(ClusterSpec::kafka39()).await;
@@ -317,11 +323,15 @@ async fn read_committed_in_a_session(spec: ClusterSpec) {
     );
 }
 
+/// On Kafka 4, read_committed through incremental fetches delivers each partition's plain and committed
+/// records exactly once and nothing aborted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_committed_in_a_session_kafka4() {
     read_committed_in_a_session(ClusterSpec::kafka4()).await;
 }
 
+/// On Kafka 3.9, read_committed through incremental fetches delivers each partition's plain and
+/// committed records exactly once and nothing aborted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_committed_in_a_session_kafka39() {
     read_committed_in_a_session(ClusterSpec::kafka39()).await;
@@ -409,11 +419,15 @@ async fn lost_session_resets(spec: ClusterSpec) {
     );
 }
 
+/// On Kafka 4, a fetch session the broker lost costs exactly one reset and no record lost or repeated,
+/// and close frees the new session on the broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_session_resets_kafka4() {
     lost_session_resets(ClusterSpec::kafka4()).await;
 }
 
+/// On Kafka 3.9, a fetch session the broker lost costs exactly one reset and no record lost or repeated,
+/// and close frees the new session on the broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_session_resets_kafka39() {
     lost_session_resets(ClusterSpec::kafka39()).await;

@@ -262,6 +262,8 @@ async fn pair(kafka: &KafkaCluster, protocol: GroupProtocol, postgres: Option<&P
     );
 }
 
+/// Under the classic protocol on Kafka 4 (TV2 and TV1) and 3.9, a stale owner's late flush corrupts
+/// recovery when unfenced and is refused when fenced, so recovery equals a fold of all input.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_732_unfenced_corrupts_fenced_prevents() {
     let classic = GroupConfig::new("-").protocol;
@@ -289,6 +291,8 @@ async fn issue_732_on_the_postgres_store() {
     pair(&kafka, GroupConfig::new("-").protocol, Some(&store)).await;
 }
 
+/// Under the KIP-848 consumer protocol on Kafka 4 (TV2 and TV1), a stale owner's late flush corrupts
+/// recovery when unfenced and is refused when fenced, so recovery equals a fold of all input.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_732_under_the_consumer_protocol() {
     let kip848 = GroupProtocol::Consumer {

@@ -34,6 +34,8 @@ fn crash_at(args: &[String], step: &str) {
     assert!(reached, "pg-owner never reached {step}");
 }
 
+/// Whichever step of a flush the owner is killed at, the next owner resolves the in-doubt Kafka
+/// transaction and starts from exactly the rows and offset PostgreSQL committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_owner_resolves_a_flush_killed_at_each_step() {
     let kafka = cluster(ClusterSpec::kafka4().with_two_phase_commit()).await;

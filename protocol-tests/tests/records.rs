@@ -78,6 +78,8 @@ fn java_output(path: &Path) -> (i64, Vec<String>) {
     (end, lines.map(str::to_owned).collect())
 }
 
+/// Transactions the Java producer wrote, with every codec, are delivered by our read path exactly as the
+/// Java consumer delivers them at both isolation levels, and our LSO is the broker's.
 #[tokio::test(flavor = "multi_thread")]
 async fn java_written_transactions_decode_as_the_java_consumer_delivers_them() {
     let cluster = cluster(ClusterSpec::kafka4()).await;

@@ -417,6 +417,8 @@ mod tests {
         assert!(!out["b"].contains(&TopicPartition::new("t", 0)));
     }
 
+    /// Every assignor's name parses back to it, and a member rebalances cooperatively only when every
+    /// assignor it offers is cooperative; otherwise, or with none, it is eager.
     #[test]
     fn names_round_trip_and_protocol_choice() {
         for a in [

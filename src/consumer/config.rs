@@ -108,6 +108,9 @@ impl GroupConfig {
 mod tests {
     use super::*;
 
+    /// A group config that cannot work (no group id, no assignor, a heartbeat not shorter than the
+    /// session, a poll interval past the protocol's i32 milliseconds, an empty instance id) is refused
+    /// before anything is sent.
     #[test]
     fn validation_refuses_unworkable_settings() {
         assert!(GroupConfig::new("g").validate().is_ok());

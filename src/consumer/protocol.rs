@@ -470,6 +470,8 @@ mod tests {
         assert_eq!(s.generation_id, -1);
     }
 
+    /// An empty assignment blob, which the coordinator sends a member given nothing, decodes as the
+    /// empty assignment rather than an error.
     #[test]
     fn empty_assignment_blob_is_the_empty_assignment() {
         assert_eq!(

@@ -667,6 +667,8 @@ mod tests {
         }
     }
 
+    /// Only coordinator discovery goes to any broker; once the coordinator is known, group requests go
+    /// to it.
     #[test]
     fn destination_is_coordinator_after_discovery() {
         let shared = classic(vec![Assignor::Range]);

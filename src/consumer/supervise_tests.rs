@@ -33,8 +33,9 @@ async fn member(addr: std::net::SocketAddr) -> GroupConsumer {
 
 /// A group request task that panics reaches the membership machine as a failed request, which it
 /// retries: the member still joins, instead of waiting for ever for the dead request's answer.
-// One thread: `subscribe` returns before the driver's first pass, so the fault armed next is in place
-// for the first request.
+///
+/// One thread: `subscribe` returns before the driver's first pass, so the fault armed next is in place
+/// for the first request.
 #[tokio::test(flavor = "current_thread")]
 async fn a_panicked_group_request_is_a_failed_request() {
     let (addr, stub) = idle_coordinator().await;

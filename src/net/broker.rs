@@ -426,6 +426,8 @@ mod tests {
         assert_eq!(versions.broker_range(18), Some((0, 0)));
     }
 
+    /// An ApiVersions answer with any error other than UNSUPPORTED_VERSION fails the handshake with that
+    /// broker error code, rather than a retry at another version.
     #[tokio::test]
     async fn other_handshake_errors_are_broker_errors() {
         let (conn, mut peer) = pair(4096, options());

@@ -1051,6 +1051,8 @@ mod tests {
         assert!(!b.usable());
     }
 
+    /// A request goes out at the highest version both the broker and the caller accept, and is refused
+    /// with the broker's range when the two do not meet or the broker lacks the API.
     #[tokio::test]
     async fn version_is_the_highest_both_sides_and_the_caller_accept() {
         let b = broker_with(&[(3, 0, 11), (26, 0, 4)]);

@@ -129,6 +129,7 @@ impl ClientConfig {
 mod tests {
     use super::*;
 
+    /// A comma-separated bootstrap list yields each address trimmed, with empty entries dropped.
     #[test]
     fn bootstrap_list_is_split_and_trimmed() {
         let c = ClientConfig::new(" 127.0.0.1:1, 127.0.0.1:2 ,,");

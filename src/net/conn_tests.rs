@@ -60,6 +60,8 @@ fn spawn_request(
     tokio::spawn(async move { conn.request(&request, 12, timeout).await })
 }
 
+/// A request goes out as exactly one frame with its API key, version and client id, and its answer comes
+/// back to the caller matched by correlation id, leaving nothing pending.
 #[tokio::test]
 async fn request_and_response_round_trip() {
     let (conn, mut peer) = pair(4096, options());
@@ -317,6 +319,8 @@ async fn oversized_frame_length_is_refused() {
     }
 }
 
+/// A negative frame length from the peer fails the waiting request with a typed framing error, never a
+/// panic or an allocation.
 #[tokio::test]
 async fn negative_frame_length_poisons_the_connection() {
     let (conn, mut peer) = pair(4096, options());
@@ -407,6 +411,8 @@ async fn connection_closed_mid_response() {
     assert!(!conn.is_usable());
 }
 
+/// The peer closing the connection between frames fails a request still waiting for its answer as
+/// closed, rather than leaving it hanging.
 #[tokio::test]
 async fn connection_closed_between_frames() {
     let (conn, mut peer) = pair(4096, options());

@@ -239,6 +239,8 @@ mod tests {
                     .with_leader_epoch(epoch)])])
     }
 
+    /// Merging a metadata answer replaces only the topics it describes and keeps the rest, and a removed
+    /// topic no longer routes.
     #[test]
     fn merge_keeps_other_topics_and_replaces_described_ones() {
         let m = ClusterMetadata::default().merged(&response("a", 1, 5));
@@ -253,6 +255,7 @@ mod tests {
         assert!(m.without_topic("a").is_none());
     }
 
+    /// A partition with no leader (-1), or one not described, has no leader to route to.
     #[test]
     fn no_leader_means_none() {
         let m = ClusterMetadata::default().merged(&response("a", -1, 0));
@@ -269,6 +272,8 @@ mod tests {
         assert_eq!(m.leader("a", 0), Some(LeaderInfo { node: 1, epoch: 3 }));
     }
 
+    /// A topic id prints as a hyphenated UUID, the way Kafka's tools show it, and the all-zero id reads
+    /// as no id.
     #[test]
     fn topic_id_displays_like_a_uuid() {
         let id = TopicId([0x12; 16]);

@@ -162,6 +162,8 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// Jittered backoff delays double from the base, stay within 20% of nominal and under the cap, stop
+    /// after the retry budget, and start over after a reset.
     #[test]
     fn delays_double_then_cap_and_stop() {
         let mut b = Backoff::with_seed(ms(100), ms(1000), 6, 42);
@@ -179,6 +181,7 @@ mod tests {
         assert!(b.next_delay().is_some());
     }
 
+    /// Jitter spreads clients' first delays apart, so they do not retry in lockstep.
     #[test]
     fn jitter_spreads_delays() {
         let firsts: std::collections::BTreeSet<_> = (0..20)
@@ -191,11 +194,13 @@ mod tests {
         assert!(firsts.len() > 10, "{firsts:?}");
     }
 
+    /// A budget of zero retries yields no delay at all: the first failure is final.
     #[test]
     fn zero_retries_means_no_delay() {
         assert_eq!(Backoff::new(ms(1), ms(1), 0).next_delay(), None);
     }
 
+    /// However many attempts have passed, a delay never exceeds the cap: doubling does not overflow.
     #[test]
     fn huge_attempt_counts_do_not_overflow() {
         let mut b = Backoff::with_seed(Duration::from_secs(1), Duration::from_secs(5), 100, 1);
@@ -217,6 +222,8 @@ mod tests {
         assert_eq!(Backoff::exponential(ms(50), ms(10)).delay(4), ms(50));
     }
 
+    /// Codes that mean "ask someone else" reroute, codes that mean "busy, ask again" back off, and
+    /// success or a non-retriable code is final.
     #[test]
     fn routing_codes_reroute_and_busy_codes_back_off() {
         assert_eq!(

@@ -473,6 +473,8 @@ mod tests {
         ScramClient::with_nonce(hash, "user", "pencil", NONCE)
     }
 
+    /// SCRAM-SHA-256 produces RFC 7677's example messages byte for byte and accepts its server
+    /// signature.
     #[test]
     fn scram_sha256_reproduces_rfc7677() {
         let mut c = rfc_client(ScramHash::Sha256);
@@ -482,6 +484,8 @@ mod tests {
         c.handle_server_final(SERVER_FINAL_256.as_bytes()).unwrap();
     }
 
+    /// SCRAM-SHA-512 produces the client proof an independent implementation computes for the same
+    /// exchange and accepts the matching server signature.
     #[test]
     fn scram_sha512_matches_an_independent_computation() {
         let mut c = rfc_client(ScramHash::Sha512);
@@ -509,6 +513,8 @@ mod tests {
         );
     }
 
+    /// The server's nonce must extend ours with something of its own: a different or merely echoed nonce
+    /// fails the exchange.
     #[test]
     fn the_server_nonce_must_extend_ours() {
         let mut c = rfc_client(ScramHash::Sha256);
@@ -525,6 +531,8 @@ mod tests {
         );
     }
 
+    /// An iteration count outside 4096..=16384 is refused, so a server can neither weaken the hash nor
+    /// make us spin.
     #[test]
     fn iteration_counts_outside_the_bounds_are_refused() {
         for (i, ok) in [
@@ -544,6 +552,8 @@ mod tests {
         }
     }
 
+    /// A malformed server message, a server-sent error or a final message out of order is a typed
+    /// authentication failure, never a panic.
     #[test]
     fn malformed_server_messages_are_typed_errors() {
         for bad in [
@@ -574,12 +584,14 @@ mod tests {
         assert!(c.handle_server_final(SERVER_FINAL_256.as_bytes()).is_err());
     }
 
+    /// A user name's ',' and '=' are escaped as SCRAM requires, so it cannot inject attributes.
     #[test]
     fn user_names_are_escaped() {
         let c = ScramClient::with_nonce(ScramHash::Sha256, "a,b=c", "p", "N");
         assert_eq!(c.client_first(), b"n,,n=a=2Cb=3Dc,r=N");
     }
 
+    /// Every SCRAM client draws a fresh nonce of at least 24 characters that contains no ','.
     #[test]
     fn fresh_nonces_differ() {
         let a = ScramClient::new(ScramHash::Sha256, "u", "p").unwrap();
@@ -588,6 +600,7 @@ mod tests {
         assert!(a.client_nonce.len() >= 24 && !a.client_nonce.contains(','));
     }
 
+    /// PLAIN sends one "\0user\0password" message and takes the server's empty answer as the end.
     #[test]
     fn plain_sends_one_message_and_accepts_the_empty_answer() {
         let mut e =
@@ -596,6 +609,8 @@ mod tests {
         assert_eq!(e.step(b""), Ok(None));
     }
 
+    /// A SCRAM exchange opens with the client-first message and fails when the server-first does not
+    /// carry our nonce.
     #[test]
     fn scram_exchange_ends_after_the_server_proof() {
         let sasl = SaslConfig::new(SaslMechanism::ScramSha256, "user", "pencil");
@@ -609,6 +624,8 @@ mod tests {
         );
     }
 
+    /// Mechanism names parse case-insensitively, unsupported ones are refused, and a SASL config's Debug
+    /// never shows the password.
     #[test]
     fn mechanisms_parse_and_debug_hides_the_password() {
         assert_eq!(

@@ -159,6 +159,8 @@ fn host_of(addr: &str) -> &str {
 mod tests {
     use super::*;
 
+    /// The name checked against the broker's certificate is the address's host, without port or IPv6
+    /// brackets.
     #[test]
     fn hosts_are_cut_from_addresses() {
         assert_eq!(host_of("127.0.0.1:9092"), "127.0.0.1");
@@ -166,6 +168,8 @@ mod tests {
         assert_eq!(host_of("broker-1.example:9093"), "broker-1.example");
     }
 
+    /// Unreadable certificates or a key without its certificate are a config error when the connector is
+    /// built, not a handshake failure later, and Debug never shows the key.
     #[test]
     fn unusable_material_is_a_config_error() {
         assert!(matches!(

@@ -318,6 +318,8 @@ mod tests {
         TopicPartition::new("t", p)
     }
 
+    /// Records for one partition share a batch until the next would overflow batch_size; the full batch
+    /// is ready at once while the new one waits out its linger.
     #[test]
     fn records_share_a_batch_until_it_is_full() {
         let t0 = Instant::now();
@@ -381,6 +383,8 @@ mod tests {
         }
     }
 
+    /// Linger counts from each batch's first record, so one partition's batch never hurries or holds up
+    /// another's.
     #[test]
     fn linger_is_per_batch_and_partitions_are_independent() {
         let t0 = Instant::now();
@@ -432,6 +436,7 @@ mod tests {
         assert!(acc.append(&tp(0), rec(900), 9, t0).is_ok());
     }
 
+    /// A record larger than a request can carry is refused as too large and reserves no memory.
     #[test]
     fn a_record_that_can_never_fit_is_too_large() {
         let mut acc = Accumulator::<()>::new(cfg());
@@ -443,6 +448,8 @@ mod tests {
         assert_eq!(acc.used(), 0);
     }
 
+    /// A record larger than batch_size but within the request limit is sent in a batch of its own, and
+    /// the records after it start a new one.
     #[test]
     fn an_oversized_record_gets_a_batch_of_its_own() {
         let t0 = Instant::now();
@@ -454,6 +461,8 @@ mod tests {
         assert_eq!(acc.batches_waiting(), 3);
     }
 
+    /// Flush makes every existing batch ready without waiting for its linger, but not batches created
+    /// after it.
     #[test]
     fn flush_makes_existing_batches_ready_now() {
         let t0 = Instant::now();
@@ -471,6 +480,8 @@ mod tests {
         assert!(acc.ready(t0).is_empty());
     }
 
+    /// A requeued batch goes out before newer batches without lingering, and later appends never join
+    /// it.
     #[test]
     fn requeued_batches_go_first_and_closed() {
         let t0 = Instant::now();

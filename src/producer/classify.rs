@@ -317,6 +317,9 @@ mod tests {
         );
     }
 
+    /// A Produce error code maps to the action its meaning calls for: a moved leader refreshes, a
+    /// sequence gap breaks the sequence, a duplicate counts as written, and anything unexpected rejects
+    /// the batch.
     #[test]
     fn produce_codes() {
         assert_eq!(

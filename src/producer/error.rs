@@ -325,6 +325,8 @@ mod tests {
     use super::*;
     use crate::producer::TopicPartition;
 
+    /// Each error's class (fatal, abortable, outcome unknown, retriable, refused) follows from its
+    /// variant, and a commit fence stays visible through the abortable error that wraps it.
     #[test]
     fn classes_follow_the_variant() {
         let fenced = ProducerError::Fenced {

@@ -287,6 +287,8 @@ mod tests {
         assert!(req.encode(&mut buf, 2).is_err());
     }
 
+    /// AddPartitionsToTxn goes out in the client's v3 shape, one entry per topic with its partitions,
+    /// and refuses to encode as v4, the broker-to-broker shape.
     #[test]
     fn add_partitions_uses_the_client_shape() {
         let parts = [
@@ -311,6 +313,8 @@ mod tests {
         assert!(req.encode(&mut BytesMut::new(), 4).is_err());
     }
 
+    /// InitProducerId carries the current id and epoch (the KIP-360 bump) only from v3; below that it
+    /// sends -1, and an idempotent producer sends no transactional id.
     #[test]
     fn init_producer_id_sends_current_ids_only_from_v3() {
         let bump = init_producer_id(Some("tx"), 60_000, Some(IDS), 4);
@@ -324,6 +328,8 @@ mod tests {
         assert!(idem.transactional_id.is_none());
     }
 
+    /// A v6 InitProducerId answer naming an ongoing transaction is read as a kept prepared transaction,
+    /// -1 or a version below 6 as a plain grant, and the two-phase flags refuse to encode below v6.
     #[test]
     fn a_v6_answer_with_a_kept_transaction_names_it() {
         let kept = InitProducerIdResponse::default()
@@ -361,6 +367,8 @@ mod tests {
         assert!(two_phase.encode(&mut buf, 5).is_err());
     }
 
+    /// An InitProducerId error code becomes a typed error, and only EndTxn v5 answers yield the next id
+    /// and epoch; v4 yields none whatever the struct holds.
     #[test]
     fn parse_answers() {
         let ok = InitProducerIdResponse::default()
@@ -396,6 +404,8 @@ mod tests {
         );
     }
 
+    /// EndTxn keeps its commit flag and epoch through encode and decode at every version 0 to 5, and
+    /// AddOffsetsToTxn keeps its group id.
     #[test]
     fn end_txn_round_trips_at_every_version() {
         let req = end_txn("tx", IDS, true);

@@ -130,6 +130,8 @@ fn one_per_batch(c: &mut ProducerCore<u32>, part: i32, n: u32, now: Instant) {
     }
 }
 
+/// Records appended to one partition linger together into one batch, encoded once, and each completes
+/// with its own offset counted from the batch's base offset, freeing the buffer.
 #[test]
 fn records_batch_linger_and_complete_with_offsets() {
     let t0 = Instant::now();
@@ -354,6 +356,8 @@ fn answers_given_after_the_append_leave_the_outcome_unknown() {
     }
 }
 
+/// A batch that never left the producer expires at its delivery deadline as a timeout that says not
+/// written (abortable), never as outcome unknown.
 #[test]
 fn never_sent_batches_expire_as_not_written() {
     let t0 = Instant::now();
@@ -393,6 +397,8 @@ fn rejected_batch_fails_alone() {
     assert_eq!((s.ids, s.base_sequence), (IDS, 0));
 }
 
+/// A fatal produce answer (cluster authorisation failed) stops the producer: every later append is
+/// refused as defunct.
 #[test]
 fn fatal_produce_error_stops_the_producer() {
     let t0 = Instant::now();
@@ -431,6 +437,7 @@ fn back_pressure_until_completion() {
     assert!(c.append(&tp(0), refused.1, n, t0).is_ok());
 }
 
+/// A record larger than the maximum request size is refused at append, before it takes buffer space.
 #[test]
 fn records_too_large_are_refused() {
     let mut c = core(false);
@@ -439,6 +446,8 @@ fn records_too_large_are_refused() {
     assert_eq!(e.class(), ErrorClass::Refused);
 }
 
+/// A flush waits only for what was appended before it: the marker is done once those batches are
+/// answered, whatever was appended since.
 #[test]
 fn flush_marker_tracks_completion() {
     let t0 = Instant::now();
@@ -455,6 +464,8 @@ fn flush_marker_tracks_completion() {
     assert!(c.flushed(None));
 }
 
+/// When the broker stamps log-append time, the record's delivery reports the broker's timestamp, not the
+/// one it was sent with.
 #[test]
 fn log_append_time_is_reported() {
     let t0 = Instant::now();
@@ -475,6 +486,8 @@ fn log_append_time_is_reported() {
     assert_eq!(fx.completions[0].result.as_ref().unwrap().timestamp, 42);
 }
 
+/// A batch that fails to encode fails its records without being sent, and its sequence numbers go to the
+/// next batch so no gap is left.
 #[test]
 fn encode_failure_fails_the_batch_and_frees_the_sequence() {
     let t0 = Instant::now();
@@ -557,6 +570,8 @@ fn transactional_gap_is_abortable_with_bump() {
     assert_eq!(c.ids(), Some(IDS), "no local bump in a transaction");
 }
 
+/// In a transaction a stale epoch is abortable with an epoch bump and TRANSACTION_ABORTABLE is abortable
+/// without one, while PRODUCER_FENCED on a produce is fatal.
 #[test]
 fn transactional_stale_epoch_and_abortable_answers() {
     let t0 = Instant::now();

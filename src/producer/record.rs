@@ -218,6 +218,8 @@ mod tests {
         assert_eq!(murmur2(b"abc"), 479_470_107);
     }
 
+    /// A key always maps to the same partition for a given partition count, and that partition is in
+    /// range.
     #[test]
     fn partition_for_key_is_stable_and_in_range() {
         for n in 1..20 {
@@ -227,6 +229,8 @@ mod tests {
         }
     }
 
+    /// A record's encoded size bound is never below the bytes of its key, value and headers, and is
+    /// positive even for a tombstone, so the buffer never under-reserves.
     #[test]
     fn size_bound_never_undercounts_payload() {
         let r = ProducerRecord::new("t", Some(Bytes::from(vec![0u8; 100])))

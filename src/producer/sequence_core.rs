@@ -520,6 +520,8 @@ mod tests {
         s
     }
 
+    /// Each partition numbers its records contiguously from 0, independently of the others, and an
+    /// acknowledgement never makes a sequence number be handed out twice.
     #[test]
     fn sequences_are_contiguous_per_partition() {
         let mut s = trusting(ids(0), 5);
@@ -780,6 +782,8 @@ mod tests {
         assert_eq!(s.take_requeue(&tp()).batches, vec![1]);
     }
 
+    /// A batch that may have been written (an attempt went unanswered) and is then answered with a
+    /// broken sequence ends outcome unknown, never failed or re-sequenced.
     #[test]
     fn maybe_written_then_gap_is_unknown() {
         let mut s = trusting(ids(0), 5);
@@ -861,6 +865,7 @@ mod tests {
         assert_eq!(s.assign(&tp(), 2, 1), (ids(1), 0));
     }
 
+    /// Sequence numbers wrap from i32::MAX to 0, as the broker expects.
     #[test]
     fn sequences_wrap_at_i32_max() {
         assert_eq!(seq_add(i32::MAX, 1), 0);
@@ -868,6 +873,8 @@ mod tests {
         assert_eq!(seq_add(5, 3), 8);
     }
 
+    /// At the last epoch the producer cannot bump locally and needs a new producer id, under which
+    /// sequences start again at 0.
     #[test]
     fn epoch_exhaustion_needs_a_new_id() {
         let mut s = trusting(

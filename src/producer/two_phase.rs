@@ -155,6 +155,8 @@ impl TwoPhaseCommitRefusal {
 mod tests {
     use super::*;
 
+    /// A prepared transaction's "id:epoch" text parses back to the same ids, and any other shape or an
+    /// out-of-range number is refused rather than read as some other transaction.
     #[test]
     fn prepared_txn_text_round_trips_and_rejects_garbage() {
         let p = PreparedTxn {

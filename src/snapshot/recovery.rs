@@ -714,6 +714,8 @@ mod tests {
         assert_eq!(lines.containing("recovery read complete").len(), 2);
     }
 
+    /// Recovery waiting on an open transaction reports at most once per reporting interval, any progress
+    /// restarts the stall clock, and only an unbroken stall past the limit expires.
     #[test]
     fn stall_watch_resets_on_progress_and_reports_periodically() {
         let t0 = Instant::now();

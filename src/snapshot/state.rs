@@ -701,6 +701,8 @@ mod tests {
         (0..len).map(|i| fill.wrapping_add(i as u8)).collect()
     }
 
+    /// The recovered state behaves as a map: insert reports only new keys, an overwrite of any size
+    /// replaces the value, a removed key is gone and can come back, and live bytes follow.
     #[test]
     fn insert_get_overwrite_remove_reinsert() {
         let mut s = RecoveredState::new();
@@ -727,6 +729,8 @@ mod tests {
         s.check();
     }
 
+    /// An empty key and an empty value are ordinary entries: an empty value is never taken for a
+    /// tombstone.
     #[test]
     fn empty_keys_and_values_are_values() {
         let mut s = RecoveredState::new();
@@ -746,6 +750,8 @@ mod tests {
         s.check();
     }
 
+    /// A value larger than a chunk is stored whole, and its own chunk is freed as soon as it is
+    /// overwritten by a smaller value or removed.
     #[test]
     fn values_larger_than_a_chunk() {
         let mut s = RecoveredState::new();
@@ -848,6 +854,8 @@ mod tests {
         }
     }
 
+    /// Two states are equal exactly when they hold the same keys and values, whatever order or history
+    /// of overwrites and removals built them.
     #[test]
     fn equality_is_content_not_layout() {
         let pairs: Vec<(String, String)> = (0..1000)
@@ -872,6 +880,8 @@ mod tests {
         assert_ne!(forward, backward, "an extra key differs");
     }
 
+    /// The state converts to a std map with the same entries, and Debug prints keys and values as
+    /// escaped byte strings.
     #[test]
     fn converts_to_std_map_and_debug_prints_bytes() {
         let s: RecoveredState = [("a", "1"), ("b", "\n")].into_iter().collect();
@@ -888,6 +898,8 @@ mod tests {
         assert_eq!(s.iter().len(), 2);
     }
 
+    /// A clone, whose chunks have no spare capacity, still takes new entries and equals the original
+    /// given the same writes; clear empties it entirely.
     #[test]
     fn clone_of_a_full_open_chunk_keeps_appending() {
         let mut s: RecoveredState = (0..100).map(|i| (format!("{i}"), "v")).collect();

@@ -311,6 +311,8 @@ mod tests {
         assert!(check(&unreported).is_err());
     }
 
+    /// A missing snapshot or input topic, or a snapshot topic whose partition count differs from the
+    /// input's, is a typed error naming the topics and counts and how to create the topic.
     #[test]
     fn missing_topics_and_partition_mismatch_are_named() {
         let mut f = facts("compact");

@@ -210,6 +210,8 @@ mod tests {
         }
     }
 
+    /// A request that would exceed the frame limit is refused at encode, never sent for the broker to
+    /// drop.
     #[test]
     fn request_too_large_for_the_frame_limit_is_refused() {
         let err = encode_request(&ApiVersionsRequest::default(), 3, 1, "a-client", 8).unwrap_err();
@@ -219,6 +221,8 @@ mod tests {
         );
     }
 
+    /// A request version outside what the codec supports is refused as unsupported, never encoded in
+    /// some other version's shape.
     #[test]
     fn version_outside_kafka_protocol_range_is_refused() {
         let err = encode_request(&ProduceRequest::default(), 2, 1, "c", 1 << 20).unwrap_err();
@@ -232,6 +236,8 @@ mod tests {
         ));
     }
 
+    /// A response decodes with its correlation id and body at both rigid and flexible (tagged-field)
+    /// versions.
     #[test]
     fn response_round_trip_at_rigid_and_flexible_versions() {
         for version in [1i16, 8, 9, 12] {
@@ -244,6 +250,7 @@ mod tests {
         }
     }
 
+    /// A response cut at any byte is a typed decode error naming the API and version, never a panic.
     #[test]
     fn truncated_response_is_a_decode_error() {
         let body = MetadataResponse::default().with_cluster_id(Some("abc".into()));
@@ -264,6 +271,7 @@ mod tests {
         }
     }
 
+    /// Bytes left after a response body are a typed error, never silently ignored.
     #[test]
     fn trailing_bytes_are_reported() {
         let mut frame = BytesMut::from(&response_frame(1, &MetadataResponse::default(), 12)[..]);
@@ -279,6 +287,7 @@ mod tests {
         );
     }
 
+    /// A frame too short to hold a correlation id is a typed error rather than a misread id.
     #[test]
     fn short_frame_has_no_correlation_id() {
         assert_eq!(

@@ -228,6 +228,8 @@ mod tests {
         }
     }
 
+    /// Which error codes are retriable follows Kafka's own table (a fence or an unknown code never is),
+    /// and a code displays with its Kafka name and number.
     #[test]
     fn retriable_table_matches_kafka() {
         assert!(ErrorCode::NotLeaderOrFollower.is_retriable());

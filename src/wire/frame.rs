@@ -85,6 +85,8 @@ mod tests {
         out
     }
 
+    /// A frame is yielded only once its whole length prefix and body have arrived, and consumes exactly
+    /// those bytes.
     #[test]
     fn waits_for_a_whole_prefix_and_body() {
         let d = FrameDecoder::new(1024);
@@ -128,6 +130,7 @@ mod tests {
         );
     }
 
+    /// A negative frame length is a typed error, never read as a huge unsigned length.
     #[test]
     fn negative_length_is_an_error() {
         let d = FrameDecoder::new(1024);
@@ -135,6 +138,7 @@ mod tests {
         assert_eq!(d.decode(&mut buf), Err(WireError::NegativeFrameLength(-5)));
     }
 
+    /// A zero-length frame is a frame of its own and does not swallow the next one.
     #[test]
     fn empty_frame_is_a_frame() {
         let d = FrameDecoder::new(1024);

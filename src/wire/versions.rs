@@ -309,6 +309,8 @@ mod tests {
         BrokerApiVersions::from_response(&response)
     }
 
+    /// The usable version of an API is the highest both the broker and we speak, Produce held at the
+    /// newest version the producer was written for, and none when the broker does not list the API.
     #[test]
     fn usable_is_the_highest_common_version() {
         let b = broker(&[(3, 0, 99), (18, 0, 2), (0, 3, 14), (10, 0, 6)]);
@@ -325,6 +327,7 @@ mod tests {
         assert_eq!(b.usable(26), None);
     }
 
+    /// When the broker's version range and ours do not meet, the API is not usable at any version.
     #[test]
     fn disjoint_ranges_are_not_usable() {
         let b = broker(&[(0, 14, 20)]);
@@ -336,6 +339,8 @@ mod tests {
         super::super::api::kafka_protocol_versions(key).unwrap().max
     }
 
+    /// A finalised feature the broker does not list reads as level 0 (transaction.version and
+    /// group.version), so its absence never enables a newer protocol.
     #[test]
     fn features_default_to_zero_when_absent() {
         let r = ApiVersionsResponse::default()
@@ -377,6 +382,7 @@ mod tests {
         assert_eq!(r.api_keys[0].max_version, 2);
     }
 
+    /// An ApiVersions answer without error is read at the version that was asked for.
     #[test]
     fn normal_answer_is_read_at_the_requested_version() {
         let body = ApiVersionsResponse::default()

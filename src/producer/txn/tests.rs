@@ -88,6 +88,8 @@ fn end_ok(next: Option<ProducerIdEpoch>) -> TxnResponse {
 // ------------------------------------------------------------------------------------------------
 // version negotiation
 
+/// TV2 is chosen only when the broker finalises the transaction.version feature and speaks every request
+/// version TV2 needs; either one alone keeps the producer on TV1.
 #[test]
 fn tv2_needs_the_feature_and_every_request_version() {
     assert_eq!(caps(2).txn_version(), TxnVersion::V2);
@@ -125,6 +127,8 @@ fn version_caps_per_transaction_version() {
 // ------------------------------------------------------------------------------------------------
 // init
 
+/// Init retries a loading, moved, busy or silent coordinator with a doubling backoff, refreshing the
+/// coordinator only when told it moved, and still ends Ready with the granted ids.
 #[test]
 fn init_retries_busy_coordinators_then_succeeds() {
     let t0 = Instant::now();
@@ -187,6 +191,8 @@ fn init_retries_busy_coordinators_then_succeeds() {
     assert_eq!(m.ids(), Some(IDS));
 }
 
+/// An init that runs out of time fails retriable and leaves the producer uninitialised, so init can be
+/// called again.
 #[test]
 fn init_gives_up_at_its_deadline_and_can_be_called_again() {
     let t0 = Instant::now();
@@ -201,6 +207,8 @@ fn init_gives_up_at_its_deadline_and_can_be_called_again() {
     sent(m.start_init(t0 + OP, OP, false));
 }
 
+/// A fenced, unauthorised or invalid-timeout answer to init is fatal and terminal: every later call is
+/// refused as defunct.
 #[test]
 fn init_fenced_or_unauthorised_is_fatal() {
     let t0 = Instant::now();
@@ -246,6 +254,7 @@ fn interrupted_init_resumes() {
 // ------------------------------------------------------------------------------------------------
 // refusals
 
+/// A call the current state does not allow is refused, and the refusal leaves the state unchanged.
 #[test]
 fn illegal_transitions_are_refused_without_changing_state() {
     let t0 = Instant::now();
@@ -377,6 +386,8 @@ fn tv1_request_sequence() {
     assert_eq!(m.ids(), Some(IDS));
 }
 
+/// Under TV1 a partition left unenrolled by a retriable or missing answer is re-sent after the backoff,
+/// while an authorisation failure makes the transaction abortable and stops further sends.
 #[test]
 fn tv1_add_partitions_retries_and_errors() {
     let t0 = Instant::now();
@@ -607,6 +618,7 @@ fn end_and_init_answered_concurrent_transactions_retry_quickly() {
     );
 }
 
+/// A TV1 enrolment answered with a fenced epoch is fatal.
 #[test]
 fn tv1_add_partitions_fenced_is_fatal() {
     let t0 = Instant::now();
@@ -731,6 +743,8 @@ fn tv1_enrolment_sent_means_end_txn_is_needed() {
     ));
 }
 
+/// Under TV1 commit is refused while a partition is still waiting for enrolment, and the transaction
+/// stays open.
 #[test]
 fn commit_waits_for_enrolment() {
     let t0 = Instant::now();
@@ -789,6 +803,7 @@ fn unanswered_commit_is_outcome_unknown_and_never_aborted() {
     assert_eq!(m.state(), TransactionState::Ready);
 }
 
+/// After a commit whose outcome is unknown, init re-initialises from scratch and adopts the new epoch.
 #[test]
 fn reinit_after_unknown_commit() {
     let t0 = Instant::now();
@@ -859,6 +874,7 @@ fn interrupted_commit_resumes_in_doubt() {
     assert!(err.is_outcome_unknown(), "{err}");
 }
 
+/// An EndTxn answered with a fenced or invalid epoch is fatal.
 #[test]
 fn end_txn_fenced_is_fatal() {
     let t0 = Instant::now();
@@ -920,6 +936,8 @@ fn fenced_offset_commit_is_abortable_and_blocks_commit() {
     }
 }
 
+/// A TxnOffsetCommit whose group coordinator moved is retried after a refresh, and when the answers
+/// differ the worst one decides: a fence among retriable answers is a fence.
 #[test]
 fn offset_commit_retries_coordinator_moves() {
     let t0 = Instant::now();
@@ -973,6 +991,8 @@ fn commit_after_interrupted_send_offsets_is_refused() {
     ));
 }
 
+/// A broker without KIP-447 TxnOffsetCommit (v3 and up) cannot fence zombies, so send_offsets is refused
+/// as unsupported and fatal.
 #[test]
 fn offset_commit_needs_kip447() {
     let t0 = Instant::now();
@@ -1074,6 +1094,7 @@ fn tv1_bump_fenced_is_fatal() {
     assert!(err.is_fatal());
 }
 
+/// Under TV1 an abort that needs an epoch bump is fatal when the broker lacks KIP-360 InitProducerId.
 #[test]
 fn tv1_bump_without_kip360_is_fatal() {
     let t0 = Instant::now();
@@ -1148,6 +1169,7 @@ fn tv2_abort_after_sequence_error_adopts_end_txn_epoch() {
     assert_eq!(m.state(), TransactionState::Ready);
 }
 
+/// A fatal produce error poisons the producer: abort and commit are refused from then on.
 #[test]
 fn fatal_produce_error_poisons_the_producer() {
     let t0 = Instant::now();
@@ -1479,11 +1501,17 @@ mod walk {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1024))]
 
+        /// Under TV1, no sequence of calls, answers, dropped futures and timeouts produces before
+        /// enrolment, commits after an interrupted send_offsets, aborts a commit that may land, skips
+        /// EndTxn for a transaction on the wire, or sends after a fatal error.
         #[test]
         fn tv1_walks_keep_the_invariants(cmds in proptest::collection::vec(cmd(), 1..60)) {
             run(1, cmds);
         }
 
+        /// Under TV2, no sequence of calls, answers, dropped futures and timeouts commits after an
+        /// interrupted send_offsets, aborts a commit that may land, skips EndTxn for a transaction on
+        /// the wire, or sends after a fatal error.
         #[test]
         fn tv2_walks_keep_the_invariants(cmds in proptest::collection::vec(cmd(), 1..60)) {
             run(2, cmds);
@@ -1633,6 +1661,8 @@ fn open_2pc(t0: Instant) -> TxnMachine {
     m
 }
 
+/// A prepared transaction accepts nothing but commit or abort, is named by the ids it runs under, and
+/// either end adopts the bumped epoch.
 #[test]
 fn a_prepared_transaction_takes_only_commit_or_abort() {
     let t0 = Instant::now();
@@ -1671,6 +1701,8 @@ fn a_prepared_transaction_takes_only_commit_or_abort() {
     }
 }
 
+/// Prepare is refused, with nothing changed, under TV1, on a producer not built for two-phase commit,
+/// and while a send_offsets is still in flight.
 #[test]
 fn prepare_is_refused_under_tv1_without_two_phase_and_mid_offsets() {
     let t0 = Instant::now();
@@ -1715,6 +1747,8 @@ fn prepare_is_refused_under_tv1_without_two_phase_and_mid_offsets() {
     assert_eq!(m.prepare().unwrap_err().class(), ErrorClass::Refused);
 }
 
+/// An init that keeps a predecessor's prepared transaction comes back Prepared under the predecessor's
+/// ids and ends it under its own; only a two-phase producer may ask to keep one.
 #[test]
 fn a_kept_transaction_is_prepared_under_the_predecessors_name() {
     let t0 = Instant::now();
@@ -1754,6 +1788,8 @@ fn a_kept_transaction_is_prepared_under_the_predecessors_name() {
     ));
 }
 
+/// A refused two-phase init is fatal and says why (no ACL or disabled, keep-prepared unsupported, or v6
+/// not spoken), while a plain producer gets the ordinary missing-ACL error.
 #[test]
 fn refused_two_phase_inits_say_why() {
     use crate::producer::TwoPhaseCommitRefusal as R;

@@ -102,6 +102,8 @@ fn aborted(list: &str) -> Vec<AbortedTransaction> {
         .collect()
 }
 
+/// The captured Java-written fixtures really use the codec each claims, with snappy-java framing and
+/// standard LZ4 frames, and contain transactional data and an abort marker.
 #[test]
 fn java_written_batches_use_the_codec_asked_for() {
     for f in fixtures() {
@@ -133,6 +135,8 @@ fn java_written_batches_use_the_codec_asked_for() {
     }
 }
 
+/// On Java-written fetches, read_uncommitted delivers exactly what the Java consumer delivered and ends
+/// at the high watermark.
 #[test]
 fn read_uncommitted_matches_the_java_consumer() {
     for f in fixtures() {
@@ -150,6 +154,8 @@ fn read_uncommitted_matches_the_java_consumer() {
     }
 }
 
+/// On Java-written fetches, read_committed with the broker's aborted list delivers exactly what the Java
+/// consumer delivered, and the list is what hides the aborted records.
 #[test]
 fn read_committed_matches_the_java_consumer() {
     for f in fixtures() {
@@ -177,6 +183,8 @@ fn read_committed_matches_the_java_consumer() {
     }
 }
 
+/// LogState computes the broker's last stable offset from the fetched bytes alone, with one open
+/// transaction.
 #[test]
 fn log_state_finds_the_brokers_lso_from_the_bytes_alone() {
     for f in fixtures() {

@@ -2,6 +2,8 @@
 
 use super::*;
 
+/// Snappy is written in snappy-java's framing (magic, version, chunks of at most 32 KiB), the only
+/// snappy the Java client reads, and reads back to the input.
 #[test]
 fn snappy_is_written_in_snappy_java_framing() {
     let input: Vec<u8> = (0..100_000u32)
@@ -28,6 +30,7 @@ fn snappy_is_written_in_snappy_java_framing() {
     );
 }
 
+/// Snappy input is read whether it is a raw block or several snappy-java streams back to back.
 #[test]
 fn snappy_raw_blocks_and_concatenated_streams_are_read() {
     let raw = snap::raw::Encoder::new()
@@ -45,6 +48,8 @@ fn snappy_raw_blocks_and_concatenated_streams_are_read() {
     );
 }
 
+/// LZ4 is written as a standard version 1 frame with independent blocks of at most 64 KiB, the shape the
+/// Java client expects.
 #[test]
 fn lz4_frames_use_independent_64k_blocks() {
     let out = compression::compress(Compression::Lz4, &[1u8; 200_000]).unwrap();
@@ -55,6 +60,7 @@ fn lz4_frames_use_independent_64k_blocks() {
     assert_eq!((out[5] >> 4) & 0x7, 4, "64 KiB maximum block size");
 }
 
+/// Gzip input made of several members back to back decompresses to all of them, not just the first.
 #[test]
 fn gzip_reads_concatenated_members() {
     let mut two = compression::compress(Compression::Gzip, b"one ").unwrap();
@@ -65,6 +71,7 @@ fn gzip_reads_concatenated_members() {
     );
 }
 
+/// Zstd input made of several frames back to back decompresses to all of them, not just the first.
 #[test]
 fn zstd_reads_concatenated_frames() {
     let mut two = compression::compress(Compression::Zstd, b"one ").unwrap();
@@ -75,6 +82,8 @@ fn zstd_reads_concatenated_frames() {
     );
 }
 
+/// Codec ids are the protocol's (none 0, gzip 1, snappy 2, lz4 3, zstd 4) both ways, and no other id
+/// maps to a codec.
 #[test]
 fn codec_ids_match_the_protocol() {
     for (c, id) in ALL_CODECS.iter().zip(0u8..) {

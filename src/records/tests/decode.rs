@@ -34,6 +34,8 @@ fn sample_batch(codec: Compression, stamp: ProducerStamp) -> SealedBatch {
     b.seal(stamp).unwrap()
 }
 
+/// Every batch header field and every record field, null and empty keys, values and headers included,
+/// decodes to what the builder wrote, with every codec.
 #[test]
 fn header_fields_round_trip() {
     let stamp = ProducerStamp {
@@ -101,6 +103,8 @@ fn header_fields_round_trip() {
     }
 }
 
+/// Keys, values and header values of an uncompressed batch are slices of the fetched buffer, never
+/// copies.
 #[test]
 fn uncompressed_keys_and_values_are_slices_of_the_fetch_buffer() {
     let bytes = sample_batch(Compression::None, ProducerStamp::NONE).at_offset(0);
@@ -119,6 +123,8 @@ fn uncompressed_keys_and_values_are_slices_of_the_fetch_buffer() {
     }
 }
 
+/// In a log-append-time batch every record takes the batch's max timestamp, which the broker wrote,
+/// whatever its own delta says.
 #[test]
 fn log_append_time_gives_every_record_the_max_timestamp() {
     let sealed = sample_batch(Compression::None, ProducerStamp::NONE);
@@ -139,6 +145,7 @@ fn log_append_time_gives_every_record_the_max_timestamp() {
     }
 }
 
+/// The delete-horizon attribute bit the log cleaner sets is reported.
 #[test]
 fn delete_horizon_bit_is_reported() {
     let mut raw = sample_batch(Compression::None, ProducerStamp::NONE)
@@ -150,6 +157,8 @@ fn delete_horizon_bit_is_reported() {
     assert!(batch.attributes().has_delete_horizon());
 }
 
+/// Commit, abort and unknown control markers decode with their producer, epoch and coordinator epoch,
+/// and the batch reads as transactional control.
 #[test]
 fn control_markers_decode() {
     for (marker, kind) in [
@@ -211,6 +220,7 @@ fn partial_trailing_batch_ends_cleanly_at_every_cut() {
     }
 }
 
+/// Empty input yields no batch, no error and no next offset.
 #[test]
 fn empty_input_yields_nothing() {
     let mut it = decode_batches(Bytes::new());
@@ -218,6 +228,8 @@ fn empty_input_yields_nothing() {
     assert_eq!(it.next_offset(), None);
 }
 
+/// The batch builder never grows past its byte budget, except that the first record is always taken so
+/// no record is too big to send alone.
 #[test]
 fn builder_respects_its_byte_budget_and_always_takes_a_first_record() {
     let value = [7u8; 100];
@@ -327,6 +339,8 @@ fn visible_views_match_decoded_records() {
     assert_eq!(Visible::empty(5).next_offset, 5);
 }
 
+/// A batch with no record cannot be sealed: it is a typed encode error, never an empty batch on the
+/// wire.
 #[test]
 fn an_empty_builder_cannot_be_sealed() {
     let b = BatchBuilder::new(Compression::Zstd, 1024);

@@ -9,6 +9,8 @@ use kafka_protocol::records as kp;
 
 use super::*;
 
+/// An independent decoder (kafka-protocol) reads our batches back with every record's offset, timestamp,
+/// sequence, producer, key, value and headers intact.
 #[test]
 fn kafka_protocol_reads_our_batches() {
     let mut b = BatchBuilder::new(Compression::None, 1 << 16);
@@ -53,6 +55,8 @@ fn kafka_protocol_reads_our_batches() {
     assert_eq!(h.get(&StrBytes::from_static_str("b")).unwrap(), &None);
 }
 
+/// We read batches written by an independent encoder (kafka-protocol) with every header and record field
+/// intact, null values and headers included.
 #[test]
 fn we_read_kafka_protocol_batches() {
     let mut headers = IndexMap::new();

@@ -56,6 +56,8 @@ pub(crate) fn good_record(od: i64) -> Vec<u8> {
     record(&body(od, &[zz(-1), zz(1), b'v', 0]))
 }
 
+/// The unaltered batch these tests corrupt decodes cleanly, so each error below comes from its one
+/// malformation alone.
 #[test]
 fn the_helpers_build_a_valid_batch() {
     let recs = all_records(raw_batch(0, 0, 1, &good_record(0))).unwrap();
@@ -63,6 +65,8 @@ fn the_helpers_build_a_valid_batch() {
     assert_eq!(recs[0].value.as_deref(), Some(&b"v"[..]));
 }
 
+/// A magic 0 or 1 message set is a typed legacy-format error naming the magic, never misread as a magic
+/// 2 batch.
 #[test]
 fn legacy_magic_is_a_typed_error() {
     for magic in [0u8, 1] {
@@ -75,6 +79,7 @@ fn legacy_magic_is_a_typed_error() {
     }
 }
 
+/// A magic byte above 2 is a typed error naming it.
 #[test]
 fn unknown_magic_is_a_typed_error() {
     let mut raw = raw_batch(0, 0, 1, &good_record(0));
@@ -85,6 +90,8 @@ fn unknown_magic_is_a_typed_error() {
     ));
 }
 
+/// A batch length too small to hold the batch header, zero or negative included, is a typed error before
+/// anything is read from it.
 #[test]
 fn batch_length_below_the_header() {
     for length in [48, 0, -1, i32::MIN] {
@@ -97,6 +104,8 @@ fn batch_length_below_the_header() {
     }
 }
 
+/// The CRC covers every byte from the attributes to the end of the batch: flipping any one of them is a
+/// CRC mismatch.
 #[test]
 fn any_flipped_covered_byte_fails_the_crc() {
     let good = raw_batch(0, 0, 1, &good_record(0));
@@ -110,6 +119,7 @@ fn any_flipped_covered_byte_fails_the_crc() {
     }
 }
 
+/// A compression codec id outside the four Kafka defines is a typed error naming it.
 #[test]
 fn unknown_codec() {
     for codec in 5..8 {
@@ -120,6 +130,7 @@ fn unknown_codec() {
     }
 }
 
+/// A negative last offset delta is a typed error.
 #[test]
 fn negative_last_offset_delta() {
     assert!(matches!(
@@ -128,6 +139,7 @@ fn negative_last_offset_delta() {
     ));
 }
 
+/// A base offset plus last offset delta past i64::MAX is a typed overflow error, never a wrapped offset.
 #[test]
 fn last_offset_overflowing_i64() {
     let mut raw = raw_batch(0, 5, 1, &good_record(0));
@@ -166,6 +178,8 @@ fn record_count_larger_than_the_bytes_can_hold() {
     ));
 }
 
+/// A varint or varlong longer than its type allows, or carrying bits past its width, is a typed overflow
+/// error.
 #[test]
 fn varint_overflow() {
     // A record length with six continuation bytes, padded so the count check passes.
@@ -192,6 +206,8 @@ fn varint_overflow() {
     );
 }
 
+/// A record whose length runs past the end of the batch is a typed overrun, never a read past the
+/// buffer.
 #[test]
 fn record_longer_than_the_batch() {
     let mut section = vec![zz(50)];
@@ -202,6 +218,8 @@ fn record_longer_than_the_batch() {
     );
 }
 
+/// A key length that runs past the end of its record is an overrun even when the batch has bytes to
+/// spare: a field never reads into the next record.
 #[test]
 fn key_longer_than_its_record() {
     // Key length 20 inside a 7-byte body; the batch has bytes to spare after the record.
@@ -215,6 +233,8 @@ fn key_longer_than_its_record() {
     );
 }
 
+/// Only -1 means null: any other negative record, key, value, header-count or header-key length is a
+/// typed error naming the field.
 #[test]
 fn negative_lengths_other_than_null() {
     let cases: [(Vec<u8>, &str); 4] = [
@@ -244,6 +264,8 @@ fn negative_lengths_other_than_null() {
     ));
 }
 
+/// A header count larger than the record can hold is a typed overrun, never an allocation sized by the
+/// count.
 #[test]
 fn header_count_larger_than_the_record() {
     let section = record(&body(0, &[zz(-1), zz(-1), zz(40)]));
@@ -253,6 +275,7 @@ fn header_count_larger_than_the_record() {
     );
 }
 
+/// A record's offset delta outside 0..=last_offset_delta is a typed error.
 #[test]
 fn offset_delta_outside_the_batch() {
     assert!(matches!(
@@ -268,6 +291,7 @@ fn offset_delta_outside_the_batch() {
     ));
 }
 
+/// A record whose length prefix disagrees with the bytes its fields use is a typed error.
 #[test]
 fn record_length_disagreeing_with_its_fields() {
     // The length prefix claims one byte more than the fields use.
@@ -282,6 +306,7 @@ fn record_length_disagreeing_with_its_fields() {
     );
 }
 
+/// Bytes left after the declared number of records are a typed error, never silently ignored.
 #[test]
 fn bytes_after_the_declared_records() {
     let mut section = good_record(0);
@@ -290,6 +315,7 @@ fn bytes_after_the_declared_records() {
     assert_eq!(err, DecodeError::TrailingBytes { bytes: 8 });
 }
 
+/// A batch holding fewer records than its count declares is an error.
 #[test]
 fn fewer_records_than_declared() {
     // Two declared, one present, padding zeros after it read as a zero-length record.
@@ -298,6 +324,8 @@ fn fewer_records_than_declared() {
     assert!(all_records(raw_batch(0, 1, 2, &section)).is_err());
 }
 
+/// A control record whose key or value is too short is a typed error, while a control batch with no
+/// record (what the log cleaner leaves) is no marker and no error.
 #[test]
 fn malformed_control_records() {
     // Control bit set, transactional, a record whose key is 2 bytes.
@@ -320,6 +348,8 @@ fn malformed_control_records() {
     assert!(matches!(batch.control(), Ok(None)));
 }
 
+/// A compressed section that does not decompress, truncated snappy-java framing included, is a typed
+/// decompression error naming the codec.
 #[test]
 fn corrupt_compressed_sections() {
     for codec in [

@@ -330,6 +330,8 @@ proptest! {
     }
 }
 
+/// A record whose timestamp delta does not fit is a typed encode error, never a wrapped delta, and the
+/// failed append leaves the builder unchanged.
 #[test]
 fn timestamp_delta_overflow_is_an_encode_error() {
     let mut b = BatchBuilder::new(Compression::None, usize::MAX);

@@ -27,6 +27,8 @@ fn seed_003_log() -> Log {
     log
 }
 
+/// An open transaction pins the last stable offset at its first offset: read_uncommitted sees every data
+/// record, read_committed sees nothing past the LSO.
 #[test]
 fn seed_003_open_transaction_pins_the_lso_at_zero() {
     let log = seed_003_log();
@@ -50,6 +52,8 @@ fn seed_003_open_transaction_pins_the_lso_at_zero() {
     assert_eq!(v.next_offset, 0);
 }
 
+/// Once the abort marker is written the LSO reaches the high watermark, and read_committed hides the
+/// aborted producer's records while keeping everyone else's.
 #[test]
 fn seed_003_after_the_abort() {
     let mut log = seed_003_log();
@@ -154,6 +158,7 @@ fn log_state_only_sees_transactions_begun_inside_the_scan() {
     );
 }
 
+/// The broker's aborted-transaction list decides the same records whatever order it comes in.
 #[test]
 fn unsorted_aborted_list_is_tolerated() {
     let mut log = Log::new();
@@ -180,6 +185,8 @@ fn unsorted_aborted_list_is_tolerated() {
     }
 }
 
+/// A repeated abort marker neither hides the producer's next, committed transaction nor holds back the
+/// LSO.
 #[test]
 fn duplicate_abort_markers_are_harmless() {
     let mut log = Log::new();
@@ -211,6 +218,7 @@ fn a_producer_aborts_then_commits() {
     assert_eq!(offsets_values(&v), vec![(3, "c".into())]);
 }
 
+/// Records of the first batch below the fetch offset are never delivered, at either isolation level.
 #[test]
 fn records_below_the_fetch_offset_in_the_first_batch_are_skipped() {
     let mut log = Log::new();
@@ -226,6 +234,8 @@ fn records_below_the_fetch_offset_in_the_first_batch_are_skipped() {
     }
 }
 
+/// Control records are never delivered as data, yet the next offset moves past them, even in a fetch
+/// that holds only a marker.
 #[test]
 fn markers_are_never_delivered_and_move_the_next_offset() {
     let mut log = Log::new();
@@ -243,6 +253,7 @@ fn markers_are_never_delivered_and_move_the_next_offset() {
     assert_eq!(v.next_offset, 3);
 }
 
+/// read_uncommitted delivers aborted records, ignoring the aborted list.
 #[test]
 fn read_uncommitted_delivers_aborted_records() {
     let mut log = Log::new();
@@ -265,6 +276,8 @@ fn idempotent_batches_are_not_hidden_by_aborts() {
     assert_eq!(offsets_values(&v), vec![(1, "b".into())]);
 }
 
+/// A partial batch at the end of a fetch is not an error: reading stops before it and the next offset
+/// points at it.
 #[test]
 fn visible_in_stops_at_a_partial_trailing_batch() {
     let mut log = Log::new();
@@ -277,6 +290,7 @@ fn visible_in_stops_at_a_partial_trailing_batch() {
     assert_eq!(v.next_offset, 1);
 }
 
+/// A fetch with no batches leaves the next offset at the fetch offset.
 #[test]
 fn an_empty_fetch_keeps_the_fetch_offset() {
     let v = visible(&[], &[at(P7, 0)], ReadCommitted, 17).unwrap();

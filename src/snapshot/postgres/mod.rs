@@ -167,6 +167,8 @@ pub enum PgError {
 mod tests {
     use super::*;
 
+    /// A PostgreSQL password never appears in Debug output, in URL or key=value form, and a table prefix
+    /// that is not a plain identifier is refused.
     #[test]
     fn passwords_never_reach_debug_output() {
         let c = PgStoreConfig::new("postgres://app:s3cret@db:5432/x");

@@ -83,6 +83,8 @@ impl Statements {
 mod tests {
     use super::*;
 
+    /// Only a plain identifier (lower-case ASCII letters, digits and '_', no leading digit, at most 40
+    /// characters) is spliced into SQL as a table prefix, so a prefix can never inject a statement.
     #[test]
     fn only_plain_identifiers_are_spliced() {
         for ok in ["snapfence", "_x", "a1_b2", &"a".repeat(40)] {
