@@ -333,7 +333,11 @@ async fn negative_frame_length_poisons_the_connection() {
             failure: ConnectionFailure::Frame(WireError::NegativeFrameLength(-1)),
             ..
         })
-    ));    assert!(!conn.is_usable(), "a broken frame leaves the connection poisoned");
+    ));
+    assert!(
+        !conn.is_usable(),
+        "a broken frame leaves the connection poisoned"
+    );
 }
 
 /// A response body that does not decode is a typed protocol error; the framing is intact, so the
@@ -383,7 +387,11 @@ async fn frame_without_correlation_id_poisons_the_connection() {
             failure: ConnectionFailure::Frame(WireError::FrameTooShort { len: 2 }),
             ..
         })
-    ));    assert!(!conn.is_usable(), "a broken frame leaves the connection poisoned");
+    ));
+    assert!(
+        !conn.is_usable(),
+        "a broken frame leaves the connection poisoned"
+    );
 }
 
 /// The peer closing in the middle of a response fails the waiter with a transport error.
