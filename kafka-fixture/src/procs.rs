@@ -462,6 +462,22 @@ mod tests {
         };
         let mut child = spawn_sleep(&work);
         let mut bystander = spawn_sleep(&std::env::temp_dir());
+        // `spawn` returns once the exec has released the parent, which is before the kernel renames the
+        // child: until then it still carries this test thread's name and no sweep would know it.
+        for pid in [child.id(), bystander.id()] {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .as_deref()
+                != Some("sleep\n")
+            {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "{pid} never became `sleep`"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
         // The server itself is gone: no process has pid u32::MAX.
         let record = server_record(u32::MAX, "sleep", &folder);
         fs::write(dead_owner.join("server-4294967295.pid"), record).unwrap();
