@@ -7,7 +7,10 @@
 //!                     [--broker KEY=VALUE]... [--transaction-version 1|2]
 //! snapfence-bench scale [--partitions LIST] [--keys LIST] [--out FILE] [--svg FILE]   (see scale.rs)
 //! snapfence-bench stores [--keys LIST] [--waves N] [--out FILE]              (see stores.rs)
+//! snapfence-bench job [--events N] [--keys K] [--partitions P] [--runs R] [--output] [--takeover] [--out FILE]
+//!                     the whole job against Kafka Streams 4.4 (see job.rs)
 //! snapfence-bench peer WORKLOAD ARGS...     snapfence's side of one workload (a child of `run`)
+//! snapfence-bench job-child ARGS...         snapfence's member of `job` (see job_child.rs)
 //! ```
 //!
 //! `--workloads` picks rows by key (`marker,a-a,a-b,a-base,a-c,b-base,b-spread,b-1,b-16,b-256,b-2000,recovery,takeover`; default
@@ -26,10 +29,13 @@
 //! # References
 //! - Seed 000 (experiments A and B), KIP-447 (fenced TxnOffsetCommit), KIP-98 (transactions)
 
+mod job;
+mod job_child;
 mod ours;
 mod report;
 mod scale;
 mod stores;
+mod streams;
 mod workload;
 
 use std::io::{BufRead, BufReader};
@@ -87,9 +93,18 @@ fn main() {
             init_tracing();
             stores::main(&args[1..])
         }
+        Some("job") => {
+            init_tracing();
+            job::main(&args[1..])
+        }
+        Some("job-child") => {
+            init_tracing();
+            job_child::main(&args[1..])
+        }
         _ => {
             eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench scale [--nodes 1|3] [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE]
        snapfence-bench stores [--keys 1,100,1000,10000] [--waves N] [--out FILE]
+       snapfence-bench job [--events N] [--keys K] [--partitions P] [--runs R] [--output] [--takeover] [--out FILE]
        snapfence-bench peer WORKLOAD ARGS...");
             2
         }
