@@ -794,7 +794,7 @@ async fn output_run(
         reader.assign(tp, StartAt::Earliest);
     }
     let deadline = Duration::from_secs(options.output_seconds as u64) + setup.timeout;
-    let read = tokio::spawn(async move {
+    let mut read = AbortOnDrop(tokio::spawn(async move {
         let began = Instant::now();
         let mut latencies = Vec::with_capacity(events);
         while latencies.len() < events {
@@ -816,7 +816,7 @@ async fn output_run(
         }
         reader.close().await;
         Ok(latencies)
-    });
+    }));
 
     // The fixed rate: every 10 ms the records due by then, each stamped with the time of its send.
     let producer = Producer::new(client.clone(), ProducerConfig::default()).await?;
@@ -842,8 +842,8 @@ async fn output_run(
     }
     producer.close().await;
     let mut latencies_ms = loop {
-        if read.is_finished() {
-            break read.await?.map_err(Error::from)?;
+        if read.0.is_finished() {
+            break (&mut read.0).await?.map_err(Error::from)?;
         }
         member.check_alive()?;
         tokio::time::sleep(PROGRESS_POLL).await;
@@ -856,6 +856,15 @@ async fn output_run(
         latencies_ms,
         usage,
     })
+}
+
+/// A task aborted when this is dropped, so an error on the way out does not leave it reading.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Wall-clock milliseconds since the Unix epoch (the clock CreateTime is read against).
