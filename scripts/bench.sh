@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The whole benchmark set in one command: builds the peers on demand (bench/peers, its own workspace, so the
 # C in rust-rdkafka never reaches the library), builds the runner, runs every workload for every client on
-# one broker and then on three nodes (two rounds each), then the CPU-only decode figures, and writes the
-# markdown that docs/benchmarks.md quotes.
+# one broker and then on three nodes (two rounds each), then scale, stores and the whole job against Kafka
+# Streams, then the CPU-only decode figures, and writes the markdown that docs/benchmarks.md quotes.
 #
 #   bash scripts/bench.sh [OUT]          (default OUT: $CARGO_TARGET_DIR/bench-results.md)
 #
 # Environment: BENCH_NODES (default "1,3"), BENCH_ROUNDS (default "2,1": two rounds on one node, one on
 # three, whose round takes ~40 min), BENCH_REPEAT (default 5: runs per client of the ~100 ms rows, the
 # median is reported), BENCH_ARGS (more runner options, e.g. "--clients snapfence,java"), BENCH_SCALE_ARGS (options of `snapfence-bench scale`, e.g. "--partitions 1,8,64"), BENCH_STORES_ARGS (options of
-# `snapfence-bench stores`, e.g. "--keys 100 --waves 10"), DECODE_RUNS (default 15),
+# `snapfence-bench stores`, e.g. "--keys 100 --waves 10"), BENCH_JOB (default 1; 0 skips the whole job against
+# Kafka Streams, whose jars Maven fetches on first use), BENCH_JOB_ARGS (options of `snapfence-bench job`,
+# default "--output --takeover"), DECODE_RUNS (default 15),
 # BENCH_PEERS_TARGET (the peers' cargo target dir, default $CARGO_TARGET_DIR/bench-peers),
 # SNAPFENCE_KAFKA_JVM_OPTS (broker JVM flags; default here "-XX:+UseG1GC", a full-speed JIT and collector,
 # instead of the test fixture's fast-start flags).
@@ -68,6 +70,13 @@ stores_runs=$(mktemp)
 SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
   "$target/release/snapfence-bench" stores ${BENCH_STORES_ARGS:-} --out "$stores_runs"
 
+job_runs=$(mktemp)
+if [ "${BENCH_JOB:-1}" != 0 ]; then
+  echo "== job (the whole count job against Kafka Streams 4.4: CPU, memory, output latency, takeover)"
+  SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
+    "$target/release/snapfence-bench" job ${BENCH_JOB_ARGS:---output --takeover} --out "$job_runs"
+fi
+
 echo "== decode (CPU only)"
 decode_runs=$(mktemp)
 cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
@@ -88,11 +97,17 @@ cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
   echo
   cat "$stores_runs"
   echo
+  if [ -s "$job_runs" ]; then
+    echo "### The whole job against Kafka Streams (\`snapfence-bench job ${BENCH_JOB_ARGS:---output --takeover}\`)"
+    echo
+    cat "$job_runs"
+    echo
+  fi
   echo "### Decode (CPU only, \`cargo bench --bench decode -- ${DECODE_RUNS:-15}\`)"
   echo
   echo '```text'
   cat "$decode_runs"
   echo '```'
 } >"$out"
-rm -f "$broker_runs" "$scale_runs" "$stores_runs" "$decode_runs"
+rm -f "$broker_runs" "$scale_runs" "$stores_runs" "$job_runs" "$decode_runs"
 echo "wrote $out"
