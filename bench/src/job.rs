@@ -903,10 +903,15 @@ fn median(mut values: Vec<f64>) -> (f64, f64, f64) {
 fn cell(values: Vec<f64>, digits: usize, unit: &str) -> String {
     let n = values.len();
     let (m, lo, hi) = median(values);
-    if n == 1 {
-        format!("{m:.digits$} {unit}")
+    let unit = if unit.is_empty() {
+        String::new()
     } else {
-        format!("{m:.digits$} {unit} [{lo:.digits$}-{hi:.digits$}]")
+        format!(" {unit}")
+    };
+    if n == 1 {
+        format!("{m:.digits$}{unit}")
+    } else {
+        format!("{m:.digits$}{unit} [{lo:.digits$}-{hi:.digits$}]")
     }
 }
 
@@ -929,14 +934,20 @@ fn java_version() -> String {
 /// The report: setup, then a table per row kind, with the ratios issue 33 targets.
 fn markdown(options: &Options, kafka: &str, java: &str, rocksdb: &str, r: &Results) -> String {
     let mut s = String::new();
+    let streams = if options.clients.contains(&Kind::Streams) {
+        format!(
+            "Kafka Streams {}: exactly_once_v2, commit.interval.ms 1000, RocksDB ({rocksdb}), one stream \
+             thread, JVM `-Xmx{}` ({java}, default collector)",
+            streams::VERSION,
+            options.xmx
+        )
+    } else {
+        "Kafka Streams: not run".to_string()
+    };
     let _ = writeln!(
         s,
         "Kafka {kafka}, 1 node. snapfence: count `Flow`, fenced mode, persist and commit every 1 s. \
-         Kafka Streams {}: exactly_once_v2, commit.interval.ms 1000, RocksDB ({rocksdb}), one stream \
-         thread, JVM `-Xmx{}` ({java}, default collector). {} run(s) per client, alternating; median \
-         [range].\n",
-        streams::VERSION,
-        options.xmx,
+         {streams}. {} run(s) per client, alternating; median [range].\n",
         options.runs
     );
     if !r.job.is_empty() {
@@ -1142,5 +1153,6 @@ mod tests {
         assert_eq!(percentile(&v, 1.0), 100.0);
         assert_eq!(median(vec![3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
         assert_eq!(cell(vec![1.0], 1, "s"), "1.0 s");
+        assert_eq!(cell(vec![1.0, 3.0, 2.0], 0, ""), "2 [1-3]");
     }
 }
