@@ -10,7 +10,7 @@
 // sets it.
 // It prints `HOLD p,p,...` (the input partitions of its active tasks) whenever that set changes, so the
 // runner knows when a member holds partitions; everything else (progress, commits) the runner reads from
-// the broker. It runs until the runner kills it.
+// the broker. It runs until the runner kills it, or until its stdin closes (the runner is gone).
 import java.nio.ByteBuffer;
 import java.time.Duration;
 import java.util.*;
@@ -65,6 +65,18 @@ public class StreamsJob {
             System.exit(1);
             return null;
         });
+        // The runner holds this process's stdin open; when it goes away (EOF), so does this process, so a
+        // runner that dies never leaves a job running.
+        Thread orphanGuard = new Thread(() -> {
+            try {
+                while (System.in.read() != -1) {}
+            } catch (java.io.IOException e) {
+                // a broken stdin means the same
+            }
+            Runtime.getRuntime().halt(0);
+        });
+        orphanGuard.setDaemon(true);
+        orphanGuard.start();
         streams.start();
         String held = "";
         while (true) {

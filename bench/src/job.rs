@@ -75,6 +75,7 @@ enum Kind {
 }
 
 impl Kind {
+    /// The client's name in the report.
     fn name(self) -> &'static str {
         match self {
             Kind::Snapfence => "snapfence",
@@ -124,6 +125,7 @@ fn options(args: &[String]) -> Result<Options, String> {
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().cloned().ok_or(format!("{flag} needs a value"));
+        /// `v` as a positive number, or an error naming `flag`.
         fn num<T: std::str::FromStr + PartialOrd + Default>(
             flag: &str,
             v: String,
@@ -255,8 +257,10 @@ impl Member {
     /// Spawns `cmd` with its output read by two threads.
     fn spawn(mut cmd: Command, state_dir: Option<PathBuf>) -> Result<Member, Error> {
         let started = Instant::now();
+        // stdin is a pipe the runner never writes and holds until the member is dropped: the member
+        // exits on its EOF, so a runner that dies (even SIGKILLed) leaves no member running.
         let mut child = cmd
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -418,6 +422,7 @@ struct Results {
     takeover: Vec<(Kind, Result<Vec<TakeoverSample>, String>)>,
 }
 
+/// Starts the broker, prepares Kafka Streams, runs the rows asked for and returns the report.
 async fn run(options: &Options) -> Result<String, Error> {
     let java = java_version();
     eprintln!("== starting 1 node");

@@ -11,7 +11,7 @@
 //! `commit.interval.ms` 1000 in StreamsJob.java. The loop is [`Flow::run`]'s (persist and commit between
 //! polls when due), written out so that it can print `HOLD p,p,...` whenever the set of held partitions
 //! changes, which the runner waits for before it kills a member in the takeover row. It runs until it is
-//! killed.
+//! killed, or until its stdin closes: the runner holds it open, so a runner that dies takes it along.
 //!
 //! The `--output` variant (one output record per event) waits for the fold's output API (issue 33); see
 //! the TODO in [`Count::fold`].
@@ -129,6 +129,11 @@ pub fn main(args: &[String]) -> i32 {
         eprintln!("job-child: output to {topic} is not yet possible: the fold's output API (issue 33) has not landed");
         return 3;
     }
+    std::thread::spawn(|| {
+        // EOF (or an error) on stdin: the runner is gone.
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        std::process::exit(0);
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
