@@ -259,12 +259,20 @@ impl Member {
         let started = Instant::now();
         // stdin is a pipe the runner never writes and holds until the member is dropped: the member
         // exits on its EOF, so a runner that dies (even SIGKILLed) leaves no member running.
-        let mut child = cmd
+        let spawned = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+            .spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(dir) = &state_dir {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                return Err(format!("cannot start {:?}: {e}", cmd.get_program()).into());
+            }
+        };
         let held = Arc::new(Mutex::new(None));
         let log = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(out) = child.stdout.take() {
