@@ -433,6 +433,7 @@ struct Results {
 /// Starts the broker, prepares Kafka Streams, runs the rows asked for and returns the report.
 async fn run(options: &Options) -> Result<String, Error> {
     let java = java_version();
+    let load_before = load_average();
     eprintln!("== starting 1 node");
     let kafka = dedicated(ClusterSpec::kafka4()).await;
     let client = Client::connect(ClientConfig::new(kafka.bootstrap())).await?;
@@ -584,13 +585,13 @@ async fn run(options: &Options) -> Result<String, Error> {
         .as_ref()
         .map(StreamsJar::rocksdb)
         .unwrap_or_default();
-    Ok(markdown(
-        options,
-        kafka.version(),
-        &java,
-        &rocksdb,
-        &results,
-    ))
+    let mut text = markdown(options, kafka.version(), &java, &rocksdb, &results);
+    let _ = writeln!(
+        text,
+        "\nLoad average (1, 5, 15 min) before the run {load_before}, after it {}.",
+        load_average()
+    );
+    Ok(text)
 }
 
 /// Creates `topic` with `partitions` partitions and waits until every one answers.
@@ -926,6 +927,14 @@ fn cell(values: Vec<f64>, digits: usize, unit: &str) -> String {
     } else {
         format!("{m:.digits$}{unit} [{lo:.digits$}-{hi:.digits$}]")
     }
+}
+
+/// The machine's load averages (`/proc/loadavg`'s first three fields): the runs share the machine.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// What `java -version` says (its first line).
