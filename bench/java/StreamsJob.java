@@ -2,7 +2,7 @@
 // exactly_once_v2, commit.interval.ms 1000, the default RocksDB store. The runner fetches kafka-streams 4.4.0
 // with Maven into a cache folder (bench/src/streams.rs), compiles this file with javac against it and starts
 // one JVM per group member:
-//   java -Xmx1g -cp "<streams libs>/*:DIR" StreamsJob BOOTSTRAP INPUT APP_ID STATE_DIR SESSION_MS OUTPUT|-
+//   java -Xmx1g -cp "<streams libs>/*:DIR" StreamsJob BOOTSTRAP INPUT APP_ID STATE_DIR SESSION_MS HEARTBEAT_MS OUTPUT|-
 // Without an output topic the topology is the DSL's canonical count, groupByKey().count(), with its record
 // cache (the default 10 MiB): what a Streams user writes. With one, a processor over a cached RocksDB
 // KeyValueStore counts and forwards one record per input event, value = the input's timestamp (8 bytes, big
@@ -25,12 +25,12 @@ import org.apache.kafka.streams.state.*;
 
 public class StreamsJob {
     public static void main(String[] a) throws Exception {
-        if (a.length != 6) {
-            System.err.println("usage: StreamsJob BOOTSTRAP INPUT APP_ID STATE_DIR SESSION_MS OUTPUT|-");
+        if (a.length != 7) {
+            System.err.println("usage: StreamsJob BOOTSTRAP INPUT APP_ID STATE_DIR SESSION_MS HEARTBEAT_MS OUTPUT|-");
             System.exit(2);
         }
-        String bootstrap = a[0], input = a[1], appId = a[2], stateDir = a[3], output = a[5];
-        int sessionMs = Integer.parseInt(a[4]);
+        String bootstrap = a[0], input = a[1], appId = a[2], stateDir = a[3], output = a[6];
+        int sessionMs = Integer.parseInt(a[4]), heartbeatMs = Integer.parseInt(a[5]);
         Properties p = new Properties();
         p.put(StreamsConfig.APPLICATION_ID_CONFIG, appId);
         p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
@@ -38,10 +38,11 @@ public class StreamsJob {
         p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 1000);
         p.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
         p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
-        // The classic rebalance protocol, with the session timeout the runner gives snapfence too: a killed
-        // member is noticed when its session expires.
+        // The classic rebalance protocol, with the session timeout and heartbeat interval the runner gives
+        // snapfence too: a killed member is noticed when its session expires.
         p.put("group.protocol", "classic");
         p.put(StreamsConfig.consumerPrefix("session.timeout.ms"), sessionMs);
+        p.put(StreamsConfig.consumerPrefix("heartbeat.interval.ms"), heartbeatMs);
         p.put(StreamsConfig.consumerPrefix("auto.offset.reset"), "earliest");
 
         StreamsBuilder builder = new StreamsBuilder();

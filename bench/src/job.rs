@@ -4,6 +4,7 @@
 //! ```text
 //! snapfence-bench job [--events 1000000] [--keys 20000] [--partitions 4] [--runs 3] [--output] [--takeover]
 //!                     [--no-job] [--clients snapfence,streams] [--xmx 1g] [--session-ms 10000]
+//!                     [--heartbeat-ms 1000]
 //!                     [--rate 20000] [--output-seconds 15] [--timeout SECS] [--out FILE]
 //! ```
 //!
@@ -33,7 +34,10 @@
 //!   (they print `HOLD` lines), then the input is produced as fast as the runner can and one member is
 //!   SIGKILLed; measured: from the kill until the group's committed offsets reach the end. Both clients
 //!   get the same classic-protocol session timeout (`--session-ms`, default 10 s), which the survivor
-//!   waits out before the dead member's partitions move.
+//!   waits out before the dead member's partitions move, and the same heartbeat interval
+//!   (`--heartbeat-ms`, default 1 s rather than both clients' own 3 s): the session expires 10 s after the
+//!   dead member's last heartbeat, up to one interval before the kill, and the survivor hears of the
+//!   rebalance at its next heartbeat, so a short interval keeps that chance small.
 //!
 //! # References
 //! - Issue 33 (targets: CPU per event <= 0.05x Streams, peak RSS <= 0.1x); KIP-447, KIP-129 (Streams
@@ -98,6 +102,7 @@ struct Options {
     /// Streams' JVM heap (`-Xmx`).
     xmx: String,
     session_ms: u64,
+    heartbeat_ms: u64,
     rate: usize,
     output_seconds: usize,
     timeout: Duration,
@@ -117,6 +122,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         clients: vec![Kind::Snapfence, Kind::Streams],
         xmx: "1g".into(),
         session_ms: 10_000,
+        heartbeat_ms: 1_000,
         rate: 20_000,
         output_seconds: 15,
         timeout: Duration::from_secs(600),
@@ -141,6 +147,7 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--partitions" => o.partitions = num(flag, value()?)?,
             "--runs" => o.runs = num(flag, value()?)?,
             "--session-ms" => o.session_ms = num(flag, value()?)?,
+            "--heartbeat-ms" => o.heartbeat_ms = num(flag, value()?)?,
             "--rate" => o.rate = num(flag, value()?)?,
             "--output-seconds" => o.output_seconds = num(flag, value()?)?,
             "--timeout" => o.timeout = Duration::from_secs(num(flag, value()?)?),
@@ -184,6 +191,7 @@ struct Setup {
     streams: Option<StreamsJar>,
     xmx: String,
     session_ms: u64,
+    heartbeat_ms: u64,
     timeout: Duration,
 }
 
@@ -199,12 +207,13 @@ impl Setup {
     ) -> Result<Member, Error> {
         let output = output.unwrap_or("-");
         let session = self.session_ms.to_string();
+        let heartbeat = self.heartbeat_ms.to_string();
         match kind {
             Kind::Snapfence => {
                 let mut cmd = Command::new(&self.exe);
                 cmd.args(["job-child", &self.bootstrap, input, group])
                     .arg(format!("{group}-snapshots"))
-                    .args([group, &session, output]);
+                    .args([group, &session, &heartbeat, output]);
                 Member::spawn(cmd, None)
             }
             Kind::Streams => {
@@ -226,7 +235,7 @@ impl Setup {
                         group,
                     ])
                     .arg(&state)
-                    .args([&session, output]);
+                    .args([&session, &heartbeat, output]);
                 Member::spawn(cmd, Some(state))
             }
         }
@@ -450,6 +459,7 @@ async fn run(options: &Options) -> Result<String, Error> {
         streams,
         xmx: options.xmx.clone(),
         session_ms: options.session_ms,
+        heartbeat_ms: options.heartbeat_ms,
         timeout: options.timeout,
     };
     let mut results = Results::default();
@@ -540,8 +550,8 @@ async fn run(options: &Options) -> Result<String, Error> {
     }
     if options.takeover {
         eprintln!(
-            "== takeover: {} events, session timeout {} ms",
-            options.events, options.session_ms
+            "== takeover: {} events, session timeout {} ms, heartbeat {} ms",
+            options.events, options.session_ms, options.heartbeat_ms
         );
         let mut samples: Vec<(Kind, Result<Vec<TakeoverSample>, String>)> = options
             .clients
@@ -1086,8 +1096,8 @@ fn markdown(options: &Options, kafka: &str, java: &str, rocksdb: &str, r: &Resul
         let _ = writeln!(
             s,
             "Takeover: two members, {} events produced once both hold partitions, then one member \
-             SIGKILLed; classic protocol, session timeout {} ms for both.\n",
-            options.events, options.session_ms
+             SIGKILLed; classic protocol, session timeout {} ms and heartbeat interval {} ms for both.\n",
+            options.events, options.session_ms, options.heartbeat_ms
         );
         let _ = writeln!(
             s,

@@ -2,7 +2,7 @@
 //! process of its own so that the runner reads this process's CPU time and peak resident set alone.
 //!
 //! ```text
-//! snapfence-bench job-child BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS OUTPUT|-
+//! snapfence-bench job-child BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS HEARTBEAT_MS OUTPUT|-
 //! ```
 //!
 //! A per-key count ([`Count`], state a `u64`) in a [`Flow`] in the fenced mode
@@ -40,21 +40,26 @@ struct Args {
     snapshots: String,
     prefix: String,
     session: Duration,
+    heartbeat: Duration,
     /// The output topic of the `--output` variant.
     output: Option<String>,
 }
 
-/// Parses `BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS OUTPUT|-`.
+/// Parses `BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS HEARTBEAT_MS OUTPUT|-`.
 fn parse(args: &[String]) -> Result<Args, String> {
-    let [bootstrap, input, group, snapshots, prefix, session_ms, output] = args else {
+    let [bootstrap, input, group, snapshots, prefix, session_ms, heartbeat_ms, output] = args
+    else {
         return Err(
-            "usage: snapfence-bench job-child BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS OUTPUT|-"
+            "usage: snapfence-bench job-child BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS HEARTBEAT_MS OUTPUT|-"
                 .into(),
         );
     };
     let session_ms: u64 = session_ms
         .parse()
         .map_err(|_| format!("SESSION_MS is not a number: {session_ms}"))?;
+    let heartbeat_ms: u64 = heartbeat_ms
+        .parse()
+        .map_err(|_| format!("HEARTBEAT_MS is not a number: {heartbeat_ms}"))?;
     Ok(Args {
         bootstrap: bootstrap.clone(),
         input: input.clone(),
@@ -62,6 +67,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         snapshots: snapshots.clone(),
         prefix: prefix.clone(),
         session: Duration::from_millis(session_ms),
+        heartbeat: Duration::from_millis(heartbeat_ms),
         output: (output != "-").then(|| output.clone()),
     })
 }
@@ -160,11 +166,13 @@ pub fn main(args: &[String]) -> i32 {
     }
 }
 
-/// The flow's settings: `args.session` as the classic session timeout, the snapshot topic created on
+/// The flow's settings: `args.session` and `args.heartbeat` as the classic session timeout and heartbeat
+/// interval, the snapshot topic created on
 /// start (as Streams creates its changelog), persist and commit every [`COMMIT_INTERVAL`].
 fn config(args: &Args) -> FlowConfig {
     let mut group = GroupConfig::new(args.group.as_str());
     group.session_timeout = args.session;
+    group.heartbeat_interval = args.heartbeat;
     let consumer = GroupConsumerConfig::new(group);
     let snapshots = SnapshotConfig::new(args.snapshots.as_str(), args.prefix.as_str());
     let mut c = FlowConfig::new(consumer, args.input.as_str(), snapshots);
@@ -216,14 +224,15 @@ mod tests {
 
     #[test]
     fn arguments_parse_and_the_count_round_trips() {
-        let a: Vec<String> = "b:9092 in g snaps pre 10000 -"
+        let a: Vec<String> = "b:9092 in g snaps pre 10000 1000 -"
             .split(' ')
             .map(String::from)
             .collect();
         let args = parse(&a).unwrap();
         assert_eq!(args.session, Duration::from_secs(10));
+        assert_eq!(args.heartbeat, Duration::from_secs(1));
         assert_eq!(args.output, None);
-        assert!(parse(&a[..6]).is_err());
+        assert!(parse(&a[..7]).is_err());
         let c = Count::default();
         let mut state = None;
         let event = Record {
