@@ -44,7 +44,7 @@ use crate::security::SecurityArgs;
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
 use snapfence::records::{IsolationLevel, Record};
 use snapfence::snapshot::{
-    BoxError, Change, Flow, FlowConfig, Fold, PersistenceMode, SnapshotConfig,
+    BoxError, Change, Flow, FlowConfig, Fold, Outputs, PersistenceMode, SnapshotConfig,
 };
 
 use crate::error::CliError;
@@ -119,7 +119,13 @@ struct Ledger;
 impl Fold for Ledger {
     type State = Account;
 
-    fn fold(&self, _key: &Bytes, state: &mut Option<Account>, event: &Record) -> Change {
+    fn fold(
+        &self,
+        _key: &Bytes,
+        state: &mut Option<Account>,
+        event: &Record,
+        _out: &mut Outputs,
+    ) -> Change {
         let account = state.take().unwrap_or_default();
         *state = Some(account.apply(event.value.as_deref().unwrap_or_default()));
         Change::Update

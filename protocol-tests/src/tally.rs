@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use snapfence::records::Record;
-use snapfence::snapshot::{BoxError, Change, Fold};
+use snapfence::snapshot::{BoxError, Change, Fold, Outputs};
 
 /// One key's folded state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,7 +56,13 @@ pub struct Counter;
 
 impl Fold for Counter {
     type State = Tally;
-    fn fold(&self, _key: &Bytes, state: &mut Option<Tally>, event: &Record) -> Change {
+    fn fold(
+        &self,
+        _key: &Bytes,
+        state: &mut Option<Tally>,
+        event: &Record,
+        _out: &mut Outputs,
+    ) -> Change {
         let value = event.value.as_deref().unwrap_or_default();
         if is_delete(value) {
             *state = None;

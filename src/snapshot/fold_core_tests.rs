@@ -17,7 +17,13 @@ struct St {
 
 impl Fold for Script {
     type State = St;
-    fn fold(&self, _key: &Bytes, state: &mut Option<St>, event: &Record) -> Change {
+    fn fold(
+        &self,
+        _key: &Bytes,
+        state: &mut Option<St>,
+        event: &Record,
+        _out: &mut Outputs,
+    ) -> Change {
         match event.value.as_deref() {
             Some(b"del") => Change::Delete,
             Some(b"keep") => Change::Keep,
@@ -45,7 +51,7 @@ impl Fold for Script {
     fn deadline(&self, _key: &Bytes, s: &St) -> Option<i64> {
         self.ttl.map(|t| s.seen + t)
     }
-    fn on_deadline(&self, _key: &Bytes, _s: &mut St, _now: i64) -> Change {
+    fn on_deadline(&self, _key: &Bytes, _s: &mut St, _now: i64, _out: &mut Outputs) -> Change {
         Change::Delete
     }
 }
@@ -67,10 +73,19 @@ fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
+/// A wave's (key, value) pairs, sorted by key.
 fn keys_of(w: &Wave) -> Vec<(Bytes, Option<Bytes>)> {
-    let mut v = w.writes.clone();
+    let mut v = pairs(w);
     v.sort();
     v
+}
+
+/// A wave's (key, value) pairs, in the wave's order.
+fn pairs(w: &Wave) -> Vec<(Bytes, Option<Bytes>)> {
+    w.writes
+        .iter()
+        .map(|w| (w.key.clone(), w.value.clone()))
+        .collect()
 }
 
 /// Replay never folds an event twice: events at or below a recovered key's offset are skipped.
@@ -200,7 +215,7 @@ fn a_delete_is_a_grave_until_the_commit_passes_it_then_a_tombstone() {
     c.handle_event(&NO_TTL, &ev(2, "a", "del"));
     assert_eq!(c.states().count(), 1, "a deleted key is not a state");
     let w = c.poll_wave(&NO_TTL).unwrap();
-    assert_eq!(w.writes, vec![(b("a"), Some(grave(2)))]);
+    assert_eq!(pairs(&w), vec![(b("a"), Some(grave(2)))]);
     c.handle_wave_outcome(w.id, Landing::Landed);
     // Replay of the deleted key's own events is still skipped.
     assert_eq!(c.handle_event(&NO_TTL, &ev(2, "a", "x")), Folded::Skipped);
@@ -214,7 +229,7 @@ fn a_delete_is_a_grave_until_the_commit_passes_it_then_a_tombstone() {
     c.handle_commit_landed(offset);
     assert!(c.tombstones_due());
     let w = c.poll_wave(&NO_TTL).unwrap();
-    assert_eq!(w.writes, vec![(b("a"), None)]);
+    assert_eq!(pairs(&w), vec![(b("a"), None)]);
     c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.remembered(), 1, "the deleted key is forgotten");
 }
@@ -227,16 +242,16 @@ fn a_failed_tombstone_is_retried_and_a_recreated_key_outlives_its_tombstone() {
     c.handle_event(&NO_TTL, &ev(1, "a", "del"));
     c.handle_commit_landed(5); // a commit already past the delete: no grave needed
     let w = c.poll_wave(&NO_TTL).unwrap();
-    assert_eq!(w.writes, vec![(b("a"), None)]);
+    assert_eq!(pairs(&w), vec![(b("a"), None)]);
     c.handle_wave_outcome(w.id, Landing::Failed);
     let w = c.poll_wave(&NO_TTL).unwrap();
-    assert_eq!(w.writes, vec![(b("a"), None)], "retried");
+    assert_eq!(pairs(&w), vec![(b("a"), None)], "retried");
     c.handle_event(&NO_TTL, &ev(6, "a", "x"));
     c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.states().count(), 1, "re-created after the delete");
     assert_eq!(c.committable(), 6);
     let w = c.poll_wave(&NO_TTL).unwrap();
-    assert!(matches!(&w.writes[..], [(k, Some(_))] if k == "a"));
+    assert!(matches!(&pairs(&w)[..], [(k, Some(_))] if k == "a"));
 }
 
 /// A recovered grave gates replay like the delete did, and gets its tombstone once the committed offset
@@ -250,7 +265,7 @@ fn a_recovered_grave_gates_replay_and_is_tombstoned_when_committed_past() {
     assert_eq!(c.handle_event(&NO_TTL, &ev(9, "z", "x")), Folded::Skipped);
     let w = c.poll_wave(&NO_TTL).unwrap();
     assert_eq!(
-        w.writes,
+        pairs(&w),
         vec![(b("a"), None)],
         "only a's delete is behind the commit"
     );
@@ -266,7 +281,7 @@ fn a_short_lived_key_leaves_a_grave_and_keep_holds_nothing() {
     assert_eq!(c.handle_event(&NO_TTL, &ev(2, "b", "keep")), Folded::Kept);
     assert_eq!(c.committable(), 0);
     let w = c.poll_wave(&NO_TTL).unwrap();
-    assert_eq!(w.writes, vec![(b("a"), Some(grave(1)))]);
+    assert_eq!(pairs(&w), vec![(b("a"), Some(grave(1)))]);
     c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.committable(), 3);
 }
@@ -291,7 +306,7 @@ fn timers_fire_on_scripted_time_hold_the_offset_and_survive_recovery() {
         "the expiry holds where the partition stood"
     );
     let w = c.poll_wave(&ttl).unwrap();
-    assert_eq!(w.writes, vec![(b("a"), Some(grave(0)))]);
+    assert_eq!(pairs(&w), vec![(b("a"), Some(grave(0)))]);
     c.handle_wave_outcome(w.id, Landing::Landed);
     assert_eq!(c.poll_timeout(), Some(15_000));
 
@@ -314,7 +329,7 @@ fn timers_fire_on_scripted_time_hold_the_offset_and_survive_recovery() {
     );
     let w = next.poll_wave(&ttl).unwrap();
     assert_eq!(
-        w.writes,
+        pairs(&w),
         vec![(b("b"), None)],
         "committed past b's last event: straight to a tombstone"
     );
@@ -341,7 +356,13 @@ struct Picky;
 
 impl Fold for Picky {
     type State = St;
-    fn fold(&self, key: &Bytes, state: &mut Option<St>, event: &Record) -> Change {
+    fn fold(
+        &self,
+        key: &Bytes,
+        state: &mut Option<St>,
+        event: &Record,
+        out: &mut Outputs,
+    ) -> Change {
         if event.value.as_deref() == Some(b"del") && state.as_ref().is_some_and(|s| s.count >= 2) {
             return Change::Delete;
         }
@@ -349,7 +370,7 @@ impl Fold for Picky {
             value: Some(Bytes::from_static(b"x")),
             ..event.clone()
         };
-        NO_TTL.fold(key, state, &plain)
+        NO_TTL.fold(key, state, &plain, out)
     }
     fn encode(&self, s: &St) -> Bytes {
         NO_TTL.encode(s)
@@ -369,7 +390,7 @@ struct Durable {
 
 impl Durable {
     fn apply(&mut self, wave: &Wave) {
-        for (k, v) in &wave.writes {
+        for (k, v) in &pairs(&wave) {
             match v {
                 Some(v) => self.log.insert(k.clone(), v.clone()),
                 None => self.log.remove(k),
@@ -501,7 +522,7 @@ fn simulated_crashes_always_recover_the_fold_of_all_input() {
         for e in &input {
             let k = e.key.clone().unwrap();
             let state = oracle.entry(k.clone()).or_default();
-            if Picky.fold(&k, state, e) == Change::Delete {
+            if Picky.fold(&k, state, e, &mut Outputs::default()) == Change::Delete {
                 *state = None;
             }
         }

@@ -80,10 +80,14 @@ pub(super) async fn persist_lane<F: Fold, W: Writes>(
         id: wave.id,
         done: false,
     };
-    let result = lane.writer.write_all(wave.writes).await;
+    let written = lane.writer.write_all(wave.writes).await;
     guard.done = true;
-    lane.core().handle_wave_outcome(wave.id, landing(&result));
-    result
+    let landed = &written.landed;
+    lane.core()
+        .handle_wave_landings(wave.id, landing(&written.result), |i| {
+            landed.get(i).copied().unwrap_or(false)
+        });
+    written.result
 }
 
 /// Commits `lane`'s committable offset.
@@ -94,7 +98,7 @@ pub(super) async fn commit_lane<S, W: Writes>(
     let _turn = lane.turn.lock().await;
     let offset = {
         let core = lane.core();
-        if core.is_fenced() {
+        if core.is_fenced() || core.needs_replay() {
             return Ok(());
         }
         match when {

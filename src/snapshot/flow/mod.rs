@@ -133,6 +133,10 @@ pub struct FlowConfig {
     /// partitions keeps one connection set (3 sockets on one node) instead of 1 024, and measured no
     /// slower (docs/benchmarks.md, "Scale"). The transactional mode only.
     pub partition_client_ids: bool,
+    /// Bytes of outputs (see [`Outputs`](super::Outputs)) one partition may hold in memory before it
+    /// is persisted early, ahead of [`persist_every`](Self::persist_every): outputs ride with their
+    /// keys' snapshots, so until a persist they are held. Default 16 MiB.
+    pub max_output_bytes_per_partition: usize,
     /// What a refused commit does: recover in place, rejoin, or go on, as the one table says
     /// ([`FencePolicy::Recover`], the default), or stop the flow with the error
     /// ([`FencePolicy::Stop`], kafka-flow's behaviour). See docs/fencing.md.
@@ -171,6 +175,7 @@ impl FlowConfig {
             recovery_progress_every: RecoveryConfig::default().progress_every,
             partition_client_ids: false,
             fence_policy: FencePolicy::default(),
+            max_output_bytes_per_partition: 16 << 20,
             #[cfg(feature = "postgres")]
             postgres: None,
         }
@@ -276,12 +281,12 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// ```no_run
 /// # use snapfence::records::Record;
-/// # use snapfence::snapshot::{BoxError, Change, Fold};
+/// # use snapfence::snapshot::{BoxError, Change, Fold, Outputs};
 /// # use snapfence::Bytes;
 /// # struct Balances;
 /// # impl Fold for Balances {
 /// #     type State = i64;
-/// #     fn fold(&self, _: &Bytes, s: &mut Option<i64>, _: &Record) -> Change {
+/// #     fn fold(&self, _: &Bytes, s: &mut Option<i64>, _: &Record, _out: &mut Outputs) -> Change {
 /// #         *s.get_or_insert(0) += 1;
 /// #         Change::Update
 /// #     }
@@ -396,7 +401,8 @@ impl<F: Fold> Flow<F> {
     /// events fetched. Returns how many events were folded.
     ///
     /// It neither persists, commits nor fires timers (only a revocation inside it flushes the revoked
-    /// partitions): `persist_every`, `commit_offsets_interval` and `timer_every` apply only inside
+    /// partitions, and a partition whose held outputs reached
+    /// [`FlowConfig::max_output_bytes_per_partition`] is persisted): `persist_every`, `commit_offsets_interval` and `timer_every` apply only inside
     /// [`run`](Self::run). A loop built on `poll_once` calls [`persist`](Self::persist),
     /// [`commit`](Self::commit) and [`tick`](Self::tick) when it chooses.
     ///
@@ -404,7 +410,36 @@ impl<F: Fold> Flow<F> {
     pub async fn poll_once(&mut self, timeout: Duration) -> Result<usize, FlowError> {
         self.before_poll().await?;
         let batches = self.poll_consumer(timeout).await?;
-        self.fold_batches(batches)
+        let folded = self.fold_batches(batches)?;
+        self.persist_over_budget().await?;
+        Ok(folded)
+    }
+
+    /// Persists every partition whose held outputs reached
+    /// [`FlowConfig::max_output_bytes_per_partition`], so outputs never pile up in memory without
+    /// bound between persist intervals.
+    async fn persist_over_budget(&self) -> Result<(), FlowError> {
+        let budget = self.shared.config.max_output_bytes_per_partition;
+        let full: Vec<_> = self
+            .shared
+            .all_lanes()
+            .into_iter()
+            .filter(|lane| lane.core().held_output_bytes() >= budget)
+            .collect();
+        if full.is_empty() {
+            return Ok(());
+        }
+        let fold = Arc::clone(&self.shared.fold);
+        let failures = each_lane(
+            full,
+            self.shared.config.max_concurrent_partitions,
+            move |lane| {
+                let fold = Arc::clone(&fold);
+                async move { persist_lane(&*fold, &lane).await }
+            },
+        )
+        .await;
+        self.shared.settle(failures, Site::Held).await
     }
 
     /// The fence handling's counters: spurious fences recovered in place, re-acquisitions, rejoins,
@@ -678,6 +713,9 @@ impl<F: Fold> Flow<F> {
                     };
                     if let Err(e) = folded { break Err(e) }
                 }
+            }
+            if let Err(e) = self.persist_over_budget().await {
+                break Err(e);
             }
         };
         let closed = self.close().await;
