@@ -633,6 +633,52 @@ mod tests {
         );
     }
 
+    /// An entry's outputs are never split from its snapshot, and the byte cap ends a transaction between
+    /// entries: entries of 100 bytes under a 250-byte cap go two to a transaction, and one entry larger
+    /// than the cap still goes, alone.
+    #[test]
+    fn the_byte_cap_splits_between_entries_never_inside_one() {
+        use crate::producer::ProducerRecord;
+        let entry = |key: &'static str, out_bytes: usize| Entry {
+            write: SnapshotWrite {
+                key: Bytes::from_static(key.as_bytes()),
+                value: None,
+            },
+            // A one-byte topic name and the fixed framing count too: pad the value to the size asked.
+            outputs: vec![ProducerRecord::new(
+                "o",
+                Some(Bytes::from(vec![0u8; out_bytes - 25 - key.len()])),
+            )],
+        };
+        assert_eq!(entry("a", 100).bytes(), 100);
+        let mut q: Q = Queue::new(256, 0);
+        q.set_max_bytes(250);
+        for k in ["a", "b", "c"] {
+            q.handle_write(entry(k, 100), k).unwrap();
+        }
+        q.handle_write(entry("d", 900), "d").unwrap();
+        let mut shapes = Vec::new();
+        while let Some(mut step) = q.poll_begin() {
+            let mut keys = Vec::new();
+            loop {
+                match step {
+                    Step::Send(entries) => {
+                        for e in entries {
+                            assert_eq!(e.outputs.len(), 1, "an entry keeps its outputs");
+                            keys.push(String::from_utf8(e.write.key.to_vec()).unwrap());
+                        }
+                    }
+                    Step::Settle => {}
+                    Step::Commit { .. } => break,
+                }
+                step = q.poll_step().unwrap();
+            }
+            q.handle_outcome(Ok(()));
+            shapes.push(keys);
+        }
+        assert_eq!(shapes, vec![vec!["a", "b"], vec!["c"], vec!["d"]]);
+    }
+
     /// A burst whose first write begins the transaction before the rest are queued runs ceil(n / cap)
     /// transactions, not one more: the rest join the transaction the first write began.
     #[test]
