@@ -5,16 +5,15 @@
 //! input event's output exactly once. The same scenario in the unfenced mode shows duplicates, so the
 //! check can fail.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use protocol_tests::campaign::{count_outputs, OutputCount};
 use protocol_tests::member::{MemberArgs, MemberProcess};
 use protocol_tests::tally::Echo;
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
 use snapfence::consumer::{
-    list_offsets, GroupConfig, GroupConsumerConfig, OffsetReset, OffsetSpec, PartitionReader,
-    ReaderConfig, StartAt, TopicPartition,
+    list_offsets, GroupConfig, GroupConsumerConfig, OffsetReset, OffsetSpec, TopicPartition,
 };
 use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
@@ -24,47 +23,6 @@ use snapfence::snapshot::{Flow, FlowConfig, PersistenceMode, SnapshotConfig};
 const PARTITIONS: i32 = 4;
 const SESSION: Duration = Duration::from_secs(6);
 const KEYS: [&str; 8] = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
-
-/// What the output topic holds, per input event (key, offset): how many committed outputs.
-struct Tallied {
-    /// Input events with no output.
-    lost: Vec<(Bytes, i64)>,
-    /// Input events with more than one output, and how many.
-    duplicated: Vec<((Bytes, i64), usize)>,
-    events: usize,
-    outputs: usize,
-}
-
-/// Every record of `topic` as a reader at `isolation` sees it, as (key, value), up to the end that
-/// isolation level reports (the LSO for read_committed).
-async fn read_all(
-    client: &Client,
-    topic: &str,
-    isolation: IsolationLevel,
-) -> Vec<(Option<Bytes>, Option<Bytes>)> {
-    let tps: Vec<TopicPartition> = (0..PARTITIONS)
-        .map(|p| TopicPartition::new(topic, p))
-        .collect();
-    let ends = list_offsets(client, &tps, OffsetSpec::Latest, isolation)
-        .await
-        .unwrap();
-    let mut config = ReaderConfig::default();
-    config.isolation = isolation;
-    let mut out = Vec::new();
-    for tp in tps {
-        let end = ends[&tp];
-        let mut reader = PartitionReader::new(client.clone(), config.clone());
-        reader.assign(tp.clone(), StartAt::Earliest);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while end > 0 && reader.position(&tp).is_none_or(|p| p < end) {
-            for part in reader.fetch().await.unwrap() {
-                out.extend(part.records.into_iter().map(|r| (r.key, r.value)));
-            }
-            assert!(Instant::now() < deadline, "{tp:?}: never read to {end}");
-        }
-    }
-    out
-}
 
 /// The flow configuration of the in-process member that finishes the input.
 fn finisher_config(args: &MemberArgs) -> FlowConfig {
@@ -86,7 +44,7 @@ fn finisher_config(args: &MemberArgs) -> FlowConfig {
 
 /// Runs the scenario (members with a kill mid-wave and a zombie, then an in-process member that
 /// finishes the input) and counts each input event's committed outputs.
-async fn scenario(kafka: &KafkaCluster, transactional: bool) -> Tallied {
+async fn scenario(kafka: &KafkaCluster, transactional: bool) -> OutputCount {
     let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();
@@ -219,44 +177,9 @@ async fn scenario(kafka: &KafkaCluster, transactional: bool) -> Tallied {
     }
     last.close().await.unwrap();
 
-    let events: Vec<(Bytes, i64)> = {
-        // The input is not transactional: its offsets are its records' positions.
-        let mut out = Vec::new();
-        for p in 0..PARTITIONS {
-            let tp = TopicPartition::new(input.as_str(), p);
-            let mut reader = PartitionReader::new(client.clone(), ReaderConfig::default());
-            reader.assign(tp.clone(), StartAt::Earliest);
-            while reader.position(&tp).is_none_or(|o| o < ends[&tp]) {
-                for part in reader.fetch().await.unwrap() {
-                    out.extend(part.records.into_iter().map(|r| (r.key.unwrap(), r.offset)));
-                }
-            }
-        }
-        out
-    };
-    let mut counts: BTreeMap<(Bytes, i64), usize> = BTreeMap::new();
-    let outputs = read_all(&client, &output, IsolationLevel::ReadCommitted).await;
-    for (key, value) in &outputs {
-        let offset = std::str::from_utf8(value.as_deref().unwrap())
-            .unwrap()
-            .parse()
-            .unwrap();
-        *counts.entry((key.clone().unwrap(), offset)).or_default() += 1;
-    }
-    Tallied {
-        lost: events
-            .iter()
-            .filter(|e| !counts.contains_key(*e))
-            .cloned()
-            .collect(),
-        duplicated: counts
-            .iter()
-            .filter(|(_, n)| **n > 1)
-            .map(|(e, n)| (e.clone(), *n))
-            .collect(),
-        events: events.len(),
-        outputs: outputs.len(),
-    }
+    count_outputs(&client, &input, &output, PARTITIONS)
+        .await
+        .unwrap()
 }
 
 /// Fenced: every input event's output is committed exactly once, through a kill mid-wave and a
