@@ -160,7 +160,8 @@ impl Clock for SystemClock {
 /// or earlier when a partition's held outputs reach
 /// [`FlowConfig::max_output_bytes_per_partition`](super::FlowConfig::max_output_bytes_per_partition).
 /// In [`PersistenceMode::NonTransactional`](super::PersistenceMode::NonTransactional) they are produced
-/// with the same wave but without a transaction: at least once.
+/// at once, right after the batch that emitted them, without a transaction: at least once (the flow
+/// confirms their delivery before the key's next snapshot or offset commit can pass them).
 ///
 /// A record without a partition lands where Kafka's default partitioner puts its key (murmur2, as the
 /// Java client does), or spread when it has no key. Values are [`Bytes`]: passing a slice of the input

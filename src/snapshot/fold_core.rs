@@ -187,6 +187,12 @@ pub(crate) struct PartitionCore<S> {
     held_output_bytes: usize,
     /// Reused for every fold call, so a fold that emits nothing allocates nothing.
     scratch: Outputs,
+    /// The unfenced mode: outputs are handed to the driver at once ([`take_immediate`]) instead of
+    /// riding with their key's write.
+    ///
+    /// [`take_immediate`]: PartitionCore::take_immediate
+    at_once: bool,
+    immediate: Vec<ProducerRecord>,
 }
 
 /// A key a wave carried.
@@ -212,7 +218,31 @@ impl<S> PartitionCore<S> {
             replay: false,
             held_output_bytes: 0,
             scratch: Outputs::default(),
+            at_once: false,
+            immediate: Vec::new(),
         }
+    }
+
+    /// For the unfenced mode: outputs are not held with their keys but handed out at once by
+    /// [`take_immediate`](Self::take_immediate), to be produced right away (at least once). A key that
+    /// emitted still holds the event's offset until its next write lands, and the driver confirms the
+    /// outputs' deliveries before that write and before any commit, so nothing passes an output that
+    /// was not acknowledged.
+    pub(crate) fn emit_at_once(mut self) -> Self {
+        self.at_once = true;
+        self
+    }
+
+    /// The outputs emitted since the last call (the unfenced mode only; empty otherwise).
+    pub(crate) fn take_immediate(&mut self) -> Vec<ProducerRecord> {
+        std::mem::take(&mut self.immediate)
+    }
+
+    /// Outputs handed out at once were not all acknowledged: they are gone from memory, and only a
+    /// replay from the committed offset emits them again. The partition stops, as after a failed write
+    /// with outputs ([`needs_replay`](Self::needs_replay)).
+    pub(crate) fn handle_outputs_lost(&mut self) {
+        self.replay = true;
     }
 
     /// Restores one recovered snapshot (its decoded state, or `None` for a grave) folded up to
@@ -367,9 +397,13 @@ impl<S> PartitionCore<S> {
         }
         if !self.scratch.is_empty() {
             let (mut records, bytes) = self.scratch.take();
-            e.outputs.append(&mut records);
-            e.output_bytes += bytes;
-            self.held_output_bytes += bytes;
+            if self.at_once {
+                self.immediate.append(&mut records);
+            } else {
+                e.outputs.append(&mut records);
+                e.output_bytes += bytes;
+                self.held_output_bytes += bytes;
+            }
         }
         e.held.get_or_insert(hold_at);
         if let Some(next) = &mut e.in_wave {

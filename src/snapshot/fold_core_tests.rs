@@ -895,3 +895,31 @@ fn simulated_crashes_commit_every_output_exactly_once() {
         assert_eq!(got, expected, "seed {seed}: {trace:#?}");
     }
 }
+
+/// Unfenced, outputs are handed out at once rather than held with their key, the key still holds the
+/// event's offset until its write lands, and a lost delivery stops the partition for a replay.
+#[test]
+fn at_once_outputs_are_handed_out_and_a_lost_one_forces_a_replay() {
+    let f = Emitting { ttl: None };
+    let mut c = PartitionCore::new(0).emit_at_once();
+    c.handle_event(&f, &ev(0, "a", "x"));
+    c.handle_event(&f, &ev(1, "b", "quiet"));
+    let now: Vec<_> = c.take_immediate().iter().map(|o| o.value.clone()).collect();
+    assert_eq!(now, vec![Some(b("0")), Some(b("1"))]);
+    assert!(c.take_immediate().is_empty());
+    assert_eq!(c.held_output_bytes(), 0, "nothing is held with the keys");
+    assert_eq!(
+        c.committable(),
+        0,
+        "the keys hold their offsets until their writes land"
+    );
+    let w = c.poll_wave(&f).unwrap();
+    assert!(outputs_of(&w).is_empty());
+    c.handle_wave_outcome(w.id, Landing::Landed);
+    assert_eq!(c.committable(), 2);
+    c.handle_event(&f, &ev(2, "a", "x"));
+    c.handle_outputs_lost();
+    assert!(c.needs_replay());
+    assert!(c.poll_wave(&f).is_none());
+    assert_eq!(c.poll_commit(), None);
+}

@@ -140,6 +140,7 @@ impl<F: Fold> Shared<F> {
                     producer: Arc::clone(producer),
                     offsets: plain_offsets(),
                     snapshot_topic: Arc::from(self.config.snapshots.snapshot_topic.as_str()),
+                    pending: std::sync::Mutex::new(Vec::new()),
                 });
                 Ok((writer, start))
             }
@@ -260,6 +261,10 @@ impl<F: Fold> Shared<F> {
             _ => self.read_snapshot_log(tp).await?,
         };
         let mut core = PartitionCore::new(assigned_offset);
+        if !self.sink.fenced() {
+            // Unfenced, outputs are produced at once (at least once) instead of riding with snapshots.
+            core = core.emit_at_once();
+        }
         let mut graves = 0usize;
         for (key, value) in &recovered {
             let key = Bytes::copy_from_slice(key);

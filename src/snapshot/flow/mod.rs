@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use self::lane::{commit_lane, each_lane, persist_lane, CommitWhen};
+use self::lane::{commit_lane, each_lane, emit_immediate, persist_lane, CommitWhen, FlowLane};
 use self::shared::{Listener, Shared};
 use self::writer::Sink;
 use super::error::{FailureKind, Response, SnapshotError};
@@ -410,7 +410,7 @@ impl<F: Fold> Flow<F> {
     pub async fn poll_once(&mut self, timeout: Duration) -> Result<usize, FlowError> {
         self.before_poll().await?;
         let batches = self.poll_consumer(timeout).await?;
-        let folded = self.fold_batches(batches)?;
+        let folded = self.fold_batches(batches).await?;
         self.persist_over_budget().await?;
         Ok(folded)
     }
@@ -536,14 +536,33 @@ impl<F: Fold> Flow<F> {
     /// Folds fetched events into their keys' state, after surfacing any failure of a rebalance handler.
     /// Each partition's core is locked only while its own batch folds: a persist in flight on it (or on
     /// any other partition) does not hold folding up.
-    fn fold_batches(&self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
+    ///
+    /// In the unfenced mode, what the folds emitted is produced right after each partition's batch (at
+    /// least once; see [`Outputs`](crate::snapshot::Outputs)).
+    async fn fold_batches(&self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
         if let Some(e) = self.shared.take_failure() {
             return Err(e);
         }
         let mut folded = 0;
+        let mut failures = Vec::new();
         for batch in batches {
             let lane = self.shared.lanes().get(&batch.partition.partition).cloned();
             let Some(lane) = lane else { continue };
+            folded += self.fold_batch(&lane, &batch);
+            if let Err(e) = emit_immediate(&lane).await {
+                failures.push((lane.partition, e));
+            }
+        }
+        if !failures.is_empty() {
+            self.shared.settle(failures, Site::Held).await?;
+        }
+        Ok(folded)
+    }
+
+    /// Folds one partition's batch under its core's lock; returns how many events were folded.
+    fn fold_batch(&self, lane: &FlowLane<F>, batch: &PartitionRecords) -> usize {
+        let mut folded = 0;
+        {
             let mut core = lane.core();
             for event in &batch.records {
                 match core.handle_event(&*self.shared.fold, event) {
@@ -563,7 +582,7 @@ impl<F: Fold> Flow<F> {
             }
             core.handle_read_to(batch.next_offset);
         }
-        Ok(folded)
+        folded
     }
 
     /// Fires every timer due on [`FlowConfig::clock`] in every held partition (see [`Fold::deadline`]),
@@ -708,7 +727,7 @@ impl<F: Fold> Flow<F> {
                 _ = &mut stop => break Ok(()),
                 r = self.poll_consumer(wait) => {
                     let folded = match r {
-                        Ok(batches) => self.fold_batches(batches),
+                        Ok(batches) => self.fold_batches(batches).await,
                         Err(e) => Err(e),
                     };
                     if let Err(e) = folded { break Err(e) }

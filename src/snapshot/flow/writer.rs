@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::{FlowConfig, FlowError, PersistenceMode};
 use crate::consumer::{commit_offsets, GroupMetadataHandle, TopicPartition};
 use crate::net::Client;
-use crate::producer::{Producer, ProducerConfig, ProducerRecord};
+use crate::producer::{Delivery, Producer, ProducerConfig, ProducerRecord};
 use crate::snapshot::error::SnapshotError;
 use crate::snapshot::fold_core::WaveWrite;
 use crate::snapshot::group_commit::{
@@ -30,6 +30,24 @@ pub(crate) trait Writes: Send + Sync + 'static {
     fn write_all(&self, writes: Vec<WaveWrite>) -> impl Future<Output = WaveResult> + Send;
     /// Commits `offset` as the input partition's committed offset.
     fn commit_offset(&self, offset: i64) -> impl Future<Output = Result<(), FlowError>> + Send;
+    /// Waits until every output produced at once (the unfenced mode) is acknowledged; an error means
+    /// some was not, and the partition must replay. Nothing to wait for where outputs ride with their
+    /// keys' writes.
+    fn confirm_outputs(&self) -> impl Future<Output = Result<(), FlowError>> + Send {
+        std::future::ready(Ok(()))
+    }
+    /// Produces `outputs` now, without a transaction (the unfenced mode's emitting path); refused
+    /// where outputs ride with their keys' writes.
+    fn emit_now(
+        &self,
+        outputs: Vec<ProducerRecord>,
+    ) -> impl Future<Output = Result<(), FlowError>> + Send {
+        let _ = outputs;
+        std::future::ready(Err(SnapshotError::Config(
+            "outputs produced at once need the unfenced snapshot-topic mode".into(),
+        )
+        .into()))
+    }
 }
 
 /// How a wave's writes ended.
@@ -137,9 +155,36 @@ pub(super) struct PlainWriter {
     pub(super) producer: Arc<Producer>,
     pub(super) offsets: PlainOffsets,
     pub(super) snapshot_topic: Arc<str>,
+    /// Deliveries of outputs produced at once, not yet confirmed.
+    pub(super) pending: std::sync::Mutex<Vec<Delivery>>,
 }
 
 impl PlainWriter {
+    /// Produces `outputs` now, without a transaction; their deliveries are confirmed before the
+    /// partition's next write or commit.
+    async fn emit_now(&self, outputs: Vec<ProducerRecord>) -> Result<(), FlowError> {
+        for record in outputs {
+            let delivery = self.producer.send(record).await?;
+            self.pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(delivery);
+        }
+        Ok(())
+    }
+
+    /// Waits for every pending output delivery; the first failure is returned.
+    async fn confirm(&self) -> Result<(), FlowError> {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut first_err = None;
+        for d in pending {
+            if let Err(e) = d.await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
     /// Sends every snapshot and its outputs without a transaction, then waits for every delivery: a
     /// write landed when its snapshot and all its outputs were acknowledged. At least once: a retry
     /// after a crash sends again what was acknowledged but not committed as an offset.
@@ -285,6 +330,26 @@ impl Writes for Writer {
                 };
                 WaveResult::uniform(n, result)
             }
+        }
+    }
+
+    async fn confirm_outputs(&self) -> Result<(), FlowError> {
+        match self {
+            Writer::Plain(plain) => plain.confirm().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// On the snapshot topic's shared producer; the PostgreSQL store refuses outputs for now.
+    async fn emit_now(&self, outputs: Vec<ProducerRecord>) -> Result<(), FlowError> {
+        match self {
+            Writer::Plain(plain) => plain.emit_now(outputs).await,
+            _ => Err(SnapshotError::Config(
+                "a fold that emits outputs cannot use the PostgreSQL store yet (docs/fencing.md, \
+                 \"Outputs and the PostgreSQL store\")"
+                    .into(),
+            )
+            .into()),
         }
     }
 
