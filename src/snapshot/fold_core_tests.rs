@@ -391,7 +391,7 @@ struct Durable {
 
 impl Durable {
     fn apply(&mut self, wave: &Wave) {
-        for (k, v) in &pairs(&wave) {
+        for (k, v) in &pairs(wave) {
             match v {
                 Some(v) => self.log.insert(k.clone(), v.clone()),
                 None => self.log.remove(k),
