@@ -1979,7 +1979,7 @@ pub struct OutputCount {
 
 /// Reads every partition of `topic` from the start to the end `isolation` reports (the LSO at
 /// read_committed), as (key, value, offset); fails when a partition makes no progress for 60 s.
-async fn read_topic(
+pub async fn read_topic(
     client: &Client,
     topic: &str,
     partitions: i32,

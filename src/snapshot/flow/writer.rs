@@ -229,21 +229,25 @@ impl PlainWriter {
     }
 }
 
-/// The rows a PostgreSQL store writes: a wave's snapshots. Outputs are refused for now: the fenced
-/// PostgreSQL store commits its Kafka transaction after the database, and a takeover can abort a
-/// prepared transaction whose rows committed (KAFKA-20739), which would lose the outputs while the
-/// state survives (docs/fencing.md, "Outputs and the PostgreSQL store").
+/// The rows the unfenced PostgreSQL store writes: a wave's snapshots. It has no producer for outputs
+/// (the unfenced topic mode produces them at once on its shared producer), so a fold that emits is
+/// refused there.
 #[cfg(feature = "postgres")]
 fn pg_rows(writes: Vec<WaveWrite>) -> Result<Vec<(Bytes, Option<Bytes>)>, FlowError> {
     if writes.iter().any(|w| !w.outputs.is_empty()) {
-        return Err(SnapshotError::Config(
-            "a fold that emits outputs cannot use the PostgreSQL store yet (docs/fencing.md, \
-             \"Outputs and the PostgreSQL store\")"
-                .into(),
-        )
-        .into());
+        return Err(unfenced_pg_outputs());
     }
     Ok(writes.into_iter().map(|w| (w.key, w.value)).collect())
+}
+
+/// The refusal of outputs by the unfenced PostgreSQL store.
+fn unfenced_pg_outputs() -> FlowError {
+    SnapshotError::Config(
+        "a fold that emits outputs cannot use the unfenced PostgreSQL store (docs/fencing.md, \
+         \"Outputs and the PostgreSQL store\")"
+            .into(),
+    )
+    .into()
 }
 
 /// Where the unfenced mode commits offsets: the consumer's OffsetCommit, checked only against the
@@ -314,11 +318,18 @@ impl Writes for Writer {
             Writer::Plain(plain) => plain.write_all(writes).await,
             #[cfg(feature = "postgres")]
             Writer::Pg(store) => {
+                // One flush: its rows and outputs land together or not at all.
                 let n = writes.len();
-                let result = match pg_rows(writes) {
-                    Ok(rows) => store.write_all(rows).await.map_err(FlowError::from),
-                    Err(e) => Err(e),
-                };
+                let mut rows = Vec::with_capacity(n);
+                let mut outputs = Vec::new();
+                for w in writes {
+                    rows.push((w.key, w.value));
+                    outputs.extend(w.outputs);
+                }
+                let result = store
+                    .write_with_outputs(rows, outputs)
+                    .await
+                    .map_err(FlowError::from);
                 WaveResult::uniform(n, result)
             }
             #[cfg(feature = "postgres")]
@@ -340,16 +351,11 @@ impl Writes for Writer {
         }
     }
 
-    /// On the snapshot topic's shared producer; the PostgreSQL store refuses outputs for now.
+    /// On the snapshot topic's shared producer; the unfenced PostgreSQL store has none.
     async fn emit_now(&self, outputs: Vec<ProducerRecord>) -> Result<(), FlowError> {
         match self {
             Writer::Plain(plain) => plain.emit_now(outputs).await,
-            _ => Err(SnapshotError::Config(
-                "a fold that emits outputs cannot use the PostgreSQL store yet (docs/fencing.md, \
-                 \"Outputs and the PostgreSQL store\")"
-                    .into(),
-            )
-            .into()),
+            _ => Err(unfenced_pg_outputs()),
         }
     }
 
