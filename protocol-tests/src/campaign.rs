@@ -13,8 +13,8 @@
 //!   never go back (a stale owner's late write would);
 //! - every snapshot a member reported committed must be in the log (no committed snapshot lost);
 //! - each key's last snapshot must equal the fold of all its input events;
-//! - on the snapshot topic (not the PostgreSQL store, which refuses outputs for now), every input event's
-//!   output (members run the [`Echo`](crate::tally::Echo) fold: one output per event) must be in the
+//! - every input event's output (members run the [`Echo`](crate::tally::Echo) fold: one output per
+//!   event; not on the unfenced PostgreSQL store, which has no producer for outputs) must be in the
 //!   output topic at read_committed exactly once: a lost or a duplicated output is an anomaly.
 //!
 //! Each violation is an anomaly. Trouble of the harness itself (a node that does not come back) is kept
@@ -385,7 +385,7 @@ pub struct RoundReport {
     pub events: usize,
     /// Snapshots read back at read_committed.
     pub snapshots_read: usize,
-    /// Outputs read back at read_committed (0 on the PostgreSQL store, which refuses outputs).
+    /// Outputs read back at read_committed (0 on the unfenced PostgreSQL store, which has none).
     pub outputs_read: usize,
     /// Input events whose output is missing.
     pub outputs_lost: usize,
@@ -668,7 +668,8 @@ impl<'a> Round<'a> {
         args.session_timeout = cfg.session_timeout;
         args.recover = plan.recover;
         args.postgres = cfg.postgres.clone();
-        if cfg.postgres.is_none() {
+        // The unfenced PostgreSQL store has no producer for outputs; every other store carries them.
+        if cfg.postgres.is_none() || cfg.transactional {
             let output = unique("fc-out");
             snapfence::admin::create_topic(&client, &output, cfg.partitions, -1, &[])
                 .await
@@ -1484,9 +1485,6 @@ impl<'a> Round<'a> {
 
     /// The re-fold checker (see the module docs).
     async fn check(&self, written: &HashMap<Bytes, Vec<Bytes>>, report: &mut RoundReport) {
-        if let Some(url) = &self.cfg.postgres {
-            return self.check_postgres(url, written, report).await;
-        }
         if let Some(output) = &self.args.output {
             match count_outputs(&self.client, &self.args.input, output, self.cfg.partitions).await {
                 Ok(c) => {
@@ -1513,6 +1511,9 @@ impl<'a> Round<'a> {
                 }
                 Err(e) => report.anomalies.push(format!("reading the outputs: {e}")),
             }
+        }
+        if let Some(url) = &self.cfg.postgres {
+            return self.check_postgres(url, written, report).await;
         }
         let mut read: HashMap<Bytes, Vec<Seen>> = HashMap::new();
         for p in 0..self.cfg.partitions {

@@ -168,7 +168,7 @@ impl<F: Fold> Shared<F> {
                 let rows = crate::snapshot::postgres::PgPlainWriter::connect(pg, prefix, partition)
                     .await?;
                 let start = self.assigned_offset(tp).await?;
-                Ok((Writer::PgPlain(rows, plain_offsets()), start))
+                Ok((Writer::PgPlain(Box::new(rows), plain_offsets()), start))
             }
             #[cfg(feature = "postgres")]
             Sink::Pg(pg) => {
@@ -185,7 +185,7 @@ impl<F: Fold> Shared<F> {
                     offset: store.committed_offset(),
                     ..start
                 };
-                Ok((Writer::Pg(store), start))
+                Ok((Writer::Pg(Box::new(store)), start))
             }
         }
     }

@@ -283,10 +283,10 @@ pub(super) enum Writer {
     Plain(PlainWriter),
     /// The PostgreSQL store, fenced.
     #[cfg(feature = "postgres")]
-    Pg(crate::snapshot::postgres::PgSnapshotStore),
+    Pg(Box<crate::snapshot::postgres::PgSnapshotStore>),
     /// Rows to PostgreSQL, unfenced.
     #[cfg(feature = "postgres")]
-    PgPlain(crate::snapshot::postgres::PgPlainWriter, PlainOffsets),
+    PgPlain(Box<crate::snapshot::postgres::PgPlainWriter>, PlainOffsets),
 }
 
 impl Writer {

@@ -215,6 +215,7 @@ impl PgSnapshotStore {
                 if landed.as_deref() == Some(flush_id.as_str()) {
                     Vec::new()
                 } else {
+                    crate::telemetry::outputs_resent(partition, stored.len());
                     tracing::info!(
                         partition,
                         flush_id,
