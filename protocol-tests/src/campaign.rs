@@ -2013,9 +2013,51 @@ pub async fn read_topic(
     Ok(out)
 }
 
+/// Waits until no transaction is open on any partition of `topic` (its LSO equals its high watermark):
+/// a commit returns once the coordinator has it, and the markers that make its records visible follow
+/// a moment later. Fails after 30 s with the gaps still open (a hanging transaction).
+async fn settled(client: &Client, topic: &str, partitions: i32) -> Result<(), String> {
+    let tps: Vec<TopicPartition> = (0..partitions)
+        .map(|p| TopicPartition::new(topic, p))
+        .collect();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stable = list_offsets(
+            client,
+            &tps,
+            OffsetSpec::Latest,
+            IsolationLevel::ReadCommitted,
+        )
+        .await
+        .map_err(|e| format!("{topic} LSO: {e}"))?;
+        let high = list_offsets(
+            client,
+            &tps,
+            OffsetSpec::Latest,
+            IsolationLevel::ReadUncommitted,
+        )
+        .await
+        .map_err(|e| format!("{topic} high watermark: {e}"))?;
+        let open: Vec<_> = tps
+            .iter()
+            .filter(|tp| stable.get(*tp) != high.get(*tp))
+            .map(|tp| (tp.partition, stable.get(tp), high.get(tp)))
+            .collect();
+        if open.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "{topic}: transactions still open after 30 s (partition, LSO, HW): {open:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Counts, for every event of `input` (keyed, not transactional), the outputs in `output` an
 /// [`Echo`](crate::tally::Echo) fold emitted for it (same key, value the input offset), as a
-/// read_committed consumer sees them.
+/// read_committed consumer sees them once no transaction is open on `output`.
 pub async fn count_outputs(
     client: &Client,
     input: &str,
@@ -2023,6 +2065,7 @@ pub async fn count_outputs(
     partitions: i32,
 ) -> Result<OutputCount, String> {
     let events = read_topic(client, input, partitions, IsolationLevel::ReadUncommitted).await?;
+    settled(client, output, partitions).await?;
     let outputs = read_topic(client, output, partitions, IsolationLevel::ReadCommitted).await?;
     let mut counts: BTreeMap<(Bytes, i64), usize> = BTreeMap::new();
     for (key, value, _) in &outputs {

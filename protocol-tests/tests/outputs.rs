@@ -218,3 +218,87 @@ async fn outputs_commit_exactly_once_through_a_kill_and_a_zombie() {
         "the unfenced mode is at least once: a zombie's stale flush duplicates outputs"
     );
 }
+
+/// Outputs held in memory are bounded: a partition whose held outputs reach
+/// `max_output_bytes_per_partition` is persisted by the poll that folded them, so its outputs become
+/// visible without a persist call; with the default budget the same poll persists nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_over_its_output_budget_persists_early() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
+        .await
+        .unwrap();
+    let producer = Producer::new(client.clone(), ProducerConfig::default())
+        .await
+        .unwrap();
+    for (budget, expect_visible) in [(None, false), (Some(1), true)] {
+        let (input, snapshots, output) = (unique("in"), unique("snap"), unique("out"));
+        for (topic, configs) in [
+            (&input, &[][..]),
+            (&snapshots, &[("cleanup.policy", "compact")][..]),
+            (&output, &[][..]),
+        ] {
+            snapfence::admin::create_topic(&client, topic, PARTITIONS, -1, configs)
+                .await
+                .unwrap();
+        }
+        for i in 0..20 {
+            let record = ProducerRecord::new(input.as_str(), Some(Bytes::from(format!("v{i}"))))
+                .key(KEYS[i % KEYS.len()])
+                .partition(0);
+            producer.send(record).await.unwrap().await.unwrap();
+        }
+        let mut args = MemberArgs::new(
+            &kafka.bootstrap(),
+            &unique("group"),
+            &input,
+            &snapshots,
+            &unique("txn"),
+        );
+        args.session_timeout = SESSION;
+        let mut config = finisher_config(&args);
+        if let Some(b) = budget {
+            config.max_output_bytes_per_partition = b;
+        }
+        let echo = Echo {
+            topic: output.as_str().into(),
+        };
+        let mut flow = Flow::start(client.clone(), config, echo).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while flow.position(0).is_none_or(|p| p < 20) {
+            flow.poll_once(Duration::from_millis(200)).await.unwrap();
+            assert!(Instant::now() < deadline, "never folded the input");
+        }
+        // No persist call: only the budget can have written anything. Markers follow a commit by a
+        // moment, so the reader waits (up to 10 s) for what it expects.
+        let until = Instant::now() + Duration::from_secs(if expect_visible { 10 } else { 2 });
+        let seen = loop {
+            let seen = protocol_tests::campaign::read_topic(
+                &client,
+                &output,
+                PARTITIONS,
+                IsolationLevel::ReadCommitted,
+            )
+            .await
+            .unwrap();
+            if seen.len() >= 20 || Instant::now() > until {
+                break seen;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if expect_visible {
+            assert_eq!(
+                seen.len(),
+                20,
+                "budget {budget:?}: every output persisted early"
+            );
+        } else {
+            assert!(
+                seen.is_empty(),
+                "the default budget holds {} outputs",
+                seen.len()
+            );
+        }
+        drop(flow);
+    }
+}
