@@ -38,7 +38,7 @@ use std::io::{BufRead, Write};
 
 use clap::{Parser, Subcommand};
 
-pub use demo::DemoArgs;
+pub use demo::{DemoArgs, DemoStory};
 pub use dump::{DumpArgs, Isolation};
 pub use error::CliError;
 pub use hanging::{find_hanging, FindHangingArgs};
