@@ -46,7 +46,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::fold::{Change, Fold, Outputs};
+use super::fold::{output_size, Change, Fold, Outputs};
 use crate::producer::ProducerRecord;
 use crate::records::Record;
 
@@ -106,10 +106,6 @@ enum Written {
 struct Entry<S> {
     /// `None`: deleted (a grave in memory), kept until its tombstone lands.
     state: Option<S>,
-    /// Outputs emitted since the key's last write was encoded: they ride with its next write.
-    outputs: Vec<ProducerRecord>,
-    /// Their bytes, as [`Outputs::bytes`] counts them.
-    output_bytes: usize,
     /// The offset of the last event folded in; replayed events at or below it are skipped.
     last_offset: i64,
     /// The first change not yet in a landed write.
@@ -183,7 +179,10 @@ pub(crate) struct PartitionCore<S> {
     /// its input replayed (outputs may already have committed, so they are neither resent nor dropped
     /// here). Nothing more is folded, written or committed.
     replay: bool,
-    /// Bytes of outputs emitted and not yet in a wave.
+    /// Outputs emitted since their key's last write was encoded, by key: they ride with its next
+    /// write. Beside the keys rather than in them, so a fold that emits nothing pays no memory per key.
+    held_outputs: HashMap<Bytes, Vec<ProducerRecord>>,
+    /// Bytes of `held_outputs`, as [`Outputs::bytes`] counts them.
     held_output_bytes: usize,
     /// Reused for every fold call, so a fold that emits nothing allocates nothing.
     scratch: Outputs,
@@ -216,6 +215,7 @@ impl<S> PartitionCore<S> {
             in_flight: None,
             fenced: false,
             replay: false,
+            held_outputs: HashMap::new(),
             held_output_bytes: 0,
             scratch: Outputs::default(),
             at_once: false,
@@ -262,8 +262,6 @@ impl<S> PartitionCore<S> {
             key,
             Entry {
                 state,
-                outputs: Vec::new(),
-                output_bytes: 0,
                 last_offset,
                 held: None,
                 in_wave: None,
@@ -313,8 +311,6 @@ impl<S> PartitionCore<S> {
                     key.clone(),
                     Entry {
                         state,
-                        outputs: Vec::new(),
-                        output_bytes: 0,
                         last_offset: event.offset,
                         held: None,
                         in_wave: None,
@@ -342,6 +338,10 @@ impl<S> PartitionCore<S> {
         F: Fold<State = S>,
     {
         let mut fired = 0;
+        if self.replay {
+            // Waiting to be acquired again: the next owner's takeover fires what is due.
+            return fired;
+        }
         while let Some((deadline, _)) = self.timers.first() {
             if *deadline > now {
                 break;
@@ -400,8 +400,10 @@ impl<S> PartitionCore<S> {
             if self.at_once {
                 self.immediate.append(&mut records);
             } else {
-                e.outputs.append(&mut records);
-                e.output_bytes += bytes;
+                self.held_outputs
+                    .entry(key.clone())
+                    .or_default()
+                    .append(&mut records);
                 self.held_output_bytes += bytes;
             }
         }
@@ -445,8 +447,9 @@ impl<S> PartitionCore<S> {
                 None => (Some(grave(e.last_offset)), Written::Grave),
             };
             e.in_wave = Some(None);
-            let outputs = std::mem::take(&mut e.outputs);
-            self.held_output_bytes -= std::mem::take(&mut e.output_bytes);
+            let outputs = self.held_outputs.remove(&key).unwrap_or_default();
+            let bytes: usize = outputs.iter().map(output_size).sum();
+            self.held_output_bytes = self.held_output_bytes.saturating_sub(bytes);
             carried.push(Carried {
                 key: key.clone(),
                 written,
