@@ -249,6 +249,7 @@ pub(crate) const OUTPUTS_RESENT: Metric = Metric {
 };
 
 /// Counts outputs a takeover sends again (see [`OUTPUTS_RESENT`]).
+#[cfg(feature = "postgres")]
 pub(crate) fn outputs_resent(partition: i32, n: usize) {
     metrics::counter!(OUTPUTS_RESENT.name, "partition" => partition.to_string())
         .increment(u64::try_from(n).unwrap_or(u64::MAX));

@@ -413,25 +413,7 @@ async fn tell(
     registry: Option<std::sync::Arc<crate::exporter::Registry>>,
     out: &mut dyn Write,
 ) -> Result<(Ending, Ending), CliError> {
-    let client = Client::connect(security.client_config(ClientConfig {
-        client_id: "snapfence-demo".into(),
-        ..ClientConfig::new(bootstrap)
-    })?)
-    .await
-    .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
-    let cluster = Cluster {
-        client: client.clone(),
-        bootstrap: bootstrap.to_owned(),
-    };
-    let session = session_timeout(&cluster, out).await?;
-    let setting = Setting {
-        client,
-        cluster,
-        exe: exe.to_owned(),
-        session,
-        security: security.clone(),
-        registry,
-    };
+    let setting = Setting::connect(bootstrap, security, exe, registry, out).await?;
     writeln!(
         out,
         "{}\n",
@@ -469,18 +451,37 @@ async fn tell(
         Err(_) => None,
     };
     if users_cluster && !args.keep_topics {
-        for t in &topics {
-            if let Err(e) = snapfence::admin::delete_topic(&setting.client, t).await {
-                writeln!(out, "(could not delete the demo topic {t}: {e})")?;
-            }
-        }
-        if !topics.is_empty() {
-            writeln!(
-                out,
-                "(the demo's topics are deleted; its consumer groups expire with offsets.retention.minutes)\n"
-            )?;
+        delete_topics(&setting, &topics, out).await?;
+    }
+    both(fenced, unfenced)
+}
+
+/// Deletes the demo's topics from a user's cluster (its consumer groups expire on their own).
+async fn delete_topics(
+    setting: &Setting,
+    topics: &[String],
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    for t in topics {
+        if let Err(e) = snapfence::admin::delete_topic(&setting.client, t).await {
+            writeln!(out, "(could not delete the demo topic {t}: {e})")?;
         }
     }
+    if !topics.is_empty() {
+        writeln!(
+            out,
+            "(the demo's topics are deleted; its consumer groups expire with offsets.retention.minutes)\n"
+        )?;
+    }
+    Ok(())
+}
+
+/// The two runs' endings, or the first run's error (the unfenced run runs only after a fenced run
+/// that ended).
+fn both<E>(
+    fenced: Result<E, CliError>,
+    unfenced: Option<Result<E, CliError>>,
+) -> Result<(E, E), CliError> {
     match (fenced, unfenced) {
         (Ok(fenced), Some(Ok(unfenced))) => Ok((fenced, unfenced)),
         (Err(e), _) | (_, Some(Err(e))) => Err(e),
@@ -530,6 +531,37 @@ struct Setting {
     security: SecurityArgs,
     /// This process's metrics, for the closing summary (`None` if no recorder could be installed).
     registry: Option<std::sync::Arc<crate::exporter::Registry>>,
+}
+
+impl Setting {
+    /// Connects to `bootstrap` as the demo does and reads the session timeout the owners will use.
+    async fn connect(
+        bootstrap: &str,
+        security: &SecurityArgs,
+        exe: &std::path::Path,
+        registry: Option<std::sync::Arc<crate::exporter::Registry>>,
+        out: &mut dyn Write,
+    ) -> Result<Setting, CliError> {
+        let client = Client::connect(security.client_config(ClientConfig {
+            client_id: "snapfence-demo".into(),
+            ..ClientConfig::new(bootstrap)
+        })?)
+        .await
+        .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
+        let cluster = Cluster {
+            client: client.clone(),
+            bootstrap: bootstrap.to_owned(),
+        };
+        let session = session_timeout(&cluster, out).await?;
+        Ok(Setting {
+            client,
+            cluster,
+            exe: exe.to_owned(),
+            session,
+            security: security.clone(),
+            registry,
+        })
+    }
 }
 
 /// The names one run uses, apart from every other run on the cluster.

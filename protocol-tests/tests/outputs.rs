@@ -24,6 +24,21 @@ const PARTITIONS: i32 = 4;
 const SESSION: Duration = Duration::from_secs(6);
 const KEYS: [&str; 8] = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
 
+/// Fresh input, snapshot (compacted) and output topics of [`PARTITIONS`] partitions each.
+async fn topics(client: &Client) -> (String, String, String) {
+    let (input, snapshots, output) = (unique("in"), unique("snap"), unique("out"));
+    for (topic, configs) in [
+        (&input, &[][..]),
+        (&snapshots, &[("cleanup.policy", "compact")][..]),
+        (&output, &[][..]),
+    ] {
+        snapfence::admin::create_topic(client, topic, PARTITIONS, -1, configs)
+            .await
+            .unwrap();
+    }
+    (input, snapshots, output)
+}
+
 /// The flow configuration of the in-process member that finishes the input.
 fn finisher_config(args: &MemberArgs) -> FlowConfig {
     let mut group = GroupConfig::new(&args.group);
@@ -48,16 +63,7 @@ async fn scenario(kafka: &KafkaCluster, transactional: bool) -> OutputCount {
     let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();
-    let (input, snapshots, output) = (unique("in"), unique("snap"), unique("out"));
-    for (topic, configs) in [
-        (&input, &[][..]),
-        (&snapshots, &[("cleanup.policy", "compact")][..]),
-        (&output, &[][..]),
-    ] {
-        snapfence::admin::create_topic(&client, topic, PARTITIONS, -1, configs)
-            .await
-            .unwrap();
-    }
+    let (input, snapshots, output) = topics(&client).await;
     let producer = Producer::new(client.clone(), ProducerConfig::default())
         .await
         .unwrap();
@@ -232,16 +238,7 @@ async fn a_partition_over_its_output_budget_persists_early() {
         .await
         .unwrap();
     for (budget, expect_visible) in [(None, false), (Some(1), true)] {
-        let (input, snapshots, output) = (unique("in"), unique("snap"), unique("out"));
-        for (topic, configs) in [
-            (&input, &[][..]),
-            (&snapshots, &[("cleanup.policy", "compact")][..]),
-            (&output, &[][..]),
-        ] {
-            snapfence::admin::create_topic(&client, topic, PARTITIONS, -1, configs)
-                .await
-                .unwrap();
-        }
+        let (input, snapshots, output) = topics(&client).await;
         for i in 0..20 {
             let record = ProducerRecord::new(input.as_str(), Some(Bytes::from(format!("v{i}"))))
                 .key(KEYS[i % KEYS.len()])

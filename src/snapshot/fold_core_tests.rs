@@ -416,6 +416,32 @@ impl Durable {
     }
 }
 
+/// Each live key's event count in `core`, sorted by key.
+fn counts(core: &PartitionCore<St>) -> Vec<(Bytes, u64)> {
+    let mut got: Vec<(Bytes, u64)> = core.states().map(|(k, s)| (k.clone(), s.count)).collect();
+    got.sort();
+    got
+}
+
+/// The oracle: each key's event count after folding all of `input` with `fold` from nothing, deleted
+/// keys absent, sorted by key.
+fn fold_from_scratch<F: Fold<State = St>>(fold: &F, input: &[Record]) -> Vec<(Bytes, u64)> {
+    let mut oracle: HashMap<Bytes, Option<St>> = HashMap::new();
+    for e in input {
+        let k = e.key.clone().unwrap();
+        let state = oracle.entry(k.clone()).or_default();
+        if fold.fold(&k, state, e, &mut Outputs::default()) == Change::Delete {
+            *state = None;
+        }
+    }
+    let mut expected: Vec<_> = oracle
+        .into_iter()
+        .filter_map(|(k, s)| Some((k, s?.count)))
+        .collect();
+    expected.sort();
+    expected
+}
+
 /// xorshift64*: a seeded, dependency-free source of choices.
 struct Rng(u64);
 
@@ -513,26 +539,11 @@ fn simulated_crashes_always_recover_the_fold_of_all_input() {
             core.handle_commit_landed(offset);
         }
         assert_eq!(durable.committed, input.len() as i64, "seed {seed}");
-        let recovered = durable.recover();
-        let mut got: Vec<(Bytes, u64)> = recovered
-            .states()
-            .map(|(k, s)| (k.clone(), s.count))
-            .collect();
-        got.sort();
-        let mut oracle: HashMap<Bytes, Option<St>> = HashMap::new();
-        for e in &input {
-            let k = e.key.clone().unwrap();
-            let state = oracle.entry(k.clone()).or_default();
-            if Picky.fold(&k, state, e, &mut Outputs::default()) == Change::Delete {
-                *state = None;
-            }
-        }
-        let mut expected: Vec<_> = oracle
-            .into_iter()
-            .filter_map(|(k, s)| Some((k, s?.count)))
-            .collect();
-        expected.sort();
-        assert_eq!(got, expected, "seed {seed}: {trace:#?}");
+        assert_eq!(
+            counts(&durable.recover()),
+            fold_from_scratch(&Picky, &input),
+            "seed {seed}: {trace:#?}"
+        );
         assert!(
             durable
                 .log
@@ -873,26 +884,11 @@ fn simulated_crashes_commit_every_output_exactly_once() {
         seen.sort();
         let expected: Vec<i64> = (0..input.len() as i64).collect();
         assert_eq!(seen, expected, "seed {seed}: every output once: {trace:#?}");
-        let mut oracle: HashMap<Bytes, Option<St>> = HashMap::new();
-        for e in &input {
-            let k = e.key.clone().unwrap();
-            let state = oracle.entry(k.clone()).or_default();
-            if f.fold(&k, state, e, &mut Outputs::default()) == Change::Delete {
-                *state = None;
-            }
-        }
-        let mut expected: Vec<_> = oracle
-            .into_iter()
-            .filter_map(|(k, s)| Some((k, s?.count)))
-            .collect();
-        expected.sort();
-        let mut got: Vec<(Bytes, u64)> = durable
-            .recover()
-            .states()
-            .map(|(k, s)| (k.clone(), s.count))
-            .collect();
-        got.sort();
-        assert_eq!(got, expected, "seed {seed}: {trace:#?}");
+        assert_eq!(
+            counts(&durable.recover()),
+            fold_from_scratch(&f, &input),
+            "seed {seed}: {trace:#?}"
+        );
     }
 }
 

@@ -29,7 +29,6 @@ use bytes::Bytes;
 use snapfence::consumer::{
     list_offsets, OffsetSpec, PartitionReader, ReaderConfig, StartAt, TopicPartition,
 };
-use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
 use snapfence::records::IsolationLevel;
 use snapfence::snapshot::{Flow, PersistenceMode};
@@ -39,11 +38,11 @@ use super::gate::{
 };
 use super::owner::{Flush, OwnerProcess, Refusal};
 use super::{
-    catch_up, evicted, failed, flow_config, generation, numbers, say, session_timeout, show_offset,
-    stamp, wrap, Confirmation, DemoArgs, Ledger, Names, Setting, OTHERS_SESSION, STEP_LIMIT, WIDTH,
+    both, catch_up, delete_topics, evicted, failed, flow_config, generation, numbers, say,
+    show_offset, stamp, wrap, Confirmation, DemoArgs, Ledger, Names, Setting, OTHERS_SESSION,
+    STEP_LIMIT, WIDTH,
 };
 use crate::error::CliError;
-use crate::kafka::Cluster;
 use crate::security::SecurityArgs;
 
 /// What a read_committed reader of the confirmations topic saw, per deposit.
@@ -145,25 +144,7 @@ pub(crate) async fn tell(
     users_cluster: bool,
     out: &mut dyn Write,
 ) -> Result<(Ending, Ending), CliError> {
-    let client = Client::connect(security.client_config(ClientConfig {
-        client_id: "snapfence-demo".into(),
-        ..ClientConfig::new(bootstrap)
-    })?)
-    .await
-    .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
-    let cluster = Cluster {
-        client: client.clone(),
-        bootstrap: bootstrap.to_owned(),
-    };
-    let session = session_timeout(&cluster, out).await?;
-    let setting = Setting {
-        client,
-        cluster,
-        exe: exe.to_owned(),
-        session,
-        security: security.clone(),
-        registry: None,
-    };
+    let setting = Setting::connect(bootstrap, security, exe, None, out).await?;
     writeln!(
         out,
         "{}\n",
@@ -203,26 +184,9 @@ pub(crate) async fn tell(
         Err(_) => None,
     };
     if users_cluster && !args.keep_topics {
-        for t in &topics {
-            if let Err(e) = snapfence::admin::delete_topic(&setting.client, t).await {
-                writeln!(out, "(could not delete the demo topic {t}: {e})")?;
-            }
-        }
-        if !topics.is_empty() {
-            writeln!(
-                out,
-                "(the demo's topics are deleted; its consumer groups expire with offsets.retention.minutes)\n"
-            )?;
-        }
+        delete_topics(&setting, &topics, out).await?;
     }
-    match (fenced, unfenced) {
-        (Ok(fenced), Some(Ok(unfenced))) => Ok((fenced, unfenced)),
-        (Err(e), _) | (_, Some(Err(e))) => Err(e),
-        // Not reached: the unfenced run is skipped only after a fenced run that failed.
-        (Ok(_), None) => Err(CliError::DemoFailed {
-            detail: "the unfenced run did not run".into(),
-        }),
-    }
+    both(fenced, unfenced)
 }
 
 /// The verdict line (the last line) and the exit status: PASS only when the fenced run confirmed every

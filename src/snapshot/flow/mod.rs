@@ -429,9 +429,14 @@ impl<F: Fold> Flow<F> {
         if full.is_empty() {
             return Ok(());
         }
+        self.persist_lanes(full).await
+    }
+
+    /// Persists `lanes`, each on its own, and settles their failures.
+    async fn persist_lanes(&self, lanes: Vec<Arc<FlowLane<F>>>) -> Result<(), FlowError> {
         let fold = Arc::clone(&self.shared.fold);
         let failures = each_lane(
-            full,
+            lanes,
             self.shared.config.max_concurrent_partitions,
             move |lane| {
                 let fold = Arc::clone(&fold);
@@ -620,17 +625,7 @@ impl<F: Fold> Flow<F> {
     /// Not cancel-safe in outcome: if dropped, some snapshots may have been written; they are written
     /// again by the next call.
     pub async fn persist(&self) -> Result<(), FlowError> {
-        let fold = Arc::clone(&self.shared.fold);
-        let failures = each_lane(
-            self.shared.all_lanes(),
-            self.shared.config.max_concurrent_partitions,
-            move |lane| {
-                let fold = Arc::clone(&fold);
-                async move { persist_lane(&*fold, &lane).await }
-            },
-        )
-        .await;
-        self.shared.settle(failures, Site::Held).await
+        self.persist_lanes(self.shared.all_lanes()).await
     }
 
     /// Commits every held partition's committable offset: the first change not yet in a landed
