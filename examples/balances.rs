@@ -14,7 +14,7 @@ use snapfence::consumer::{
 };
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord, TopicPartition};
 use snapfence::records::{IsolationLevel, Record};
-use snapfence::snapshot::{BoxError, Change, Flow, FlowConfig, Fold, SnapshotConfig};
+use snapfence::snapshot::{BoxError, Change, Flow, FlowConfig, Fold, Outputs, SnapshotConfig};
 use snapfence::{admin, Client, ClientConfig};
 
 /// The fold: a balance in cents per account; an event's value is a signed amount such as `+100`.
@@ -22,7 +22,13 @@ struct Balances;
 
 impl Fold for Balances {
     type State = i64;
-    fn fold(&self, _account: &Bytes, balance: &mut Option<i64>, event: &Record) -> Change {
+    fn fold(
+        &self,
+        _account: &Bytes,
+        balance: &mut Option<i64>,
+        event: &Record,
+        _out: &mut Outputs,
+    ) -> Change {
         let amount = event
             .value
             .as_deref()

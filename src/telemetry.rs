@@ -241,6 +241,20 @@ pub(crate) const RECOVERY_STALLS: Metric = Metric {
     help: "Times a recovery read made no progress for its progress interval (5 s by default), counted once per stall",
 };
 
+pub(crate) const OUTPUTS_RESENT: Metric = Metric {
+    name: "snapfence_outputs_resent_total",
+    kind: Kind::Counter,
+    labels: &["partition"],
+    help: "Outputs a PostgreSQL store's takeover found committed in PostgreSQL but not in Kafka (the previous owner's prepared transaction was aborted) and sent again",
+};
+
+/// Counts outputs a takeover sends again (see [`OUTPUTS_RESENT`]).
+#[cfg(feature = "postgres")]
+pub(crate) fn outputs_resent(partition: i32, n: usize) {
+    metrics::counter!(OUTPUTS_RESENT.name, "partition" => partition.to_string())
+        .increment(u64::try_from(n).unwrap_or(u64::MAX));
+}
+
 // ---- the consumer -------------------------------------------------------------------------------
 
 pub(crate) const CONSUMER_LAG: Metric = Metric {
@@ -303,6 +317,7 @@ pub(crate) const ALL: &[Metric] = &[
     RECOVERY_WAITED,
     RECOVERY_LSO_GAP,
     RECOVERY_STALLS,
+    OUTPUTS_RESENT,
     CONSUMER_LAG,
     REBALANCES,
     GENERATION_CHANGES,

@@ -24,6 +24,8 @@
 //! - KIP-447 (generation-fenced TxnOffsetCommit), KIP-98 (transactions, producer epochs, read_committed);
 //!   `docs/fencing.md`
 
+mod gate;
+mod outputs;
 mod owner;
 mod tally;
 
@@ -31,6 +33,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -44,7 +47,7 @@ use crate::security::SecurityArgs;
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
 use snapfence::records::{IsolationLevel, Record};
 use snapfence::snapshot::{
-    BoxError, Change, Flow, FlowConfig, Fold, PersistenceMode, SnapshotConfig,
+    BoxError, Change, Flow, FlowConfig, Fold, Outputs, PersistenceMode, SnapshotConfig,
 };
 
 use crate::error::CliError;
@@ -61,6 +64,21 @@ pub struct DemoArgs {
     /// On a cluster named with --bootstrap, leave the demo's topics behind (they are deleted by default).
     #[arg(long)]
     pub keep_topics: bool,
+    /// Which story to tell: `handover` (a stale owner's late snapshot write) or `outputs` (an owner
+    /// killed mid-wave and a zombie, and how often a read_committed reader sees each output).
+    #[arg(long, value_enum, default_value_t = DemoStory::Handover)]
+    pub story: DemoStory,
+}
+
+/// The demo's stories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DemoStory {
+    /// A stale owner's late snapshot write, refused by the fence and damaging without it (issue #732).
+    #[default]
+    Handover,
+    /// Exactly-once output: an owner killed mid-wave, a zombie's stale flush, and a read_committed count
+    /// of each deposit's confirmations (issue 33).
+    Outputs,
 }
 
 /// The group's `max.poll.interval`: long, because the eviction shown is the session timeout's (a paused
@@ -113,15 +131,95 @@ impl Account {
     }
 }
 
-/// The demo's fold: deposits per account.
-struct Ledger;
+/// The output the outputs story's fold emits for one deposit: which input event it confirms (the
+/// deposit's offset on the input partition, what a reader counts outputs by), the deposit's number, and
+/// the balance after it. Written as `"<offset> confirms #<deposit>, balance <balance>"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Confirmation {
+    offset: i64,
+    deposit: u64,
+    balance: i64,
+}
+
+impl Confirmation {
+    /// The record value.
+    fn encode(&self) -> String {
+        format!(
+            "{} confirms #{}, balance {}",
+            self.offset, self.deposit, self.balance
+        )
+    }
+
+    /// Reads a value written by [`Confirmation::encode`]; `None` for anything else.
+    fn decode(value: &[u8]) -> Option<Confirmation> {
+        let text = std::str::from_utf8(value).ok()?;
+        let (offset, rest) = text.split_once(" confirms #")?;
+        let (deposit, balance) = rest.split_once(", balance ")?;
+        Some(Confirmation {
+            offset: offset.parse().ok()?,
+            deposit: deposit.parse().ok()?,
+            balance: balance.parse().ok()?,
+        })
+    }
+}
+
+/// The demo's fold: deposits per account. In the outputs story it also confirms each deposit it folds
+/// with one record on the confirmations topic (see [`Confirmation`]).
+#[derive(Debug, Clone, Default)]
+struct Ledger {
+    /// Where each deposit's confirmation goes; `None`: the fold emits nothing (the handover story).
+    confirmations: Option<Arc<str>>,
+    /// The numbers of the deposits this fold confirmed, in the order it folded them: which events an
+    /// owner folded itself, and which its replay skipped because a recovered snapshot covered them.
+    confirmed: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Ledger {
+    /// The fold of the outputs story: it confirms every deposit on `topic`.
+    fn confirming(topic: &str) -> Ledger {
+        Ledger {
+            confirmations: Some(Arc::from(topic)),
+            confirmed: Arc::default(),
+        }
+    }
+
+    /// The numbers of the deposits confirmed so far.
+    fn confirmed(&self) -> Vec<u64> {
+        self.confirmed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
 
 impl Fold for Ledger {
     type State = Account;
 
-    fn fold(&self, _key: &Bytes, state: &mut Option<Account>, event: &Record) -> Change {
-        let account = state.take().unwrap_or_default();
-        *state = Some(account.apply(event.value.as_deref().unwrap_or_default()));
+    fn fold(
+        &self,
+        key: &Bytes,
+        state: &mut Option<Account>,
+        event: &Record,
+        out: &mut Outputs,
+    ) -> Change {
+        let before = state.take().unwrap_or_default();
+        let after = before.apply(event.value.as_deref().unwrap_or_default());
+        *state = Some(after);
+        if let (Some(topic), true) = (&self.confirmations, after != before) {
+            let confirmation = Confirmation {
+                offset: event.offset,
+                deposit: after.last,
+                balance: after.balance,
+            };
+            out.send(
+                ProducerRecord::new(Arc::clone(topic), Some(Bytes::from(confirmation.encode())))
+                    .key(key.clone()),
+            );
+            self.confirmed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(after.last);
+        }
         Change::Update
     }
 
@@ -182,10 +280,19 @@ pub(crate) async fn run(
     // (another one is installed) the summary says so and the story is the same.
     let registry = crate::exporter::install().ok();
     let out = &mut *io.out;
-    writeln!(
-        out,
-        "snapfence demo: a stale owner's late snapshot write, with and without the fence\n"
-    )?;
+    let title = match args.story {
+        DemoStory::Handover => "a stale owner's late snapshot write, with and without the fence",
+        DemoStory::Outputs => "each output exactly once, through a kill mid-wave and a zombie, with and without the fence",
+    };
+    if args.story == DemoStory::Outputs && security.uses_tls() {
+        return Err(CliError::Usage {
+            message: "the outputs story reads owner A's requests at the wire, which TLS hides"
+                .into(),
+            hint: "run it on a plaintext or SASL_PLAINTEXT listener, or run the handover story"
+                .into(),
+        });
+    }
+    writeln!(out, "snapfence demo: {title}\n")?;
     let (local, bootstrap) = match bootstrap {
         Some(b) => {
             writeln!(
@@ -215,6 +322,17 @@ pub(crate) async fn run(
             (Some(kafka), bootstrap)
         }
     };
+    if args.story == DemoStory::Outputs {
+        let told = outputs::tell(&bootstrap, security, &exe, args, local.is_none(), out).await;
+        if let Some(kafka) = local {
+            // Dropping the cluster kills the JVM and deletes its data; both block.
+            let _ = tokio::task::spawn_blocking(move || drop(kafka)).await;
+            writeln!(out, "(the local broker is stopped and its data deleted)\n")?;
+        }
+        let (fenced, unfenced) = told?;
+        // The verdict stays the last line, as the handover story's.
+        return outputs::verdict(&fenced, &unfenced, out);
+    }
     let told = tell(
         &bootstrap,
         security,
@@ -295,25 +413,7 @@ async fn tell(
     registry: Option<std::sync::Arc<crate::exporter::Registry>>,
     out: &mut dyn Write,
 ) -> Result<(Ending, Ending), CliError> {
-    let client = Client::connect(security.client_config(ClientConfig {
-        client_id: "snapfence-demo".into(),
-        ..ClientConfig::new(bootstrap)
-    })?)
-    .await
-    .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
-    let cluster = Cluster {
-        client: client.clone(),
-        bootstrap: bootstrap.to_owned(),
-    };
-    let session = session_timeout(&cluster, out).await?;
-    let setting = Setting {
-        client,
-        cluster,
-        exe: exe.to_owned(),
-        session,
-        security: security.clone(),
-        registry,
-    };
+    let setting = Setting::connect(bootstrap, security, exe, registry, out).await?;
     writeln!(
         out,
         "{}\n",
@@ -351,18 +451,37 @@ async fn tell(
         Err(_) => None,
     };
     if users_cluster && !args.keep_topics {
-        for t in &topics {
-            if let Err(e) = snapfence::admin::delete_topic(&setting.client, t).await {
-                writeln!(out, "(could not delete the demo topic {t}: {e})")?;
-            }
-        }
-        if !topics.is_empty() {
-            writeln!(
-                out,
-                "(the demo's topics are deleted; its consumer groups expire with offsets.retention.minutes)\n"
-            )?;
+        delete_topics(&setting, &topics, out).await?;
+    }
+    both(fenced, unfenced)
+}
+
+/// Deletes the demo's topics from a user's cluster (its consumer groups expire on their own).
+async fn delete_topics(
+    setting: &Setting,
+    topics: &[String],
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    for t in topics {
+        if let Err(e) = snapfence::admin::delete_topic(&setting.client, t).await {
+            writeln!(out, "(could not delete the demo topic {t}: {e})")?;
         }
     }
+    if !topics.is_empty() {
+        writeln!(
+            out,
+            "(the demo's topics are deleted; its consumer groups expire with offsets.retention.minutes)\n"
+        )?;
+    }
+    Ok(())
+}
+
+/// The two runs' endings, or the first run's error (the unfenced run runs only after a fenced run
+/// that ended).
+fn both<E>(
+    fenced: Result<E, CliError>,
+    unfenced: Option<Result<E, CliError>>,
+) -> Result<(E, E), CliError> {
     match (fenced, unfenced) {
         (Ok(fenced), Some(Ok(unfenced))) => Ok((fenced, unfenced)),
         (Err(e), _) | (_, Some(Err(e))) => Err(e),
@@ -414,6 +533,37 @@ struct Setting {
     registry: Option<std::sync::Arc<crate::exporter::Registry>>,
 }
 
+impl Setting {
+    /// Connects to `bootstrap` as the demo does and reads the session timeout the owners will use.
+    async fn connect(
+        bootstrap: &str,
+        security: &SecurityArgs,
+        exe: &std::path::Path,
+        registry: Option<std::sync::Arc<crate::exporter::Registry>>,
+        out: &mut dyn Write,
+    ) -> Result<Setting, CliError> {
+        let client = Client::connect(security.client_config(ClientConfig {
+            client_id: "snapfence-demo".into(),
+            ..ClientConfig::new(bootstrap)
+        })?)
+        .await
+        .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
+        let cluster = Cluster {
+            client: client.clone(),
+            bootstrap: bootstrap.to_owned(),
+        };
+        let session = session_timeout(&cluster, out).await?;
+        Ok(Setting {
+            client,
+            cluster,
+            exe: exe.to_owned(),
+            session,
+            security: security.clone(),
+            registry,
+        })
+    }
+}
+
 /// The names one run uses, apart from every other run on the cluster.
 #[derive(Debug, Clone)]
 struct Names {
@@ -421,6 +571,8 @@ struct Names {
     snapshots: String,
     group: String,
     txn_prefix: String,
+    /// The outputs story's confirmations topic; `None` in the handover story.
+    confirmations: Option<String>,
 }
 
 /// The settings of every owner of one run; owner A's process builds the same from its arguments.
@@ -608,6 +760,7 @@ impl<'a> Story<'a> {
                 snapshots: format!("snapfence-demo-{tag}-snapshots-{stamp}"),
                 group: format!("snapfence-demo-{tag}-{stamp}"),
                 txn_prefix: format!("snapfence-demo-{tag}-{stamp}"),
+                confirmations: None,
             },
             producer,
             written: Vec::new(),
@@ -631,22 +784,7 @@ impl<'a> Story<'a> {
     /// One line of the story, stamped with the time since the run began, shown at once.
     /// Prose is wrapped to the screen width; lines that start with two spaces (tables) are kept as they are.
     fn say(&mut self, text: &str) -> Result<(), CliError> {
-        let stamp = format!("[{:>5.1} s] ", self.began.elapsed().as_secs_f64());
-        let indent = " ".repeat(stamp.len());
-        let mut lead = stamp.as_str();
-        for paragraph in text.lines() {
-            let lines = if paragraph.starts_with("  ") {
-                vec![paragraph.to_owned()]
-            } else {
-                wrap(paragraph, WIDTH - indent.len())
-            };
-            for line in lines {
-                writeln!(self.out, "{lead}{line}")?;
-                lead = &indent;
-            }
-        }
-        self.out.flush()?;
-        Ok(())
+        say(&mut *self.out, self.began, text)
     }
 
     /// Owner B or C, in this process. Only A's session timeout is part of the story; theirs is longer, so
@@ -656,7 +794,7 @@ impl<'a> Story<'a> {
         Flow::start(
             self.setting.client.clone(),
             flow_config(&self.names, self.mode, session),
-            Ledger,
+            Ledger::default(),
         )
         .await
         .map_err(|e| failed(&format!("start owner {name}"), e))
@@ -1137,6 +1275,58 @@ fn failed(step: &str, e: impl std::fmt::Display) -> CliError {
     }
 }
 
+/// One line of a story, stamped with the time since its run `began`, shown at once. Prose is wrapped to
+/// the screen width; lines that start with two spaces (tables) are kept as they are.
+fn say(out: &mut dyn Write, began: Instant, text: &str) -> Result<(), CliError> {
+    let stamp = format!("[{:>5.1} s] ", began.elapsed().as_secs_f64());
+    let indent = " ".repeat(stamp.len());
+    let mut lead = stamp.as_str();
+    for paragraph in text.lines() {
+        let lines = if paragraph.starts_with("  ") {
+            vec![paragraph.to_owned()]
+        } else {
+            wrap(paragraph, WIDTH - indent.len())
+        };
+        for line in lines {
+            writeln!(out, "{lead}{line}")?;
+            lead = &indent;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Whether the group coordinator lists `member` in `group`.
+async fn lists(cluster: &Cluster, group: &str, member: &str) -> Result<bool, CliError> {
+    let members = cluster.group_members(group).await?;
+    Ok(members.iter().any(|m| m == member))
+}
+
+/// Waits until the group coordinator no longer lists `member` (an owner stopped or killed since
+/// `since`); returns how long after `since` it was dropped. Gives up `session` + [`STEP_LIMIT`] after.
+async fn evicted(
+    cluster: &Cluster,
+    group: &str,
+    member: &str,
+    since: Instant,
+    session: Duration,
+) -> Result<Duration, CliError> {
+    loop {
+        if !lists(cluster, group, member).await? {
+            return Ok(since.elapsed());
+        }
+        if since.elapsed() > session + STEP_LIMIT {
+            return Err(CliError::DemoFailed {
+                detail: format!(
+                    "{:.1} s after owner {member} stopped, the group coordinator still lists it",
+                    since.elapsed().as_secs_f64()
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Breaks `text` into lines of at most `width` characters at spaces (a longer word gets a line of its own).
 fn wrap(text: &str, width: usize) -> Vec<String> {
     let mut lines = Vec::new();
@@ -1196,8 +1386,9 @@ mod tests {
             }
         );
         assert_eq!(a.apply(b"garbage"), a);
-        assert_eq!(Ledger.decode(&Ledger.encode(&a)).unwrap(), a);
-        assert!(Ledger.decode(b"short").is_err());
+        let ledger = Ledger::default();
+        assert_eq!(ledger.decode(&ledger.encode(&a)).unwrap(), a);
+        assert!(ledger.decode(b"short").is_err());
     }
 
     /// The exit status rule: fenced, A's write after its eviction must be refused by the generation fence

@@ -10,7 +10,7 @@
 //! | `dump` | a topic's batches and markers (every partition in order, or one from an offset), at either isolation level, text or JSON lines |
 //! | `find-hanging` | KIP-664's hanging transactions for a topic or a broker; `--abort` ends them |
 //! | `recover` | a snapshot partition's recovery read, run without owning it; a stall with its diagnosis |
-//! | `demo` | the stale-owner story, fenced and unfenced, on a broker it starts itself (or `--bootstrap`) |
+//! | `demo` | the stale-owner story, fenced and unfenced, on a broker it starts itself (or `--bootstrap`); `--story outputs`: each output exactly once through a kill and a zombie |
 //!
 //! Exit status: 0 success, 1 failure, 2 bad command line, 3 cluster unreachable, 4 topic/partition/offset
 //! not found, 5 not authorized, 6 recovery stalled, 7 authentication or TLS failed (see [`error`]). Errors name the cause and the next step on stderr.
@@ -38,7 +38,7 @@ use std::io::{BufRead, Write};
 
 use clap::{Parser, Subcommand};
 
-pub use demo::DemoArgs;
+pub use demo::{DemoArgs, DemoStory};
 pub use dump::{DumpArgs, Isolation};
 pub use error::CliError;
 pub use hanging::{find_hanging, FindHangingArgs};

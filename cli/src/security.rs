@@ -166,6 +166,15 @@ impl SecurityArgs {
         self.apply(base, std::env::var(PASSWORD_ENV).ok())
     }
 
+    /// Whether a TLS option was given (connections are then encrypted end to end).
+    pub fn uses_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        if self.tls || self.tls_ca.is_some() || self.tls_cert.is_some() || self.tls_key.is_some() {
+            return true;
+        }
+        false
+    }
+
     /// Whether any SASL or TLS option was given.
     pub fn is_set(&self) -> bool {
         #[cfg(feature = "tls")]

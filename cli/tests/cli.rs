@@ -1424,6 +1424,87 @@ async fn the_demo_refuses_the_stale_write_fenced_and_shows_the_damage_unfenced()
     }
 }
 
+/// The outputs story (issue 33) on a real broker: fenced, A is killed holding its EndTxn with its
+/// confirmations in the log (the LSO held back), B re-folds and re-confirms them, B's stale flush after
+/// its freeze is refused, and a read_committed count sees every deposit confirmed exactly once;
+/// unfenced, the zombie's flush lands and deposits #16-#20 are confirmed twice. Exit 0 with a PASS
+/// verdict last; no owner process outlives the demo. Fails if any of it comes out otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outputs_story_confirms_each_deposit_once_fenced_and_twice_unfenced() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let began = std::time::Instant::now();
+    let demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_snapfence"))
+        .args([
+            "--bootstrap",
+            &kafka.bootstrap(),
+            "demo",
+            "--story",
+            "outputs",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start snapfence demo --story outputs");
+    let output = tokio::time::timeout(Duration::from_secs(240), demo.wait_with_output())
+        .await
+        .expect("the outputs story ends within 240 s")
+        .expect("run snapfence demo --story outputs");
+    eprintln!(
+        "the outputs story took {:?} on a running broker",
+        began.elapsed()
+    );
+    let run = Run {
+        code: output.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&output.stdout).into_owned(),
+        err: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+    .ok();
+    let last = run.out.lines().last().unwrap_or_default();
+    assert!(last.starts_with("verdict: PASS"), "{}", run.out);
+    let text = run.out.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (fenced, unfenced) = text
+        .split_once("== Run 2 of 2")
+        .unwrap_or_else(|| panic!("no second run in {}", run.out));
+    for needle in [
+        "holds the EndTxn that would commit it",
+        "inside A's open transaction, which holds the last stable offset back",
+        "Its replay folds #11-#15 again",
+        "REFUSED by the producer-epoch fence",
+        "20 deposits, 20 confirmations: every deposit confirmed exactly once",
+    ] {
+        assert!(
+            fenced.contains(needle),
+            "fenced run lacks {needle:?}:\n{}",
+            run.out
+        );
+    }
+    for needle in [
+        "holds the OffsetCommit",
+        "B confirms nothing again",
+        "They LANDED",
+        "20 deposits, 25 confirmations: DUPLICATED, deposits #16-#20 twice",
+    ] {
+        assert!(
+            unfenced.contains(needle),
+            "unfenced run lacks {needle:?}:\n{}",
+            run.out
+        );
+    }
+    for at in text
+        .split("(pid ")
+        .skip(1)
+        .chain(text.split(", pid ").skip(1))
+    {
+        let pid = at.split(')').next().unwrap_or_default();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("__demo-owner"),
+            "owner process {pid} outlived the demo"
+        );
+    }
+}
+
 /// Owner A must never outlive the demo: when the demo's process is killed outright while A is stopped
 /// (no destructor of the demo runs, and a stopped A cannot read the end of its input), A still ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

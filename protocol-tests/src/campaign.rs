@@ -12,7 +12,10 @@
 //!   twice, skipped or reordered), never a key of an aborted foreign transaction, and per key the counts
 //!   never go back (a stale owner's late write would);
 //! - every snapshot a member reported committed must be in the log (no committed snapshot lost);
-//! - each key's last snapshot must equal the fold of all its input events.
+//! - each key's last snapshot must equal the fold of all its input events;
+//! - every input event's output (members run the [`Echo`](crate::tally::Echo) fold: one output per
+//!   event; not on the unfenced PostgreSQL store, which has no producer for outputs) must be in the
+//!   output topic at read_committed exactly once: a lost or a duplicated output is an anomaly.
 //!
 //! Each violation is an anomaly. Trouble of the harness itself (a node that does not come back) is kept
 //! apart as an infrastructure note, so it is never mistaken for a finding or for a clean round.
@@ -31,7 +34,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use snapfence::consumer::{committed_offsets, list_offsets, OffsetSpec, TopicPartition};
+use snapfence::consumer::{
+    committed_offsets, list_offsets, OffsetSpec, PartitionReader, ReaderConfig, StartAt,
+    TopicPartition,
+};
 use snapfence::net::{Client, ClientConfig, CoordinatorKind};
 use snapfence::producer::{
     Producer, ProducerConfig, ProducerRecord, TransactionalConfig, TransactionalProducer,
@@ -379,6 +385,12 @@ pub struct RoundReport {
     pub events: usize,
     /// Snapshots read back at read_committed.
     pub snapshots_read: usize,
+    /// Outputs read back at read_committed (0 on the unfenced PostgreSQL store, which has none).
+    pub outputs_read: usize,
+    /// Input events whose output is missing.
+    pub outputs_lost: usize,
+    /// Input events with more than one committed output.
+    pub outputs_duplicated: usize,
     /// Committed snapshots the members reported.
     pub snapshots_reported: usize,
     /// Member processes started after the first ones (supervisor restarts and added members).
@@ -414,7 +426,8 @@ impl fmt::Display for RoundReport {
         let faults: Vec<&str> = self.plan.faults.iter().map(|k| k.name()).collect();
         write!(
             f,
-            "seed={:#018x} kafka={} tv={} {} {} {} faults=[{}] events={} snapshots={} reported={} restarts={} \
+            "seed={:#018x} kafka={} tv={} {} {} {} faults=[{}] events={} snapshots={} outputs={} \
+             outputs-lost={} outputs-duplicated={} reported={} restarts={} \
              exits={} fence-exits={} rebalances={} recovered-in-place={} rejoins={} anomalies={} \
              infra={} {:.1}s",
             self.plan.seed,
@@ -436,6 +449,9 @@ impl fmt::Display for RoundReport {
             faults.join(","),
             self.events,
             self.snapshots_read,
+            self.outputs_read,
+            self.outputs_lost,
+            self.outputs_duplicated,
             self.snapshots_reported,
             self.restarts,
             self.member_exits,
@@ -548,6 +564,9 @@ pub async fn run_round(
         transactional: cfg.transactional,
         events: 0,
         snapshots_read: 0,
+        outputs_read: 0,
+        outputs_lost: 0,
+        outputs_duplicated: 0,
         snapshots_reported: 0,
         restarts: 0,
         open_txn_kills: 0,
@@ -649,6 +668,14 @@ impl<'a> Round<'a> {
         args.session_timeout = cfg.session_timeout;
         args.recover = plan.recover;
         args.postgres = cfg.postgres.clone();
+        // The unfenced PostgreSQL store has no producer for outputs; every other store carries them.
+        if cfg.postgres.is_none() || cfg.transactional {
+            let output = unique("fc-out");
+            snapfence::admin::create_topic(&client, &output, cfg.partitions, -1, &[])
+                .await
+                .map_err(|e| format!("create {output}: {e}"))?;
+            args.output = Some(output);
+        }
         let brokers = if kafka.is_external() {
             Vec::new()
         } else {
@@ -1436,7 +1463,15 @@ impl<'a> Round<'a> {
                 .push("no hanging-transaction finder configured".into());
             return;
         };
-        for topic in [self.args.snapshots.as_str(), "__consumer_offsets"] {
+        let output = self.args.output.as_deref();
+        for topic in [
+            Some(self.args.snapshots.as_str()),
+            Some("__consumer_offsets"),
+            output,
+        ]
+        .into_iter()
+        .flatten()
+        {
             match finder(self.kafka.bootstrap(), topic.to_owned()).await {
                 Ok(found) => report.anomalies.extend(
                     found
@@ -1450,6 +1485,33 @@ impl<'a> Round<'a> {
 
     /// The re-fold checker (see the module docs).
     async fn check(&self, written: &HashMap<Bytes, Vec<Bytes>>, report: &mut RoundReport) {
+        if let Some(output) = &self.args.output {
+            match count_outputs(&self.client, &self.args.input, output, self.cfg.partitions).await {
+                Ok(c) => {
+                    report.outputs_read = c.outputs;
+                    report.outputs_lost = c.lost.len();
+                    report.outputs_duplicated = c.duplicated.len();
+                    for (key, offset) in c.lost.iter().take(5) {
+                        report.anomalies.push(format!(
+                            "{key:?}: the output of input offset {offset} was never committed (lost)"
+                        ));
+                    }
+                    for ((key, offset), n) in c.duplicated.iter().take(5) {
+                        report.anomalies.push(format!(
+                            "{key:?}: the output of input offset {offset} was committed {n} times"
+                        ));
+                    }
+                    let more =
+                        (c.lost.len().saturating_sub(5)) + (c.duplicated.len().saturating_sub(5));
+                    if more > 0 {
+                        report
+                            .anomalies
+                            .push(format!("{more} more lost or duplicated outputs"));
+                    }
+                }
+                Err(e) => report.anomalies.push(format!("reading the outputs: {e}")),
+            }
+        }
         if let Some(url) = &self.cfg.postgres {
             return self.check_postgres(url, written, report).await;
         }
@@ -1903,6 +1965,135 @@ async fn restart_node(kafka: &KafkaCluster, node: i32) -> Result<(), String> {
 /// The input producer: bursts of events to random keys (a key always goes to partition `key % partitions`)
 /// until `stop`; returns every event it wrote per key, in the order written. With `deletes`, one event in
 /// eight deletes its key ([`is_delete`]), so the snapshot log gets graves and tombstones for the cleaner.
+/// Each input event's committed outputs, as [`count_outputs`] finds them.
+#[derive(Debug, Default)]
+pub struct OutputCount {
+    /// Input events read.
+    pub events: usize,
+    /// Outputs read at read_committed.
+    pub outputs: usize,
+    /// Input events (key, offset) with no output.
+    pub lost: Vec<(Bytes, i64)>,
+    /// Input events with more than one output, and how many.
+    pub duplicated: Vec<((Bytes, i64), usize)>,
+}
+
+/// Reads every partition of `topic` from the start to the end `isolation` reports (the LSO at
+/// read_committed), as (key, value, offset); fails when a partition makes no progress for 60 s.
+pub async fn read_topic(
+    client: &Client,
+    topic: &str,
+    partitions: i32,
+    isolation: IsolationLevel,
+) -> Result<Vec<(Option<Bytes>, Option<Bytes>, i64)>, String> {
+    let tps: Vec<TopicPartition> = (0..partitions)
+        .map(|p| TopicPartition::new(topic, p))
+        .collect();
+    let ends = list_offsets(client, &tps, OffsetSpec::Latest, isolation)
+        .await
+        .map_err(|e| format!("{topic} ends: {e}"))?;
+    let mut config = ReaderConfig::default();
+    config.isolation = isolation;
+    let mut out = Vec::new();
+    for tp in tps {
+        let end = ends.get(&tp).copied().unwrap_or(0);
+        let mut reader = PartitionReader::new(client.clone(), config.clone());
+        reader.assign(tp.clone(), StartAt::Earliest);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while end > 0 && reader.position(&tp).is_none_or(|p| p < end) {
+            let fetched = reader.fetch().await.map_err(|e| format!("{tp:?}: {e}"))?;
+            for part in fetched {
+                out.extend(part.records.into_iter().map(|r| (r.key, r.value, r.offset)));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{tp:?}: never read to {end}"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Waits until no transaction is open on any partition of `topic` (its LSO equals its high watermark):
+/// a commit returns once the coordinator has it, and the markers that make its records visible follow
+/// a moment later. Fails after 30 s with the gaps still open (a hanging transaction).
+async fn settled(client: &Client, topic: &str, partitions: i32) -> Result<(), String> {
+    let tps: Vec<TopicPartition> = (0..partitions)
+        .map(|p| TopicPartition::new(topic, p))
+        .collect();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stable = list_offsets(
+            client,
+            &tps,
+            OffsetSpec::Latest,
+            IsolationLevel::ReadCommitted,
+        )
+        .await
+        .map_err(|e| format!("{topic} LSO: {e}"))?;
+        let high = list_offsets(
+            client,
+            &tps,
+            OffsetSpec::Latest,
+            IsolationLevel::ReadUncommitted,
+        )
+        .await
+        .map_err(|e| format!("{topic} high watermark: {e}"))?;
+        let open: Vec<_> = tps
+            .iter()
+            .filter(|tp| stable.get(*tp) != high.get(*tp))
+            .map(|tp| (tp.partition, stable.get(tp), high.get(tp)))
+            .collect();
+        if open.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "{topic}: transactions still open after 30 s (partition, LSO, HW): {open:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Counts, for every event of `input` (keyed, not transactional), the outputs in `output` an
+/// [`Echo`](crate::tally::Echo) fold emitted for it (same key, value the input offset), as a
+/// read_committed consumer sees them once no transaction is open on `output`.
+pub async fn count_outputs(
+    client: &Client,
+    input: &str,
+    output: &str,
+    partitions: i32,
+) -> Result<OutputCount, String> {
+    let events = read_topic(client, input, partitions, IsolationLevel::ReadUncommitted).await?;
+    settled(client, output, partitions).await?;
+    let outputs = read_topic(client, output, partitions, IsolationLevel::ReadCommitted).await?;
+    let mut counts: BTreeMap<(Bytes, i64), usize> = BTreeMap::new();
+    for (key, value, _) in &outputs {
+        let offset = value
+            .as_deref()
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.parse::<i64>().ok())
+            .ok_or_else(|| format!("an output that is not an input offset: {value:?}"))?;
+        *counts
+            .entry((key.clone().unwrap_or_default(), offset))
+            .or_default() += 1;
+    }
+    let keyed: Vec<(Bytes, i64)> = events
+        .into_iter()
+        .filter_map(|(k, _, offset)| Some((k?, offset)))
+        .collect();
+    Ok(OutputCount {
+        events: keyed.len(),
+        outputs: outputs.len(),
+        lost: keyed
+            .iter()
+            .filter(|e| !counts.contains_key(*e))
+            .cloned()
+            .collect(),
+        duplicated: counts.into_iter().filter(|(_, n)| *n > 1).collect(),
+    })
+}
+
 /// Any delivery failure is returned as an error, because the oracle would not know whether the event
 /// exists.
 async fn produce(
@@ -2044,6 +2235,9 @@ mod tests {
             transactional: true,
             events: 10,
             snapshots_read: 1,
+            outputs_read: 0,
+            outputs_lost: 0,
+            outputs_duplicated: 0,
             snapshots_reported: 1,
             restarts: 0,
             open_txn_kills: 0,

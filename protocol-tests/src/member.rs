@@ -36,11 +36,11 @@ use bytes::Bytes;
 use snapfence::consumer::{Assignor, GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset};
 use snapfence::net::{Client, ClientConfig, DialFuture, Dialer, TcpDialer};
 use snapfence::snapshot::{
-    FencePolicy, Flow, FlowConfig, FlowStats, PersistenceMode, SnapshotConfig,
+    FencePolicy, Flow, FlowConfig, FlowStats, Fold, PersistenceMode, SnapshotConfig,
 };
 
 use crate::procs;
-use crate::tally::{Counter, Tally};
+use crate::tally::{Counter, Echo, Tally};
 
 /// What a member runs: its group, topics, protocol, persistence mode and timings.
 #[derive(Debug, Clone)]
@@ -80,6 +80,9 @@ pub struct MemberArgs {
     /// (`FlowConfig::postgres`, tables `snapfence_*`, rows keyed by `txn_prefix`). The member connects
     /// to it directly, not through the routes.
     pub postgres: Option<String>,
+    /// Emit one output per input event to this topic ([`crate::tally::Echo`]), riding with the key's
+    /// snapshot (exactly once in the transactional mode, at least once in the plain one).
+    pub output: Option<String>,
 }
 
 /// Dials each broker address through its route, and refuses addresses without one.
@@ -117,6 +120,7 @@ impl MemberArgs {
             routes: Vec::new(),
             recover: false,
             postgres: None,
+            output: None,
         }
     }
 
@@ -158,6 +162,7 @@ impl MemberArgs {
                 if self.recover { "recover" } else { "stop" }.into(),
             ),
             ("--postgres", self.postgres.clone().unwrap_or_default()),
+            ("--output", self.output.clone().unwrap_or_default()),
             (
                 "--routes",
                 self.routes
@@ -219,6 +224,7 @@ impl MemberArgs {
             Some(p) => return Err(format!("--fence-policy {p}: want stop or recover")),
         };
         a.postgres = map.get("postgres").filter(|u| !u.is_empty()).cloned();
+        a.output = map.get("output").filter(|t| !t.is_empty()).cloned();
         for route in map
             .get("routes")
             .map(String::as_str)
@@ -314,13 +320,6 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     };
-    let failed = |e: &snapfence::snapshot::FlowError| {
-        format!(
-            "failed fenced={} producer_fenced={} {e}",
-            e.is_fenced(),
-            e.is_producer_fenced()
-        )
-    };
     let client = match Client::connect(args.client_config()).await {
         Ok(c) => c,
         Err(e) => {
@@ -328,12 +327,49 @@ pub async fn run_member(args: MemberArgs, out: &mut (dyn Write + Send)) -> i32 {
             return 2;
         }
     };
-    let mut flow = match Flow::start(client, args.flow_config(), Counter).await {
-        Ok(f) => f,
-        Err(e) => {
-            say(failed(&e));
-            return 2;
+    match &args.output {
+        None => match Flow::start(client, args.flow_config(), Counter).await {
+            Ok(flow) => drive(flow, &args, &stop, out).await,
+            Err(e) => {
+                say(failed(&e));
+                2
+            }
+        },
+        Some(topic) => {
+            let echo = Echo {
+                topic: Arc::from(topic.as_str()),
+            };
+            match Flow::start(client, args.flow_config(), echo).await {
+                Ok(flow) => drive(flow, &args, &stop, out).await,
+                Err(e) => {
+                    say(failed(&e));
+                    2
+                }
+            }
         }
+    }
+}
+
+/// The `failed` line of an error.
+fn failed(e: &snapfence::snapshot::FlowError) -> String {
+    format!(
+        "failed fenced={} producer_fenced={} {e}",
+        e.is_fenced(),
+        e.is_producer_fenced()
+    )
+}
+
+/// The member's loop over a started flow: reports, persists, commits and polls until `stop` or a
+/// failure; returns the exit status.
+async fn drive<F: Fold<State = Tally>>(
+    mut flow: Flow<F>,
+    args: &MemberArgs,
+    stop: &AtomicBool,
+    out: &mut (dyn Write + Send),
+) -> i32 {
+    let mut say = |line: String| {
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
     };
     say("ready".into());
     let mut held: Vec<i32> = Vec::new();

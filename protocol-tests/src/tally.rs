@@ -2,9 +2,12 @@
 //! events and a running hash of their values in order. Any lost, repeated or reordered event changes it,
 //! so a state recovered from snapshots can be compared with a fold of the oracle's events from scratch.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+use snapfence::producer::ProducerRecord;
 use snapfence::records::Record;
-use snapfence::snapshot::{BoxError, Change, Fold};
+use snapfence::snapshot::{BoxError, Change, Fold, Outputs};
 
 /// One key's folded state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,7 +59,13 @@ pub struct Counter;
 
 impl Fold for Counter {
     type State = Tally;
-    fn fold(&self, _key: &Bytes, state: &mut Option<Tally>, event: &Record) -> Change {
+    fn fold(
+        &self,
+        _key: &Bytes,
+        state: &mut Option<Tally>,
+        event: &Record,
+        _out: &mut Outputs,
+    ) -> Change {
         let value = event.value.as_deref().unwrap_or_default();
         if is_delete(value) {
             *state = None;
@@ -78,6 +87,41 @@ impl Fold for Counter {
             count: u64::from_be_bytes(c.try_into()?),
             hash: u64::from_be_bytes(h.try_into()?),
         })
+    }
+}
+
+/// [`Counter`] that also emits one output per input event to `topic`: keyed by the event's key, its
+/// value the event's offset in ASCII. A key lives on one input partition, so (key, offset) names an
+/// input event, and a reader of the output topic can count each event's outputs.
+#[derive(Debug, Clone)]
+pub struct Echo {
+    /// The output topic.
+    pub topic: Arc<str>,
+}
+
+impl Fold for Echo {
+    type State = Tally;
+    fn fold(
+        &self,
+        key: &Bytes,
+        state: &mut Option<Tally>,
+        event: &Record,
+        out: &mut Outputs,
+    ) -> Change {
+        out.send(
+            ProducerRecord::new(
+                Arc::clone(&self.topic),
+                Some(Bytes::from(event.offset.to_string())),
+            )
+            .key(key.clone()),
+        );
+        Counter.fold(key, state, event, out)
+    }
+    fn encode(&self, s: &Tally) -> Bytes {
+        Counter.encode(s)
+    }
+    fn decode(&self, b: &[u8]) -> Result<Tally, BoxError> {
+        Counter.decode(b)
     }
 }
 

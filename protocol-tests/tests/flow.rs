@@ -24,7 +24,7 @@ use snapfence::producer::{
 use snapfence::records::{IsolationLevel, Record};
 use snapfence::snapshot::postgres::PgStoreConfig;
 use snapfence::snapshot::{
-    BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, MissingSnapshotTopic,
+    BoxError, Change, Clock, Flow, FlowConfig, FlowError, Fold, MissingSnapshotTopic, Outputs,
     PersistenceMode, SnapshotConfig, SnapshotTopicError, SystemClock,
 };
 
@@ -772,12 +772,18 @@ struct Seen {
 
 impl Fold for Expiring {
     type State = Seen;
-    fn fold(&self, key: &Bytes, state: &mut Option<Seen>, event: &Record) -> Change {
+    fn fold(
+        &self,
+        key: &Bytes,
+        state: &mut Option<Seen>,
+        event: &Record,
+        out: &mut Outputs,
+    ) -> Change {
         if event.value.as_deref() == Some(b"del") {
             return Change::Delete;
         }
         let mut tally = state.map(|s| s.tally);
-        Counter.fold(key, &mut tally, event);
+        Counter.fold(key, &mut tally, event, out);
         *state = tally.map(|tally| Seen {
             tally,
             seen: event.timestamp,
@@ -801,7 +807,7 @@ impl Fold for Expiring {
     fn deadline(&self, _key: &Bytes, s: &Seen) -> Option<i64> {
         self.ttl.map(|t| s.seen + t)
     }
-    fn on_deadline(&self, _key: &Bytes, _s: &mut Seen, _now: i64) -> Change {
+    fn on_deadline(&self, _key: &Bytes, _s: &mut Seen, _now: i64, _out: &mut Outputs) -> Change {
         Change::Delete
     }
 }

@@ -429,3 +429,96 @@ async fn acquisition_without_the_two_phase_commit_acl_says_so() {
         refusal.1
     );
 }
+
+/// Outputs ride in the flush's prepared Kafka transaction and are kept in PostgreSQL with the rows.
+/// A's second flush commits its rows and then dies before its Kafka commit: B's init aborts the
+/// prepared transaction (Kafka 4.4.0 cannot keep it), so its output is not visible; B sees in the
+/// group's offset metadata that the flush PostgreSQL recorded never committed in Kafka and sends its
+/// outputs again in its first flush. A read_committed reader then sees each output exactly once, and a
+/// third owner, whose takeover finds the last flush committed in Kafka, sends nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_of_a_flush_whose_kafka_side_aborted_are_sent_again_once() {
+    use snapfence::producer::ProducerRecord;
+    use snapfence::records::IsolationLevel;
+    let kafka = cluster(two_phase()).await;
+    let pg = postgres().await;
+    let w = World::new(&kafka, &pg).await;
+    let output = unique("pg-out");
+    snapfence::admin::create_topic(&w.client, &output, 1, -1, &[])
+        .await
+        .unwrap();
+    let out = |v: &str| {
+        ProducerRecord::new(output.as_str(), Some(Bytes::copy_from_slice(v.as_bytes()))).key("k")
+    };
+    // What a read_committed reader sees once the transaction markers are written (a commit returns
+    // when the coordinator has it; the markers follow), waiting up to 10 s for `n` outputs.
+    let visible = |n: usize| {
+        let (client, output) = (w.client.clone(), output.clone());
+        async move {
+            let until = Instant::now() + Duration::from_secs(10);
+            loop {
+                let records = protocol_tests::campaign::read_topic(
+                    &client,
+                    &output,
+                    1,
+                    IsolationLevel::ReadCommitted,
+                )
+                .await
+                .unwrap();
+                let seen: Vec<String> = records
+                    .into_iter()
+                    .map(|(_, v, _)| String::from_utf8(v.unwrap().to_vec()).unwrap())
+                    .collect();
+                if seen.len() >= n || Instant::now() > until {
+                    return seen;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let group = w.member().await;
+    let a = w.acquire(&group).await.unwrap();
+    assert!(!a.kafka_behind());
+    a.write_with_outputs(vec![kv("k", "a-1")], vec![out("o1")])
+        .await
+        .unwrap();
+    assert_eq!(visible(1).await, vec!["o1"]);
+    let rows_landed = a
+        .begin_flush_with_outputs(vec![kv("k", "a-2")], vec![out("o2"), out("o3")], 20)
+        .await
+        .unwrap()
+        .write_rows()
+        .await
+        .unwrap()
+        .commit_rows()
+        .await
+        .unwrap();
+    // A dies here: its rows and outputs are in PostgreSQL, its Kafka transaction is prepared.
+    drop(rows_landed);
+
+    let b = w.acquire(&group).await.unwrap();
+    assert_eq!(rows(&b).await, vec!["k=a-2"]);
+    assert!(
+        b.kafka_behind(),
+        "the aborted flush's outputs wait to go out again"
+    );
+    assert_eq!(
+        visible(2).await,
+        vec!["o1"],
+        "B's init aborted A's prepared transaction"
+    );
+    b.commit_offset(b.committed_offset()).await.unwrap();
+    assert_eq!(visible(3).await, vec!["o1", "o2", "o3"]);
+    assert_eq!(w.committed(&group).await, Some(20));
+    b.close().await;
+
+    let c = w.acquire(&group).await.unwrap();
+    assert!(
+        !c.kafka_behind(),
+        "the last flush committed in Kafka: nothing goes out again"
+    );
+    c.commit_offset(c.committed_offset()).await.unwrap();
+    assert_eq!(visible(4).await, vec!["o1", "o2", "o3"]);
+    c.close().await;
+    drop(a);
+}

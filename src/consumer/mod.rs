@@ -51,7 +51,7 @@ pub use group::{GroupConsumer, GroupConsumerConfig};
 pub use listener::RebalanceListener;
 pub use live::GroupMetadataHandle;
 pub use membership::LostReason;
-pub use offsets::{commit_offsets, committed_offsets};
+pub use offsets::{commit_offsets, committed_offsets, committed_offsets_and_metadata};
 pub use reader::{
     list_offsets, FetchStats, OffsetSpec, PartitionReader, PartitionRecords, ReaderConfig,
 };

@@ -166,6 +166,22 @@ pub async fn committed_offsets(
     group_id: &str,
     partitions: &[TopicPartition],
 ) -> Result<BTreeMap<TopicPartition, Option<i64>>, ConsumerError> {
+    Ok(committed_offsets_and_metadata(client, group_id, partitions)
+        .await?
+        .into_iter()
+        .map(|(tp, c)| (tp, c.map(|(offset, _)| offset)))
+        .collect())
+}
+
+/// [`committed_offsets`] with the metadata string each offset was committed with (`None` when it
+/// was committed without one).
+///
+/// Cancel-safe: it only reads.
+pub async fn committed_offsets_and_metadata(
+    client: &Client,
+    group_id: &str,
+    partitions: &[TopicPartition],
+) -> Result<BTreeMap<TopicPartition, Option<(i64, Option<String>)>>, ConsumerError> {
     if partitions.is_empty() {
         return Ok(BTreeMap::new());
     }
@@ -215,7 +231,7 @@ pub async fn committed_offsets(
             },
             build,
             |r, version| {
-                let mut rows: Vec<(String, i32, i64, i16)> = Vec::new();
+                let mut rows: Vec<(String, i32, i64, Option<String>, i16)> = Vec::new();
                 let top = if version >= 8 {
                     let Some(g) = r.groups.first() else {
                         return Verdict::Done(Err(ErrorCode::InvalidRequest));
@@ -226,6 +242,7 @@ pub async fn committed_offsets(
                                 t.name.0.to_string(),
                                 p.partition_index,
                                 p.committed_offset,
+                                p.metadata.as_ref().map(|m| m.to_string()),
                                 p.error_code,
                             ));
                         }
@@ -238,6 +255,7 @@ pub async fn committed_offsets(
                                 t.name.0.to_string(),
                                 p.partition_index,
                                 p.committed_offset,
+                                p.metadata.as_ref().map(|m| m.to_string()),
                                 p.error_code,
                             ));
                         }
@@ -247,7 +265,7 @@ pub async fn committed_offsets(
                 // UNSTABLE_OFFSET_COMMIT: a transaction with offsets for these partitions is open;
                 // retried like the coordinator codes until it resolves.
                 let worst = std::iter::once(top)
-                    .chain(rows.iter().map(|r| r.3))
+                    .chain(rows.iter().map(|r| r.4))
                     .find(|c| *c != 0)
                     .unwrap_or(0);
                 match Verdict::from_code(worst, ()) {
@@ -266,12 +284,12 @@ pub async fn committed_offsets(
             request: "OffsetFetch",
             code,
         })?;
-    let mut out: BTreeMap<TopicPartition, Option<i64>> =
+    let mut out: BTreeMap<TopicPartition, Option<(i64, Option<String>)>> =
         partitions.iter().map(|tp| (tp.clone(), None)).collect();
-    for (topic, partition, offset, _) in rows {
+    for (topic, partition, offset, metadata, _) in rows {
         let tp = TopicPartition::new(topic, partition);
         if let Some(slot) = out.get_mut(&tp) {
-            *slot = (offset >= 0).then_some(offset);
+            *slot = (offset >= 0).then_some((offset, metadata));
         }
     }
     Ok(out)

@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 
+use crate::producer::ProducerRecord;
 use crate::records::Record;
 
 /// A boxed error from user code (decoding a snapshot).
@@ -48,7 +49,7 @@ pub enum Change {
 ///
 /// ```
 /// use snapfence::records::Record;
-/// use snapfence::snapshot::{BoxError, Change, Fold};
+/// use snapfence::snapshot::{BoxError, Change, Fold, Outputs};
 /// use snapfence::Bytes;
 ///
 /// /// Account balances: each event's value is a signed amount in ASCII ("+25", "-10"); an account
@@ -58,7 +59,13 @@ pub enum Change {
 /// impl Fold for Balances {
 ///     type State = i64;
 ///
-///     fn fold(&self, _account: &Bytes, balance: &mut Option<i64>, event: &Record) -> Change {
+///     fn fold(
+///         &self,
+///         _account: &Bytes,
+///         balance: &mut Option<i64>,
+///         event: &Record,
+///         _out: &mut Outputs,
+///     ) -> Change {
 ///         let amount = event
 ///             .value
 ///             .as_ref()
@@ -84,8 +91,16 @@ pub trait Fold: Send + Sync + 'static {
     /// The per-key state.
     type State: Clone + Send + Sync + 'static;
     /// Folds one input event into the key's state, in place (`None` before the key's first event and
-    /// after a delete), and says what changed.
-    fn fold(&self, key: &Bytes, state: &mut Option<Self::State>, event: &Record) -> Change;
+    /// after a delete), and says what changed. Records sent to `out` are the event's outputs: in the
+    /// transactional mode they are produced in the transaction that persists the key's snapshot, so
+    /// they commit exactly once with it (see [`Outputs`]). A fold that emits nothing ignores `out`.
+    fn fold(
+        &self,
+        key: &Bytes,
+        state: &mut Option<Self::State>,
+        event: &Record,
+        out: &mut Outputs,
+    ) -> Change;
     /// Encodes a state as snapshot bytes.
     fn encode(&self, state: &Self::State) -> Bytes;
     /// Decodes snapshot bytes written by [`Fold::encode`].
@@ -97,8 +112,19 @@ pub trait Fold: Send + Sync + 'static {
     }
     /// The key's deadline passed (`now` is the clock's reading): change the state in place, delete it,
     /// or keep it (then the deadline is asked again; one still at or before `now` is dropped until
-    /// the next change).
-    fn on_deadline(&self, _key: &Bytes, _state: &mut Self::State, _now: i64) -> Change {
+    /// the next change). Records sent to `out` commit with the key's next snapshot, like an event's.
+    ///
+    /// A timer that emits must move its deadline (change the state so that
+    /// [`deadline`](Fold::deadline) answers later, or delete the key): a timer whose state still has the
+    /// old deadline fires again on the next owner after a crash, and emits again. The runtime persists
+    /// the key whenever a timer emits, even on [`Change::Keep`], so the outputs ride with a snapshot.
+    fn on_deadline(
+        &self,
+        _key: &Bytes,
+        _state: &mut Self::State,
+        _now: i64,
+        _out: &mut Outputs,
+    ) -> Change {
         Change::Keep
     }
 }
@@ -121,4 +147,81 @@ impl Clock for SystemClock {
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0)
     }
+}
+
+/// The records a fold or a timer emits for one key, collected by the runtime.
+///
+/// In [`PersistenceMode::Transactional`](super::PersistenceMode::Transactional), what is sent here while
+/// folding key `k` is held with `k` until `k`'s next snapshot is written, and produced **in the same
+/// transaction** as that snapshot and the generation-fenced offset commit: the outputs commit exactly
+/// when the state that produced them does, a stale owner's outputs die with its snapshot, and a
+/// `read_committed` consumer of the output topic sees each output once (docs/fencing.md, "Outputs").
+/// They become visible at the persist interval ([`FlowConfig::persist_every`](super::FlowConfig::persist_every)),
+/// or earlier when a partition's held outputs reach
+/// [`FlowConfig::max_output_bytes_per_partition`](super::FlowConfig::max_output_bytes_per_partition).
+/// In [`PersistenceMode::NonTransactional`](super::PersistenceMode::NonTransactional) they are produced
+/// at once, right after the batch that emitted them, without a transaction: at least once (the flow
+/// confirms their delivery before the key's next snapshot or offset commit can pass them).
+///
+/// A record without a partition lands where Kafka's default partitioner puts its key (murmur2, as the
+/// Java client does), or spread when it has no key. Values are [`Bytes`]: passing a slice of the input
+/// event's value on copies nothing.
+///
+/// ```
+/// use snapfence::producer::ProducerRecord;
+/// use snapfence::snapshot::Outputs;
+///
+/// let mut out = Outputs::default();
+/// out.send(ProducerRecord::new("totals", Some("42".into())).key("account-7"));
+/// assert_eq!(out.len(), 1);
+/// ```
+#[derive(Debug, Default)]
+pub struct Outputs {
+    records: Vec<ProducerRecord>,
+    bytes: usize,
+}
+
+impl Outputs {
+    /// Emits `record`.
+    pub fn send(&mut self, record: ProducerRecord) {
+        self.bytes += output_size(&record);
+        self.records.push(record);
+    }
+
+    /// How many records were emitted and not yet taken by the runtime.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether nothing was emitted.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Roughly the bytes the emitted records take on the wire (keys, values, headers, topic names).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Takes what was emitted, leaving this empty (and keeping nothing allocated when nothing was).
+    pub(crate) fn take(&mut self) -> (Vec<ProducerRecord>, usize) {
+        let bytes = std::mem::take(&mut self.bytes);
+        (std::mem::take(&mut self.records), bytes)
+    }
+}
+
+/// What a record counts toward the byte budgets: its key, value and headers, its topic name, and a
+/// fixed overhead for the record's framing.
+pub(crate) fn output_size(record: &ProducerRecord) -> usize {
+    const FRAMING: usize = 24;
+    let headers: usize = record
+        .headers
+        .iter()
+        .map(|h| h.key.len() + h.value.as_ref().map_or(0, |v| v.len()))
+        .sum();
+    FRAMING
+        + record.topic.len()
+        + record.key.as_ref().map_or(0, |k| k.len())
+        + record.value.as_ref().map_or(0, |v| v.len())
+        + headers
 }

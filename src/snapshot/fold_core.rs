@@ -46,7 +46,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::fold::{Change, Fold};
+use super::fold::{output_size, Change, Fold, Outputs};
+use crate::producer::ProducerRecord;
 use crate::records::Record;
 
 const ENVELOPE_V1: u8 = 1;
@@ -119,8 +120,19 @@ struct Entry<S> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Wave {
     pub(crate) id: u64,
-    /// Key and value (`None`: a tombstone), in no particular order.
-    pub(crate) writes: Vec<(Bytes, Option<Bytes>)>,
+    /// One write per key, in no particular order.
+    pub(crate) writes: Vec<WaveWrite>,
+}
+
+/// One key's write in a wave: its snapshot (or grave, or tombstone) and the outputs it emitted since
+/// its last write. The two are one indivisible entry: they commit in the same transaction or not at
+/// all (docs/fencing.md, "Outputs").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WaveWrite {
+    pub(crate) key: Bytes,
+    /// The envelope, or `None` for a tombstone.
+    pub(crate) value: Option<Bytes>,
+    pub(crate) outputs: Vec<ProducerRecord>,
 }
 
 /// How a wave ended.
@@ -141,7 +153,7 @@ pub(crate) enum Folded {
     NullKey,
     /// Replay: the key's state already covers it.
     Skipped,
-    /// Folded, and the fold said nothing changed.
+    /// Folded, and the fold said nothing changed (and emitted nothing).
     Kept,
     /// Folded into a change (update or delete).
     Changed,
@@ -160,8 +172,33 @@ pub(crate) struct PartitionCore<S> {
     /// The highest offset a landed commit carried.
     committed: i64,
     next_wave: u64,
-    in_flight: Option<(u64, Vec<(Bytes, Written)>)>,
+    /// The wave in flight: each key it carried, what was written for it, and whether outputs rode.
+    in_flight: Option<(u64, Vec<Carried>)>,
     fenced: bool,
+    /// A write that carried outputs did not land for sure: the partition must be acquired again and
+    /// its input replayed (outputs may already have committed, so they are neither resent nor dropped
+    /// here). Nothing more is folded, written or committed.
+    replay: bool,
+    /// Outputs emitted since their key's last write was encoded, by key: they ride with its next
+    /// write. Beside the keys rather than in them, so a fold that emits nothing pays no memory per key.
+    held_outputs: HashMap<Bytes, Vec<ProducerRecord>>,
+    /// Bytes of `held_outputs`, as [`Outputs::bytes`] counts them.
+    held_output_bytes: usize,
+    /// Reused for every fold call, so a fold that emits nothing allocates nothing.
+    scratch: Outputs,
+    /// The unfenced mode: outputs are handed to the driver at once ([`take_immediate`]) instead of
+    /// riding with their key's write.
+    ///
+    /// [`take_immediate`]: PartitionCore::take_immediate
+    at_once: bool,
+    immediate: Vec<ProducerRecord>,
+}
+
+/// A key a wave carried.
+struct Carried {
+    key: Bytes,
+    written: Written,
+    with_outputs: bool,
 }
 
 impl<S> PartitionCore<S> {
@@ -177,7 +214,35 @@ impl<S> PartitionCore<S> {
             next_wave: 0,
             in_flight: None,
             fenced: false,
+            replay: false,
+            held_outputs: HashMap::new(),
+            held_output_bytes: 0,
+            scratch: Outputs::default(),
+            at_once: false,
+            immediate: Vec::new(),
         }
+    }
+
+    /// For the unfenced mode: outputs are not held with their keys but handed out at once by
+    /// [`take_immediate`](Self::take_immediate), to be produced right away (at least once). A key that
+    /// emitted still holds the event's offset until its next write lands, and the driver confirms the
+    /// outputs' deliveries before that write and before any commit, so nothing passes an output that
+    /// was not acknowledged.
+    pub(crate) fn emit_at_once(mut self) -> Self {
+        self.at_once = true;
+        self
+    }
+
+    /// The outputs emitted since the last call (the unfenced mode only; empty otherwise).
+    pub(crate) fn take_immediate(&mut self) -> Vec<ProducerRecord> {
+        std::mem::take(&mut self.immediate)
+    }
+
+    /// Outputs handed out at once were not all acknowledged: they are gone from memory, and only a
+    /// replay from the committed offset emits them again. The partition stops, as after a failed write
+    /// with outputs ([`needs_replay`](Self::needs_replay)).
+    pub(crate) fn handle_outputs_lost(&mut self) {
+        self.replay = true;
     }
 
     /// Restores one recovered snapshot (its decoded state, or `None` for a grave) folded up to
@@ -210,6 +275,10 @@ impl<S> PartitionCore<S> {
     where
         F: Fold<State = S>,
     {
+        if self.replay {
+            // Waiting to be acquired again: whatever is folded now would be folded again anyway.
+            return Folded::Skipped;
+        }
         self.position = self.position.max(event.offset + 1);
         let Some(key) = &event.key else {
             return Folded::NullKey;
@@ -217,7 +286,10 @@ impl<S> PartitionCore<S> {
         let change = match self.keys.get_mut(key) {
             Some(e) if event.offset <= e.last_offset => return Folded::Skipped,
             Some(e) => {
-                let change = fold.fold(key, &mut e.state, event);
+                let change = emitting(
+                    fold.fold(key, &mut e.state, event, &mut self.scratch),
+                    &self.scratch,
+                );
                 if change != Change::Keep {
                     e.last_offset = event.offset;
                 }
@@ -225,9 +297,14 @@ impl<S> PartitionCore<S> {
             }
             None => {
                 let mut state = None;
-                let change = fold.fold(key, &mut state, event);
-                if change == Change::Keep || state.is_none() {
-                    // Nothing to remember: a key that does not exist and still does not.
+                let change = emitting(
+                    fold.fold(key, &mut state, event, &mut self.scratch),
+                    &self.scratch,
+                );
+                if change == Change::Keep || (state.is_none() && self.scratch.is_empty()) {
+                    // Nothing to remember: a key that does not exist and still does not, and said
+                    // nothing. (One that emitted is remembered as a grave: its outputs need an
+                    // envelope to ride with, and the replay needs its offset to skip the event.)
                     return Folded::Kept;
                 }
                 self.keys.insert(
@@ -261,6 +338,10 @@ impl<S> PartitionCore<S> {
         F: Fold<State = S>,
     {
         let mut fired = 0;
+        if self.replay {
+            // Waiting to be acquired again: the next owner's takeover fires what is due.
+            return fired;
+        }
         while let Some((deadline, _)) = self.timers.first() {
             if *deadline > now {
                 break;
@@ -276,7 +357,10 @@ impl<S> PartitionCore<S> {
                 continue;
             };
             fired += 1;
-            let change = fold.on_deadline(&key, state, now);
+            let change = emitting(
+                fold.on_deadline(&key, state, now, &mut self.scratch),
+                &self.scratch,
+            );
             if change == Change::Keep {
                 // The schedule is the state's: re-derive it. A deadline still at or before `now` is
                 // dropped until the next change, or it would fire at every tick.
@@ -304,10 +388,24 @@ impl<S> PartitionCore<S> {
         F: Fold<State = S>,
     {
         let Some(e) = self.keys.get_mut(key) else {
+            // Every caller found the key first; outputs of a key that is gone have nowhere to ride.
+            self.scratch.take();
             return;
         };
         if change == Change::Delete {
             e.state = None;
+        }
+        if !self.scratch.is_empty() {
+            let (mut records, bytes) = self.scratch.take();
+            if self.at_once {
+                self.immediate.append(&mut records);
+            } else {
+                self.held_outputs
+                    .entry(key.clone())
+                    .or_default()
+                    .append(&mut records);
+                self.held_output_bytes += bytes;
+            }
         }
         e.held.get_or_insert(hold_at);
         if let Some(next) = &mut e.in_wave {
@@ -330,7 +428,7 @@ impl<S> PartitionCore<S> {
     where
         F: Fold<State = S>,
     {
-        if self.fenced || self.in_flight.is_some() {
+        if self.fenced || self.replay || self.in_flight.is_some() {
             return None;
         }
         let committed = self.committed;
@@ -349,8 +447,19 @@ impl<S> PartitionCore<S> {
                 None => (Some(grave(e.last_offset)), Written::Grave),
             };
             e.in_wave = Some(None);
-            writes.push((key.clone(), value));
-            carried.push((key, written));
+            let outputs = self.held_outputs.remove(&key).unwrap_or_default();
+            let bytes: usize = outputs.iter().map(output_size).sum();
+            self.held_output_bytes = self.held_output_bytes.saturating_sub(bytes);
+            carried.push(Carried {
+                key: key.clone(),
+                written,
+                with_outputs: !outputs.is_empty(),
+            });
+            writes.push(WaveWrite {
+                key,
+                value,
+                outputs,
+            });
         }
         let due: Vec<Bytes> = self
             .graves
@@ -363,8 +472,16 @@ impl<S> PartitionCore<S> {
             if let Some(e) = self.keys.get_mut(&key) {
                 e.in_wave = Some(None);
             }
-            writes.push((key.clone(), None));
-            carried.push((key, Written::Tombstone));
+            carried.push(Carried {
+                key: key.clone(),
+                written: Written::Tombstone,
+                with_outputs: false,
+            });
+            writes.push(WaveWrite {
+                key,
+                value: None,
+                outputs: Vec::new(),
+            });
         }
         if writes.is_empty() {
             return None;
@@ -375,8 +492,25 @@ impl<S> PartitionCore<S> {
         Some(Wave { id, writes })
     }
 
-    /// Applies a wave's outcome. An unknown or stale `id` is ignored.
+    /// Applies a wave's outcome when every write of it ended the same way (one transaction, or none
+    /// ran). An unknown or stale `id` is ignored.
     pub(crate) fn handle_wave_outcome(&mut self, id: u64, landing: Landing) {
+        self.handle_wave_landings(id, landing, |_| landing == Landing::Landed);
+    }
+
+    /// Applies a wave's outcome write by write: `landed(i)` says whether the `i`-th write of the wave
+    /// (in [`Wave::writes`] order) committed for sure, and `landing` is how the wave as a whole ended
+    /// (its worst transaction). A write that did not land for sure is written again by the next wave,
+    /// unless it carried outputs: those may have committed (an unknown outcome) or not, and neither
+    /// sending them again nor dropping them is right, so the partition stops and waits to be acquired
+    /// again ([`needs_replay`](Self::needs_replay)); the replay from the committed offset decides. An
+    /// unknown or stale `id` is ignored.
+    pub(crate) fn handle_wave_landings(
+        &mut self,
+        id: u64,
+        landing: Landing,
+        landed: impl Fn(usize) -> bool,
+    ) {
         let carried = match self.in_flight.take() {
             Some((current, carried)) if current == id => carried,
             other => {
@@ -387,15 +521,18 @@ impl<S> PartitionCore<S> {
         if landing == Landing::Fenced {
             self.fenced = true;
         }
-        for (key, written) in carried {
-            let Some(e) = self.keys.get_mut(&key) else {
+        for (i, c) in carried.into_iter().enumerate() {
+            let Some(e) = self.keys.get_mut(&c.key) else {
                 continue;
             };
             let since = e.in_wave.take().flatten();
-            if landing != Landing::Landed {
-                // Nothing of the wave may have landed: everything it carried stays held (`held` is at or
-                // below anything folded since) and is written again.
-                self.dirty.insert(key);
+            if !landed(i) {
+                // This write may not have landed: the key stays held (`held` is at or below anything
+                // folded since) and is written again, or, with outputs, the partition is replayed.
+                if c.with_outputs {
+                    self.replay = true;
+                }
+                self.dirty.insert(c.key);
                 continue;
             }
             e.held = since;
@@ -403,16 +540,28 @@ impl<S> PartitionCore<S> {
                 // Changed again while the write flew: already dirty.
                 continue;
             }
-            match written {
+            match c.written {
                 Written::Snapshot => {}
                 Written::Grave => {
-                    self.graves.insert(key);
+                    self.graves.insert(c.key);
                 }
                 Written::Tombstone => {
-                    self.keys.remove(&key);
+                    self.keys.remove(&c.key);
                 }
             }
         }
+    }
+
+    /// Whether a write carrying outputs failed or ended unknown: the partition must be dropped and
+    /// acquired again (docs/fencing.md, "Outputs"). Nothing more is folded, written or committed.
+    pub(crate) fn needs_replay(&self) -> bool {
+        self.replay
+    }
+
+    /// Bytes of outputs emitted and not yet handed to a wave: when they reach the flow's budget the
+    /// partition is persisted early.
+    pub(crate) fn held_output_bytes(&self) -> usize {
+        self.held_output_bytes
     }
 
     /// The offset a commit may carry now.
@@ -427,6 +576,9 @@ impl<S> PartitionCore<S> {
     /// send. `None` when the group already has it, so an idle partition commits nothing (each commit
     /// is a transaction with a marker on the snapshot partition and on `__consumer_offsets`).
     pub(crate) fn poll_commit(&self) -> Option<i64> {
+        if self.replay {
+            return None;
+        }
         let offset = self.committable();
         (offset > self.committed).then_some(offset)
     }
@@ -472,6 +624,17 @@ impl<S> PartitionCore<S> {
     #[cfg(test)]
     pub(crate) fn remembered(&self) -> usize {
         self.keys.len()
+    }
+}
+
+/// A fold's answer, as the runtime takes it: a `Keep` that emitted is an update, so the key's envelope
+/// moves past the event (a replay then skips it, and its outputs) and its offset is held until the
+/// outputs commit with the snapshot.
+fn emitting(change: Change, out: &Outputs) -> Change {
+    if change == Change::Keep && !out.is_empty() {
+        Change::Update
+    } else {
+        change
     }
 }
 

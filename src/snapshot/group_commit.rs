@@ -48,6 +48,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::error::{FailureKind, SnapshotError, TxnFailure};
+use crate::producer::ProducerRecord;
 use crate::telemetry::TxnMetrics;
 use crate::GroupMetadata;
 use queue_core::{Queue, Step};
@@ -59,6 +60,36 @@ pub struct SnapshotWrite {
     pub key: Bytes,
     /// The encoded snapshot, or `None` for a tombstone.
     pub value: Option<Bytes>,
+}
+
+/// One queued entry: a snapshot write and the outputs its fold emitted since the key's last write. The
+/// group commit never splits an entry across transactions: the outputs are sent right after the
+/// snapshot, in its transaction, so both commit or neither does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) write: SnapshotWrite,
+    pub(crate) outputs: Vec<ProducerRecord>,
+}
+
+impl Entry {
+    /// What the entry counts toward a transaction's byte cap: the snapshot's key and value, and the
+    /// outputs as [`Outputs::bytes`](super::Outputs::bytes) counts them.
+    pub(crate) fn bytes(&self) -> usize {
+        let snapshot = self.write.key.len() + self.write.value.as_ref().map_or(0, |v| v.len());
+        self.outputs
+            .iter()
+            .map(super::fold::output_size)
+            .fold(snapshot, usize::saturating_add)
+    }
+}
+
+impl From<SnapshotWrite> for Entry {
+    fn from(write: SnapshotWrite) -> Self {
+        Entry {
+            write,
+            outputs: Vec::new(),
+        }
+    }
 }
 
 /// The producer side of the group commit: the steps of one transaction, driven one at a time.
@@ -77,10 +108,9 @@ pub(crate) trait TransactionRunner: Send + 'static {
     /// Opens a transaction. Sends nothing.
     fn begin(&mut self) -> Result<(), TxnFailure>;
 
-    /// Adds one write to the open transaction; returns once it is buffered (its acknowledgement is
-    /// [`commit`](Self::commit)'s to check).
-    fn send(&mut self, write: SnapshotWrite)
-        -> impl Future<Output = Result<(), TxnFailure>> + Send;
+    /// Adds one entry to the open transaction (its snapshot, then its outputs); returns once all of it
+    /// is buffered (the acknowledgements are [`commit`](Self::commit)'s to check).
+    fn send(&mut self, entry: Entry) -> impl Future<Output = Result<(), TxnFailure>> + Send;
 
     /// Waits until every write sent so far in the transaction is acknowledged by the broker (sending
     /// what lingers in the buffer at once). Called while a burst's writes are still joining, so the rest
@@ -242,6 +272,17 @@ impl<R: TransactionRunner> GroupCommit<R> {
         })
     }
 
+    /// Bounds the bytes one transaction carries (snapshots and outputs; at least one entry always
+    /// goes), so a wave of large outputs runs as several transactions, each short against the
+    /// transaction timeout.
+    pub(crate) fn with_max_bytes(self, max_bytes_per_transaction: usize) -> Self {
+        self.inner
+            .lock()
+            .queue
+            .set_max_bytes(max_bytes_per_transaction);
+        self
+    }
+
     /// The offset the last successful transaction committed (or the assigned offset before any).
     pub fn committed_offset(&self) -> i64 {
         self.inner.lock().queue.committed()
@@ -263,7 +304,7 @@ impl<R: TransactionRunner> GroupCommit<R> {
             .acquire_owned()
             .await
             .map_err(|_| self.refused())?;
-        self.enqueue_write(SnapshotWrite { key, value }, slot)?
+        self.enqueue_write(SnapshotWrite { key, value }.into(), slot)?
             .await
             .unwrap_or_else(|_| Err(self.refused()))
     }
@@ -277,19 +318,32 @@ impl<R: TransactionRunner> GroupCommit<R> {
         value: Option<Bytes>,
     ) -> Result<impl Future<Output = Result<(), SnapshotError>> + Send + 'static, TryWriteError>
     {
-        let write = SnapshotWrite { key, value };
+        self.try_enqueue(SnapshotWrite { key, value }.into())
+            .map_err(|e| match e {
+                TryEnqueueError::Full(entry) => TryWriteError::Full(entry.write),
+                TryEnqueueError::Failed(e) => TryWriteError::Failed(e),
+            })
+    }
+
+    /// [`try_write`](Self::try_write) of a whole entry (a snapshot write and its outputs), handed back
+    /// whole when the queue is full.
+    pub(crate) fn try_enqueue(
+        &self,
+        entry: Entry,
+    ) -> Result<impl Future<Output = Result<(), SnapshotError>> + Send + 'static, TryEnqueueError>
+    {
         let slot = match Arc::clone(&self.inner.slots).try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
                 if self.inner.lock().queue.is_closed() {
-                    return Err(TryWriteError::Failed(self.refused()));
+                    return Err(TryEnqueueError::Failed(self.refused()));
                 }
-                return Err(TryWriteError::Full(write));
+                return Err(TryEnqueueError::Full(entry));
             }
         };
         let rx = self
-            .enqueue_write(write, slot)
-            .map_err(TryWriteError::Failed)?;
+            .enqueue_write(entry, slot)
+            .map_err(TryEnqueueError::Failed)?;
         let this = self.clone();
         Ok(async move { rx.await.unwrap_or_else(|_| Err(this.refused())) })
     }
@@ -339,7 +393,7 @@ impl<R: TransactionRunner> GroupCommit<R> {
 
     fn enqueue_write(
         &self,
-        write: SnapshotWrite,
+        write: Entry,
         slot: OwnedSemaphorePermit,
     ) -> Result<oneshot::Receiver<Result<(), SnapshotError>>, SnapshotError> {
         let (reply, rx) = oneshot::channel();
@@ -374,6 +428,14 @@ pub enum TryWriteError {
     Full(SnapshotWrite),
     /// The store refused the write (closed).
     #[error(transparent)]
+    Failed(SnapshotError),
+}
+
+/// Why [`GroupCommit::try_enqueue`] did not queue an entry.
+pub(crate) enum TryEnqueueError {
+    /// The queue is full; the entry is handed back.
+    Full(Entry),
+    /// The queue refused it (closed).
     Failed(SnapshotError),
 }
 
@@ -654,9 +716,9 @@ mod tests {
             Ok(())
         }
 
-        async fn send(&mut self, write: SnapshotWrite) -> Result<(), TxnFailure> {
+        async fn send(&mut self, entry: Entry) -> Result<(), TxnFailure> {
             // Recorded on entry, so a send held in flight is already visible to the test.
-            self.record(Call::Send(write.key));
+            self.record(Call::Send(entry.write.key));
             if self.panic_at == Some("send") {
                 panic!("scripted panic in send");
             }

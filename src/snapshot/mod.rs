@@ -40,7 +40,7 @@ mod topic;
 pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure};
 pub use fence_core::{FencePolicy, FlowStats};
 pub use flow::{Flow, FlowConfig, FlowError, PersistenceMode, StatsHandle};
-pub use fold::{BoxError, Change, Clock, Fold, SystemClock};
+pub use fold::{BoxError, Change, Clock, Fold, Outputs, SystemClock};
 pub use group_commit::{MetadataSource, SnapshotWrite, TryWriteError};
 pub use log::PartitionLog;
 pub use recovery::{

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::error::TxnFailure;
-use super::group_commit::{SnapshotWrite, TransactionRunner};
+use super::group_commit::{Entry, TransactionRunner};
 use crate::producer::{
     Delivery, ProducerError, ProducerRecord, TopicPartition, TransactionalProducer,
 };
@@ -81,12 +81,17 @@ impl TransactionRunner for ProducerRunner {
         Ok(())
     }
 
-    async fn send(&mut self, write: SnapshotWrite) -> Result<(), TxnFailure> {
-        let record = ProducerRecord::new(Arc::clone(&self.snapshot_topic), write.value)
-            .key(write.key)
+    async fn send(&mut self, entry: Entry) -> Result<(), TxnFailure> {
+        let record = ProducerRecord::new(Arc::clone(&self.snapshot_topic), entry.write.value)
+            .key(entry.write.key)
             .partition(self.partition);
         let delivery = self.producer.send(record).await.map_err(failure)?;
         self.deliveries.push(delivery);
+        // The outputs ride in the same transaction: the producer adds their partitions to it.
+        for output in entry.outputs {
+            let delivery = self.producer.send(output).await.map_err(failure)?;
+            self.deliveries.push(delivery);
+        }
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::error::SnapshotError;
-use super::group_commit::{GroupCommit, MetadataSource, TryWriteError};
+use super::group_commit::{Entry, GroupCommit, MetadataSource, TryEnqueueError, TryWriteError};
 use super::runner::ProducerRunner;
 use crate::net::Client;
 use crate::producer::{ProducerConfig, TopicPartition, TransactionalConfig, TransactionalProducer};
@@ -23,6 +23,12 @@ pub struct SnapshotConfig {
     pub transactional_id_prefix: String,
     /// Writes drained into one transaction at most. Default 256; below 1 is a configuration error.
     pub max_writes_per_transaction: usize,
+    /// Bytes (snapshots and the outputs riding with them) drained into one transaction at most; one
+    /// write with its outputs always goes, however large. Default 8 MiB: a transaction's records are
+    /// produced in well under a second even at a few MB/s, far inside the 1-minute transaction timeout,
+    /// so a wave of large outputs never runs one transaction into the coordinator's abort. Raise it
+    /// with the transaction timeout, never past it.
+    pub max_bytes_per_transaction: usize,
     /// Writes that may wait for a transaction before `write` waits for room. Default 65 536.
     pub max_queued_writes: usize,
     /// How long the recovery read may make no progress before it fails with a diagnosis.
@@ -44,6 +50,7 @@ impl SnapshotConfig {
             snapshot_topic: snapshot_topic.into(),
             transactional_id_prefix: transactional_id_prefix.into(),
             max_writes_per_transaction: 256,
+            max_bytes_per_transaction: 8 << 20,
             max_queued_writes: 65_536,
             recovery_stall_timeout: Some(Duration::from_secs(180)),
             transaction_timeout: Duration::from_secs(60),
@@ -234,7 +241,8 @@ impl SnapshotStore {
             assigned_offset,
             config.max_writes_per_transaction,
             config.max_queued_writes,
-        )?;
+        )?
+        .with_max_bytes(config.max_bytes_per_transaction);
         let store = SnapshotStore {
             config,
             partition,
@@ -303,6 +311,17 @@ impl SnapshotStore {
         TryWriteError,
     > {
         self.commits.try_write(key, value)
+    }
+
+    /// [`try_write`](Self::try_write) of a snapshot write with the outputs that commit with it.
+    pub(crate) fn try_enqueue(
+        &self,
+        entry: Entry,
+    ) -> Result<
+        impl std::future::Future<Output = Result<(), SnapshotError>> + Send + 'static,
+        TryEnqueueError,
+    > {
+        self.commits.try_enqueue(entry)
     }
 
     /// Stops accepting writes and waits for the transaction in flight. The producer is closed with it.

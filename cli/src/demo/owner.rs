@@ -14,6 +14,7 @@
 //! | `rejoin <end> <old member>` | as `catch-up`, and also until it is a member again under a new member id | the same |
 //! | `persist` | writes every account changed since its last snapshot | `ok`, or the refusal: which fence, the broker's code |
 //! | `commit` | commits the input offset its snapshots cover | the same |
+//! | `flush-holding <keys>` | outputs story: arms the [gate](super::gate) for the comma-separated API keys, then persists and commits | `held` and the request it holds, once the gate holds one; then waits for `release` and answers the outcomes of the persist and the commit (also answered at once if the flush ends without reaching a held request) |
 //! | `metrics` | reads its snapshot-transaction counters from its metrics recorder | commits, failures by class, fences by kind |
 //! | `quit`, or end of input | exits at once, without leaving the group (a stale owner that stops) | nothing |
 //!
@@ -39,6 +40,7 @@ use snapfence::snapshot::{Flow, FlowError, SnapshotError};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
+use super::gate::{api_name, Gate};
 use super::tally::TxnTally;
 use super::{catch_up, failed, flow_config, Account, Ledger, Names, STEP_LIMIT};
 use crate::error::CliError;
@@ -68,6 +70,9 @@ pub struct OwnerArgs {
     /// The group session timeout, in milliseconds.
     #[arg(long)]
     session_timeout_ms: u64,
+    /// The outputs story: confirm each deposit on this topic, and connect through the gate.
+    #[arg(long)]
+    confirmations: Option<String>,
 }
 
 /// Which mechanism refused a snapshot write.
@@ -140,6 +145,20 @@ pub(crate) struct Held {
     pub generation: i32,
     pub member: String,
     pub accounts: BTreeMap<String, Account>,
+    /// The deposits A's fold confirmed so far (outputs story), in folding order.
+    pub confirmed: Vec<u64>,
+}
+
+/// How a `flush-holding` went, as far as the parent has heard.
+#[derive(Debug, Clone)]
+pub(crate) enum Flush {
+    /// The gate holds this request; A waits for `release`.
+    Held(&'static str),
+    /// The flush ended: `None` for a step that succeeded, the refusal of one that did not.
+    Done {
+        persist: Option<Refusal>,
+        commit: Option<Refusal>,
+    },
 }
 
 // ---- A's side --------------------------------------------------------------------------------------
@@ -178,17 +197,28 @@ pub(crate) async fn serve(
     )?;
     // Before connecting, so everything A does is counted; the parent reads it back for its summary.
     let registry = crate::exporter::install().ok();
-    let client = Client::connect(security.client_config(ClientConfig {
+    let gate = Gate::default();
+    let mut config = security.client_config(ClientConfig {
         client_id: "snapfence-demo-owner-a".into(),
         ..ClientConfig::new(bootstrap)
-    })?)
-    .await
-    .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
+    })?;
+    if args.confirmations.is_some() {
+        // The outputs story catches this owner at exact requests (the parent refuses TLS for it).
+        config = config.with_dialer(gate.clone());
+    }
+    let client = Client::connect(config)
+        .await
+        .map_err(|e| CliError::from_net("connect", bootstrap, e))?;
     let names = Names {
         input: args.input.clone(),
         snapshots: args.snapshots.clone(),
         group: args.group.clone(),
         txn_prefix: args.txn_prefix.clone(),
+        confirmations: args.confirmations.clone(),
+    };
+    let ledger = match &args.confirmations {
+        Some(topic) => Ledger::confirming(topic),
+        None => Ledger::default(),
     };
     let mode = if args.unfenced {
         snapfence::snapshot::PersistenceMode::NonTransactional
@@ -196,7 +226,7 @@ pub(crate) async fn serve(
         snapfence::snapshot::PersistenceMode::Transactional
     };
     let session = Duration::from_millis(args.session_timeout_ms);
-    let mut flow = Flow::start(client, flow_config(&names, mode, session), Ledger)
+    let mut flow = Flow::start(client, flow_config(&names, mode, session), ledger.clone())
         .await
         .map_err(|e| failed("start owner A", e))?;
     loop {
@@ -210,20 +240,31 @@ pub(crate) async fn serve(
         let reply = match words.as_slice() {
             ["catch-up", end] => match end.parse::<i64>() {
                 Ok(end) => match catch_up(&mut flow, end, "owner A catching up").await {
-                    Ok(()) => held(&flow).await,
+                    Ok(()) => held(&flow, &ledger).await,
                     Err(e) => json!({ "ok": false, "error": e.to_string() }),
                 },
                 Err(_) => json!({ "ok": false, "error": format!("not an offset: {end}") }),
             },
             ["rejoin", end, old] => match end.parse::<i64>() {
                 Ok(end) => match rejoin(&mut flow, end, old).await {
-                    Ok(()) => held(&flow).await,
+                    Ok(()) => held(&flow, &ledger).await,
                     Err(e) => json!({ "ok": false, "error": e.to_string() }),
                 },
                 Err(_) => json!({ "ok": false, "error": format!("not an offset: {end}") }),
             },
             ["persist"] => outcome(flow.persist().await),
             ["commit"] => outcome(flow.commit().await),
+            ["flush-holding", keys] => {
+                let parsed: Result<Vec<i16>, _> = keys.split(',').map(str::parse::<i16>).collect();
+                match parsed {
+                    Ok(keys) => match flush_holding(&flow, &gate, &keys, io).await? {
+                        Some(reply) => reply,
+                        // The parent went away while A held a request.
+                        None => return Ok(()),
+                    },
+                    Err(_) => json!({ "ok": false, "error": format!("not API keys: {keys}") }),
+                }
+            }
             ["metrics"] => match &registry {
                 Some(r) => json!({ "ok": true, "metrics": TxnTally::read(r).to_json() }),
                 None => json!({ "ok": false, "error": "owner A has no metrics recorder" }),
@@ -260,7 +301,65 @@ async fn rejoin(flow: &mut Flow<Ledger>, end: i64, old: &str) -> Result<(), CliE
     }
 }
 
-async fn held(flow: &Flow<Ledger>) -> Value {
+/// Arms the gate for `keys`, then persists and commits. Once the gate holds a request, says which and
+/// waits (a blocking read, as the command loop's) for `release`; then lets the request go and answers
+/// the outcomes. `None`: the parent closed A's input (or sent something else) while a request was held.
+async fn flush_holding(
+    flow: &Flow<Ledger>,
+    gate: &Gate,
+    keys: &[i16],
+    io: &mut Io<'_>,
+) -> Result<Option<Value>, CliError> {
+    gate.arm(keys);
+    let flush = async {
+        let persisted = flow.persist().await;
+        // A refused persist stops the flow (FencePolicy::Stop): nothing is left to commit.
+        let committed = match &persisted {
+            Ok(()) => flow.commit().await,
+            Err(_) => Ok(()),
+        };
+        (persisted, committed)
+    };
+    tokio::pin!(flush);
+    let held = tokio::select! {
+        (persisted, committed) = &mut flush => {
+            gate.release();
+            return Ok(Some(flushed(None, persisted, committed)));
+        }
+        key = gate.held() => key,
+    };
+    say(io, json!({ "ok": true, "held": api_name(held) }))?;
+    let mut line = String::new();
+    if io.input.read_line(&mut line)? == 0 || line.trim() != "release" {
+        return Ok(None);
+    }
+    gate.release();
+    Ok(Some(match tokio::time::timeout(STEP_LIMIT, flush).await {
+        Ok((persisted, committed)) => flushed(Some(held), persisted, committed),
+        Err(_) => json!({
+            "ok": false,
+            "error": format!("the flush did not end within {} s of the release", STEP_LIMIT.as_secs())
+        }),
+    }))
+}
+
+/// The answer to `flush-holding` once the flush ended: what was held, and each step's outcome.
+fn flushed(
+    held: Option<i16>,
+    persisted: Result<(), FlowError>,
+    committed: Result<(), FlowError>,
+) -> Value {
+    json!({
+        "ok": true,
+        "held": held.map(api_name),
+        "done": true,
+        "persist": outcome(persisted),
+        "commit": outcome(committed),
+    })
+}
+
+/// A's answer to `catch-up` and `rejoin`: its membership, the accounts it holds, the deposits it confirmed.
+async fn held(flow: &Flow<Ledger>, ledger: &Ledger) -> Value {
     let meta = flow.group_metadata().current();
     let accounts: serde_json::Map<String, Value> = flow
         .state(0)
@@ -278,6 +377,7 @@ async fn held(flow: &Flow<Ledger>) -> Value {
         "generation": meta.as_ref().map_or(-1, |m| m.generation_id()),
         "member": meta.as_ref().map_or("", |m| m.member_id()),
         "accounts": accounts,
+        "confirmed": ledger.confirmed(),
     })
 }
 
@@ -339,6 +439,9 @@ impl OwnerProcess {
             .kill_on_drop(true);
         if unfenced {
             command.arg("--unfenced");
+        }
+        if let Some(topic) = &names.confirmations {
+            command.args(["--confirmations", topic]);
         }
         #[cfg(unix)]
         command.process_group(0);
@@ -429,6 +532,39 @@ impl OwnerProcess {
         }))
     }
 
+    /// Has A flush with the gate armed for the API `keys`: answers once the gate holds one (A then waits
+    /// for [`release`](Self::release)), or once the flush ended without reaching one.
+    pub async fn flush_holding(&mut self, keys: &[i16], step: &str) -> Result<Flush, CliError> {
+        let keys: Vec<String> = keys.iter().map(i16::to_string).collect();
+        let v = self
+            .ask(&format!("flush-holding {}", keys.join(",")), step)
+            .await?;
+        flush_of(v, step)
+    }
+
+    /// Lets the request A's gate holds go (A reads it as soon as it runs: send it before a SIGCONT).
+    pub async fn release(&mut self, step: &str) -> Result<(), CliError> {
+        self.stdin
+            .write_all(b"release\n")
+            .await
+            .map_err(|e| failed(step, e))?;
+        self.stdin.flush().await.map_err(|e| failed(step, e))
+    }
+
+    /// The outcome of a flush whose held request was released.
+    pub async fn flushed(&mut self, step: &str) -> Result<Flush, CliError> {
+        let v = self.read(step).await?;
+        flush_of(v, step)
+    }
+
+    /// SIGKILL: A ends at once, as in a crash; whatever it had in flight stays as it was.
+    pub async fn kill(mut self) -> Result<(), CliError> {
+        self.child
+            .kill()
+            .await
+            .map_err(|e| failed("kill owner A", e))
+    }
+
     /// What A's metrics counted of its snapshot transactions; `None` when it could not say (the summary
     /// then says so; the story does not depend on it).
     pub async fn metrics(&mut self) -> Option<TxnTally> {
@@ -477,6 +613,36 @@ impl OwnerProcess {
     }
 }
 
+/// Reads A's answer to `flush-holding` (or to the release after it).
+fn flush_of(v: Value, step: &str) -> Result<Flush, CliError> {
+    if v["ok"] != true {
+        return Err(failed(step, &v["error"]));
+    }
+    if v["done"] != true {
+        let held = match v["held"].as_str() {
+            Some("EndTxn") => "EndTxn",
+            Some("OffsetCommit") => "OffsetCommit",
+            Some("Produce") => "Produce",
+            Some("AddPartitionsToTxn") => "AddPartitionsToTxn",
+            Some("AddOffsetsToTxn") => "AddOffsetsToTxn",
+            Some("TxnOffsetCommit") => "TxnOffsetCommit",
+            _ => "a request",
+        };
+        return Ok(Flush::Held(held));
+    }
+    let refusal = |o: &Value| {
+        (o["ok"] != true).then(|| Refusal {
+            fence: Fence::parse(o["fence"].as_str().unwrap_or_default()),
+            code: o["code"].as_str().map(str::to_owned),
+            error: o["error"].as_str().unwrap_or_default().to_owned(),
+        })
+    };
+    Ok(Flush::Done {
+        persist: refusal(&v["persist"]),
+        commit: refusal(&v["commit"]),
+    })
+}
+
 /// Reads A's answer to `catch-up` or `rejoin`.
 fn held_of(v: Value, step: &str) -> Result<Held, CliError> {
     if v["ok"] != true {
@@ -507,6 +673,10 @@ fn held_of(v: Value, step: &str) -> Result<Held, CliError> {
             .unwrap_or(-1),
         member: v["member"].as_str().unwrap_or_default().to_owned(),
         accounts,
+        confirmed: v["confirmed"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default(),
     })
 }
 

@@ -140,6 +140,7 @@ impl<F: Fold> Shared<F> {
                     producer: Arc::clone(producer),
                     offsets: plain_offsets(),
                     snapshot_topic: Arc::from(self.config.snapshots.snapshot_topic.as_str()),
+                    pending: std::sync::Mutex::new(Vec::new()),
                 });
                 Ok((writer, start))
             }
@@ -167,7 +168,7 @@ impl<F: Fold> Shared<F> {
                 let rows = crate::snapshot::postgres::PgPlainWriter::connect(pg, prefix, partition)
                     .await?;
                 let start = self.assigned_offset(tp).await?;
-                Ok((Writer::PgPlain(rows, plain_offsets()), start))
+                Ok((Writer::PgPlain(Box::new(rows), plain_offsets()), start))
             }
             #[cfg(feature = "postgres")]
             Sink::Pg(pg) => {
@@ -184,7 +185,7 @@ impl<F: Fold> Shared<F> {
                     offset: store.committed_offset(),
                     ..start
                 };
-                Ok((Writer::Pg(store), start))
+                Ok((Writer::Pg(Box::new(store)), start))
             }
         }
     }
@@ -260,6 +261,10 @@ impl<F: Fold> Shared<F> {
             _ => self.read_snapshot_log(tp).await?,
         };
         let mut core = PartitionCore::new(assigned_offset);
+        if !self.sink.fenced() {
+            // Unfenced, outputs are produced at once (at least once) instead of riding with snapshots.
+            core = core.emit_at_once();
+        }
         let mut graves = 0usize;
         for (key, value) in &recovered {
             let key = Bytes::copy_from_slice(key);

@@ -8,10 +8,11 @@ use super::lane::*;
 use super::shared::judge;
 use super::*;
 use crate::records::{Record, TimestampType};
-use crate::snapshot::fold::{BoxError, Change};
+use crate::snapshot::fold::{BoxError, Change, Outputs};
 use crate::snapshot::fold_core::PartitionCore;
+use crate::snapshot::group_commit::Entry;
 use crate::snapshot::group_commit::{GroupCommit, MetadataSource, TransactionRunner};
-use crate::snapshot::{FailureKind, SnapshotWrite, TxnFailure};
+use crate::snapshot::{FailureKind, TxnFailure};
 use crate::GroupMetadata;
 
 /// Counts events per key, in place.
@@ -19,7 +20,13 @@ struct Count;
 
 impl Fold for Count {
     type State = u64;
-    fn fold(&self, _key: &Bytes, n: &mut Option<u64>, _event: &Record) -> Change {
+    fn fold(
+        &self,
+        _key: &Bytes,
+        n: &mut Option<u64>,
+        _event: &Record,
+        _out: &mut Outputs,
+    ) -> Change {
         *n.get_or_insert(0) += 1;
         Change::Update
     }
@@ -45,7 +52,7 @@ impl TransactionRunner for FakeRunner {
         Ok(())
     }
 
-    async fn send(&mut self, _write: SnapshotWrite) -> Result<(), TxnFailure> {
+    async fn send(&mut self, _entry: Entry) -> Result<(), TxnFailure> {
         Ok(())
     }
 

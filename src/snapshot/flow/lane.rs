@@ -72,6 +72,7 @@ pub(super) async fn persist_lane<F: Fold, W: Writes>(
     lane: &Lane<F::State, W>,
 ) -> Result<(), FlowError> {
     let _turn = lane.turn.lock().await;
+    confirm_outputs(lane).await?;
     let Some(wave) = lane.core().poll_wave(fold) else {
         return Ok(());
     };
@@ -80,10 +81,39 @@ pub(super) async fn persist_lane<F: Fold, W: Writes>(
         id: wave.id,
         done: false,
     };
-    let result = lane.writer.write_all(wave.writes).await;
+    let written = lane.writer.write_all(wave.writes).await;
     guard.done = true;
-    lane.core().handle_wave_outcome(wave.id, landing(&result));
-    result
+    let landed = &written.landed;
+    lane.core()
+        .handle_wave_landings(wave.id, landing(&written.result), |i| {
+            landed.get(i).copied().unwrap_or(false)
+        });
+    written.result
+}
+
+/// Confirms the outputs `lane` produced at once (the unfenced mode) before a write or commit could pass
+/// them; when one was not acknowledged, the partition stops for a replay.
+async fn confirm_outputs<S, W: Writes>(lane: &Lane<S, W>) -> Result<(), FlowError> {
+    emit_immediate(lane).await?;
+    let confirmed = lane.writer.confirm_outputs().await;
+    if confirmed.is_err() {
+        lane.core().handle_outputs_lost();
+    }
+    confirmed
+}
+
+/// Produces what `lane`'s core emitted for at once (the unfenced mode) and has not handed out yet;
+/// when the producer refuses, the partition stops for a replay (the outputs are gone from memory).
+pub(super) async fn emit_immediate<S, W: Writes>(lane: &Lane<S, W>) -> Result<(), FlowError> {
+    let outputs = lane.core().take_immediate();
+    if outputs.is_empty() {
+        return Ok(());
+    }
+    let sent = lane.writer.emit_now(outputs).await;
+    if sent.is_err() {
+        lane.core().handle_outputs_lost();
+    }
+    sent
 }
 
 /// Commits `lane`'s committable offset.
@@ -92,9 +122,10 @@ pub(super) async fn commit_lane<S, W: Writes>(
     when: CommitWhen,
 ) -> Result<(), FlowError> {
     let _turn = lane.turn.lock().await;
+    confirm_outputs(lane).await?;
     let offset = {
         let core = lane.core();
-        if core.is_fenced() {
+        if core.is_fenced() || core.needs_replay() {
             return Ok(());
         }
         match when {

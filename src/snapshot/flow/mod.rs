@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use self::lane::{commit_lane, each_lane, persist_lane, CommitWhen};
+use self::lane::{commit_lane, each_lane, emit_immediate, persist_lane, CommitWhen, FlowLane};
 use self::shared::{Listener, Shared};
 use self::writer::Sink;
 use super::error::{FailureKind, Response, SnapshotError};
@@ -133,6 +133,10 @@ pub struct FlowConfig {
     /// partitions keeps one connection set (3 sockets on one node) instead of 1 024, and measured no
     /// slower (docs/benchmarks.md, "Scale"). The transactional mode only.
     pub partition_client_ids: bool,
+    /// Bytes of outputs (see [`Outputs`](super::Outputs)) one partition may hold in memory before it
+    /// is persisted early, ahead of [`persist_every`](Self::persist_every): outputs ride with their
+    /// keys' snapshots, so until a persist they are held. Default 16 MiB.
+    pub max_output_bytes_per_partition: usize,
     /// What a refused commit does: recover in place, rejoin, or go on, as the one table says
     /// ([`FencePolicy::Recover`], the default), or stop the flow with the error
     /// ([`FencePolicy::Stop`], kafka-flow's behaviour). See docs/fencing.md.
@@ -171,6 +175,7 @@ impl FlowConfig {
             recovery_progress_every: RecoveryConfig::default().progress_every,
             partition_client_ids: false,
             fence_policy: FencePolicy::default(),
+            max_output_bytes_per_partition: 16 << 20,
             #[cfg(feature = "postgres")]
             postgres: None,
         }
@@ -276,12 +281,12 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// ```no_run
 /// # use snapfence::records::Record;
-/// # use snapfence::snapshot::{BoxError, Change, Fold};
+/// # use snapfence::snapshot::{BoxError, Change, Fold, Outputs};
 /// # use snapfence::Bytes;
 /// # struct Balances;
 /// # impl Fold for Balances {
 /// #     type State = i64;
-/// #     fn fold(&self, _: &Bytes, s: &mut Option<i64>, _: &Record) -> Change {
+/// #     fn fold(&self, _: &Bytes, s: &mut Option<i64>, _: &Record, _out: &mut Outputs) -> Change {
 /// #         *s.get_or_insert(0) += 1;
 /// #         Change::Update
 /// #     }
@@ -396,7 +401,8 @@ impl<F: Fold> Flow<F> {
     /// events fetched. Returns how many events were folded.
     ///
     /// It neither persists, commits nor fires timers (only a revocation inside it flushes the revoked
-    /// partitions): `persist_every`, `commit_offsets_interval` and `timer_every` apply only inside
+    /// partitions, and a partition whose held outputs reached
+    /// [`FlowConfig::max_output_bytes_per_partition`] is persisted): `persist_every`, `commit_offsets_interval` and `timer_every` apply only inside
     /// [`run`](Self::run). A loop built on `poll_once` calls [`persist`](Self::persist),
     /// [`commit`](Self::commit) and [`tick`](Self::tick) when it chooses.
     ///
@@ -404,7 +410,41 @@ impl<F: Fold> Flow<F> {
     pub async fn poll_once(&mut self, timeout: Duration) -> Result<usize, FlowError> {
         self.before_poll().await?;
         let batches = self.poll_consumer(timeout).await?;
-        self.fold_batches(batches)
+        let folded = self.fold_batches(batches).await?;
+        self.persist_over_budget().await?;
+        Ok(folded)
+    }
+
+    /// Persists every partition whose held outputs reached
+    /// [`FlowConfig::max_output_bytes_per_partition`], so outputs never pile up in memory without
+    /// bound between persist intervals.
+    async fn persist_over_budget(&self) -> Result<(), FlowError> {
+        let budget = self.shared.config.max_output_bytes_per_partition;
+        let full: Vec<_> = self
+            .shared
+            .all_lanes()
+            .into_iter()
+            .filter(|lane| lane.core().held_output_bytes() >= budget)
+            .collect();
+        if full.is_empty() {
+            return Ok(());
+        }
+        self.persist_lanes(full).await
+    }
+
+    /// Persists `lanes`, each on its own, and settles their failures.
+    async fn persist_lanes(&self, lanes: Vec<Arc<FlowLane<F>>>) -> Result<(), FlowError> {
+        let fold = Arc::clone(&self.shared.fold);
+        let failures = each_lane(
+            lanes,
+            self.shared.config.max_concurrent_partitions,
+            move |lane| {
+                let fold = Arc::clone(&fold);
+                async move { persist_lane(&*fold, &lane).await }
+            },
+        )
+        .await;
+        self.shared.settle(failures, Site::Held).await
     }
 
     /// The fence handling's counters: spurious fences recovered in place, re-acquisitions, rejoins,
@@ -501,14 +541,33 @@ impl<F: Fold> Flow<F> {
     /// Folds fetched events into their keys' state, after surfacing any failure of a rebalance handler.
     /// Each partition's core is locked only while its own batch folds: a persist in flight on it (or on
     /// any other partition) does not hold folding up.
-    fn fold_batches(&self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
+    ///
+    /// In the unfenced mode, what the folds emitted is produced right after each partition's batch (at
+    /// least once; see [`Outputs`](crate::snapshot::Outputs)).
+    async fn fold_batches(&self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
         if let Some(e) = self.shared.take_failure() {
             return Err(e);
         }
         let mut folded = 0;
+        let mut failures = Vec::new();
         for batch in batches {
             let lane = self.shared.lanes().get(&batch.partition.partition).cloned();
             let Some(lane) = lane else { continue };
+            folded += self.fold_batch(&lane, &batch);
+            if let Err(e) = emit_immediate(&lane).await {
+                failures.push((lane.partition, e));
+            }
+        }
+        if !failures.is_empty() {
+            self.shared.settle(failures, Site::Held).await?;
+        }
+        Ok(folded)
+    }
+
+    /// Folds one partition's batch under its core's lock; returns how many events were folded.
+    fn fold_batch(&self, lane: &FlowLane<F>, batch: &PartitionRecords) -> usize {
+        let mut folded = 0;
+        {
             let mut core = lane.core();
             for event in &batch.records {
                 match core.handle_event(&*self.shared.fold, event) {
@@ -528,7 +587,7 @@ impl<F: Fold> Flow<F> {
             }
             core.handle_read_to(batch.next_offset);
         }
-        Ok(folded)
+        folded
     }
 
     /// Fires every timer due on [`FlowConfig::clock`] in every held partition (see [`Fold::deadline`]),
@@ -566,17 +625,7 @@ impl<F: Fold> Flow<F> {
     /// Not cancel-safe in outcome: if dropped, some snapshots may have been written; they are written
     /// again by the next call.
     pub async fn persist(&self) -> Result<(), FlowError> {
-        let fold = Arc::clone(&self.shared.fold);
-        let failures = each_lane(
-            self.shared.all_lanes(),
-            self.shared.config.max_concurrent_partitions,
-            move |lane| {
-                let fold = Arc::clone(&fold);
-                async move { persist_lane(&*fold, &lane).await }
-            },
-        )
-        .await;
-        self.shared.settle(failures, Site::Held).await
+        self.persist_lanes(self.shared.all_lanes()).await
     }
 
     /// Commits every held partition's committable offset: the first change not yet in a landed
@@ -673,11 +722,14 @@ impl<F: Fold> Flow<F> {
                 _ = &mut stop => break Ok(()),
                 r = self.poll_consumer(wait) => {
                     let folded = match r {
-                        Ok(batches) => self.fold_batches(batches),
+                        Ok(batches) => self.fold_batches(batches).await,
                         Err(e) => Err(e),
                     };
                     if let Err(e) = folded { break Err(e) }
                 }
+            }
+            if let Err(e) = self.persist_over_budget().await {
+                break Err(e);
             }
         };
         let closed = self.close().await;

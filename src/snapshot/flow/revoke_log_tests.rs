@@ -3,9 +3,10 @@
 use bytes::Bytes;
 
 use super::*;
-use crate::snapshot::fold::{BoxError, Change};
+use crate::snapshot::fold::{BoxError, Change, Outputs};
+use crate::snapshot::group_commit::Entry;
 use crate::snapshot::group_commit::{GroupCommit, MetadataSource, TransactionRunner};
-use crate::snapshot::{SnapshotWrite, TxnFailure};
+use crate::snapshot::TxnFailure;
 use crate::telemetry::capture::capture;
 use crate::GroupMetadata;
 
@@ -14,7 +15,13 @@ struct Count;
 
 impl Fold for Count {
     type State = u64;
-    fn fold(&self, _key: &Bytes, n: &mut Option<u64>, _event: &crate::records::Record) -> Change {
+    fn fold(
+        &self,
+        _key: &Bytes,
+        n: &mut Option<u64>,
+        _event: &crate::records::Record,
+        _out: &mut Outputs,
+    ) -> Change {
         *n.get_or_insert(0) += 1;
         Change::Update
     }
@@ -33,7 +40,7 @@ impl TransactionRunner for Commits {
     fn begin(&mut self) -> Result<(), TxnFailure> {
         Ok(())
     }
-    async fn send(&mut self, _write: SnapshotWrite) -> Result<(), TxnFailure> {
+    async fn send(&mut self, _entry: Entry) -> Result<(), TxnFailure> {
         Ok(())
     }
     async fn settle(&mut self) -> Result<(), TxnFailure> {

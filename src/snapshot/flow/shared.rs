@@ -11,6 +11,7 @@ use super::writer::Sink;
 use super::{FlowConfig, FlowError};
 use crate::consumer::{GroupMetadataHandle, LostReason, RebalanceListener, TopicPartition};
 use crate::net::Client;
+use crate::snapshot::error::Response;
 use crate::snapshot::fence_core::{FenceCore, Site, Verdict};
 use crate::snapshot::fold::Fold;
 use crate::snapshot::group_commit::MetadataSource;
@@ -148,10 +149,15 @@ pub(super) fn judge<S, W>(
     let mut drop = Vec::new();
     let mut drop_all = false;
     for (partition, e) in failures {
+        let replay = held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&partition)
+            .is_some_and(|lane| lane.core().needs_replay());
         let verdict = fence
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .handle_failure(partition, e.response(), site);
+            .handle_failure(partition, replay_response(e.response(), replay), site);
         match verdict {
             Verdict::Fail => {
                 first_err.get_or_insert(e);
@@ -176,6 +182,18 @@ pub(super) fn judge<S, W>(
     Judged {
         dropped: drop.iter().filter_map(|p| held.remove(p)).collect(),
         result: first_err.map_or(Ok(()), Err),
+    }
+}
+
+/// The response to a failure of a lane that may need its input replayed: a write carrying outputs
+/// that did not land for sure is never retried in place (the outputs may have committed), so a
+/// failure that would be retried becomes a recovery in place: the lane is dropped and acquired again,
+/// and the replay from the committed offset decides (docs/fencing.md, "Outputs"). A rejoin or a stop
+/// stays what it is; a failure that is not a failed commit (a configuration error) still stops.
+fn replay_response(response: Option<Response>, replay: bool) -> Option<Response> {
+    match response {
+        Some(Response::Retry) if replay => Some(Response::RecoverInPlace),
+        other => other,
     }
 }
 

@@ -6,14 +6,18 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
 use bytes::Bytes;
 
 use super::{FlowConfig, FlowError, PersistenceMode};
 use crate::consumer::{commit_offsets, GroupMetadataHandle, TopicPartition};
 use crate::net::Client;
-use crate::producer::{Producer, ProducerConfig, ProducerRecord};
+use crate::producer::{Delivery, Producer, ProducerConfig, ProducerRecord};
 use crate::snapshot::error::SnapshotError;
-use crate::snapshot::group_commit::{GroupCommit, TransactionRunner, TryWriteError};
+use crate::snapshot::fold_core::WaveWrite;
+use crate::snapshot::group_commit::{
+    Entry, GroupCommit, SnapshotWrite, TransactionRunner, TryEnqueueError,
+};
 use crate::snapshot::store::SnapshotStore;
 
 /// Where one partition's snapshot writes and offset commits go: what the driver needs of a store.
@@ -21,63 +25,124 @@ use crate::snapshot::store::SnapshotStore;
 /// Implemented by the fenced [`SnapshotStore`], the unfenced producer, and (for tests and the benchmark)
 /// a bare [`GroupCommit`] over any runner.
 pub(crate) trait Writes: Send + Sync + 'static {
-    /// Writes every `(key, value)` (a `None` value is a tombstone) and waits until all have committed
-    /// or one failed.
-    fn write_all(
-        &self,
-        writes: Vec<(Bytes, Option<Bytes>)>,
-    ) -> impl Future<Output = Result<(), FlowError>> + Send;
+    /// Writes every key's snapshot (a `None` value is a tombstone) with the outputs riding with it,
+    /// and waits until each has committed or failed; says which landed for sure.
+    fn write_all(&self, writes: Vec<WaveWrite>) -> impl Future<Output = WaveResult> + Send;
     /// Commits `offset` as the input partition's committed offset.
     fn commit_offset(&self, offset: i64) -> impl Future<Output = Result<(), FlowError>> + Send;
+    /// Waits until every output produced at once (the unfenced mode) is acknowledged; an error means
+    /// some was not, and the partition must replay. Nothing to wait for where outputs ride with their
+    /// keys' writes.
+    fn confirm_outputs(&self) -> impl Future<Output = Result<(), FlowError>> + Send {
+        std::future::ready(Ok(()))
+    }
+    /// Produces `outputs` now, without a transaction (the unfenced mode's emitting path); refused
+    /// where outputs ride with their keys' writes.
+    fn emit_now(
+        &self,
+        outputs: Vec<ProducerRecord>,
+    ) -> impl Future<Output = Result<(), FlowError>> + Send {
+        let _ = outputs;
+        std::future::ready(Err(SnapshotError::Config(
+            "outputs produced at once need the unfenced snapshot-topic mode".into(),
+        )
+        .into()))
+    }
 }
 
-/// Queues every write through `try_write` (so the group commit sees the whole wave at once and batches
-/// it, with no task per write), then waits for all outcomes. When the queue is full, waits for the
-/// writes this wave already queued (which frees room) before queueing more.
+/// How a wave's writes ended.
+#[derive(Debug)]
+pub(crate) struct WaveResult {
+    /// Per write, in the wave's order: whether it committed for sure (its transaction's outcome; a
+    /// write whose outcome never came back counts as not landed).
+    pub(crate) landed: Vec<bool>,
+    /// The first failure, if any write failed.
+    pub(crate) result: Result<(), FlowError>,
+}
+
+impl WaveResult {
+    /// Every one of `n` writes ended as `result` says.
+    #[cfg(feature = "postgres")]
+    fn uniform(n: usize, result: Result<(), FlowError>) -> Self {
+        WaveResult {
+            landed: vec![result.is_ok(); n],
+            result,
+        }
+    }
+}
+
+/// Queues every entry through `try_enqueue` (so the group commit sees the whole wave at once and
+/// batches it, with no task per write), then waits for all outcomes. When the queue is full, waits for
+/// the entries this wave already queued (which frees room) before queueing more. Each entry's outcome is
+/// its transaction's, so landing is known per transaction.
 async fn write_batched<Fut>(
-    writes: Vec<(Bytes, Option<Bytes>)>,
-    try_write: impl Fn(Bytes, Option<Bytes>) -> Result<Fut, TryWriteError>,
-) -> Result<(), SnapshotError>
+    writes: Vec<WaveWrite>,
+    try_enqueue: impl Fn(Entry) -> Result<Fut, TryEnqueueError>,
+) -> WaveResult
 where
     Fut: Future<Output = Result<(), SnapshotError>>,
 {
+    let mut landed = vec![false; writes.len()];
     let mut queued = Vec::with_capacity(writes.len());
     let mut first_err = None;
-    for (key, value) in writes {
-        let mut next = (key, value);
+    async fn settle<Fut: Future<Output = Result<(), SnapshotError>>>(
+        queued: &mut Vec<(usize, Fut)>,
+        landed: &mut [bool],
+        first_err: &mut Option<SnapshotError>,
+    ) {
+        for (i, outcome) in queued.drain(..) {
+            match outcome.await {
+                Ok(()) => landed[i] = true,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+    }
+    for (i, w) in writes.into_iter().enumerate() {
+        let mut next = Entry {
+            write: SnapshotWrite {
+                key: w.key,
+                value: w.value,
+            },
+            outputs: w.outputs,
+        };
         loop {
-            match try_write(next.0, next.1) {
+            match try_enqueue(next) {
                 Ok(outcome) => {
-                    queued.push(outcome);
+                    queued.push((i, outcome));
                     break;
                 }
-                Err(TryWriteError::Full(back)) => {
+                Err(TryEnqueueError::Full(back)) => {
                     if queued.is_empty() {
                         // Full with writes of others: give the drain a moment.
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
-                    for outcome in queued.drain(..) {
-                        if let Err(e) = outcome.await {
-                            first_err.get_or_insert(e);
-                        }
-                    }
-                    next = (back.key, back.value);
+                    settle(&mut queued, &mut landed, &mut first_err).await;
+                    next = back;
                 }
-                Err(TryWriteError::Failed(e)) => return Err(e),
+                Err(TryEnqueueError::Failed(e)) => {
+                    // The queue closed: what it already took still ends (and says how); the rest of
+                    // the wave was never sent.
+                    settle(&mut queued, &mut landed, &mut first_err).await;
+                    return WaveResult {
+                        landed,
+                        result: Err(first_err.unwrap_or(e).into()),
+                    };
+                }
             }
         }
     }
-    for outcome in queued {
-        if let Err(e) = outcome.await {
-            first_err.get_or_insert(e);
-        }
+    settle(&mut queued, &mut landed, &mut first_err).await;
+    WaveResult {
+        landed,
+        result: first_err.map_or(Ok(()), |e| Err(e.into())),
     }
-    first_err.map_or(Ok(()), Err)
 }
 
 impl<R: TransactionRunner> Writes for GroupCommit<R> {
-    async fn write_all(&self, writes: Vec<(Bytes, Option<Bytes>)>) -> Result<(), FlowError> {
-        Ok(write_batched(writes, |k, v| self.try_write(k, v)).await?)
+    async fn write_all(&self, writes: Vec<WaveWrite>) -> WaveResult {
+        write_batched(writes, |e| self.try_enqueue(e)).await
     }
 
     async fn commit_offset(&self, offset: i64) -> Result<(), FlowError> {
@@ -90,6 +155,99 @@ pub(super) struct PlainWriter {
     pub(super) producer: Arc<Producer>,
     pub(super) offsets: PlainOffsets,
     pub(super) snapshot_topic: Arc<str>,
+    /// Deliveries of outputs produced at once, not yet confirmed.
+    pub(super) pending: std::sync::Mutex<Vec<Delivery>>,
+}
+
+impl PlainWriter {
+    /// Produces `outputs` now, without a transaction; their deliveries are confirmed before the
+    /// partition's next write or commit.
+    async fn emit_now(&self, outputs: Vec<ProducerRecord>) -> Result<(), FlowError> {
+        for record in outputs {
+            let delivery = self.producer.send(record).await?;
+            self.pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(delivery);
+        }
+        Ok(())
+    }
+
+    /// Waits for every pending output delivery; the first failure is returned.
+    async fn confirm(&self) -> Result<(), FlowError> {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut first_err = None;
+        for d in pending {
+            if let Err(e) = d.await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Sends every snapshot and its outputs without a transaction, then waits for every delivery: a
+    /// write landed when its snapshot and all its outputs were acknowledged. At least once: a retry
+    /// after a crash sends again what was acknowledged but not committed as an offset.
+    async fn write_all(&self, writes: Vec<WaveWrite>) -> WaveResult {
+        let n = writes.len();
+        let mut landed = vec![false; n];
+        let mut deliveries = Vec::with_capacity(n);
+        let mut first_err: Option<FlowError> = None;
+        for (i, w) in writes.into_iter().enumerate() {
+            let record = ProducerRecord::new(Arc::clone(&self.snapshot_topic), w.value)
+                .key(w.key)
+                .partition(self.offsets.input.partition);
+            let mut sent = Vec::with_capacity(1 + w.outputs.len());
+            for record in std::iter::once(record).chain(w.outputs) {
+                match self.producer.send(record).await {
+                    Ok(d) => sent.push(d),
+                    Err(e) => {
+                        first_err.get_or_insert(e.into());
+                        break;
+                    }
+                }
+            }
+            deliveries.push((i, sent));
+            if first_err.is_some() {
+                break;
+            }
+        }
+        for (i, sent) in deliveries {
+            let mut ok = true;
+            for d in sent {
+                if let Err(e) = d.await {
+                    ok = false;
+                    first_err.get_or_insert(e.into());
+                }
+            }
+            landed[i] = ok && first_err.is_none();
+        }
+        WaveResult {
+            landed,
+            result: first_err.map_or(Ok(()), Err),
+        }
+    }
+}
+
+/// The rows the unfenced PostgreSQL store writes: a wave's snapshots. It has no producer for outputs
+/// (the unfenced topic mode produces them at once on its shared producer), so a fold that emits is
+/// refused there.
+#[cfg(feature = "postgres")]
+fn pg_rows(writes: Vec<WaveWrite>) -> Result<Vec<(Bytes, Option<Bytes>)>, FlowError> {
+    if writes.iter().any(|w| !w.outputs.is_empty()) {
+        return Err(unfenced_pg_outputs());
+    }
+    Ok(writes.into_iter().map(|w| (w.key, w.value)).collect())
+}
+
+/// The refusal of outputs by the unfenced PostgreSQL store.
+fn unfenced_pg_outputs() -> FlowError {
+    SnapshotError::Config(
+        "a fold that emits outputs cannot use the unfenced PostgreSQL store (docs/fencing.md, \
+         \"Outputs and the PostgreSQL store\")"
+            .into(),
+    )
+    .into()
 }
 
 /// Where the unfenced mode commits offsets: the consumer's OffsetCommit, checked only against the
@@ -125,10 +283,10 @@ pub(super) enum Writer {
     Plain(PlainWriter),
     /// The PostgreSQL store, fenced.
     #[cfg(feature = "postgres")]
-    Pg(crate::snapshot::postgres::PgSnapshotStore),
+    Pg(Box<crate::snapshot::postgres::PgSnapshotStore>),
     /// Rows to PostgreSQL, unfenced.
     #[cfg(feature = "postgres")]
-    PgPlain(crate::snapshot::postgres::PgPlainWriter, PlainOffsets),
+    PgPlain(Box<crate::snapshot::postgres::PgPlainWriter>, PlainOffsets),
 }
 
 impl Writer {
@@ -154,26 +312,50 @@ impl Writer {
 }
 
 impl Writes for Writer {
-    async fn write_all(&self, writes: Vec<(Bytes, Option<Bytes>)>) -> Result<(), FlowError> {
+    async fn write_all(&self, writes: Vec<WaveWrite>) -> WaveResult {
         match self {
-            Writer::Fenced(store) => Ok(write_batched(writes, |k, v| store.try_write(k, v)).await?),
-            Writer::Plain(plain) => {
-                let mut deliveries = Vec::with_capacity(writes.len());
-                for (key, value) in writes {
-                    let record = ProducerRecord::new(Arc::clone(&plain.snapshot_topic), value)
-                        .key(key)
-                        .partition(plain.offsets.input.partition);
-                    deliveries.push(plain.producer.send(record).await?);
+            Writer::Fenced(store) => write_batched(writes, |e| store.try_enqueue(e)).await,
+            Writer::Plain(plain) => plain.write_all(writes).await,
+            #[cfg(feature = "postgres")]
+            Writer::Pg(store) => {
+                // One flush: its rows and outputs land together or not at all.
+                let n = writes.len();
+                let mut rows = Vec::with_capacity(n);
+                let mut outputs = Vec::new();
+                for w in writes {
+                    rows.push((w.key, w.value));
+                    outputs.extend(w.outputs);
                 }
-                for d in deliveries {
-                    d.await?;
-                }
-                Ok(())
+                let result = store
+                    .write_with_outputs(rows, outputs)
+                    .await
+                    .map_err(FlowError::from);
+                WaveResult::uniform(n, result)
             }
             #[cfg(feature = "postgres")]
-            Writer::Pg(store) => Ok(store.write_all(writes).await?),
-            #[cfg(feature = "postgres")]
-            Writer::PgPlain(rows, _) => Ok(rows.write_all(writes).await?),
+            Writer::PgPlain(rows, _) => {
+                let n = writes.len();
+                let result = match pg_rows(writes) {
+                    Ok(writes) => rows.write_all(writes).await.map_err(FlowError::from),
+                    Err(e) => Err(e),
+                };
+                WaveResult::uniform(n, result)
+            }
+        }
+    }
+
+    async fn confirm_outputs(&self) -> Result<(), FlowError> {
+        match self {
+            Writer::Plain(plain) => plain.confirm().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// On the snapshot topic's shared producer; the unfenced PostgreSQL store has none.
+    async fn emit_now(&self, outputs: Vec<ProducerRecord>) -> Result<(), FlowError> {
+        match self {
+            Writer::Plain(plain) => plain.emit_now(outputs).await,
+            _ => Err(unfenced_pg_outputs()),
         }
     }
 

@@ -52,6 +52,14 @@
 //! Offset commits ride free: they never count against the cap, so a transaction of exactly `cap`
 //! writes still carries the offset requested after them.
 //!
+//! # Entries and the byte cap
+//!
+//! What is queued is an [`Entry`]: a key's snapshot write and the outputs its fold emitted since its
+//! last write. An entry is never split: its outputs are sent in the same transaction as its snapshot,
+//! right after it. Besides the count cap, a transaction takes entries only while their bytes stay
+//! within `max_bytes` (the first entry always goes, however large), so a wave of large outputs runs
+//! as several transactions, each short against the transaction timeout.
+//!
 //! When a transaction fails, its writes did not land. An offset request still queued that was queued
 //! after one of those writes would cover a write that is not there, so it fails with the same cause
 //! instead of riding in the next transaction. (A request queued after the failure was delivered is the
@@ -59,14 +67,14 @@
 
 use std::collections::VecDeque;
 
-use super::SnapshotWrite;
+use super::Entry;
 use crate::snapshot::error::SnapshotError;
 
 /// What the driver does next in the open transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Step {
-    /// Add these writes to the open transaction (in this order), then poll again.
-    Send(Vec<SnapshotWrite>),
+    /// Add these entries to the open transaction (in this order), then poll again.
+    Send(Vec<Entry>),
     /// Writes are still arriving: wait until what the transaction sent so far is acknowledged, then
     /// poll again.
     Settle,
@@ -80,6 +88,8 @@ enum Txn<T> {
     Producing {
         /// Tickets of the writes handed out so far, in queue order.
         joined: Vec<T>,
+        /// Bytes of the entries handed out so far.
+        bytes: usize,
         /// Sequence number of the first joined write, if any joined.
         first_seq: Option<u64>,
         /// Writes joined after the first step and since the last settle.
@@ -112,8 +122,9 @@ struct Queued<V, T> {
 /// The group-commit queue of one partition. `T` is the driver's per-waiter ticket.
 pub(crate) struct Queue<T> {
     cap: usize,
+    max_bytes: usize,
     next_seq: u64,
-    writes: VecDeque<Queued<SnapshotWrite, T>>,
+    writes: VecDeque<Queued<Entry, T>>,
     offsets: VecDeque<Queued<i64, T>>,
     /// The offset the next transaction commits unless a riding request moves it: seeded with the
     /// assigned offset, then the last offset a transaction committed.
@@ -133,6 +144,7 @@ impl<T> Queue<T> {
         debug_assert!(cap >= 1);
         Queue {
             cap: cap.max(1),
+            max_bytes: usize::MAX,
             next_seq: 0,
             writes: VecDeque::new(),
             offsets: VecDeque::new(),
@@ -144,10 +156,17 @@ impl<T> Queue<T> {
         }
     }
 
-    /// Queues a write. Refused (and `ticket` dropped) once the queue is closed.
+    /// Bounds the bytes of the entries one transaction takes (see "Entries and the byte cap"); at
+    /// least one entry always goes.
+    pub(crate) fn set_max_bytes(&mut self, max_bytes: usize) {
+        self.max_bytes = max_bytes.max(1);
+    }
+
+    /// Queues a write (with its outputs, if any). Refused (and `ticket` dropped) once the queue is
+    /// closed.
     pub(crate) fn handle_write(
         &mut self,
-        write: SnapshotWrite,
+        write: impl Into<Entry>,
         ticket: T,
     ) -> Result<(), SnapshotError> {
         if let Some(err) = &self.closed {
@@ -156,7 +175,7 @@ impl<T> Queue<T> {
         let seq = self.seq();
         self.writes.push_back(Queued {
             seq,
-            value: write,
+            value: write.into(),
             ticket,
         });
         Ok(())
@@ -188,6 +207,7 @@ impl<T> Queue<T> {
         self.begun += 1;
         self.txn = Txn::Producing {
             joined: Vec::new(),
+            bytes: 0,
             first_seq: None,
             grew: false,
         };
@@ -204,21 +224,35 @@ impl<T> Queue<T> {
     pub(crate) fn poll_step(&mut self) -> Option<Step> {
         let Txn::Producing {
             joined,
+            bytes,
             first_seq,
             grew,
         } = &mut self.txn
         else {
             return None;
         };
-        let room = self.cap - joined.len();
-        if room > 0 && !self.writes.is_empty() {
-            let n = room.min(self.writes.len());
+        let mut room = self.cap - joined.len();
+        // Entries that fit: within the count cap and the byte cap, and always the first.
+        let mut n = 0;
+        let mut taken = *bytes;
+        for q in self.writes.iter().take(room) {
+            let size = q.value.bytes();
+            if (joined.len() + n) > 0 && taken.saturating_add(size) > self.max_bytes {
+                // The next entry would overflow: nothing more joins this transaction.
+                room = 0;
+                break;
+            }
+            taken = taken.saturating_add(size);
+            n += 1;
+        }
+        if n > 0 {
             let mut out = Vec::with_capacity(n);
             for q in self.writes.drain(..n) {
                 first_seq.get_or_insert(q.seq);
                 joined.push(q.ticket);
                 out.push(q.value);
             }
+            *bytes = taken;
             *grew = true;
             return Some(Step::Send(out));
         }
@@ -385,6 +419,7 @@ fn closes(err: &SnapshotError) -> bool {
 mod tests {
     use super::*;
     use crate::snapshot::error::{FailureKind, TxnFailure};
+    use crate::snapshot::group_commit::SnapshotWrite;
     use bytes::Bytes;
     use std::collections::BTreeMap;
 
@@ -413,7 +448,7 @@ mod tests {
     }
 
     fn sent(keys: &[&'static str]) -> Option<Step> {
-        Some(Step::Send(keys.iter().map(|k| w(k)).collect()))
+        Some(Step::Send(keys.iter().map(|k| w(k).into()).collect()))
     }
 
     fn commit(offset: i64) -> Option<Step> {
@@ -598,6 +633,52 @@ mod tests {
         );
     }
 
+    /// An entry's outputs are never split from its snapshot, and the byte cap ends a transaction between
+    /// entries: entries of 100 bytes under a 250-byte cap go two to a transaction, and one entry larger
+    /// than the cap still goes, alone.
+    #[test]
+    fn the_byte_cap_splits_between_entries_never_inside_one() {
+        use crate::producer::ProducerRecord;
+        let entry = |key: &'static str, out_bytes: usize| Entry {
+            write: SnapshotWrite {
+                key: Bytes::from_static(key.as_bytes()),
+                value: None,
+            },
+            // A one-byte topic name and the fixed framing count too: pad the value to the size asked.
+            outputs: vec![ProducerRecord::new(
+                "o",
+                Some(Bytes::from(vec![0u8; out_bytes - 25 - key.len()])),
+            )],
+        };
+        assert_eq!(entry("a", 100).bytes(), 100);
+        let mut q: Q = Queue::new(256, 0);
+        q.set_max_bytes(250);
+        for k in ["a", "b", "c"] {
+            q.handle_write(entry(k, 100), k).unwrap();
+        }
+        q.handle_write(entry("d", 900), "d").unwrap();
+        let mut shapes = Vec::new();
+        while let Some(mut step) = q.poll_begin() {
+            let mut keys = Vec::new();
+            loop {
+                match step {
+                    Step::Send(entries) => {
+                        for e in entries {
+                            assert_eq!(e.outputs.len(), 1, "an entry keeps its outputs");
+                            keys.push(String::from_utf8(e.write.key.to_vec()).unwrap());
+                        }
+                    }
+                    Step::Settle => {}
+                    Step::Commit { .. } => break,
+                }
+                step = q.poll_step().unwrap();
+            }
+            q.handle_outcome(Ok(()));
+            shapes.push(keys);
+        }
+        assert_eq!(shapes, vec![vec!["a", "b"], vec!["c"], vec!["d"]]);
+    }
+
     /// A burst whose first write begins the transaction before the rest are queued runs ceil(n / cap)
     /// transactions, not one more: the rest join the transaction the first write began.
     #[test]
@@ -779,7 +860,7 @@ mod tests {
             match (step, txn) {
                 (Some(Step::Send(ws)), Some(t)) => t.0.extend(
                     ws.iter()
-                        .map(|w| String::from_utf8(w.key.to_vec()).unwrap()),
+                        .map(|w| String::from_utf8(w.write.key.to_vec()).unwrap()),
                 ),
                 (Some(Step::Commit { offset }), Some(t)) => {
                     t.1 = Some(offset);

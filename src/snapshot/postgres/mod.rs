@@ -20,6 +20,19 @@
 //! and the offset the fencing row recorded, committed with the rows, is the one the partition resumes
 //! from. docs/fencing.md walks through every interleaving.
 //!
+//! # Outputs
+//!
+//! A flush can carry outputs (what a [`Fold`](super::Fold) emitted): they are produced in the prepared
+//! Kafka transaction of step 1, after the offset commit, whose metadata names the flush
+//! (`snapfence-flush <owner epoch>.<n>`), and step 2 keeps them in `<table_prefix>_outputs`, replacing
+//! the previous flush's. Kafka then commits them with the offset or not at all. The one gap is the one
+//! the rows have too: the rows committed and the Kafka side was aborted by a takeover (4.4.0 cannot
+//! keep it). The takeover closes it: when the group's committed offset metadata does not name the flush
+//! whose outputs PostgreSQL holds, that flush never committed in Kafka, and the new owner sends its
+//! outputs again in its first flush (which [`PgSnapshotStore::kafka_behind`] asks for). A prepared
+//! transaction never times out: until a takeover, a dead owner's prepared outputs hold back the LSO of
+//! every output partition they went to, other producers' data included (docs/fencing.md).
+//!
 //! [`PgSnapshotStore`] is one partition's store; a [`Flow`](super::Flow) uses it when
 //! [`FlowConfig::postgres`](super::FlowConfig) is set.
 //!
@@ -44,7 +57,7 @@ pub struct PgStoreConfig {
     /// A connection string tokio-postgres accepts: a URL (`postgres://user:pass@host:5432/db`) or
     /// key-value pairs (`host=... user=...`). Plaintext: the feature links no TLS library.
     pub url: String,
-    /// The tables are `<table_prefix>_snapshots` and `<table_prefix>_owners`. A plain identifier
+    /// The tables are `<table_prefix>_snapshots`, `<table_prefix>_owners` and `<table_prefix>_outputs`. A plain identifier
     /// (`[a-z_][a-z0-9_]*`, at most 40 characters). Default `snapfence`.
     pub table_prefix: String,
     /// Create the tables when they are missing. Default `true`; without it a missing table fails the

@@ -8,6 +8,10 @@
 //!   per partition. `owner_epoch` is bumped by every takeover; a flush commits only while it still
 //!   holds the epoch its store took over with (a compare-and-set under the row's lock), and records
 //!   the input offset its snapshots cover and the Kafka transaction it prepared.
+//! - `<prefix>_outputs (prefix, partition, seq, flush_id, topic, target, key, value, headers, ts)`: the
+//!   outputs of the partition's last flush that carried any (every flush replaces them), kept so the
+//!   next owner can send them again when that flush's Kafka side did not commit (the group's committed
+//!   offset metadata names the last flush that did).
 
 /// A table prefix that is a plain SQL identifier: it is spliced into statements, never quoted.
 pub(crate) fn valid_prefix(prefix: &str) -> bool {
@@ -35,6 +39,14 @@ pub(crate) struct Statements {
     pub(crate) read: String,
     /// The fencing row as it stands. $1 prefix, $2 partition.
     pub(crate) owner: String,
+    /// Forget the partition's stored outputs. $1 prefix, $2 partition.
+    pub(crate) outputs_clear: String,
+    /// Store a flush's outputs. $1 prefix, $2 partition, $3 flush id, $4 seqs (int4[]), $5 topics
+    /// (text[]), $6 target partitions (int4[], -1: the partitioner's choice), $7 keys, $8 values,
+    /// $9 headers (bytea[], nulls allowed), $10 timestamps (int8[], -1: none).
+    pub(crate) outputs_insert: String,
+    /// The partition's stored outputs in order. $1 prefix, $2 partition.
+    pub(crate) outputs_read: String,
 }
 
 impl Statements {
@@ -43,6 +55,7 @@ impl Statements {
     pub(crate) fn new(table_prefix: &str) -> Statements {
         let snapshots = format!("{table_prefix}_snapshots");
         let owners = format!("{table_prefix}_owners");
+        let outputs = format!("{table_prefix}_outputs");
         Statements {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {snapshots} (\
@@ -51,7 +64,12 @@ impl Statements {
                  CREATE TABLE IF NOT EXISTS {owners} (\
                    prefix text NOT NULL, partition integer NOT NULL, owner_epoch bigint NOT NULL, \
                    committed_offset bigint, prepared_txn text, \
-                   PRIMARY KEY (prefix, partition));"
+                   PRIMARY KEY (prefix, partition)); \
+                 CREATE TABLE IF NOT EXISTS {outputs} (\
+                   prefix text NOT NULL, partition integer NOT NULL, seq integer NOT NULL, \
+                   flush_id text NOT NULL, topic text NOT NULL, target integer NOT NULL, key bytea, \
+                   value bytea, headers bytea, ts bigint NOT NULL, \
+                   PRIMARY KEY (prefix, partition, seq));"
             ),
             bump: format!(
                 "INSERT INTO {owners} AS o (prefix, partition, owner_epoch) VALUES ($1, $2, 1) \
@@ -74,6 +92,17 @@ impl Statements {
             owner: format!(
                 "SELECT owner_epoch, committed_offset, prepared_txn FROM {owners} \
                  WHERE prefix = $1 AND partition = $2"
+            ),
+            outputs_clear: format!("DELETE FROM {outputs} WHERE prefix = $1 AND partition = $2"),
+            outputs_insert: format!(
+                "INSERT INTO {outputs} (prefix, partition, seq, flush_id, topic, target, key, value, \
+                   headers, ts) \
+                 SELECT $1, $2, q, $3, t, p, k, v, h, ts FROM unnest($4::int4[], $5::text[], \
+                   $6::int4[], $7::bytea[], $8::bytea[], $9::bytea[], $10::int8[]) AS u(q, t, p, k, v, h, ts)"
+            ),
+            outputs_read: format!(
+                "SELECT flush_id, topic, target, key, value, headers, ts FROM {outputs} \
+                 WHERE prefix = $1 AND partition = $2 ORDER BY seq"
             ),
         }
     }
@@ -104,6 +133,7 @@ mod tests {
         }
         let s = Statements::new("sf");
         assert!(s.create.contains("sf_snapshots") && s.create.contains("sf_owners"));
+        assert!(s.create.contains("sf_outputs") && s.outputs_read.contains("ORDER BY seq"));
         assert!(s.record.contains("owner_epoch = $3"));
     }
 }

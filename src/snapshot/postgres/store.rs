@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,11 +12,13 @@ use tokio_postgres::NoTls;
 
 use super::sql::Statements;
 use super::{redacted, PgError, PgStoreConfig};
+use crate::consumer::committed_offsets_and_metadata;
 use crate::net::Client;
 use crate::producer::{
-    Completion, PreparedTxn, ProducerError, TopicPartition, TransactionState, TransactionalConfig,
-    TransactionalProducer, TwoPhaseCommitRefusal,
+    Completion, OffsetAndMetadata, PreparedTxn, ProducerError, ProducerRecord, TopicPartition,
+    TransactionState, TransactionalConfig, TransactionalProducer, TwoPhaseCommitRefusal,
 };
+use crate::records::Header;
 use crate::snapshot::error::{FailureKind, SnapshotError};
 use crate::snapshot::group_commit::MetadataSource;
 use crate::snapshot::{RecoveredState, SnapshotConfig};
@@ -69,6 +71,11 @@ pub struct PgSnapshotStore {
     committed: Arc<AtomicI64>,
     /// Whether the group's committed offset in Kafka was behind the fencing row's at takeover.
     behind_at_takeover: bool,
+    /// Outputs of the previous owner's last flush whose rows committed and whose Kafka side did not:
+    /// sent again by this store's next flush, and forgotten once that flush's rows commit.
+    resend: Arc<Mutex<Vec<ProducerRecord>>>,
+    /// Whether the outputs table may hold rows of this partition (a flush then clears them).
+    outputs_stored: Arc<AtomicBool>,
     flushes: AtomicU64,
     acquired_in: Duration,
     lane: Arc<tokio::sync::Mutex<Lane>>,
@@ -197,6 +204,29 @@ impl PgSnapshotStore {
             );
         }
         let (assigned, learned) = start.await?;
+        let stored = read_outputs(&lane.pg, &statements, &prefix, partition)
+            .await
+            .map_err(|e| store_error(partition, kind_of(&e), e))?;
+        let outputs_stored = !stored.is_empty();
+        let resend = match stored.first() {
+            None => Vec::new(),
+            Some((flush_id, _)) => {
+                let landed = kafka_flush_id(&client, &*metadata, &input).await?;
+                if landed.as_deref() == Some(flush_id.as_str()) {
+                    Vec::new()
+                } else {
+                    crate::telemetry::outputs_resent(partition, stored.len());
+                    tracing::info!(
+                        partition,
+                        flush_id,
+                        outputs = stored.len(),
+                        kafka_committed = ?landed,
+                        "the last flush's rows committed but its Kafka side did not: its outputs go out again"
+                    );
+                    stored.into_iter().map(|(_, record)| record).collect()
+                }
+            }
+        };
         let committed = recorded_offset.map_or(assigned, |r| r.max(assigned));
         let acquired_in = began.elapsed();
         tracing::info!(
@@ -216,6 +246,8 @@ impl PgSnapshotStore {
             owner_epoch,
             committed: Arc::new(AtomicI64::new(committed)),
             behind_at_takeover: recorded_offset.is_some_and(|r| r > assigned),
+            resend: Arc::new(Mutex::new(resend)),
+            outputs_stored: Arc::new(AtomicBool::new(outputs_stored)),
             flushes: AtomicU64::new(0),
             acquired_in,
             lane: Arc::new(tokio::sync::Mutex::new(lane)),
@@ -248,8 +280,11 @@ impl PgSnapshotStore {
     /// store took over: a flush whose Kafka side was aborted after its rows committed (a crash between
     /// the two; Kafka 4.4.0 cannot keep the prepared transaction). The owner should commit
     /// [`committed_offset`](Self::committed_offset) before it reads input, so the consumer starts there.
+    ///
+    /// Also true when the previous owner's last flush carried outputs that never committed in Kafka:
+    /// the next flush sends them again, with the offset commit.
     pub fn kafka_behind(&self) -> bool {
-        self.behind_at_takeover
+        self.behind_at_takeover || !lock(&self.resend).is_empty()
     }
 
     /// Flushes begun (committed, failed or in flight).
@@ -279,23 +314,38 @@ impl PgSnapshotStore {
         &self,
         writes: Vec<(Bytes, Option<Bytes>)>,
     ) -> Result<(), SnapshotError> {
-        self.flush(writes, self.committed_offset()).await
+        self.flush(writes, Vec::new(), self.committed_offset())
+            .await
+    }
+
+    /// [`write_all`](Self::write_all) with outputs: they are produced in the flush's prepared Kafka
+    /// transaction and kept in PostgreSQL with the rows, so that if the Kafka side never commits the
+    /// next owner sends them again (see the module docs, "Outputs").
+    ///
+    /// Not cancel-safe in outcome, as [`write_all`](Self::write_all).
+    pub async fn write_with_outputs(
+        &self,
+        writes: Vec<(Bytes, Option<Bytes>)>,
+        outputs: Vec<ProducerRecord>,
+    ) -> Result<(), SnapshotError> {
+        self.flush(writes, outputs, self.committed_offset()).await
     }
 
     /// Records `offset` as the input partition's committed offset (a flush without rows).
     ///
     /// Not cancel-safe in outcome, as [`write_all`](Self::write_all).
     pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
-        self.flush(Vec::new(), offset).await
+        self.flush(Vec::new(), Vec::new(), offset).await
     }
 
     /// A whole flush: its four steps one after the other.
     async fn flush(
         &self,
         writes: Vec<(Bytes, Option<Bytes>)>,
+        outputs: Vec<ProducerRecord>,
         offset: i64,
     ) -> Result<(), SnapshotError> {
-        self.begin_flush(writes, offset)
+        self.begin_flush_with_outputs(writes, outputs, offset)
             .await?
             .write_rows()
             .await?
@@ -315,12 +365,32 @@ impl PgSnapshotStore {
         writes: Vec<(Bytes, Option<Bytes>)>,
         offset: i64,
     ) -> Result<KafkaPrepared, SnapshotError> {
+        self.begin_flush_with_outputs(writes, Vec::new(), offset)
+            .await
+    }
+
+    /// [`begin_flush`](Self::begin_flush) with outputs, produced in the prepared transaction after the
+    /// offset commit (and after any outputs of the previous owner's flush this store sends again). The
+    /// offset commit's metadata names the flush, so a later takeover can tell whether its Kafka side
+    /// committed.
+    ///
+    /// Cancel-safe, as [`begin_flush`](Self::begin_flush).
+    pub async fn begin_flush_with_outputs(
+        &self,
+        writes: Vec<(Bytes, Option<Bytes>)>,
+        outputs: Vec<ProducerRecord>,
+        offset: i64,
+    ) -> Result<KafkaPrepared, SnapshotError> {
         let partition = self.partition;
         let mut lane = self.lane.clone().lock_owned().await;
         if lane.closed {
             return Err(SnapshotError::Closed { partition });
         }
-        self.flushes.fetch_add(1, Ordering::Relaxed);
+        let flush = self.flushes.fetch_add(1, Ordering::Relaxed);
+        // Unique per flush of the partition: the epoch is unique per takeover.
+        let flush_id = format!("snapfence-flush {}.{flush}", self.owner_epoch);
+        let mut outputs_all = lock(&self.resend).clone();
+        outputs_all.extend(outputs);
         clean_up(&mut lane, partition).await?;
         let Some(group) = self.metadata.current() else {
             return Err(SnapshotError::MissingGroupMetadata { partition });
@@ -338,14 +408,27 @@ impl PgSnapshotStore {
         if let Err(e) = lane.producer.begin() {
             return Err(failed(&mut lane, e));
         }
+        let commit = OffsetAndMetadata {
+            offset,
+            leader_epoch: None,
+            metadata: Some(flush_id.clone()),
+        };
         let fenced = lane
             .producer
-            .send_offsets([(self.input.clone(), offset.into())], &group)
+            .send_offsets([(self.input.clone(), commit)], &group)
             .await;
         if let Err(e) = fenced {
             let err = failed(&mut lane, e);
             abort_quietly(&mut lane, partition).await;
             return Err(err);
+        }
+        // A failed output makes the transaction abortable and `prepare` fails with it.
+        for record in outputs_all.iter().cloned() {
+            if let Err(e) = lane.producer.send(record).await {
+                let err = failed(&mut lane, e);
+                abort_quietly(&mut lane, partition).await;
+                return Err(err);
+            }
         }
         let prepared = match lane.producer.prepare().await {
             Ok(p) => p,
@@ -359,6 +442,8 @@ impl PgSnapshotStore {
             lane: Some(lane),
             store: self.handle(),
             writes,
+            outputs: outputs_all,
+            flush_id,
             offset,
             prepared,
         }))
@@ -371,6 +456,8 @@ impl PgSnapshotStore {
             statements: self.statements.clone(),
             owner_epoch: self.owner_epoch,
             committed: self.committed.clone(),
+            resend: self.resend.clone(),
+            outputs_stored: self.outputs_stored.clone(),
         }
     }
 
@@ -401,6 +488,8 @@ struct Handle {
     statements: Arc<Statements>,
     owner_epoch: i64,
     committed: Arc<AtomicI64>,
+    resend: Arc<Mutex<Vec<ProducerRecord>>>,
+    outputs_stored: Arc<AtomicBool>,
 }
 
 /// A flush under way: the lane it holds (one flush at a time), what it writes, and the Kafka
@@ -410,6 +499,10 @@ struct Stage {
     lane: Option<OwnedMutexGuard<Lane>>,
     store: Handle,
     writes: Vec<(Bytes, Option<Bytes>)>,
+    /// The outputs the prepared transaction carries, kept in PostgreSQL with the rows.
+    outputs: Vec<ProducerRecord>,
+    /// What the flush's offset commit carries as metadata.
+    flush_id: String,
     offset: i64,
     prepared: PreparedTxn,
 }
@@ -565,13 +658,30 @@ impl KafkaPrepared {
                 },
             ));
         }
+        let outputs = std::mem::take(&mut s.outputs);
+        let stored_before = s.store.outputs_stored.load(Ordering::SeqCst);
+        let flush_id = s.flush_id.clone();
         let lane = s.lane();
-        let result = upsert_rows(&lane.pg, &statements, &prefix, partition, writes).await;
+        let mut result = upsert_rows(&lane.pg, &statements, &prefix, partition, writes).await;
+        if result.is_ok() && (stored_before || !outputs.is_empty()) {
+            // Every flush replaces the stored outputs: the last one that committed in Kafka (named by
+            // the group's offset metadata) needs none of them again.
+            result = store_outputs(
+                &lane.pg,
+                &statements,
+                &prefix,
+                partition,
+                &flush_id,
+                &outputs,
+            )
+            .await;
+        }
         if let Err(e) = result {
             let err = lane.statement_error("write snapshots", e);
             s.unwind().await;
             return Err(s.error(kind_of(&err), err));
         }
+        s.outputs = outputs;
         Ok(RowsWritten(stage))
     }
 }
@@ -590,6 +700,11 @@ impl RowsWritten {
         match lane.pg.batch_execute("COMMIT").await {
             Ok(()) => {
                 lane.pg_txn_open = false;
+                // The outputs (the previous owner's included) are in PostgreSQL as this flush's now.
+                s.store
+                    .outputs_stored
+                    .store(!s.outputs.is_empty(), Ordering::SeqCst);
+                lock(&s.store.resend).clear();
                 Ok(RowsCommitted(stage))
             }
             Err(e) => {
@@ -626,9 +741,10 @@ impl RowsCommitted {
             Ok(Completion::Committed) => Ok(()),
             Ok(Completion::Aborted) => unreachable_abort(partition),
             Err(e) => {
-                if FailureKind::of(&e).closes_store() {
-                    lane.closed = true;
-                }
+                // Whatever the kind: the rows (and the outputs stored with them) have landed, and only
+                // a takeover can tell whether the Kafka side did; a next flush of this store would
+                // replace the stored outputs before anyone sent them again.
+                lane.closed = true;
                 Err(SnapshotError::Transaction {
                     partition,
                     failure: e.into(),
@@ -843,4 +959,183 @@ pub(crate) async fn upsert_rows(
             .await?;
     }
     Ok(())
+}
+
+/// The metadata of the group's committed offset for `input`: the id of the last flush whose Kafka side
+/// committed (`None`: no flush committed, or no group yet).
+async fn kafka_flush_id(
+    client: &Client,
+    metadata: &dyn MetadataSource,
+    input: &TopicPartition,
+) -> Result<Option<String>, SnapshotError> {
+    let partition = input.partition;
+    let Some(group) = metadata.current() else {
+        return Err(SnapshotError::MissingGroupMetadata { partition });
+    };
+    let committed =
+        committed_offsets_and_metadata(client, group.group_id(), std::slice::from_ref(input))
+            .await
+            .map_err(|e| SnapshotError::Consumer {
+                partition,
+                source: Arc::new(e),
+            })?;
+    Ok(committed.get(input).cloned().flatten().and_then(|(_, m)| m))
+}
+
+/// Replaces `partition`'s stored outputs with `outputs` of flush `flush_id` (none: just clears).
+async fn store_outputs(
+    pg: &tokio_postgres::Client,
+    statements: &Statements,
+    prefix: &str,
+    partition: i32,
+    flush_id: &str,
+    outputs: &[ProducerRecord],
+) -> Result<(), tokio_postgres::Error> {
+    pg.execute(&statements.outputs_clear, &[&prefix, &partition])
+        .await?;
+    if outputs.is_empty() {
+        return Ok(());
+    }
+    let seqs: Vec<i32> = (0..outputs.len())
+        .map(|i| i32::try_from(i).unwrap_or(i32::MAX))
+        .collect();
+    let topics: Vec<&str> = outputs.iter().map(|o| &*o.topic).collect();
+    let targets: Vec<i32> = outputs.iter().map(|o| o.partition.unwrap_or(-1)).collect();
+    let keys: Vec<Option<&[u8]>> = outputs.iter().map(|o| o.key.as_deref()).collect();
+    let values: Vec<Option<&[u8]>> = outputs.iter().map(|o| o.value.as_deref()).collect();
+    let headers: Vec<Option<Vec<u8>>> = outputs
+        .iter()
+        .map(|o| (!o.headers.is_empty()).then(|| encode_headers(&o.headers)))
+        .collect();
+    let timestamps: Vec<i64> = outputs.iter().map(|o| o.timestamp.unwrap_or(-1)).collect();
+    pg.execute(
+        &statements.outputs_insert,
+        &[
+            &prefix,
+            &partition,
+            &flush_id,
+            &seqs,
+            &topics,
+            &targets,
+            &keys,
+            &values,
+            &headers,
+            &timestamps,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// `partition`'s stored outputs in order, each with the id of the flush that stored it.
+async fn read_outputs(
+    pg: &tokio_postgres::Client,
+    statements: &Statements,
+    prefix: &str,
+    partition: i32,
+) -> Result<Vec<(String, ProducerRecord)>, PgError> {
+    let rows = pg
+        .query(&statements.outputs_read, &[&prefix, &partition])
+        .await
+        .map_err(|e| PgError::Statement {
+            step: "read stored outputs",
+            source: Arc::new(e),
+        })?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let flush_id: String = row.get(0);
+        let topic: String = row.get(1);
+        let target: i32 = row.get(2);
+        let key: Option<Vec<u8>> = row.get(3);
+        let value: Option<Vec<u8>> = row.get(4);
+        let headers: Option<Vec<u8>> = row.get(5);
+        let ts: i64 = row.get(6);
+        let mut record = ProducerRecord::new(topic, value.map(Bytes::from));
+        record.key = key.map(Bytes::from);
+        record.partition = (target >= 0).then_some(target);
+        record.timestamp = (ts >= 0).then_some(ts);
+        if let Some(h) = headers {
+            record.headers = decode_headers(&h).ok_or(PgError::BadRow {
+                partition,
+                detail: "stored output headers do not decode".into(),
+            })?;
+        }
+        out.push((flush_id, record));
+    }
+    Ok(out)
+}
+
+/// Headers as bytes: per header, the key's length (u32 BE) and bytes, then the value's length (i32 BE,
+/// -1 for null) and bytes.
+fn encode_headers(headers: &[Header]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for h in headers {
+        out.extend_from_slice(&u32::try_from(h.key.len()).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(&h.key);
+        match &h.value {
+            Some(v) => {
+                out.extend_from_slice(&i32::try_from(v.len()).unwrap_or(i32::MAX).to_be_bytes());
+                out.extend_from_slice(v);
+            }
+            None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+        }
+    }
+    out
+}
+
+/// The inverse of [`encode_headers`]; `None` when the bytes are not such an encoding (every length is
+/// checked against what is left before anything is taken).
+fn decode_headers(mut bytes: &[u8]) -> Option<Vec<Header>> {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if bytes.len() < n {
+            return None;
+        }
+        let (head, rest) = bytes.split_at(n);
+        *bytes = rest;
+        Some(head)
+    }
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let key_len = u32::from_be_bytes(take(&mut bytes, 4)?.try_into().ok()?);
+        let key = Bytes::copy_from_slice(take(&mut bytes, usize::try_from(key_len).ok()?)?);
+        let value_len = i32::from_be_bytes(take(&mut bytes, 4)?.try_into().ok()?);
+        let value = match value_len {
+            -1 => None,
+            n if n >= 0 => Some(Bytes::copy_from_slice(take(
+                &mut bytes,
+                usize::try_from(n).ok()?,
+            )?)),
+            _ => return None,
+        };
+        out.push(Header { key, value });
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stored output headers round-trip (null values and empty keys included), and bytes that are not
+    /// such an encoding (a length past the end, a negative length other than -1) are refused, never
+    /// read past.
+    #[test]
+    fn headers_round_trip_and_bad_bytes_are_refused() {
+        let headers = vec![
+            Header {
+                key: Bytes::from_static(b"schema"),
+                value: Some(Bytes::from_static(b"v2")),
+            },
+            Header {
+                key: Bytes::new(),
+                value: None,
+            },
+        ];
+        let bytes = encode_headers(&headers);
+        assert_eq!(decode_headers(&bytes), Some(headers));
+        assert_eq!(decode_headers(&[]), Some(Vec::new()));
+        assert_eq!(decode_headers(&[0, 0, 0, 9, b'a']), None);
+        assert_eq!(decode_headers(&[0, 0, 0, 0, 0xff, 0xff, 0xff, 0xfe]), None);
+        assert_eq!(decode_headers(&[0, 0, 0]), None);
+    }
 }
