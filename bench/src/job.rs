@@ -28,8 +28,8 @@
 //!   produces `--rate` events a second for `--output-seconds` with each record's CreateTime set at its
 //!   send, while a read_committed reader in the runner reads the output: latency = the time the reader
 //!   sees an output record minus its input's CreateTime. A fixed rate (well below either client's
-//!   throughput) keeps the figure a latency, not a queue length. snapfence: "not yet", until the fold's
-//!   output API lands (issue 33).
+//!   throughput) keeps the figure a latency, not a queue length. snapfence's outputs ride in its snapshot
+//!   transactions ([`Outputs`](snapfence::snapshot::Outputs)).
 //! - **takeover** (`--takeover`): two members of one group on an empty input, both holding partitions
 //!   (they print `HOLD` lines), then the input is produced as fast as the runner can and one member is
 //!   SIGKILLed; measured: from the kill until the group's committed offsets reach the end. Both clients
@@ -521,13 +521,23 @@ async fn run(options: &Options) -> Result<String, Error> {
             "== output: {} events/s for {} s",
             options.rate, options.output_seconds
         );
-        for &kind in &options.clients {
-            let mut list = Ok(Vec::new());
-            if kind == Kind::Snapfence {
-                list = Err("not yet (the fold's output API, issue 33)".to_string());
-            }
-            for run in 0..options.runs {
-                let Ok(l) = &mut list else { break };
+        let mut samples: Vec<(Kind, Result<Vec<OutputSample>, String>)> = options
+            .clients
+            .iter()
+            .map(|&k| (k, Ok(Vec::new())))
+            .collect();
+        for run in 0..options.runs {
+            for i in 0..samples.len() {
+                // Alternate which client goes first.
+                let i = if run % 2 == 0 {
+                    i
+                } else {
+                    samples.len() - 1 - i
+                };
+                let kind = samples[i].0;
+                let Ok(list) = &mut samples[i].1 else {
+                    continue;
+                };
                 match output_run(&setup, &client, kind, options).await {
                     Ok(s) => {
                         eprintln!(
@@ -537,16 +547,16 @@ async fn run(options: &Options) -> Result<String, Error> {
                             percentile(&s.latencies_ms, 0.5),
                             percentile(&s.latencies_ms, 0.99)
                         );
-                        l.push(s);
+                        list.push(s);
                     }
                     Err(e) => {
                         eprintln!("   {} failed: {e}", kind.name());
-                        list = Err(e.to_string());
+                        samples[i].1 = Err(e.to_string());
                     }
                 }
             }
-            results.output.push((kind, list));
         }
+        results.output = samples;
     }
     if options.takeover {
         eprintln!(

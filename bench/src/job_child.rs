@@ -13,17 +13,20 @@
 //! changes, which the runner waits for before it kills a member in the takeover row. It runs until it is
 //! killed, or until its stdin closes: the runner holds it open, so a runner that dies takes it along.
 //!
-//! The `--output` variant (one output record per event) waits for the fold's output API (issue 33); see
-//! the TODO in [`Count::fold`].
+//! With an OUTPUT topic (the `--output` variant) the fold also emits one record per event to it
+//! ([`Outputs`]): in the fenced mode each key's outputs are produced in the transaction that persists its
+//! snapshot, so they become visible to a read_committed reader at the persist interval, exactly once.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use snapfence::consumer::{GroupConfig, GroupConsumerConfig};
 use snapfence::net::{Client, ClientConfig};
+use snapfence::producer::ProducerRecord;
 use snapfence::records::Record;
 use snapfence::snapshot::{
-    BoxError, Change, Flow, FlowConfig, Fold, MissingSnapshotTopic, PersistenceMode, SnapshotConfig,
+    BoxError, Change, Flow, FlowConfig, Fold, MissingSnapshotTopic, Outputs, PersistenceMode,
+    SnapshotConfig,
 };
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -76,23 +79,25 @@ fn parse(args: &[String]) -> Result<Args, String> {
 #[derive(Debug, Clone, Default)]
 pub struct Count {
     /// The `--output` variant's topic: one record per event, value [`output_value`].
-    // Read once the output API lands (TODO(issue 33 output API) in `fold`).
-    #[allow(dead_code)]
     pub output: Option<String>,
 }
 
 impl Fold for Count {
     type State = u64;
 
-    fn fold(&self, _key: &Bytes, count: &mut Option<u64>, _event: &Record) -> Change {
+    fn fold(
+        &self,
+        key: &Bytes,
+        count: &mut Option<u64>,
+        event: &Record,
+        out: &mut Outputs,
+    ) -> Change {
         let count = count.get_or_insert(0);
         *count += 1;
-        // TODO(issue 33 output API): when the fold takes `out: &mut Outputs`, the output variant is
-        //     if let Some(topic) = &self.output {
-        //         let value = output_value(_event, *count);
-        //         out.send(ProducerRecord::new(topic.as_str(), Some(value)).key(_key.clone()));
-        //     }
-        // and `job-child` stops refusing an OUTPUT topic (see `main`).
+        if let Some(topic) = &self.output {
+            let value = output_value(event, *count);
+            out.send(ProducerRecord::new(topic.as_str(), Some(value)).key(key.clone()));
+        }
         Change::Update
     }
 
@@ -110,8 +115,6 @@ impl Fold for Count {
 /// The output record's value for `event` after it made its key's count `count`: the event's timestamp,
 /// its offset and the count, 8 bytes big-endian each, as StreamsJob.java writes it (the runner reads the
 /// first 8 for the latency).
-// Used by `fold` once the output API lands (TODO(issue 33 output API)); its test keeps it honest.
-#[allow(dead_code)]
 pub fn output_value(event: &Record, count: u64) -> Bytes {
     let mut v = Vec::with_capacity(24);
     v.extend_from_slice(&event.timestamp.to_be_bytes());
@@ -120,8 +123,8 @@ pub fn output_value(event: &Record, count: u64) -> Bytes {
     Bytes::from(v)
 }
 
-/// Runs the member until it fails or is killed; the exit status: 1 on an error, 2 on bad arguments, 3 for
-/// the output variant (not yet).
+/// Runs the member until it fails or is killed (or its stdin closes); the exit status: 1 on an error, 2
+/// on bad arguments.
 pub fn main(args: &[String]) -> i32 {
     let args = match parse(args) {
         Ok(a) => a,
@@ -130,11 +133,6 @@ pub fn main(args: &[String]) -> i32 {
             return 2;
         }
     };
-    if let Some(topic) = &args.output {
-        // TODO(issue 33 output API): remove once `Count::fold` sends its output.
-        eprintln!("job-child: output to {topic} is not yet possible: the fold's output API (issue 33) has not landed");
-        return 3;
-    }
     std::thread::spawn(|| {
         // EOF (or an error) on stdin: the runner is gone.
         let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
@@ -243,9 +241,22 @@ mod tests {
             value: None,
             headers: Vec::new(),
         };
-        assert_eq!(c.fold(&Bytes::new(), &mut state, &event), Change::Update);
-        assert_eq!(c.fold(&Bytes::new(), &mut state, &event), Change::Update);
+        let mut out = Outputs::default();
+        assert_eq!(
+            c.fold(&Bytes::new(), &mut state, &event, &mut out),
+            Change::Update
+        );
+        assert_eq!(
+            c.fold(&Bytes::new(), &mut state, &event, &mut out),
+            Change::Update
+        );
         assert_eq!(state, Some(2));
+        assert_eq!(out.len(), 0, "no output topic, no outputs");
+        let c = Count {
+            output: Some("out".into()),
+        };
+        c.fold(&Bytes::new(), &mut state, &event, &mut out);
+        assert_eq!(out.len(), 1);
         assert_eq!(c.decode(&c.encode(&2)).unwrap(), 2);
         let v = output_value(&event, 2);
         assert_eq!(&v[..8], &1_000i64.to_be_bytes());
