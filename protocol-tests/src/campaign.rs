@@ -477,8 +477,12 @@ pub fn summary(reports: &[RoundReport]) -> String {
     let anomalies: usize = reports.iter().map(|r| r.anomalies.len()).sum();
     let infra: usize = reports.iter().map(|r| r.infra.len()).sum();
     let events: usize = reports.iter().map(|r| r.events).sum();
+    let outputs: usize = reports.iter().map(|r| r.outputs_read).sum();
+    let lost: usize = reports.iter().map(|r| r.outputs_lost).sum();
+    let duplicated: usize = reports.iter().map(|r| r.outputs_duplicated).sum();
     let mut out = format!(
-        "rounds: {} ({} classic, {} of them eager, {} consumer protocol; tv2 {}, tv1 {})\nevents: {events}\nfaults by kind:\n",
+        "rounds: {} ({} classic, {} of them eager, {} consumer protocol; tv2 {}, tv1 {})\nevents: {events}\n\
+         outputs: {outputs} ({lost} lost, {duplicated} duplicated)\nfaults by kind:\n",
         reports.len(),
         reports.iter().filter(|r| !r.plan.consumer_protocol).count(),
         reports

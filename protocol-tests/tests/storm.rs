@@ -4,7 +4,8 @@
 //! cooperative, STALE_MEMBER_EPOCH under KIP-848 before 4.3): in the tolerant mode (the default) the
 //! member recovers that partition in place and never exits; in the stopping mode it exits and its
 //! restart is one more rebalance (the cascade). Either way the state recovered at the end equals a fold
-//! of all input.
+//! of all input, and every input event's output (the members run the `Echo` fold) is committed exactly
+//! once: a spurious fence recovered in place re-folds from the replay, and emits nothing twice.
 //!
 //! What each protocol can show: classic cooperative keeps partitions through a round, so its flushes
 //! race the generation bump and its revoke-time flush is always refused; KIP-848 before 4.3 races the
@@ -17,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol_tests::tally::{fold_all, Counter, Tally};
+use protocol_tests::campaign::count_outputs;
+use protocol_tests::tally::{fold_all, Echo, Tally};
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
 use snapfence::consumer::{
     list_offsets, Assignor, GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset,
@@ -78,6 +80,8 @@ struct World {
     client: Client,
     input: String,
     snapshots: String,
+    /// The members' outputs: one per input event.
+    output: String,
     group: String,
     txn_prefix: String,
     protocol: Protocol,
@@ -90,10 +94,16 @@ impl World {
         let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
             .await
             .unwrap();
-        let (input, snapshots) = (unique("storm-in"), unique("storm-snap"));
-        snapfence::admin::create_topic(&client, &input, PARTITIONS, -1, &[])
-            .await
-            .unwrap();
+        let (input, snapshots, output) = (
+            unique("storm-in"),
+            unique("storm-snap"),
+            unique("storm-out"),
+        );
+        for topic in [&input, &output] {
+            snapfence::admin::create_topic(&client, topic, PARTITIONS, -1, &[])
+                .await
+                .unwrap();
+        }
         snapfence::admin::create_topic(
             &client,
             &snapshots,
@@ -107,6 +117,7 @@ impl World {
             client,
             input,
             snapshots,
+            output,
             group: unique("storm-group"),
             txn_prefix: unique("storm-txn"),
             protocol,
@@ -134,11 +145,20 @@ impl World {
         c
     }
 
-    async fn flow(&self) -> Flow<Counter> {
+    async fn flow(&self) -> Flow<Echo> {
         let client = Client::connect(ClientConfig::new(&self.bootstrap))
             .await
             .unwrap();
-        Flow::start(client, self.config(), Counter).await.unwrap()
+        Flow::start(client, self.config(), self.echo())
+            .await
+            .unwrap()
+    }
+
+    /// The members' fold: the tally, and one output per event.
+    fn echo(&self) -> Echo {
+        Echo {
+            topic: self.output.as_str().into(),
+        }
     }
 }
 
@@ -436,6 +456,22 @@ async fn storm_unbounded(
         got, want,
         "{label}: recovered state differs from a fold of all input"
     );
+    let outputs = count_outputs(&w.client, &w.input, &w.output, PARTITIONS)
+        .await
+        .unwrap();
+    eprintln!(
+        "storm {label}: {} outputs for {} events, {} lost, {} duplicated",
+        outputs.outputs,
+        outputs.events,
+        outputs.lost.len(),
+        outputs.duplicated.len()
+    );
+    assert!(
+        outputs.lost.is_empty() && outputs.duplicated.is_empty(),
+        "{label}: outputs not exactly once: lost {:?}, duplicated {:?}",
+        outputs.lost,
+        outputs.duplicated
+    );
     assert!(
         totals.rebalance_events >= (MEMBERS + s.restarts) as u64,
         "{label}: fewer rebalance events than joins: {totals:?}"
@@ -642,7 +678,7 @@ async fn an_eviction_rejoins_as_a_new_member() {
         let client = Client::connect(ClientConfig::new(&w.bootstrap))
             .await
             .unwrap();
-        let mut flow = Flow::start(client, config, Counter).await.unwrap();
+        let mut flow = Flow::start(client, config, w.echo()).await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while flow.partitions().len() < PARTITIONS as usize {
             flow.poll_once(Duration::from_millis(100)).await.unwrap();
