@@ -25,17 +25,18 @@ import org.apache.kafka.streams.state.*;
 
 public class StreamsJob {
     public static void main(String[] a) throws Exception {
-        if (a.length != 7) {
-            System.err.println("usage: StreamsJob BOOTSTRAP INPUT APP_ID STATE_DIR SESSION_MS HEARTBEAT_MS OUTPUT|-");
+        if (a.length != 8) {
+            System.err.println("usage: StreamsJob BOOTSTRAP INPUT APP_ID STATE_DIR SESSION_MS HEARTBEAT_MS INTERVAL_MS OUTPUT|-");
             System.exit(2);
         }
-        String bootstrap = a[0], input = a[1], appId = a[2], stateDir = a[3], output = a[6];
+        String bootstrap = a[0], input = a[1], appId = a[2], stateDir = a[3], output = a[7];
         int sessionMs = Integer.parseInt(a[4]), heartbeatMs = Integer.parseInt(a[5]);
+        int intervalMs = Integer.parseInt(a[6]);
         Properties p = new Properties();
         p.put(StreamsConfig.APPLICATION_ID_CONFIG, appId);
         p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
-        p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 1000);
+        p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, intervalMs);
         p.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
         p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
         // The classic rebalance protocol, with the session timeout and heartbeat interval the runner gives

@@ -4,7 +4,7 @@
 //! ```text
 //! snapfence-bench job [--events 1000000] [--keys 20000] [--partitions 4] [--runs 3] [--output] [--takeover]
 //!                     [--no-job] [--clients snapfence,streams] [--xmx 1g] [--session-ms 10000]
-//!                     [--heartbeat-ms 1000]
+//!                     [--heartbeat-ms 1000] [--interval-ms 1000]
 //!                     [--rate 20000] [--output-seconds 15] [--timeout SECS] [--out FILE]
 //! ```
 //!
@@ -103,6 +103,8 @@ struct Options {
     xmx: String,
     session_ms: u64,
     heartbeat_ms: u64,
+    /// Both clients' commit interval (snapfence's persist and commit, Streams' `commit.interval.ms`).
+    interval_ms: u64,
     rate: usize,
     output_seconds: usize,
     timeout: Duration,
@@ -123,6 +125,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         xmx: "1g".into(),
         session_ms: 10_000,
         heartbeat_ms: 1_000,
+        interval_ms: 1_000,
         rate: 20_000,
         output_seconds: 15,
         timeout: Duration::from_secs(600),
@@ -148,6 +151,7 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--runs" => o.runs = num(flag, value()?)?,
             "--session-ms" => o.session_ms = num(flag, value()?)?,
             "--heartbeat-ms" => o.heartbeat_ms = num(flag, value()?)?,
+            "--interval-ms" => o.interval_ms = num::<u64>(flag, value()?)?.max(1),
             "--rate" => o.rate = num(flag, value()?)?,
             "--output-seconds" => o.output_seconds = num(flag, value()?)?,
             "--timeout" => o.timeout = Duration::from_secs(num(flag, value()?)?),
@@ -192,6 +196,7 @@ struct Setup {
     xmx: String,
     session_ms: u64,
     heartbeat_ms: u64,
+    interval_ms: u64,
     timeout: Duration,
 }
 
@@ -208,12 +213,13 @@ impl Setup {
         let output = output.unwrap_or("-");
         let session = self.session_ms.to_string();
         let heartbeat = self.heartbeat_ms.to_string();
+        let interval = self.interval_ms.to_string();
         match kind {
             Kind::Snapfence => {
                 let mut cmd = Command::new(&self.exe);
                 cmd.args(["job-child", &self.bootstrap, input, group])
                     .arg(format!("{group}-snapshots"))
-                    .args([group, &session, &heartbeat, output]);
+                    .args([group, &session, &heartbeat, &interval, output]);
                 Member::spawn(cmd, None)
             }
             Kind::Streams => {
@@ -235,7 +241,7 @@ impl Setup {
                         group,
                     ])
                     .arg(&state)
-                    .args([&session, &heartbeat, output]);
+                    .args([&session, &heartbeat, &interval, output]);
                 Member::spawn(cmd, Some(state))
             }
         }
@@ -460,6 +466,7 @@ async fn run(options: &Options) -> Result<String, Error> {
         xmx: options.xmx.clone(),
         session_ms: options.session_ms,
         heartbeat_ms: options.heartbeat_ms,
+        interval_ms: options.interval_ms,
         timeout: options.timeout,
     };
     let mut results = Results::default();
@@ -978,9 +985,10 @@ fn markdown(options: &Options, kafka: &str, java: &str, rocksdb: &str, r: &Resul
     let mut s = String::new();
     let streams = if options.clients.contains(&Kind::Streams) {
         format!(
-            "Kafka Streams {}: exactly_once_v2, commit.interval.ms 1000, RocksDB ({rocksdb}), one stream \
+            "Kafka Streams {}: exactly_once_v2, commit.interval.ms {}, RocksDB ({rocksdb}), one stream \
              thread, JVM `-Xmx{}` ({java}, default collector)",
             streams::VERSION,
+            options.interval_ms,
             options.xmx
         )
     } else {
@@ -988,8 +996,9 @@ fn markdown(options: &Options, kafka: &str, java: &str, rocksdb: &str, r: &Resul
     };
     let _ = writeln!(
         s,
-        "Kafka {kafka}, 1 node. snapfence: count `Flow`, fenced mode, persist and commit every 1 s. \
+        "Kafka {kafka}, 1 node. snapfence: count `Flow`, fenced mode, persist and commit every {} ms. \
          {streams}. {} run(s) per client, alternating; median [range].\n",
+        options.interval_ms,
         options.runs
     );
     if !r.job.is_empty() {

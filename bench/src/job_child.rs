@@ -31,9 +31,6 @@ use snapfence::snapshot::{
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// Persist and commit interval, both: Streams' `commit.interval.ms` in this benchmark.
-pub const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
-
 /// What the child was asked to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Args {
@@ -44,19 +41,25 @@ struct Args {
     prefix: String,
     session: Duration,
     heartbeat: Duration,
+    /// Persist and commit interval, both: Streams' `commit.interval.ms` in this benchmark.
+    interval: Duration,
     /// The output topic of the `--output` variant.
     output: Option<String>,
 }
 
-/// Parses `BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS HEARTBEAT_MS OUTPUT|-`.
+/// Parses `BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS HEARTBEAT_MS INTERVAL_MS OUTPUT|-`.
 fn parse(args: &[String]) -> Result<Args, String> {
-    let [bootstrap, input, group, snapshots, prefix, session_ms, heartbeat_ms, output] = args
+    let [bootstrap, input, group, snapshots, prefix, session_ms, heartbeat_ms, interval_ms, output] =
+        args
     else {
         return Err(
-            "usage: snapfence-bench job-child BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS HEARTBEAT_MS OUTPUT|-"
+            "usage: snapfence-bench job-child BOOTSTRAP INPUT GROUP SNAPSHOTS PREFIX SESSION_MS HEARTBEAT_MS INTERVAL_MS OUTPUT|-"
                 .into(),
         );
     };
+    let interval_ms: u64 = interval_ms
+        .parse()
+        .map_err(|_| format!("INTERVAL_MS is not a number: {interval_ms}"))?;
     let session_ms: u64 = session_ms
         .parse()
         .map_err(|_| format!("SESSION_MS is not a number: {session_ms}"))?;
@@ -71,6 +74,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         prefix: prefix.clone(),
         session: Duration::from_millis(session_ms),
         heartbeat: Duration::from_millis(heartbeat_ms),
+        interval: Duration::from_millis(interval_ms),
         output: (output != "-").then(|| output.clone()),
     })
 }
@@ -166,7 +170,7 @@ pub fn main(args: &[String]) -> i32 {
 
 /// The flow's settings: `args.session` and `args.heartbeat` as the classic session timeout and heartbeat
 /// interval, the snapshot topic created on
-/// start (as Streams creates its changelog), persist and commit every [`COMMIT_INTERVAL`].
+/// start (as Streams creates its changelog), persist and commit every `args.interval`.
 fn config(args: &Args) -> FlowConfig {
     let mut group = GroupConfig::new(args.group.as_str());
     group.session_timeout = args.session;
@@ -178,8 +182,8 @@ fn config(args: &Args) -> FlowConfig {
     c.missing_snapshot_topic = MissingSnapshotTopic::Create {
         replication_factor: None,
     };
-    c.persist_every = COMMIT_INTERVAL;
-    c.commit_offsets_interval = COMMIT_INTERVAL;
+    c.persist_every = args.interval;
+    c.commit_offsets_interval = args.interval;
     c
 }
 
@@ -195,7 +199,7 @@ async fn member(args: Args) -> Result<(), Error> {
     )
     .await?;
     let mut held: Option<Vec<i32>> = None;
-    let mut next_commit = tokio::time::Instant::now() + COMMIT_INTERVAL;
+    let mut next_commit = tokio::time::Instant::now() + args.interval;
     loop {
         let partitions = flow.partitions();
         if held.as_ref() != Some(&partitions) {
@@ -205,7 +209,7 @@ async fn member(args: Args) -> Result<(), Error> {
         }
         let now = tokio::time::Instant::now();
         if now >= next_commit {
-            next_commit = now + COMMIT_INTERVAL;
+            next_commit = now + args.interval;
             flow.persist().await?;
             flow.commit().await?;
         }
@@ -222,15 +226,16 @@ mod tests {
 
     #[test]
     fn arguments_parse_and_the_count_round_trips() {
-        let a: Vec<String> = "b:9092 in g snaps pre 10000 1000 -"
+        let a: Vec<String> = "b:9092 in g snaps pre 10000 1000 250 -"
             .split(' ')
             .map(String::from)
             .collect();
         let args = parse(&a).unwrap();
         assert_eq!(args.session, Duration::from_secs(10));
         assert_eq!(args.heartbeat, Duration::from_secs(1));
+        assert_eq!(args.interval, Duration::from_millis(250));
         assert_eq!(args.output, None);
-        assert!(parse(&a[..7]).is_err());
+        assert!(parse(&a[..8]).is_err());
         let c = Count::default();
         let mut state = None;
         let event = Record {
