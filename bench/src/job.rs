@@ -485,126 +485,57 @@ async fn run(options: &Options) -> Result<String, Error> {
             options.keys,
         )
         .await?;
-        let mut samples: Vec<(Kind, Result<Vec<JobSample>, String>)> = options
-            .clients
-            .iter()
-            .map(|&k| (k, Ok(Vec::new())))
-            .collect();
-        for run in 0..options.runs {
-            for i in 0..samples.len() {
-                // Alternate which client goes first.
-                let i = if run % 2 == 0 {
-                    i
-                } else {
-                    samples.len() - 1 - i
-                };
-                let kind = samples[i].0;
-                let Ok(list) = &mut samples[i].1 else {
-                    continue;
-                };
-                match job_run(&setup, &client, kind, &input, &ends).await {
-                    Ok(s) => {
-                        eprintln!(
-                            "   {:<14} run {}: {:.2} s, CPU {:.2} s, peak RSS {} MiB",
-                            kind.name(),
-                            run + 1,
-                            s.wall_s,
-                            s.usage.cpu_s,
-                            s.usage.peak_rss_kib / 1024
-                        );
-                        list.push(s);
-                    }
-                    Err(e) => {
-                        eprintln!("   {} failed: {e}", kind.name());
-                        samples[i].1 = Err(e.to_string());
-                    }
-                }
-            }
-        }
-        results.job = samples;
+        results.job = alternating(
+            &options.clients,
+            options.runs,
+            |kind| job_run(&setup, &client, kind, &input, &ends),
+            |s: &JobSample| {
+                format!(
+                    "{:.2} s, CPU {:.2} s, peak RSS {} MiB",
+                    s.wall_s,
+                    s.usage.cpu_s,
+                    s.usage.peak_rss_kib / 1024
+                )
+            },
+        )
+        .await;
     }
     if options.output {
         eprintln!(
             "== output: {} events/s for {} s",
             options.rate, options.output_seconds
         );
-        let mut samples: Vec<(Kind, Result<Vec<OutputSample>, String>)> = options
-            .clients
-            .iter()
-            .map(|&k| (k, Ok(Vec::new())))
-            .collect();
-        for run in 0..options.runs {
-            for i in 0..samples.len() {
-                // Alternate which client goes first.
-                let i = if run % 2 == 0 {
-                    i
-                } else {
-                    samples.len() - 1 - i
-                };
-                let kind = samples[i].0;
-                let Ok(list) = &mut samples[i].1 else {
-                    continue;
-                };
-                match output_run(&setup, &client, kind, options).await {
-                    Ok(s) => {
-                        eprintln!(
-                            "   {:<14} run {}: p50 {:.0} ms, p99 {:.0} ms",
-                            kind.name(),
-                            run + 1,
-                            percentile(&s.latencies_ms, 0.5),
-                            percentile(&s.latencies_ms, 0.99)
-                        );
-                        list.push(s);
-                    }
-                    Err(e) => {
-                        eprintln!("   {} failed: {e}", kind.name());
-                        samples[i].1 = Err(e.to_string());
-                    }
-                }
-            }
-        }
-        results.output = samples;
+        results.output = alternating(
+            &options.clients,
+            options.runs,
+            |kind| output_run(&setup, &client, kind, options),
+            |s: &OutputSample| {
+                format!(
+                    "p50 {:.0} ms, p99 {:.0} ms",
+                    percentile(&s.latencies_ms, 0.5),
+                    percentile(&s.latencies_ms, 0.99)
+                )
+            },
+        )
+        .await;
     }
     if options.takeover {
         eprintln!(
             "== takeover: {} events, session timeout {} ms, heartbeat {} ms",
             options.events, options.session_ms, options.heartbeat_ms
         );
-        let mut samples: Vec<(Kind, Result<Vec<TakeoverSample>, String>)> = options
-            .clients
-            .iter()
-            .map(|&k| (k, Ok(Vec::new())))
-            .collect();
-        for run in 0..options.runs {
-            for i in 0..samples.len() {
-                let i = if run % 2 == 0 {
-                    i
-                } else {
-                    samples.len() - 1 - i
-                };
-                let kind = samples[i].0;
-                let Ok(list) = &mut samples[i].1 else {
-                    continue;
-                };
-                match takeover_run(&setup, &client, kind, options).await {
-                    Ok(s) => {
-                        eprintln!(
-                            "   {:<14} run {}: {:.2} s after the kill ({} events uncommitted at it)",
-                            kind.name(),
-                            run + 1,
-                            s.after_kill_s,
-                            s.uncommitted
-                        );
-                        list.push(s);
-                    }
-                    Err(e) => {
-                        eprintln!("   {} failed: {e}", kind.name());
-                        samples[i].1 = Err(e.to_string());
-                    }
-                }
-            }
-        }
-        results.takeover = samples;
+        results.takeover = alternating(
+            &options.clients,
+            options.runs,
+            |kind| takeover_run(&setup, &client, kind, options),
+            |s: &TakeoverSample| {
+                format!(
+                    "{:.2} s after the kill ({} events uncommitted at it)",
+                    s.after_kill_s, s.uncommitted
+                )
+            },
+        )
+        .await;
     }
     let _ = std::fs::remove_dir_all(&classes);
     let rocksdb = setup
@@ -619,6 +550,49 @@ async fn run(options: &Options) -> Result<String, Error> {
         load_average()
     );
     Ok(text)
+}
+
+/// Runs `run` `runs` times for every client, the clients alternating which goes first, and keeps each
+/// client's samples (printing each with `describe`); a client whose run fails keeps that error and runs
+/// no more.
+async fn alternating<T, Fut>(
+    clients: &[Kind],
+    runs: usize,
+    mut run: impl FnMut(Kind) -> Fut,
+    describe: impl Fn(&T) -> String,
+) -> Vec<(Kind, Result<Vec<T>, String>)>
+where
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut samples: Vec<(Kind, Result<Vec<T>, String>)> =
+        clients.iter().map(|&k| (k, Ok(Vec::new()))).collect();
+    for round in 0..runs {
+        for i in 0..samples.len() {
+            // Alternate which client goes first.
+            let i = if round % 2 == 0 {
+                i
+            } else {
+                samples.len() - 1 - i
+            };
+            let kind = samples[i].0;
+            if samples[i].1.is_err() {
+                continue;
+            }
+            match run(kind).await {
+                Ok(s) => {
+                    eprintln!("   {:<14} run {}: {}", kind.name(), round + 1, describe(&s));
+                    if let Ok(list) = &mut samples[i].1 {
+                        list.push(s);
+                    }
+                }
+                Err(e) => {
+                    eprintln!("   {} failed: {e}", kind.name());
+                    samples[i].1 = Err(e.to_string());
+                }
+            }
+        }
+    }
+    samples
 }
 
 /// Creates `topic` with `partitions` partitions and waits until every one answers.
