@@ -163,14 +163,23 @@ impl PlainWriter {
     /// Produces `outputs` now, without a transaction; their deliveries are confirmed before the
     /// partition's next write or commit.
     async fn emit_now(&self, outputs: Vec<ProducerRecord>) -> Result<(), FlowError> {
+        let mut sent = Vec::with_capacity(outputs.len());
+        let mut result = Ok(());
         for record in outputs {
-            let delivery = self.producer.send(record).await?;
-            self.pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(delivery);
+            match self.producer.send(record).await {
+                Ok(delivery) => sent.push(delivery),
+                Err(e) => {
+                    result = Err(e.into());
+                    break;
+                }
+            }
         }
-        Ok(())
+        // Once per batch, not per record; what was sent before a refusal is still confirmed.
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .append(&mut sent);
+        result
     }
 
     /// Waits for every pending output delivery; the first failure is returned.
