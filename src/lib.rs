@@ -38,7 +38,8 @@
 //! Everything reachable without a feature flag is the public API, and follows semantic versioning:
 //!
 //! - at the root: [`Client`], [`ClientConfig`], [`NetError`], [`ErrorCode`], [`Bytes`],
-//!   [`describe_metrics`] (the metric names of `docs/metrics.md` are stable too), and
+//!   [`describe_metrics`] (the metric names of `docs/metrics.md` are stable too),
+//!   [`shutdown_signal`] (SIGTERM or SIGINT, for [`Flow::run`](snapshot::Flow::run)), and
 //!   [`GroupMetadata`]
 //!   (with [`NotJoined`]), the fencing token the consumer hands the transactional producer;
 //! - the modules [`snapshot`], [`producer`], [`consumer`], [`admin`], [`records`] (the batch codec and
@@ -94,6 +95,8 @@ pub mod wire;
 #[allow(dead_code, unused_imports)]
 pub(crate) mod wire;
 
+mod shutdown;
+
 /// Spawned tasks whose panics and cancellations are reported to their owners (crate-internal).
 mod supervise;
 
@@ -101,6 +104,7 @@ mod supervise;
 pub use bytes::Bytes;
 pub use group_metadata::{GroupMetadata, NotJoined};
 pub use net::{Client, ClientConfig, NetError};
+pub use shutdown::{shutdown_signal, ShutdownSignal};
 pub use telemetry::describe_metrics;
 pub use wire::ErrorCode;
 

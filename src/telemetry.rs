@@ -285,6 +285,20 @@ pub(crate) const ASSIGNED_PARTITIONS: Metric = Metric {
     help: "Partitions the application holds: assigned, and not yet revoked or lost",
 };
 
+pub(crate) const FLOW_READY: Metric = Metric {
+    name: "snapfence_flow_ready",
+    kind: Kind::Gauge,
+    labels: &["group"],
+    help: "1 while the flow is ready: joined, and every assigned input partition recovered and caught up with the input's end as seen at its acquisition; else 0",
+};
+
+pub(crate) const FLOW_READY_PARTITIONS: Metric = Metric {
+    name: "snapfence_flow_ready_partitions",
+    kind: Kind::Gauge,
+    labels: &["group"],
+    help: "Assigned input partitions that are recovered and caught up with the input's end as seen at their acquisition",
+};
+
 pub(crate) const UNASSIGNED: Metric = Metric {
     name: "snapfence_consumer_unassigned_seconds",
     kind: Kind::Histogram,
@@ -322,6 +336,8 @@ pub(crate) const ALL: &[Metric] = &[
     REBALANCES,
     GENERATION_CHANGES,
     ASSIGNED_PARTITIONS,
+    FLOW_READY,
+    FLOW_READY_PARTITIONS,
     UNASSIGNED,
 ];
 
@@ -500,6 +516,16 @@ impl RecoveryMetrics {
 pub(crate) fn rebalance_event(group: &str, event: &'static str, held: usize) {
     metrics::counter!(REBALANCES.name, "group" => group.to_owned(), "event" => event).increment(1);
     metrics::gauge!(ASSIGNED_PARTITIONS.name, "group" => group.to_owned()).set(held as f64);
+}
+
+/// A flow of `group` is now `ready` (or not), with `partitions` of its assigned partitions ready.
+pub(crate) fn flow_readiness(group: &str, ready: bool, partitions: usize) {
+    metrics::gauge!(FLOW_READY.name, "group" => group.to_owned()).set(if ready {
+        1.0
+    } else {
+        0.0
+    });
+    metrics::gauge!(FLOW_READY_PARTITIONS.name, "group" => group.to_owned()).set(partitions as f64);
 }
 
 /// A member of `group` got partitions again after holding none for `unassigned`.

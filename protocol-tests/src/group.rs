@@ -82,3 +82,42 @@ pub async fn join_classic(
     }
     Err(format!("join {group}: no member id after three tries"))
 }
+
+/// A classic group's state and its members as the coordinator lists them (DescribeGroups).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupDescription {
+    /// `Empty`, `Stable`, `PreparingRebalance`, ...
+    pub state: String,
+    /// Each member's client id, in the coordinator's order.
+    pub client_ids: Vec<String>,
+}
+
+/// Describes classic group `group` (DescribeGroups).
+pub async fn describe_group(client: &Client, group: &str) -> Result<GroupDescription, String> {
+    use kafka_protocol::messages::DescribeGroupsRequest;
+    let resp = client
+        .call(
+            Target::group(group),
+            &CallOptions::default(),
+            |_| {
+                DescribeGroupsRequest::default()
+                    .with_groups(vec![GroupId(StrBytes::from_string(group.to_owned()))])
+            },
+            |r, _| Verdict::Done(r),
+        )
+        .await
+        .map_err(|e| format!("describe {group}: {e}"))?;
+    let g = resp
+        .groups
+        .into_iter()
+        .find(|g| g.group_id.0.as_str() == group)
+        .ok_or_else(|| format!("describe {group}: not in the answer"))?;
+    let code = ErrorCode::from_code(g.error_code);
+    if !code.is_ok() {
+        return Err(format!("describe {group}: {code:?}"));
+    }
+    Ok(GroupDescription {
+        state: g.group_state.to_string(),
+        client_ids: g.members.iter().map(|m| m.client_id.to_string()).collect(),
+    })
+}

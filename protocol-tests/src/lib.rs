@@ -24,6 +24,6 @@ pub mod member;
 pub mod raw;
 pub mod tally;
 
-pub use group::join_classic;
+pub use group::{describe_group, join_classic, GroupDescription};
 
 pub use raw::fetch_by_name;

@@ -227,3 +227,158 @@ async fn codec_shows_what_read_committed_sees() {
         "{out}"
     );
 }
+
+/// One HTTP/1.1 GET of `path` on `addr`: the status code and the body.
+async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await?;
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await?;
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    Ok((status, body))
+}
+
+/// The service example as Kubernetes runs it: its readiness endpoint answers 503 until the member has
+/// recovered and caught up, then 200; a lookup answers a key's count; SIGTERM makes it flush, commit
+/// and leave, so the group is empty at once (no session timeout to wait out) and its committed offsets
+/// are the input's end.
+#[tokio::test]
+async fn service_is_ready_answers_lookups_and_stops_cleanly_on_sigterm() {
+    use snapfence::producer::{Producer, ProducerConfig, ProducerRecord, TopicPartition};
+    use tokio::io::AsyncBufReadExt;
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    build_examples().await;
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
+        .await
+        .unwrap();
+    let (input, snapshots, group) = (
+        protocol_tests::unique("svc-in"),
+        protocol_tests::unique("svc-counts"),
+        protocol_tests::unique("svc-group"),
+    );
+    snapfence::admin::create_topic(&client, &input, 2, -1, &[])
+        .await
+        .unwrap();
+    let producer = Producer::new(client.clone(), ProducerConfig::default())
+        .await
+        .unwrap();
+    let mut deliveries = Vec::new();
+    for i in 0..3000 {
+        let record = ProducerRecord::new(input.as_str(), Some(bytes::Bytes::from("e")))
+            .key(format!("k{}", i % 3));
+        deliveries.push(producer.send(record).await.unwrap());
+    }
+    for d in deliveries {
+        d.await.unwrap();
+    }
+
+    // The binary itself (not `cargo run`), so the signal goes to the service and nothing else.
+    let binary = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("examples/service");
+    let bootstrap = kafka.bootstrap();
+    let mut child = Command::new(&binary)
+        .args(["--bootstrap", bootstrap.as_str(), "--input", &input])
+        .args([
+            "--snapshots",
+            &snapshots,
+            "--group",
+            &group,
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the service printed where it listens")
+        .unwrap()
+        .unwrap_or_default();
+    let addr = first
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("first line: {first}"))
+        .to_owned();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut statuses = Vec::new();
+    loop {
+        let (status, body) = http_get(&addr, "/ready").await.unwrap();
+        if statuses.last() != Some(&status) {
+            statuses.push(status);
+        }
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(Instant::now() < deadline, "never ready: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("readiness answers in order: {statuses:?}");
+    assert_eq!(
+        http_get(&addr, "/count/k1").await.unwrap(),
+        (200, "1000\n".to_owned())
+    );
+    assert_eq!(http_get(&addr, "/count/nobody").await.unwrap().0, 404);
+
+    let pid = child.id().expect("running") as libc::pid_t;
+    // SAFETY: kill has no memory effects; the pid is our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the service stopped within 30 s of SIGTERM")
+        .unwrap();
+    let mut rest = Vec::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        rest.push(line);
+    }
+    assert!(status.success(), "exit {status}: {rest:?}");
+    assert_eq!(rest, ["stopped cleanly"]);
+
+    let described = protocol_tests::describe_group(&client, &group)
+        .await
+        .unwrap();
+    assert_eq!(described.state, "Empty", "it left the group: {described:?}");
+    let tps: Vec<_> = (0..2)
+        .map(|p| TopicPartition::new(input.as_str(), p))
+        .collect();
+    let committed = snapfence::consumer::committed_offsets(&client, &group, &tps)
+        .await
+        .unwrap();
+    let ends = snapfence::consumer::list_offsets(
+        &client,
+        &tps,
+        snapfence::consumer::OffsetSpec::Latest,
+        snapfence::records::IsolationLevel::ReadUncommitted,
+    )
+    .await
+    .unwrap();
+    for tp in &tps {
+        assert_eq!(
+            committed[tp],
+            Some(ends[tp]),
+            "the final commit reached the end of {tp:?}"
+        );
+    }
+    for topic in [&input, &snapshots] {
+        snapfence::admin::delete_topic(&client, topic)
+            .await
+            .unwrap();
+    }
+}

@@ -14,7 +14,12 @@ use super::sasl::SaslConfig;
 pub struct ClientConfig {
     /// `host:port` addresses to learn the cluster from; any one reachable broker is enough.
     pub bootstrap: Vec<String>,
-    /// Sent in every request header; shows up in broker logs and quotas.
+    /// Sent in every request header; shows up in broker logs, quotas and `kafka-consumer-groups.sh
+    /// --describe`. The default names this process and this configuration:
+    /// `snapfence-<host>-<pid>-<n>`, where `<host>` is the machine's host name (a Kubernetes pod's
+    /// name, since every pod's main process is pid 1), `<pid>` the process id and `<n>` counts the
+    /// default configurations made in the process from 1 (see [`default_client_id`]). Set it to
+    /// something stable (a service and replica name) when broker quotas are keyed on it.
     pub client_id: String,
     /// How long a request may wait for its answer before the connection is reset and the request is
     /// re-routed (or fails, once retries run out).
@@ -57,7 +62,7 @@ impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             bootstrap: Vec::new(),
-            client_id: "snapfence".to_owned(),
+            client_id: default_client_id(),
             request_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             // Kafka's own default for socket.request.max.bytes; comfortably above fetch.max.bytes.
@@ -77,6 +82,47 @@ impl Default for ClientConfig {
             tls: None,
         }
     }
+}
+
+/// A client id for this process, unique among the clients one cluster sees from different machines,
+/// processes and configurations: `snapfence-<host>-<pid>-<n>` (see [`ClientConfig::client_id`]). The host
+/// name is read from `/proc/sys/kernel/hostname` or `$HOSTNAME`, cut at its first dot and kept to
+/// letters, digits, `-` and `_` (others become `_`, at most 63 bytes); without one it is left out.
+pub fn default_client_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static HOST: OnceLock<String> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let host = HOST.get_or_init(|| {
+        let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_default();
+        client_id_part(&raw)
+    });
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    if host.is_empty() {
+        format!("snapfence-{pid}-{n}")
+    } else {
+        format!("snapfence-{host}-{pid}-{n}")
+    }
+}
+
+/// The part of a host name a client id carries: up to the first dot, safe characters only, bounded.
+fn client_id_part(raw: &str) -> String {
+    let short = raw.trim().split('.').next().unwrap_or_default();
+    short
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(63)
+        .collect()
 }
 
 impl ClientConfig {
@@ -134,5 +180,35 @@ mod tests {
     fn bootstrap_list_is_split_and_trimmed() {
         let c = ClientConfig::new(" 127.0.0.1:1, 127.0.0.1:2 ,,");
         assert_eq!(c.bootstrap, vec!["127.0.0.1:1", "127.0.0.1:2"]);
+    }
+
+    /// Two default configurations in one process get different client ids, each naming the process, so
+    /// a broker (and `kafka-consumer-groups.sh --describe`) tells their members apart.
+    #[test]
+    fn default_client_ids_name_the_process_and_differ() {
+        let (a, b) = (ClientConfig::new("x:1"), ClientConfig::default());
+        assert_ne!(a.client_id, b.client_id);
+        let pid = format!("-{}-", std::process::id());
+        for id in [&a.client_id, &b.client_id] {
+            assert!(id.starts_with("snapfence-") && id.contains(&pid), "{id}");
+            assert!(id.len() <= 120, "{id}");
+            assert!(
+                id.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+                "{id}"
+            );
+        }
+    }
+
+    /// A host name is cut at its domain and cleaned of characters a quota or log line would trip on.
+    #[test]
+    fn host_part_is_short_and_clean() {
+        assert_eq!(
+            client_id_part("pod-7f9c.ns.svc.cluster.local\n"),
+            "pod-7f9c"
+        );
+        assert_eq!(client_id_part("we ird/host"), "we_ird_host");
+        assert_eq!(client_id_part(""), "");
+        assert_eq!(client_id_part(&"h".repeat(300)).len(), 63);
     }
 }

@@ -52,7 +52,7 @@ pub(crate) mod testing;
 
 pub use crate::wire::{Features, WireError};
 pub use client::{Client, CoordinatorKind};
-pub use config::ClientConfig;
+pub use config::{default_client_id, ClientConfig};
 pub use dial::{DialFuture, DialedStream, Dialer, TcpDialer};
 pub use error::{ConnectionFailure, NetError};
 pub use metadata::{

@@ -29,6 +29,15 @@ mod messages;
 mod paused_tests;
 mod produce_core;
 mod record;
+pub(crate) use record::partition_for_key;
+
+/// The partition Kafka's default partitioner gives a record with key `key` among `partitions`
+/// (murmur2 of the key, as the Java producer and this crate's [`Producer`] choose for a keyed record
+/// without a partition): which input partition, and so which flow member, holds a key's state. A count
+/// below 1 is taken as 1.
+pub fn default_partition(key: &[u8], partitions: i32) -> i32 {
+    partition_for_key(key, partitions.max(1))
+}
 mod sequence_core;
 mod transactional;
 mod two_phase;

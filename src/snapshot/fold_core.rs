@@ -620,6 +620,11 @@ impl<S> PartitionCore<S> {
             .filter_map(|(k, e)| e.state.as_ref().map(|s| (k, s)))
     }
 
+    /// The state of `key`, if it is live.
+    pub(crate) fn state_of(&self, key: &[u8]) -> Option<&S> {
+        self.keys.get(key).and_then(|e| e.state.as_ref())
+    }
+
     /// How many keys (live and graves) the partition remembers.
     #[cfg(test)]
     pub(crate) fn remembered(&self) -> usize {

@@ -39,7 +39,10 @@ mod topic;
 
 pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure};
 pub use fence_core::{FencePolicy, FlowStats};
-pub use flow::{Flow, FlowConfig, FlowError, PersistenceMode, StatsHandle};
+pub use flow::{
+    Flow, FlowConfig, FlowError, FlowHandle, Lookup, LookupError, PartitionReadiness,
+    PersistenceMode, Readiness, StatsHandle,
+};
 pub use fold::{BoxError, Change, Clock, Fold, Outputs, SystemClock};
 pub use group_commit::{MetadataSource, SnapshotWrite, TryWriteError};
 pub use log::PartitionLog;

@@ -207,8 +207,31 @@ impl<F: Fold> Shared<F> {
         Ok((start.offset, start))
     }
 
+    /// The input's end now, at the isolation level the input is read at (the high watermark, or the
+    /// last stable offset at read_committed): where an acquired partition becomes ready.
+    async fn input_end(&self, tp: &TopicPartition) -> Result<i64, FlowError> {
+        let ends = list_offsets(
+            &self.client,
+            std::slice::from_ref(tp),
+            OffsetSpec::Latest,
+            self.config.consumer.reader.isolation,
+        )
+        .await?;
+        Ok(ends.get(tp).copied().unwrap_or(0))
+    }
+
     pub(super) async fn acquire(&self, tp: &TopicPartition) -> Result<FlowLane<F>, FlowError> {
-        let (writer, start) = self.open_writer(tp).await?;
+        // The end is read as the takeover begins, beside it: the partition is ready once it folded the
+        // input that was there when it was assigned.
+        let (opened, end) = tokio::join!(self.open_writer(tp), self.input_end(tp));
+        let (writer, start) = opened?;
+        let end = match end {
+            Ok(end) => end,
+            Err(e) => {
+                writer.close().await;
+                return Err(e);
+            }
+        };
         let recovered = self.recover(tp, start.offset, &writer).await;
         let core = match recovered {
             Ok(core) => core,
@@ -219,6 +242,7 @@ impl<F: Fold> Shared<F> {
         };
         let behind = writer.group_offset_behind();
         let lane = Lane::new(tp.partition, core, writer);
+        lane.catch_up.set_target(end);
         if start.fresh || behind {
             // Record the start for the group before anything is fetched: the consumer starts the
             // partition at the committed offset, so it now reads from exactly where this flow

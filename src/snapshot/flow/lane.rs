@@ -21,6 +21,8 @@ pub(super) struct Lane<S, W> {
     core: Mutex<PartitionCore<S>>,
     pub(super) writer: W,
     turn: tokio::sync::Mutex<()>,
+    /// How far the partition is on its way to ready (see `handle.rs`).
+    pub(super) catch_up: super::handle::CatchUp,
 }
 
 impl<S, W> Lane<S, W> {
@@ -30,6 +32,7 @@ impl<S, W> Lane<S, W> {
             core: Mutex::new(core),
             writer,
             turn: tokio::sync::Mutex::new(()),
+            catch_up: Default::default(),
         }
     }
 

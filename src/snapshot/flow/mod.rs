@@ -8,23 +8,26 @@
 //! snapshot (or the position when every key is persisted): it never passes an event whose effect exists only
 //! in memory.
 //!
-//! Output the application produces from its fold is outside the transaction and stays at-least-once.
+//! What a fold emits ([`Outputs`](super::Outputs)) rides in the transaction of the key's next snapshot,
+//! so it commits exactly once in the fenced modes (docs/fencing.md, "Outputs").
 //!
 //! # References
 //! - KIP-447 (the fence), seed design "Kafka single-writer design"
 
 mod acquire;
+mod handle;
 mod lane;
 mod shared;
 mod writer;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 
+pub use self::handle::{FlowHandle, Lookup, LookupError, PartitionReadiness, Readiness};
 use self::lane::{commit_lane, each_lane, emit_immediate, persist_lane, CommitWhen, FlowLane};
 use self::shared::{Listener, Shared};
 use self::writer::Sink;
@@ -359,6 +362,18 @@ impl<F: Fold> Flow<F> {
             .await?;
         }
         let sink = Sink::new(&client, &config).await?;
+        // For lookups' default partition; the snapshot topic check above read it too (and it is cached).
+        let input_partitions = client
+            .metadata(&[config.input_topic.as_str()])
+            .await
+            .ok()
+            .and_then(|m| {
+                m.topics
+                    .get(config.input_topic.as_str())
+                    .map(|t| t.partitions.len())
+            })
+            .and_then(|n| i32::try_from(n).ok())
+            .unwrap_or(0);
         let shared = Arc::new(Shared {
             fold: Arc::new(fold),
             client: client.clone(),
@@ -374,7 +389,12 @@ impl<F: Fold> Flow<F> {
                 &config.snapshots.snapshot_topic,
                 config.recovery_reader.clone(),
             ),
+            assigned: Mutex::new(Default::default()),
+            ready: tokio::sync::watch::Sender::new(false),
+            ready_partitions: AtomicUsize::new(0),
+            input_partitions: AtomicI32::new(input_partitions),
         });
+        crate::telemetry::flow_readiness(&config.consumer.group.group_id, false, 0);
         let consumer = GroupConsumer::subscribe(
             client,
             config.consumer.clone(),
@@ -385,6 +405,14 @@ impl<F: Fold> Flow<F> {
         *shared.metadata.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(consumer.group_metadata());
         Ok(Flow { shared, consumer })
+    }
+
+    /// A handle for readiness, lookups and counters, usable from other tasks while [`run`](Self::run)
+    /// owns the flow (a Kubernetes readiness probe, a query endpoint). See [`FlowHandle`].
+    pub fn handle(&self) -> FlowHandle<F> {
+        FlowHandle {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// The live group metadata this flow binds into every commit.
@@ -528,6 +556,7 @@ impl<F: Fold> Flow<F> {
             }
         }
         if failures.is_empty() {
+            self.shared.refresh_ready();
             return Ok(());
         }
         self.shared.settle(failures, Site::Acquire).await
@@ -586,6 +615,13 @@ impl<F: Fold> Flow<F> {
                 }
             }
             core.handle_read_to(batch.next_offset);
+            if !lane.catch_up.is_reached() {
+                let position = core.position();
+                if lane.catch_up.check(|| position) == PartitionReadiness::Ready {
+                    drop(core);
+                    self.shared.refresh_ready();
+                }
+            }
         }
         folded
     }
@@ -646,10 +682,10 @@ impl<F: Fold> Flow<F> {
     }
 
     /// The current state of every live key of `partition`, if held.
+    /// A clone of the whole partition's map: to answer queries for single keys, use
+    /// [`FlowHandle::get`].
     pub fn state(&self, partition: i32) -> Option<HashMap<Bytes, F::State>> {
-        let lane = self.shared.lanes().get(&partition).cloned()?;
-        let core = lane.core();
-        Some(core.states().map(|(k, s)| (k.clone(), s.clone())).collect())
+        self.shared.partition_state(partition)
     }
 
     /// The next input offset of `partition` this flow will fold (the assigned offset until events arrive),

@@ -2,10 +2,13 @@
 //! rebalance handler; how a failure of held partitions' work is judged and carried out; and the
 //! rebalance listener that acquires and releases partitions. Acquisition itself is in `acquire.rs`.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::AtomicU64;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+
+use super::handle::{PartitionReadiness, Readiness};
 use super::lane::{close_lanes, each_lane, flush_lane, FlowLane, Lane, LaneMap};
 use super::writer::Sink;
 use super::{FlowConfig, FlowError};
@@ -36,9 +39,79 @@ pub(super) struct Shared<F: Fold> {
     pub(super) fence: Mutex<FenceCore>,
     /// The recovery reads of every partition taken over, sharing one Fetch per broker.
     pub(super) recovery_reads: SharedLogs,
+    /// The input partitions assigned to this member (held, or being acquired), and whether it has had
+    /// an assignment yet: what readiness is judged over.
+    pub(super) assigned: Mutex<Assigned>,
+    /// Whether the flow is ready, as last judged (see `handle.rs`); lookups' and waiters' view.
+    pub(super) ready: tokio::sync::watch::Sender<bool>,
+    /// How many assigned partitions were ready when readiness was last published.
+    pub(super) ready_partitions: AtomicUsize,
+    /// The input topic's partition count at start, for a key's default partition in lookups.
+    pub(super) input_partitions: AtomicI32,
+}
+
+/// The input partitions assigned to a member, and whether it has had its first assignment.
+#[derive(Debug, Default)]
+pub(super) struct Assigned {
+    pub(super) joined: bool,
+    pub(super) partitions: BTreeSet<i32>,
 }
 
 impl<F: Fold> Shared<F> {
+    fn assigned(&self) -> std::sync::MutexGuard<'_, Assigned> {
+        self.assigned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Each assigned partition's readiness (see `handle.rs`).
+    pub(super) fn readiness(&self) -> Readiness {
+        let (joined, assigned) = {
+            let a = self.assigned();
+            (a.joined, a.partitions.clone())
+        };
+        let partitions = assigned
+            .into_iter()
+            .map(|p| {
+                let lane = self.lanes().get(&p).cloned();
+                let readiness = match lane {
+                    None => PartitionReadiness::Recovering,
+                    Some(lane) => lane.catch_up.check(|| lane.core().position()),
+                };
+                (p, readiness)
+            })
+            .collect();
+        Readiness { joined, partitions }
+    }
+
+    /// Judges readiness again and publishes it (the watch, and the gauges) when it changed.
+    pub(super) fn refresh_ready(&self) {
+        let readiness = self.readiness();
+        let ready = readiness.is_ready();
+        let changed = self.ready.send_if_modified(|was| {
+            let changed = *was != ready;
+            *was = ready;
+            changed
+        });
+        let count = readiness.ready_partitions();
+        let count_changed = self.ready_partitions.swap(count, Ordering::Relaxed) != count;
+        if changed || count_changed {
+            crate::telemetry::flow_readiness(&self.config.consumer.group.group_id, ready, count);
+        }
+        if changed {
+            tracing::info!(
+                ready,
+                partitions = readiness.partitions.len(),
+                "flow readiness changed"
+            );
+        }
+    }
+
+    /// A clone of every live key's state in `partition`, if held.
+    pub(super) fn partition_state(&self, partition: i32) -> Option<HashMap<Bytes, F::State>> {
+        let lane = self.lanes().get(&partition).cloned()?;
+        let core = lane.core();
+        Some(core.states().map(|(k, s)| (k.clone(), s.clone())).collect())
+    }
+
     pub(super) fn take_failure(&self) -> Option<FlowError> {
         self.failure
             .lock()
@@ -66,7 +139,11 @@ impl<F: Fold> Shared<F> {
         site: Site,
     ) -> Result<(), FlowError> {
         let judged = judge(&self.lanes, &self.fence, failures, site);
+        let dropped = !judged.dropped.is_empty();
         close_lanes(judged.dropped).await;
+        if dropped {
+            self.refresh_ready();
+        }
         judged.result
     }
 
@@ -97,6 +174,13 @@ impl<F: Fold> Shared<F> {
     pub(super) async fn release(&self, partitions: &[TopicPartition], flush: bool) {
         self.fence()
             .handle_released(partitions.iter().map(|tp| tp.partition));
+        {
+            let mut assigned = self.assigned();
+            for tp in partitions {
+                assigned.partitions.remove(&tp.partition);
+            }
+        }
+        self.refresh_ready();
         let lanes: Vec<_> = {
             let mut held = self.lanes();
             partitions
@@ -209,6 +293,19 @@ pub(super) struct Listener<F: Fold>(pub(super) Arc<Shared<F>>);
 impl<F: Fold> RebalanceListener for Listener<F> {
     async fn on_partitions_assigned(&mut self, partitions: &[TopicPartition]) {
         self.0.fence().handle_rebalance();
+        {
+            let input = self.0.config.input_topic.as_str();
+            let mut assigned = self.0.assigned();
+            assigned.joined = true;
+            assigned.partitions.extend(
+                partitions
+                    .iter()
+                    .filter(|tp| tp.topic.as_ref() == input)
+                    .map(|tp| tp.partition),
+            );
+        }
+        // Unready from here until the new partitions are recovered and caught up.
+        self.0.refresh_ready();
         let new: Vec<TopicPartition> = {
             let lanes = self.0.lanes();
             partitions
@@ -236,6 +333,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
                 self.0.fail(e);
             }
         }
+        self.0.refresh_ready();
     }
 
     /// Synchronous teardown: flush, commit, close, before the group may hand the partition on.
