@@ -51,6 +51,7 @@ pub use group::{GroupConsumer, GroupConsumerConfig};
 pub use listener::RebalanceListener;
 pub use live::GroupMetadataHandle;
 pub use membership::LostReason;
+pub(crate) use offsets::commit_offsets_with_metadata;
 pub use offsets::{commit_offsets, committed_offsets, committed_offsets_and_metadata};
 pub use reader::{
     list_offsets, FetchStats, OffsetSpec, PartitionReader, PartitionRecords, ReaderConfig,

@@ -67,6 +67,19 @@ pub async fn commit_offsets(
     metadata: &GroupMetadata,
     offsets: &BTreeMap<TopicPartition, i64>,
 ) -> Result<(), ConsumerError> {
+    let offsets = offsets
+        .iter()
+        .map(|(tp, o)| (tp.clone(), (*o, None)))
+        .collect();
+    commit_offsets_with_metadata(client, metadata, &offsets).await
+}
+
+/// [`commit_offsets`], each offset with the metadata string stored beside it (`None`: none).
+pub(crate) async fn commit_offsets_with_metadata(
+    client: &Client,
+    metadata: &GroupMetadata,
+    offsets: &BTreeMap<TopicPartition, (i64, Option<&str>)>,
+) -> Result<(), ConsumerError> {
     if offsets.is_empty() {
         return Ok(());
     }
@@ -90,11 +103,12 @@ pub async fn commit_offsets(
                             .with_name(TopicName(s(t)))
                             .with_partitions(
                                 ps.iter()
-                                    .map(|(p, o)| {
+                                    .map(|(p, (o, m))| {
                                         OffsetCommitRequestPartition::default()
                                             .with_partition_index(*p)
                                             .with_committed_offset(*o)
                                             .with_committed_leader_epoch(-1)
+                                            .with_committed_metadata(m.map(s))
                                     })
                                     .collect(),
                             )

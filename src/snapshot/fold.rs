@@ -36,9 +36,16 @@ pub enum Change {
 /// [`FlowError::BadSnapshot`](super::FlowError::BadSnapshot), so keep `decode` able to read every encoding you ever wrote.
 ///
 /// **Timers.** A key's [`deadline`](Fold::deadline) is derived from its state, so it is persisted with
-/// the state and a new owner recovers the schedule with it. When the flow's clock
-/// ([`FlowConfig::clock`](super::FlowConfig::clock)) reaches it, [`on_deadline`](Fold::on_deadline) runs and may update or delete
-/// the key; that change is persisted and fenced like an event's. Both default to "no timer".
+/// the state and a new owner recovers the schedule with it. When the fold's time reaches it,
+/// [`on_deadline`](Fold::on_deadline) runs and may update or delete the key; that change is persisted
+/// and fenced like an event's. Both default to "no timer". Which time is the fold's choice,
+/// [`timer_clock`](Fold::timer_clock):
+/// - [`TimerClock::Wall`] (the default): the flow's clock ([`FlowConfig::clock`](super::FlowConfig::clock)),
+///   checked every [`FlowConfig::timer_every`](super::FlowConfig::timer_every) and at takeover. A
+///   backfill or a replay fires timers where the wall clock happens to be, not where the input is.
+/// - [`TimerClock::Stream`]: the partition's *stream time*, the highest record timestamp its input has
+///   shown (see [`TimerClock::Stream`]). Timers fire at the same points of the input whenever it is
+///   folded: live, in a backfill, or replayed after a crash.
 ///
 /// Events with a null key are not folded: state is per key, and a null key names none. They are skipped
 /// (their offsets still advance the partition, so they are not re-read) and counted in
@@ -105,8 +112,9 @@ pub trait Fold: Send + Sync + 'static {
     fn encode(&self, state: &Self::State) -> Bytes;
     /// Decodes snapshot bytes written by [`Fold::encode`].
     fn decode(&self, bytes: &[u8]) -> Result<Self::State, BoxError>;
-    /// When the key's timer fires, in milliseconds since the Unix epoch on [`FlowConfig::clock`](super::FlowConfig::clock), or
-    /// `None` for no timer. Asked after every change and at recovery; derive it from the state only.
+    /// When the key's timer fires, in milliseconds since the Unix epoch on the fold's
+    /// [`timer_clock`](Fold::timer_clock), or `None` for no timer. Asked after every change and at
+    /// recovery; derive it from the state only.
     fn deadline(&self, _key: &Bytes, _state: &Self::State) -> Option<i64> {
         None
     }
@@ -127,6 +135,40 @@ pub trait Fold: Send + Sync + 'static {
     ) -> Change {
         Change::Keep
     }
+    /// Which time [`deadline`](Fold::deadline) and `now` in [`on_deadline`](Fold::on_deadline) are
+    /// on. Fixed for a fold: the flow asks once per partition it acquires.
+    fn timer_clock(&self) -> TimerClock {
+        TimerClock::Wall
+    }
+}
+
+/// The time a fold's timers are on (see [`Fold::timer_clock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TimerClock {
+    /// The flow's wall clock ([`FlowConfig::clock`](super::FlowConfig::clock)), read every
+    /// [`FlowConfig::timer_every`](super::FlowConfig::timer_every) and at takeover.
+    #[default]
+    Wall,
+    /// The partition's stream time: the highest record timestamp seen on the input partition, as Kafka
+    /// Streams' `STREAM_TIME` punctuation reads it.
+    ///
+    /// - Every event with a timestamp advances it, whatever the fold makes of it: folded, kept, skipped
+    ///   by a replay, or without a key. A timestamp below 0 (-1: none) leaves it where it is, and so
+    ///   does an event older than it.
+    /// - When an event moves it forward, every timer due at the new stream time fires (in deadline
+    ///   order) *before* that event is folded: the event happened after the deadline. A deadline set
+    ///   already at or behind stream time fires when stream time next moves.
+    /// - It stands still while the partition gets no input: an idle partition's timers wait for its
+    ///   next event, however much wall time passes. The flow's clock and `timer_every` play no part.
+    /// - It is persisted with the partition: the committed offset's metadata carries the stream time
+    ///   the input had reached just before that offset (`snapfence st=<ms>`), and a new owner resumes
+    ///   from it, so the replay from the committed offset fires each timer at the same event as the
+    ///   live run did. A partition never committed with it starts with none, and its first event
+    ///   with a timestamp sets it.
+    ///
+    /// Not available on the PostgreSQL store yet: [`Flow::start`](super::Flow::start) refuses it there.
+    Stream,
 }
 
 /// The flow's source of time for timers: milliseconds since the Unix epoch. Inject your own to drive

@@ -192,7 +192,19 @@ pub(crate) struct PartitionCore<S> {
     /// [`take_immediate`]: PartitionCore::take_immediate
     at_once: bool,
     immediate: Vec<ProducerRecord>,
+    /// Timers on stream time ([`TimerClock::Stream`](super::fold::TimerClock::Stream)) instead of the
+    /// wall clock.
+    stream: bool,
+    /// The highest event timestamp seen (stream mode), `NO_TIME` before any.
+    stream_time: i64,
+    /// Stream mode: the stream time just before each offset a key's held change starts at, so a commit
+    /// of that offset can carry the stream time its replay must start from. Entries below the last
+    /// landed commit are dropped.
+    marks: std::collections::BTreeMap<i64, i64>,
 }
+
+/// No stream time yet.
+const NO_TIME: i64 = i64::MIN;
 
 /// A key a wave carried.
 struct Carried {
@@ -220,7 +232,42 @@ impl<S> PartitionCore<S> {
             scratch: Outputs::default(),
             at_once: false,
             immediate: Vec::new(),
+            stream: false,
+            stream_time: NO_TIME,
+            marks: std::collections::BTreeMap::new(),
         }
+    }
+
+    /// Timers on stream time, resuming from `restored` (the stream time just before the assigned
+    /// offset, from the committed offset's metadata; `None` when it was never committed with one).
+    pub(crate) fn stream_timers(mut self, restored: Option<i64>) -> Self {
+        self.stream = true;
+        self.stream_time = restored.unwrap_or(NO_TIME);
+        self
+    }
+
+    /// The stream time reached (stream mode), if any event has shown one.
+    pub(crate) fn stream_time(&self) -> Option<i64> {
+        (self.stream && self.stream_time != NO_TIME).then_some(self.stream_time)
+    }
+
+    /// The stream time just before input offset `offset`, for a commit of it: what a replay from there
+    /// must start from. `None` outside stream mode or before any timestamp.
+    pub(crate) fn stream_time_at(&self, offset: i64) -> Option<i64> {
+        if !self.stream {
+            return None;
+        }
+        let at = if offset >= self.position {
+            self.stream_time
+        } else {
+            // Every committable offset below the position is some key's held change, marked when it
+            // was folded; the nearest mark below is a lower bound should one be missing.
+            self.marks
+                .range(..=offset)
+                .next_back()
+                .map_or(NO_TIME, |(_, st)| *st)
+        };
+        (at != NO_TIME).then_some(at)
     }
 
     /// For the unfenced mode: outputs are not held with their keys but handed out at once by
@@ -279,6 +326,14 @@ impl<S> PartitionCore<S> {
             // Waiting to be acquired again: whatever is folded now would be folded again anyway.
             return Folded::Skipped;
         }
+        // The stream time before this event: what a replay starting at it resumes from.
+        let before = self.stream_time;
+        if self.stream && event.timestamp >= 0 && event.timestamp > self.stream_time {
+            self.stream_time = event.timestamp;
+            // Timers due at the new stream time fire before the event that moved it is folded; their
+            // changes hold at this event, so a replay from here fires them again at the same point.
+            self.fire_due(fold, event.timestamp, event.offset, before);
+        }
         self.position = self.position.max(event.offset + 1);
         let Some(key) = &event.key else {
             return Folded::NullKey;
@@ -323,7 +378,7 @@ impl<S> PartitionCore<S> {
         if change == Change::Keep {
             return Folded::Kept;
         }
-        self.changed(fold, key, change, event.offset);
+        self.changed(fold, key, change, event.offset, before);
         Folded::Changed
     }
 
@@ -332,26 +387,47 @@ impl<S> PartitionCore<S> {
         self.position = self.position.max(next_offset);
     }
 
-    /// Fires every timer due at `now`. Returns how many fired.
+    /// Fires every wall-clock timer due at `now`. Returns how many fired. Timers on stream time fire
+    /// only as events move it (see [`handle_event`](Self::handle_event)): nothing here.
     pub(crate) fn handle_timeout<F>(&mut self, fold: &F, now: i64) -> usize
     where
         F: Fold<State = S>,
     {
-        let mut fired = 0;
-        if self.replay {
-            // Waiting to be acquired again: the next owner's takeover fires what is due.
-            return fired;
+        if self.replay || self.stream {
+            // Replay: waiting to be acquired again; the next owner's takeover fires what is due.
+            return 0;
         }
+        // A timer's effect is not tied to an input offset: it holds the committable offset where the
+        // partition stood when it fired.
+        let (at, before) = (self.position, self.stream_time);
+        self.fire_due(fold, now, at, before)
+    }
+
+    /// Fires every timer due at `now`, its changes held at input offset `at` (with `before` the stream
+    /// time just before it). Returns how many fired.
+    fn fire_due<F>(&mut self, fold: &F, now: i64, at: i64, before: i64) -> usize
+    where
+        F: Fold<State = S>,
+    {
+        let mut fired = 0;
+        let mut deferred = Vec::new();
         while let Some((deadline, _)) = self.timers.first() {
             if *deadline > now {
                 break;
             }
-            let Some((_, key)) = self.timers.pop_first() else {
+            let Some((deadline, key)) = self.timers.pop_first() else {
                 break;
             };
             let Some(e) = self.keys.get_mut(&key) else {
                 continue;
             };
+            if e.last_offset >= at {
+                // A replay that has not reached the key's last folded event yet: its recovered state
+                // (and deadline) is from further on in the input, where the live run met this timer.
+                // It waits until the replay has passed that event.
+                deferred.push((deadline, key));
+                continue;
+            }
             e.deadline = None;
             let Some(state) = e.state.as_mut() else {
                 continue;
@@ -370,20 +446,24 @@ impl<S> PartitionCore<S> {
                 }
                 continue;
             }
-            // A timer's effect is not tied to an input offset: it holds the committable offset where the
-            // partition stood when it fired.
-            let at = self.position;
-            self.changed(fold, &key, change, at);
+            self.changed(fold, &key, change, at, before);
         }
+        self.timers.extend(deferred);
         fired
     }
 
-    /// The earliest deadline of any key (when the driver should call [`handle_timeout`](Self::handle_timeout) next).
+    /// The earliest wall-clock deadline of any key (when the driver should call
+    /// [`handle_timeout`](Self::handle_timeout) next); `None` on stream time, where events fire timers.
     pub(crate) fn poll_timeout(&self) -> Option<i64> {
+        if self.stream {
+            return None;
+        }
         self.timers.first().map(|(d, _)| *d)
     }
 
-    fn changed<F>(&mut self, fold: &F, key: &Bytes, change: Change, hold_at: i64)
+    /// Records `key`'s change, held at input offset `hold_at`, where the stream time just before it was
+    /// `before`.
+    fn changed<F>(&mut self, fold: &F, key: &Bytes, change: Change, hold_at: i64, before: i64)
     where
         F: Fold<State = S>,
     {
@@ -406,6 +486,12 @@ impl<S> PartitionCore<S> {
                     .append(&mut records);
                 self.held_output_bytes += bytes;
             }
+        }
+        // A hold that starts here may become the committable offset: mark the stream time before it
+        // (only where a hold starts, so the marks stay as few as the held keys).
+        let starts = e.held.is_none() || matches!(e.in_wave, Some(None));
+        if self.stream && starts {
+            self.marks.entry(hold_at).or_insert(before);
         }
         e.held.get_or_insert(hold_at);
         if let Some(next) = &mut e.in_wave {
@@ -586,6 +672,9 @@ impl<S> PartitionCore<S> {
     /// A commit of `offset` landed. Graves behind it get their tombstones in the next wave.
     pub(crate) fn handle_commit_landed(&mut self, offset: i64) {
         self.committed = self.committed.max(offset);
+        if !self.marks.is_empty() {
+            self.marks = self.marks.split_off(&self.committed);
+        }
     }
 
     /// Whether a landed commit is the only thing a due tombstone waits for (the driver then writes once

@@ -919,3 +919,240 @@ fn at_once_outputs_are_handed_out_and_a_lost_one_forces_a_replay() {
     assert!(c.poll_wave(&f).is_none());
     assert_eq!(c.poll_commit(), None);
 }
+
+/// Counts events per key on stream time: each event emits its offset, and a key idle for `ttl` ms of
+/// stream time expires, emitting how many events it had.
+struct OnStreamTime {
+    ttl: i64,
+}
+
+impl Fold for OnStreamTime {
+    type State = St;
+    fn fold(
+        &self,
+        key: &Bytes,
+        state: &mut Option<St>,
+        event: &Record,
+        out: &mut Outputs,
+    ) -> Change {
+        out.send(output("event", key, event.offset));
+        let s = state.get_or_insert(St { count: 0, seen: 0 });
+        s.count += 1;
+        s.seen = s.seen.max(event.timestamp);
+        Change::Update
+    }
+    fn encode(&self, s: &St) -> Bytes {
+        NO_TTL.encode(s)
+    }
+    fn decode(&self, b: &[u8]) -> Result<St, crate::snapshot::BoxError> {
+        NO_TTL.decode(b)
+    }
+    fn deadline(&self, _key: &Bytes, s: &St) -> Option<i64> {
+        Some(s.seen + self.ttl)
+    }
+    fn on_deadline(&self, key: &Bytes, s: &mut St, now: i64, out: &mut Outputs) -> Change {
+        let value = format!("{} events, at {now}", s.count);
+        out.send(ProducerRecord::new("expired", Some(Bytes::from(value))).key(key.clone()));
+        Change::Delete
+    }
+    fn timer_clock(&self) -> crate::snapshot::TimerClock {
+        crate::snapshot::TimerClock::Stream
+    }
+}
+
+/// A wave's outputs as (key, topic, value) strings.
+fn keyed_outputs_of(w: &Wave) -> Vec<(String, String, String)> {
+    w.writes
+        .iter()
+        .flat_map(|w| &w.outputs)
+        .map(|o| {
+            let text =
+                |b: Option<&Bytes>| String::from_utf8_lossy(b.map_or(&[][..], |b| b)).into_owned();
+            (
+                text(o.key.as_ref()),
+                o.topic.to_string(),
+                text(o.value.as_ref()),
+            )
+        })
+        .collect()
+}
+
+/// An event at `offset` with timestamp `ts` (-1: none) for `key` (`None`: a null key).
+fn timed(offset: i64, key: Option<&str>, ts: i64) -> Record {
+    Record {
+        offset,
+        timestamp: ts,
+        timestamp_type: TimestampType::CreateTime,
+        key: key.map(|k| Bytes::copy_from_slice(k.as_bytes())),
+        value: Some(b("v")),
+        headers: Vec::new(),
+    }
+}
+
+/// Stream time moves with the highest timestamp (not with -1, not backwards, also on null keys); a
+/// timer fires before the event that moved stream time past it, never by the wall clock, and a commit
+/// carries the stream time just before its offset.
+#[test]
+fn stream_time_fires_timers_before_the_event_that_passes_them() {
+    let f = OnStreamTime { ttl: 1_000 };
+    let mut c = PartitionCore::new(0).stream_timers(None);
+    assert_eq!(c.stream_time(), None);
+    c.handle_event(&f, &timed(0, Some("a"), 5_000));
+    assert_eq!(c.stream_time(), Some(5_000));
+    c.handle_event(&f, &timed(1, Some("b"), -1));
+    c.handle_event(&f, &timed(2, Some("b"), 4_000));
+    assert_eq!(c.stream_time(), Some(5_000), "-1 and older events leave it");
+    assert_eq!(
+        c.handle_timeout(&f, i64::MAX),
+        0,
+        "the wall clock fires nothing"
+    );
+    assert_eq!(c.poll_timeout(), None);
+    // b's deadline (4 000 + 1 000) is at stream time already: it waits for stream time to move.
+    assert_eq!(c.state_of(b"b").map(|s| s.count), Some(2));
+    c.handle_event(&f, &timed(3, None, 5_500));
+    assert_eq!(c.stream_time(), Some(5_500), "a null-key event moves it");
+    assert_eq!(
+        c.state_of(b"b"),
+        None,
+        "b expired when stream time moved past 5 000"
+    );
+    assert!(c.state_of(b"a").is_some(), "a's deadline is 6 000");
+    // The event at 6 500 is a's own: a expires first (it was idle past 6 000), then starts again.
+    c.handle_event(&f, &timed(4, Some("a"), 6_500));
+    assert_eq!(c.state_of(b"a").map(|s| s.count), Some(1));
+    let w = c.poll_wave(&f).unwrap();
+    let mut outs = outputs_of(&w);
+    outs.sort();
+    assert_eq!(
+        outs,
+        [
+            ("event".into(), "0".into()),
+            ("event".into(), "1".into()),
+            ("event".into(), "2".into()),
+            ("event".into(), "4".into()),
+            ("expired".into(), "1 events, at 6500".into()),
+            ("expired".into(), "2 events, at 5500".into()),
+        ]
+    );
+    // Held at 0 (a's first event): a commit of 0 carries no stream time (none before offset 0); of
+    // 3 (b's expiry, before the null-key event) the 5 000 reached before it; of the position, 6 500.
+    assert_eq!(c.stream_time_at(0), None);
+    assert_eq!(c.stream_time_at(3), Some(5_000));
+    assert_eq!(c.stream_time_at(5), Some(6_500));
+}
+
+/// Whatever the interleaving of folds, waves, commits and crashes, an owner that resumes from the
+/// committed offset with the stream time its commit carried fires every stream-time timer at the same
+/// point of the input as one uninterrupted run: the committed outputs (each event's, and each expiry
+/// with the count the key had) and the final state equal the uninterrupted run's.
+#[test]
+fn replays_fire_stream_time_timers_where_the_live_run_did() {
+    let f = OnStreamTime { ttl: 3_000 };
+    for seed in 1..=300u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let input: Vec<Record> = (0..60)
+            .map(|o| {
+                let key = [Some("a"), Some("b"), Some("c"), None][rng.below(4) as usize];
+                // Mostly forward in time, with stragglers and events without a timestamp.
+                let ts = match rng.below(8) {
+                    0 => -1,
+                    1 => (o * 1_000 - 4_000).max(0),
+                    _ => o * 1_000 + rng.below(2_000) as i64,
+                };
+                timed(o, key, ts)
+            })
+            .collect();
+
+        // The uninterrupted run.
+        let mut live = PartitionCore::new(0).stream_timers(None);
+        let mut expected = Vec::new();
+        for e in &input {
+            live.handle_event(&f, e);
+        }
+        let w = live.poll_wave(&f).unwrap();
+        expected.extend(keyed_outputs_of(&w));
+        expected.sort();
+        let final_live = counts(&live);
+
+        // The same input through crashes: what is durable is the log, the committed offset and the
+        // stream time its metadata carried.
+        let mut log: HashMap<Bytes, Bytes> = HashMap::new();
+        let (mut committed, mut committed_st) = (0i64, None);
+        let mut outputs = Vec::new();
+        let recover = |log: &HashMap<Bytes, Bytes>, committed: i64, st: Option<i64>| {
+            let mut core = PartitionCore::new(committed).stream_timers(st);
+            for (k, v) in log {
+                match open_envelope(v).unwrap() {
+                    Opened::Live(offset, payload) => {
+                        core.restore(&f, k.clone(), Some(f.decode(payload).unwrap()), offset)
+                    }
+                    Opened::Grave(offset) => core.restore(&f, k.clone(), None, offset),
+                }
+            }
+            core
+        };
+        let mut core = recover(&log, committed, committed_st);
+        let mut trace = Vec::new();
+        for _ in 0..300 {
+            if core.needs_replay() {
+                // A failed write carried outputs: the lane is acquired again from what is durable.
+                core = recover(&log, committed, committed_st);
+                trace.push(format!("replay from {committed} st={committed_st:?}"));
+            }
+            match rng.below(5) {
+                0 | 1 => {
+                    let p = core.position() as usize;
+                    if p < input.len() {
+                        core.handle_event(&f, &input[p]);
+                        trace.push(format!("fold {p}"));
+                    }
+                }
+                2 => {
+                    if let Some(w) = core.poll_wave(&f) {
+                        if rng.below(3) == 0 {
+                            core.handle_wave_outcome(w.id, Landing::Failed);
+                            trace.push("wave failed".to_string());
+                        } else {
+                            for ww in &w.writes {
+                                match &ww.value {
+                                    Some(v) => log.insert(ww.key.clone(), v.clone()),
+                                    None => log.remove(&ww.key),
+                                };
+                            }
+                            outputs.extend(keyed_outputs_of(&w));
+                            core.handle_wave_outcome(w.id, Landing::Landed);
+                            trace.push("wave landed".to_string());
+                        }
+                    }
+                }
+                3 => {
+                    if let Some(offset) = core.poll_commit() {
+                        committed = offset;
+                        committed_st = core.stream_time_at(offset);
+                        core.handle_commit_landed(offset);
+                        trace.push(format!("commit {offset} st={committed_st:?}"));
+                    }
+                }
+                _ => {
+                    core = recover(&log, committed, committed_st);
+                    trace.push(format!("crash, resume at {committed} st={committed_st:?}"));
+                }
+            }
+        }
+        if core.needs_replay() {
+            core = recover(&log, committed, committed_st);
+        }
+        while (core.position() as usize) < input.len() {
+            let p = core.position() as usize;
+            core.handle_event(&f, &input[p]);
+        }
+        if let Some(w) = core.poll_wave(&f) {
+            outputs.extend(keyed_outputs_of(&w));
+            core.handle_wave_outcome(w.id, Landing::Landed);
+        }
+        outputs.sort();
+        assert_eq!(outputs, expected, "seed {seed}: {trace:#?}");
+        assert_eq!(counts(&core), final_live, "seed {seed}: {trace:#?}");
+    }
+}

@@ -43,7 +43,7 @@ pub use flow::{
     Flow, FlowConfig, FlowError, FlowHandle, Lookup, LookupError, PartitionReadiness,
     PersistenceMode, Readiness, StatsHandle,
 };
-pub use fold::{BoxError, Change, Clock, Fold, Outputs, SystemClock};
+pub use fold::{BoxError, Change, Clock, Fold, Outputs, SystemClock, TimerClock};
 pub use group_commit::{MetadataSource, SnapshotWrite, TryWriteError};
 pub use log::PartitionLog;
 pub use recovery::{

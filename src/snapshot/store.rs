@@ -138,6 +138,8 @@ pub struct SnapshotStore {
     partition: i32,
     commits: GroupCommit<ProducerRunner>,
     acquired_in: Duration,
+    /// Shared with the runner: the stream time each committed offset's metadata carries.
+    stream_times: Arc<crate::snapshot::runner::StreamTimes>,
 }
 
 impl std::fmt::Debug for SnapshotStore {
@@ -234,6 +236,7 @@ impl SnapshotStore {
             partition,
             input.clone(),
         );
+        let stream_times = Arc::clone(&runner.stream_times);
         let commits = GroupCommit::new(
             partition,
             runner,
@@ -248,6 +251,7 @@ impl SnapshotStore {
             partition,
             commits,
             acquired_in,
+            stream_times,
         };
         Ok((store, learned))
     }
@@ -297,6 +301,21 @@ impl SnapshotStore {
     ///
     /// Cancel safety: as [`write`](Self::write).
     pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
+        self.commits.commit_offset(offset).await
+    }
+
+    /// [`commit_offset`](Self::commit_offset), with the committed offset's metadata carrying
+    /// `stream_time` (the stream time just before `offset`; see
+    /// [`TimerClock::Stream`](crate::snapshot::TimerClock::Stream)). Every later transaction that
+    /// commits this offset again carries it too.
+    pub(crate) async fn commit_offset_at(
+        &self,
+        offset: i64,
+        stream_time: Option<i64>,
+    ) -> Result<(), SnapshotError> {
+        if let Some(st) = stream_time {
+            self.stream_times.note(offset, st);
+        }
         self.commits.commit_offset(offset).await
     }
 

@@ -11,14 +11,17 @@ use super::shared::Shared;
 use super::writer::{PlainOffsets, PlainWriter, Sink, Writer};
 use super::FlowError;
 use crate::consumer::{
-    committed_offsets, list_offsets, ConsumerError, OffsetReset, OffsetSpec, TopicPartition,
+    committed_offsets_and_metadata, list_offsets, ConsumerError, OffsetReset, OffsetSpec,
+    TopicPartition,
 };
 use crate::net::Client;
 use crate::records::IsolationLevel;
 use crate::snapshot::error::SnapshotError;
 use crate::snapshot::fold::Fold;
+use crate::snapshot::fold::TimerClock;
 use crate::snapshot::fold_core::{open_envelope, Opened, PartitionCore};
 use crate::snapshot::recovery::{recover, RecoveryConfig};
+use crate::snapshot::runner::parse_stream_time;
 use crate::snapshot::state::RecoveredState;
 use crate::snapshot::store::SnapshotStore;
 
@@ -30,25 +33,27 @@ struct Start {
     /// The group had no offset committed for the partition: the flow commits `offset` for it before
     /// anything is fetched (see [`FlowConfig`](super::FlowConfig)).
     fresh: bool,
+    /// The stream time the committed offset's metadata carries (timers on stream time), if any.
+    stream_time: Option<i64>,
 }
 
 impl<F: Fold> Shared<F> {
     /// Where `tp` starts (see [`Start`]): the group's committed offset, else per `initial_offset`. This
     /// is the only place that decides where a partition without a committed offset starts.
     async fn assigned_offset(&self, tp: &TopicPartition) -> Result<Start, ConsumerError> {
-        let committed = committed_offsets(
+        let committed = committed_offsets_and_metadata(
             &self.client,
             &self.config.consumer.group.group_id,
             std::slice::from_ref(tp),
         )
         .await?
-        .get(tp)
-        .copied()
+        .remove(tp)
         .flatten();
         Ok(match committed {
-            Some(offset) => Start {
+            Some((offset, metadata)) => Start {
                 offset,
                 fresh: false,
+                stream_time: metadata.as_deref().and_then(parse_stream_time),
             },
             None => {
                 let spec = match self.config.initial_offset {
@@ -73,6 +78,7 @@ impl<F: Fold> Shared<F> {
                 Start {
                     offset,
                     fresh: true,
+                    stream_time: None,
                 }
             }
         })
@@ -232,7 +238,7 @@ impl<F: Fold> Shared<F> {
                 return Err(e);
             }
         };
-        let recovered = self.recover(tp, start.offset, &writer).await;
+        let recovered = self.recover(tp, start, &writer).await;
         let core = match recovered {
             Ok(core) => core,
             Err(e) => {
@@ -273,9 +279,10 @@ impl<F: Fold> Shared<F> {
     async fn recover(
         &self,
         tp: &TopicPartition,
-        assigned_offset: i64,
+        start: Start,
         writer: &Writer,
     ) -> Result<PartitionCore<F::State>, FlowError> {
+        let assigned_offset = start.offset;
         let began = std::time::Instant::now();
         let recovered = match writer {
             #[cfg(feature = "postgres")]
@@ -285,6 +292,9 @@ impl<F: Fold> Shared<F> {
             _ => self.read_snapshot_log(tp).await?,
         };
         let mut core = PartitionCore::new(assigned_offset);
+        if self.fold.timer_clock() == TimerClock::Stream {
+            core = core.stream_timers(start.stream_time);
+        }
         if !self.sink.fenced() {
             // Unfenced, outputs are produced at once (at least once) instead of riding with snapshots.
             core = core.emit_at_once();

@@ -301,6 +301,14 @@ impl<F: Fold> FlowHandle<F> {
         Some(position)
     }
 
+    /// The stream time `partition` has reached, if held and its fold's timers are on stream time
+    /// ([`TimerClock::Stream`](crate::snapshot::TimerClock::Stream)) and an event has shown one.
+    pub fn stream_time(&self, partition: i32) -> Option<i64> {
+        let lane = self.shared.lanes().get(&partition).cloned()?;
+        let st = lane.core().stream_time();
+        st
+    }
+
     /// The fence handling's counters, as [`Flow::stats`](super::Flow::stats).
     pub fn stats(&self) -> FlowStats {
         self.shared.fence().stats()

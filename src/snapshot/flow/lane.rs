@@ -126,20 +126,21 @@ pub(super) async fn commit_lane<S, W: Writes>(
 ) -> Result<(), FlowError> {
     let _turn = lane.turn.lock().await;
     confirm_outputs(lane).await?;
-    let offset = {
+    let (offset, stream_time) = {
         let core = lane.core();
         if core.is_fenced() || core.needs_replay() {
             return Ok(());
         }
-        match when {
+        let offset = match when {
             CommitWhen::Always => core.committable(),
             CommitWhen::Moved => match core.poll_commit() {
                 Some(offset) => offset,
                 None => return Ok(()),
             },
-        }
+        };
+        (offset, core.stream_time_at(offset))
     };
-    let result = lane.writer.commit_offset(offset).await;
+    let result = lane.writer.commit_offset(offset, stream_time).await;
     match landing(&result) {
         Landing::Landed => lane.core().handle_commit_landed(offset),
         Landing::Fenced => lane.core().handle_fenced(),

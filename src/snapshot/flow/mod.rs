@@ -349,6 +349,15 @@ impl<F: Fold> Flow<F> {
         config.consumer.auto_commit_interval = None;
         config.snapshots.validate()?;
         #[cfg(feature = "postgres")]
+        if config.postgres.is_some() && fold.timer_clock() == super::fold::TimerClock::Stream {
+            return Err(SnapshotError::Config(
+                "timers on stream time are not available on the PostgreSQL store yet: its committed \
+                 offset's metadata carries the flush id, not the stream time"
+                    .into(),
+            )
+            .into());
+        }
+        #[cfg(feature = "postgres")]
         let on_topic = config.postgres.is_none();
         #[cfg(not(feature = "postgres"))]
         let on_topic = true;
@@ -627,7 +636,8 @@ impl<F: Fold> Flow<F> {
     }
 
     /// Fires every timer due on [`FlowConfig::clock`] in every held partition (see [`Fold::deadline`]),
-    /// and returns how many fired. Their changes are persisted by the next [`persist`](Self::persist),
+    /// and returns how many fired. Timers on stream time ([`TimerClock::Stream`](super::TimerClock::Stream))
+    /// fire as events move it, not here. Their changes are persisted by the next [`persist`](Self::persist),
     /// fenced like an event's.
     pub fn tick(&self) -> usize {
         let now = self.shared.config.clock.now_ms();

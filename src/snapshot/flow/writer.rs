@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{FlowConfig, FlowError, PersistenceMode};
-use crate::consumer::{commit_offsets, GroupMetadataHandle, TopicPartition};
+use crate::consumer::{commit_offsets_with_metadata, GroupMetadataHandle, TopicPartition};
 use crate::net::Client;
 use crate::producer::{Delivery, Producer, ProducerConfig, ProducerRecord};
 use crate::snapshot::error::SnapshotError;
@@ -28,8 +28,13 @@ pub(crate) trait Writes: Send + Sync + 'static {
     /// Writes every key's snapshot (a `None` value is a tombstone) with the outputs riding with it,
     /// and waits until each has committed or failed; says which landed for sure.
     fn write_all(&self, writes: Vec<WaveWrite>) -> impl Future<Output = WaveResult> + Send;
-    /// Commits `offset` as the input partition's committed offset.
-    fn commit_offset(&self, offset: i64) -> impl Future<Output = Result<(), FlowError>> + Send;
+    /// Commits `offset` as the input partition's committed offset, with `stream_time` (the stream time
+    /// just before it, for timers on stream time) in its metadata where the store keeps it.
+    fn commit_offset(
+        &self,
+        offset: i64,
+        stream_time: Option<i64>,
+    ) -> impl Future<Output = Result<(), FlowError>> + Send;
     /// Waits until every output produced at once (the unfenced mode) is acknowledged; an error means
     /// some was not, and the partition must replay. Nothing to wait for where outputs ride with their
     /// keys' writes.
@@ -145,7 +150,8 @@ impl<R: TransactionRunner> Writes for GroupCommit<R> {
         write_batched(writes, |e| self.try_enqueue(e)).await
     }
 
-    async fn commit_offset(&self, offset: i64) -> Result<(), FlowError> {
+    /// A bare queue (tests, the benchmark) keeps no stream time.
+    async fn commit_offset(&self, offset: i64, _stream_time: Option<i64>) -> Result<(), FlowError> {
         Ok(GroupCommit::commit_offset(self, offset).await?)
     }
 }
@@ -268,7 +274,7 @@ pub(super) struct PlainOffsets {
 }
 
 impl PlainOffsets {
-    async fn commit(&self, offset: i64) -> Result<(), FlowError> {
+    async fn commit(&self, offset: i64, stream_time: Option<i64>) -> Result<(), FlowError> {
         let token = self
             .metadata
             .as_ref()
@@ -276,10 +282,11 @@ impl PlainOffsets {
                 partition: self.input.partition,
             })?
             .require()?;
-        commit_offsets(
+        let note = stream_time.map(crate::snapshot::runner::stream_time_metadata);
+        commit_offsets_with_metadata(
             &self.client,
             &token,
-            &BTreeMap::from([(self.input.clone(), offset)]),
+            &BTreeMap::from([(self.input.clone(), (offset, note.as_deref()))]),
         )
         .await?;
         Ok(())
@@ -368,14 +375,15 @@ impl Writes for Writer {
         }
     }
 
-    async fn commit_offset(&self, offset: i64) -> Result<(), FlowError> {
+    async fn commit_offset(&self, offset: i64, stream_time: Option<i64>) -> Result<(), FlowError> {
         match self {
-            Writer::Fenced(store) => Ok(store.commit_offset(offset).await?),
-            Writer::Plain(plain) => plain.offsets.commit(offset).await,
+            Writer::Fenced(store) => Ok(store.commit_offset_at(offset, stream_time).await?),
+            Writer::Plain(plain) => plain.offsets.commit(offset, stream_time).await,
+            // The flush id fills the metadata; Flow::start refuses stream time on this store.
             #[cfg(feature = "postgres")]
             Writer::Pg(store) => Ok(store.commit_offset(offset).await?),
             #[cfg(feature = "postgres")]
-            Writer::PgPlain(_, offsets) => offsets.commit(offset).await,
+            Writer::PgPlain(_, offsets) => offsets.commit(offset, stream_time).await,
         }
     }
 }
