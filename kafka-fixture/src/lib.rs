@@ -38,10 +38,11 @@
 //!   brokers silently, and [`KafkaCluster::heal_brokers`] / [`KafkaCluster::heal_all`] undo it.
 //! - **No JVM left behind**: every JVM gets its own process group and `PR_SET_PDEATHSIG(SIGKILL)` from one
 //!   long-lived spawner thread (so it dies with the test process, even on SIGKILL); dropping a cluster kills
-//!   its nodes; an `atexit` hook kills and deletes this process's clusters; and pid files under
-//!   `<cache>/run/<pid>.<starttime>/` let the next test process kill JVMs whose owner is gone (checked by
-//!   the JVM's own start time, so a recycled pid is never hit). A cluster whose start failed is moved to
-//!   `<cache>/failed/` (newest five kept) for a post-mortem.
+//!   its nodes; an `atexit` hook kills and deletes this process's clusters, and so does SIGTERM or SIGINT
+//!   before it ends the process (unless the program handles that signal itself: see [`procs`]); and pid
+//!   files under `<cache>/run/<pid>.<starttime>/` let the next test process kill JVMs whose owner is gone
+//!   (checked by the JVM's own start time, so a recycled pid is never hit). A cluster whose start failed is
+//!   moved to `<cache>/failed/` (newest five kept) for a post-mortem.
 //! - **Sharing.** [`cluster`] keeps one cluster per distinct [`ClusterSpec`] per test binary, started by
 //!   the first test that asks; [`dedicated`] gives a private one that is stopped on drop. Neither is tied to
 //!   a tokio runtime: the start runs on a plain thread and the JVMs are `std::process` children.

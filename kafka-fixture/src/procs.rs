@@ -1,6 +1,6 @@
 //! Child JVMs that never outlive the test process.
 //!
-//! Three layers, because each one alone has a hole:
+//! Four layers, because each one alone has a hole:
 //! 1. Every JVM runs in its own process group (its pgid is its pid), so a signal to `-pid` also reaches
 //!    anything the JVM forks, and a terminal's Ctrl-C does not hit the broker before the test process.
 //! 2. `PR_SET_PDEATHSIG(SIGKILL)`: the kernel kills the JVM when the thread that forked it exits. That is the
@@ -10,7 +10,26 @@
 //! 3. Pid files. Each test process owns `<cache>/run/<pid>.<starttime>/`, and every JVM it starts is recorded
 //!    there as `jvm-<pid>.pid` holding the JVM's own start time. At start-up the fixture sweeps the folders of
 //!    owners that are gone and kills only recorded JVMs whose start time still matches, so a recycled pid is
-//!    never touched. This catches what (2) cannot: a JVM forked in the instant its parent died.
+//!    never touched. This catches what (2) cannot: a JVM forked in the instant its parent died. A normal
+//!    exit does not wait for the next run: an `atexit` hook kills the recorded JVMs and deletes the folder.
+//! 4. SIGTERM and SIGINT (`timeout`, a CI job's cancel, Ctrl-C). Their default action ends the process
+//!    without `exit`, so the `atexit` hook never runs and the folder (over 100 MB with a broker's data)
+//!    stays until a later run sweeps it. When [`owner_dir`] is first used, for each of the two signals
+//!    whose disposition is still `SIG_DFL`, the fixture installs a handler that only writes the signal
+//!    number to a self-pipe (async-signal-safe: no allocation, no lock). A dedicated thread reads it,
+//!    runs the `atexit` hook's cleanup, restores `SIG_DFL` and sends the signal to the process again,
+//!    so it still ends "killed by SIGTERM/SIGINT" as whoever sent it expects. The cleanup runs once:
+//!    whichever of the hook and the thread comes second waits for the first, then does nothing.
+//!
+//!    A signal the program already handles or ignores when the fixture starts is left alone: the
+//!    program keeps its behaviour. A program may also take a signal over *after* the fixture did:
+//!    signal-hook-registry (behind `tokio::signal`) saves the handler it replaces and calls it first on
+//!    every delivery, before its own actions, so the fixture's handler still runs on each Ctrl-C. That
+//!    is why the thread looks up the signal's disposition again before it acts: when it is no longer
+//!    the fixture's handler, someone took the signal over, and the thread does nothing (no cleanup, no
+//!    kill); what the signal means is then that program's business, and the `atexit` hook or the next
+//!    run's sweep cleans up. A signal that arrives in the instant between a takeover and that check is
+//!    treated as the newcomer's.
 //!
 //! A server whose children leave its process group (PostgreSQL's postmaster makes every child a session
 //! leader with `setsid`, so a signal to the postmaster's group reaches only the postmaster) is recorded with
@@ -22,6 +41,10 @@
 //! # References
 //! - prctl(2) `PR_SET_PDEATHSIG`; proc(5) `/proc/<pid>/stat` field 22 (`starttime`), `/proc/<pid>/cwd`,
 //!   `/proc/<pid>/comm`
+//! - sigaction(2) (a null `act` only reads the disposition); signal-safety(7), the functions a handler
+//!   may call; pipe(2) `O_CLOEXEC`, `O_NONBLOCK`
+//! - signal-hook-registry 1.4: the docs of `register`, and `Slot::new` and `handler` in its lib.rs (the
+//!   handler it replaces is kept and called on each delivery before the registered actions)
 
 use std::ffi::OsStr;
 use std::fs;
@@ -30,8 +53,9 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
 
@@ -153,6 +177,7 @@ pub fn owner_dir() -> &'static Path {
         let dir = run.join(format!("{me}.{}", start_time(me).unwrap_or(0)));
         let _ = fs::create_dir_all(&dir);
         register_exit_cleanup();
+        install_signal_cleanup(&dir);
         dir
     })
 }
@@ -333,13 +358,170 @@ fn sweep(run: &Path) {
 fn register_exit_cleanup() {
     extern "C" fn at_exit() {
         // Registered from inside owner_dir's initialiser, so the folder is known by now.
-        let dir = owner_dir();
-        kill_recorded(dir);
-        let _ = fs::remove_dir_all(dir);
+        clean_up(owner_dir());
     }
     // SAFETY: registers a plain extern "C" fn with no captured state.
     unsafe {
         libc::atexit(at_exit);
+    }
+}
+
+/// Kills the recorded processes of this process's folder `dir` and deletes it, once per process: the exit
+/// hook and the signal thread may both get here (a signal during `exit`), and the second one waits until
+/// the first has finished, so the process never ends half way through a deletion it could have finished.
+fn clean_up(dir: &Path) {
+    static CLEANED: Once = Once::new();
+    CLEANED.call_once(|| {
+        kill_recorded(dir);
+        let _ = fs::remove_dir_all(dir);
+    });
+}
+
+/// The write end of the self-pipe that [`on_signal`] writes to, -1 before it exists. An atomic, because
+/// the handler may read nothing else.
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+/// The pid of the process that installed [`on_signal`]; a child between `fork` and `exec` inherits the
+/// handler and must not pass its own signals to this process's cleanup thread.
+static SIGNAL_OWNER: AtomicI32 = AtomicI32::new(0);
+
+/// The handler for SIGTERM and SIGINT (layer 4 in the module docs). Only async-signal-safe calls: `getpid`,
+/// `write` to a non-blocking pipe (a full pipe drops the byte: a signal is pending there already), and
+/// in a forked child `sigaction` and `raise`; `errno` is left as the interrupted code had it.
+extern "C" fn on_signal(sig: libc::c_int) {
+    // SAFETY: every call here is on signal-safety(7)'s list, the byte lives on this stack frame, and
+    // errno is this thread's own.
+    unsafe {
+        let errno = libc::__errno_location();
+        let saved = *errno;
+        if libc::getpid() == SIGNAL_OWNER.load(Ordering::Relaxed) {
+            let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
+            let byte = sig as u8;
+            libc::write(fd, (&raw const byte).cast(), 1);
+        } else {
+            // A child of the spawner that has not reached `exec` yet: it gets the default action, as it
+            // would have without the fixture.
+            set_default(sig);
+            libc::raise(sig);
+        }
+        *errno = saved;
+    }
+}
+
+/// The handler currently installed for `sig` (`SIG_DFL`, `SIG_IGN` or a function's address).
+fn disposition(sig: libc::c_int) -> Option<libc::sighandler_t> {
+    // SAFETY: a zeroed sigaction is a valid out-parameter; a null `act` only reads the disposition.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        (libc::sigaction(sig, std::ptr::null(), &mut old) == 0).then_some(old.sa_sigaction)
+    }
+}
+
+/// Puts back the default action for `sig`. Async-signal-safe (sigaction only).
+fn set_default(sig: libc::c_int) {
+    // SAFETY: a zeroed sigaction with `SIG_DFL` is the default action with an empty mask and no flags.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+    }
+}
+
+/// Layer 4 of the module docs: for SIGTERM and SIGINT, where nobody has claimed them yet, a handler that
+/// wakes a thread which cleans `dir` up and then lets the signal end the process after all. Called once,
+/// from [`owner_dir`]'s initialiser.
+fn install_signal_cleanup(dir: &Path) {
+    let ours = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    let unclaimed: Vec<libc::c_int> = [libc::SIGTERM, libc::SIGINT]
+        .into_iter()
+        .filter(|&sig| disposition(sig) == Some(libc::SIG_DFL))
+        .collect();
+    if unclaimed.is_empty() {
+        return;
+    }
+    let mut fds = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors into the array; fcntl only changes the write end's flags.
+    let (read, write) = unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            tracing::warn!(
+                "kafka-fixture: no self-pipe ({}): SIGTERM and SIGINT will not clean up {}",
+                io::Error::last_os_error(),
+                dir.display()
+            );
+            return;
+        }
+        let flags = libc::fcntl(fds[1], libc::F_GETFL);
+        libc::fcntl(fds[1], libc::F_SETFL, flags | libc::O_NONBLOCK);
+        (fds[0], fds[1])
+    };
+    let owned = dir.to_owned();
+    let started = std::thread::Builder::new()
+        .name("kafka-fixture-signals".into())
+        .spawn(move || clean_up_on_signals(read, &owned, ours));
+    if let Err(e) = started {
+        tracing::warn!(
+            "kafka-fixture: no signal thread ({e}): SIGTERM and SIGINT will not clean up {}",
+            dir.display()
+        );
+        // SAFETY: both descriptors are ours and nothing else has seen them.
+        unsafe {
+            libc::close(read);
+            libc::close(write);
+        }
+        return;
+    }
+    // SAFETY: getpid has no memory effects.
+    SIGNAL_OWNER.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    SIGNAL_PIPE.store(write, Ordering::Release);
+    for sig in unclaimed {
+        // SAFETY: a zeroed sigaction is an empty mask; `on_signal` has the one-argument handler signature
+        // that a handler without SA_SIGINFO is called with. SA_RESTART: the program's blocking calls go
+        // on after the handler instead of failing with EINTR.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ours;
+            action.sa_flags = libc::SA_RESTART;
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, &action, &mut old) == 0 && old.sa_sigaction != libc::SIG_DFL {
+                // Another thread claimed the signal between the look-up and now: it stays theirs.
+                libc::sigaction(sig, &old, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+/// The signal thread: blocks on the self-pipe, and for each signal that is still `ours` when it gets
+/// here, cleans `dir` up and ends the process with that signal's default action. A signal whose
+/// disposition changed since is ignored here: whoever installed the new handler (signal-hook-registry
+/// calls the one it replaced before its own, see the module docs) decides what it means.
+fn clean_up_on_signals(read: libc::c_int, dir: &Path, ours: libc::sighandler_t) {
+    loop {
+        let mut byte = 0u8;
+        // SAFETY: reads at most one byte into a local.
+        let n = unsafe { libc::read(read, (&raw mut byte).cast(), 1) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n != 1 {
+            return; // the write end is in a static and never closed: not expected
+        }
+        let sig = libc::c_int::from(byte);
+        if disposition(sig) != Some(ours) {
+            tracing::debug!(
+                "kafka-fixture: signal {sig} now has another handler; leaving it to that one"
+            );
+            continue;
+        }
+        clean_up(dir);
+        set_default(sig);
+        // SAFETY: a sigset_t filled by sigemptyset/sigaddset; unblocking it here lets the signal reach
+        // at least this thread even if every other one blocks it; kill has no memory effects.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+        }
     }
 }
 

@@ -277,14 +277,11 @@ async fn a_paused_node_stops_answering_until_resumed_and_a_stopped_one_restarts(
     );
 }
 
-#[test]
-fn no_jvm_outlives_a_killed_test_process() {
-    if std::env::var_os("SNAPFENCE_BOOTSTRAP").is_some() {
-        return eprintln!("skipped: SNAPFENCE_BOOTSTRAP names an external cluster");
-    }
+/// A stand-in test process: the kafka-fixture binary holding one node, with a private cache folder (sharing
+/// the jars), so no other test process's stale-pid sweep can kill its JVM and make a test pass for the
+/// wrong reason. Returns the process, its JVM's pid and the private cache.
+fn start_holder() -> (std::process::Child, u32, std::path::PathBuf) {
     use std::io::BufRead as _;
-    // The holder gets a private cache folder (sharing the jars), so no other test process's stale-pid
-    // sweep can kill its JVM and make this pass for the wrong reason.
     kafka_fixture::libs_dir(&kafka_fixture::KafkaVersion::kafka4()).expect("jars");
     let private = std::env::temp_dir().join(unique("snapfence-cache"));
     std::fs::create_dir_all(&private).unwrap();
@@ -293,7 +290,7 @@ fn no_jvm_outlives_a_killed_test_process() {
         private.join("kafka"),
     )
     .unwrap();
-    // A stand-in test process: starts a node, reports the JVM's pid, then waits to be killed.
+    // Starts a node, reports the JVM's pid, then waits to be killed.
     let mut holder = std::process::Command::new(env!("CARGO_BIN_EXE_kafka-fixture"))
         .args(["4", "hold=600"])
         .env("SNAPFENCE_CACHE", &private)
@@ -314,10 +311,11 @@ fn no_jvm_outlives_a_killed_test_process() {
     }
     let jvm = jvm.expect("kafka-fixture printed its JVM pid");
     assert!(jvm_alive(jvm), "the JVM runs while its owner does");
+    (holder, jvm, private)
+}
 
-    // SIGKILL: no destructor, no atexit hook; only the parent-death signal can take the JVM down.
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+/// Waits up to 15 s for `jvm` to die; SIGKILLs it if it did not, and returns whether it survived.
+fn survives(jvm: u32) -> bool {
     let gone = Instant::now() + Duration::from_secs(15);
     while jvm_alive(jvm) && Instant::now() < gone {
         std::thread::sleep(Duration::from_millis(100));
@@ -327,11 +325,67 @@ fn no_jvm_outlives_a_killed_test_process() {
         // Leave nothing behind even when failing.
         force_kill(jvm);
     }
+    survived
+}
+
+#[test]
+fn no_jvm_outlives_a_killed_test_process() {
+    if std::env::var_os("SNAPFENCE_BOOTSTRAP").is_some() {
+        return eprintln!("skipped: SNAPFENCE_BOOTSTRAP names an external cluster");
+    }
+    let (mut holder, jvm, private) = start_holder();
+
+    // SIGKILL: no destructor, no atexit hook; only the parent-death signal can take the JVM down.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let survived = survives(jvm);
     let _ = std::fs::remove_dir_all(&private);
     assert!(
         !survived,
         "JVM {jvm} outlived the SIGKILLed process that started it"
     );
+}
+
+/// SIGTERM (`timeout`, a CI cancel) runs the fixture's cleanup before the signal ends the process: the JVM
+/// is killed and the run folder with the broker's data deleted, not left for a later run's sweep.
+#[test]
+fn a_sigtermed_test_process_takes_its_jvm_and_run_folder_along() {
+    if std::env::var_os("SNAPFENCE_BOOTSTRAP").is_some() {
+        return eprintln!("skipped: SNAPFENCE_BOOTSTRAP names an external cluster");
+    }
+    use std::os::unix::process::ExitStatusExt as _;
+    let (mut holder, jvm, private) = start_holder();
+    let run = private.join("run");
+    let before: Vec<_> = std::fs::read_dir(&run).unwrap().flatten().collect();
+    assert_eq!(before.len(), 1, "one run folder while the holder runs");
+
+    // SAFETY: kill has no memory effects.
+    unsafe {
+        libc::kill(holder.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let until = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = holder.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= until {
+            let _ = holder.kill();
+            break holder.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let survived = survives(jvm);
+    let left: Vec<_> = std::fs::read_dir(&run)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&private);
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGTERM),
+        "the holder should end killed by SIGTERM, not {status}"
+    );
+    assert!(!survived, "JVM {jvm} outlived the SIGTERMed process");
+    assert!(left.is_empty(), "SIGTERM left {left:?} behind");
 }
 
 fn force_kill(pid: u32) {

@@ -4,7 +4,7 @@
 //!
 //! `cargo run -p kafka-fixture --bin kafka-fixture -- [4|4tv1|42|39|3n] [key=value ...]`
 //! - `tv=N` / `gv=N`: transaction.version / group.version at format time
-//! - `hold=SECS`: keep the cluster that long after printing (default 0); Ctrl-C stops it and its JVMs
+//! - `hold=SECS`: keep the cluster that long after printing (default 0); Ctrl-C or SIGTERM stops it, its JVMs and deletes its run folder
 //! - `apis=1`: also print every API's version range
 //! - `user=NAME:PASSWORD` (repeatable): add a SASL_PLAINTEXT listener with this user (PLAIN and both
 //!   SCRAMs) and the StandardAuthorizer; `super=PRINCIPAL` adds a super user (e.g. `super=User:admin`)
