@@ -41,6 +41,7 @@ pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure
 pub use fence_core::{FencePolicy, FlowStats};
 pub use flow::{Flow, FlowConfig, FlowError, PersistenceMode, StatsHandle};
 pub use fold::{BoxError, Change, Clock, Fold, Outputs, SystemClock};
+pub use fold_core::{open_snapshot_value, ForeignSnapshotValue, SnapshotValue};
 pub use group_commit::{MetadataSource, SnapshotWrite, TryWriteError};
 pub use log::PartitionLog;
 pub use recovery::{
