@@ -295,8 +295,9 @@ mod tests {
         let (code, _, err) =
             run_captured(&["snapfence", "find-hanging", "--partition", "1", "-b", "x:1"]).await;
         assert_eq!(code, 2, "--partition needs --topic: {err}");
-        let (code, _, err) = run_captured(&["snapfence", "-b", "x:1", "recover", "t"]).await;
-        assert_eq!(code, 2, "recover needs --partition: {err}");
+        let (code, _, err) =
+            run_captured(&["snapfence", "-b", "x:1", "recover", "t", "-p", "x"]).await;
+        assert_eq!(code, 2, "a partition is a number: {err}");
         // Refused before any broker is started or reached.
         let (code, _, err) = run_captured(&["snapfence", "--format", "json", "demo"]).await;
         assert_eq!(code, error::EXIT_USAGE, "{err}");
