@@ -415,7 +415,7 @@ async fn reset_to_a_middle_offset_deletes_only_the_snapshots_at_or_past_it() {
         let last = w
             .events
             .iter()
-            .filter(|e| &e.key == key)
+            .filter(|e| e.key == *key)
             .map(|e| e.offset)
             .max()
             .unwrap();
