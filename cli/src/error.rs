@@ -218,6 +218,16 @@ pub enum CliError {
         #[source]
         source: snapfence::producer::ProducerError,
     },
+    /// A PostgreSQL step of `reset --postgres` failed.
+    #[cfg(feature = "postgres")]
+    #[error("{what}: {source}")]
+    Postgres {
+        /// What was being done.
+        what: String,
+        /// The store's error.
+        #[source]
+        source: snapfence::snapshot::postgres::PgError,
+    },
     /// The demo could not get a Kafka broker of its own.
     #[error("cannot start a local Kafka broker for the demo: {detail}")]
     Fixture {
@@ -335,6 +345,11 @@ impl CliError {
                 .into(),
             CliError::Producer { .. } => "run reset again: it is safe to repeat (the offsets already \
                 moved stay, and the snapshots at or past them are found and deleted again)"
+                .into(),
+            #[cfg(feature = "postgres")]
+            CliError::Postgres { .. } => "check --postgres (the connection string the flow uses) and \
+                --postgres-table-prefix, and that the server is up; a failed reset of a partition \
+                changed nothing there, and running reset again is safe"
                 .into(),
             CliError::Fixture { .. } => "install what the message names (a JDK 17 and Maven; the broker jars \
                 come from Maven Central on first use), or run the demo against a cluster of yours with \

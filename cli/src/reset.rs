@@ -59,9 +59,25 @@ pub struct ResetArgs {
     /// The flow's input topic, whose offsets the group commits.
     #[arg(long, short = 'i', value_name = "TOPIC")]
     pub input: String,
-    /// The flow's snapshot topic (as many partitions as the input).
+    /// The flow's snapshot topic (as many partitions as the input). Required unless --postgres names
+    /// the store the flow keeps its snapshots in.
     #[arg(long, short = 's', value_name = "TOPIC")]
-    pub snapshots: String,
+    pub snapshots: Option<String>,
+    /// The flow keeps its snapshots in PostgreSQL (`FlowConfig::postgres`): reset that store, at this
+    /// connection string (`postgres://user:password@host:5432/db`, or key=value pairs), instead of a
+    /// snapshot topic.
+    #[cfg(feature = "postgres")]
+    #[arg(long, value_name = "URL", conflicts_with = "snapshots")]
+    pub postgres: Option<String>,
+    /// The store's table prefix (`PgStoreConfig::table_prefix`).
+    #[cfg(feature = "postgres")]
+    #[arg(
+        long,
+        visible_alias = "postgres-prefix",
+        value_name = "PREFIX",
+        default_value = "snapfence"
+    )]
+    pub postgres_table_prefix: String,
     /// The flow's transactional id prefix (`SnapshotConfig`'s): snapshot partition P is written by
     /// `<PREFIX>-<P>`.
     #[arg(
@@ -435,24 +451,87 @@ fn doomed<'a>(
     Ok(d)
 }
 
+/// Where the flow keeps its snapshots.
+enum Store {
+    /// A compacted snapshot topic.
+    Topic(snapfence::net::TopicMetadata),
+    /// The PostgreSQL store.
+    #[cfg(feature = "postgres")]
+    Postgres(snapfence::snapshot::postgres::PgStoreConfig),
+}
+
+impl Store {
+    fn name(&self) -> String {
+        match self {
+            Store::Topic(t) => t.name.clone(),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(c) => format!("PostgreSQL tables {}_*", c.table_prefix),
+        }
+    }
+
+    /// The store's own offset of `partition` (the PostgreSQL fencing row's) and the rule applied to its
+    /// snapshots. Changes nothing.
+    async fn read(
+        &self,
+        cluster: &Cluster,
+        args: &ResetArgs,
+        partition: i32,
+        new_offset: i64,
+        io: &mut Io<'_>,
+    ) -> Result<(Option<i64>, Doomed), CliError> {
+        match self {
+            Store::Topic(t) => {
+                let (state, _) =
+                    read_partition(cluster, &t.name, partition, args.stall_timeout, io).await?;
+                Ok((None, doomed(&t.name, partition, &state, new_offset, 64)?))
+            }
+            #[cfg(feature = "postgres")]
+            Store::Postgres(config) => {
+                let view = snapfence::snapshot::postgres::inspect_partition(
+                    config,
+                    &args.prefix,
+                    partition,
+                )
+                .await
+                .map_err(|source| CliError::Postgres {
+                    what: format!("read partition {partition} of the store"),
+                    source,
+                })?;
+                let name = self.name();
+                let d = doomed(&name, partition, &view.snapshots, new_offset, 64)?;
+                Ok((view.committed_offset, d))
+            }
+        }
+    }
+}
+
 /// One partition's line of the plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct PartitionPlan {
     partition: i32,
+    /// The group's committed offset.
     committed: Option<i64>,
+    /// The PostgreSQL store's fencing row offset (`None` on a snapshot topic, or none recorded).
+    store_offset: Option<i64>,
     new_offset: i64,
     doomed: Doomed,
 }
 
 impl PartitionPlan {
+    /// Where a takeover would start now: the group's offset, or the later of it and the store's.
+    fn current(&self) -> Option<i64> {
+        self.committed.max(self.store_offset)
+    }
+
     fn direction(&self) -> Direction {
-        Direction::of(self.committed, self.new_offset)
+        Direction::of(self.current(), self.new_offset)
     }
 
     fn json(&self) -> Value {
         json!({
             "partition": self.partition,
             "committed": self.committed,
+            "store_offset": self.store_offset,
             "new_offset": self.new_offset,
             "direction": self.direction().json(),
             "delete": self.doomed.keys.len(),
@@ -467,27 +546,33 @@ const RULE: &str = "a snapshot whose envelope offset (the last input event folde
     or past the new offset is deleted: the next owner's replay would skip the events it claims, so its key \
     folds again from nothing; a snapshot below it only folded events before the new offset and stays";
 
-fn plan_text(args: &ResetArgs, to: &ResetTo, plan: &[PartitionPlan]) -> String {
+fn plan_text(
+    args: &ResetArgs,
+    store: &str,
+    postgres: bool,
+    to: &ResetTo,
+    plan: &[PartitionPlan],
+) -> String {
     let mut out = format!(
-        "reset of group {:?} on input {:?} to {} (snapshots {:?}, written by {}-<partition>)\n",
+        "reset of group {:?} on input {:?} to {} (snapshots in {store}, written by {}-<partition>)\n",
         args.group,
         args.input,
         to.describe(),
-        args.snapshots,
         args.prefix
     );
-    let mut table = Table::new(&[
-        "partition",
-        "committed",
-        "new",
-        "move",
-        "delete (live/graves)",
-        "keep",
-    ]);
+    let mut header = vec!["partition", "committed"];
+    if postgres {
+        header.push("store offset");
+    }
+    header.extend(["new", "move", "delete (live/graves)", "keep"]);
+    let mut table = Table::new(&header);
+    let shown = |o: Option<i64>| o.map_or_else(|| "-".into(), |c| c.to_string());
     for p in plan {
-        table.row(vec![
-            p.partition.to_string(),
-            p.committed.map_or_else(|| "-".into(), |c| c.to_string()),
+        let mut row = vec![p.partition.to_string(), shown(p.committed)];
+        if postgres {
+            row.push(shown(p.store_offset));
+        }
+        row.extend([
             p.new_offset.to_string(),
             p.direction().text(),
             format!(
@@ -498,6 +583,7 @@ fn plan_text(args: &ResetArgs, to: &ResetTo, plan: &[PartitionPlan]) -> String {
             ),
             p.doomed.kept.to_string(),
         ]);
+        table.row(row);
     }
     out.push_str(&table.render());
     out.push_str(&format!("rule: {RULE}\n"));
@@ -522,15 +608,19 @@ pub(crate) async fn run(
 ) -> Result<(), CliError> {
     let to = args.target()?;
     let input = cluster.topic(&args.input).await?;
-    let snapshots = cluster.topic(&args.snapshots).await?;
-    if input.partitions.len() != snapshots.partitions.len() {
-        return Err(CliError::PartitionMismatch {
-            snapshots: snapshots.name.clone(),
-            snapshot_partitions: snapshots.partitions.len(),
-            input: input.name.clone(),
-            input_partitions: input.partitions.len(),
-        });
+    let store = store(cluster, args).await?;
+    match &store {
+        Store::Topic(snapshots) if input.partitions.len() != snapshots.partitions.len() => {
+            return Err(CliError::PartitionMismatch {
+                snapshots: snapshots.name.clone(),
+                snapshot_partitions: snapshots.partitions.len(),
+                input: input.name.clone(),
+                input_partitions: input.partitions.len(),
+            });
+        }
+        _ => {}
     }
+    let postgres = !matches!(store, Store::Topic(_));
     let partitions = chosen(&input, &args.partitions, &to)?;
     refuse_members(cluster, &args.group).await?;
 
@@ -556,25 +646,28 @@ pub(crate) async fn run(
     if args.execute {
         for &p in &partitions {
             let id = format!("{}-{p}", args.prefix);
-            let producer =
-                TransactionalProducer::init(cluster.client.clone(), TransactionalConfig::new(&id))
-                    .await
-                    .map_err(|source| CliError::Producer {
-                        what: format!("initialise the producer of {id}"),
-                        source,
-                    })?;
+            let mut config = TransactionalConfig::new(&id);
+            // The PostgreSQL store's producer takes part in two-phase commits (KIP-939): initialised
+            // the same way, without keeping, the init aborts a transaction a dead owner prepared (which
+            // would otherwise hold its offset commit pending over the reset).
+            config.two_phase_commit = postgres;
+            let producer = TransactionalProducer::init(cluster.client.clone(), config)
+                .await
+                .map_err(|source| CliError::Producer {
+                    what: format!("initialise the producer of {id}"),
+                    source,
+                })?;
             producers.insert(p, producer);
         }
     }
 
     let mut plan = Vec::with_capacity(targets.len());
     for (partition, committed, new_offset) in targets {
-        let (state, _) =
-            read_partition(cluster, &snapshots.name, partition, args.stall_timeout, io).await?;
-        let doomed = doomed(&snapshots.name, partition, &state, new_offset, 64)?;
+        let (store_offset, doomed) = store.read(cluster, args, partition, new_offset, io).await?;
         plan.push(PartitionPlan {
             partition,
             committed,
+            store_offset,
             new_offset,
             doomed,
         });
@@ -584,14 +677,18 @@ pub(crate) async fn run(
         "outcome": if args.execute { "reset" } else { "planned" },
         "group": args.group,
         "input": input.name,
-        "snapshots": snapshots.name,
+        "snapshots": store.name(),
         "transactional_prefix": args.prefix,
         "to": to.describe(),
         "partitions": plan.iter().map(PartitionPlan::json).collect::<Vec<_>>(),
         "delete": deleted,
     });
     if format == Format::Text {
-        write!(io.out, "{}", plan_text(args, &to, &plan))?;
+        write!(
+            io.out,
+            "{}",
+            plan_text(args, &store.name(), postgres, &to, &plan)
+        )?;
     }
     if !args.execute {
         match format {
@@ -623,8 +720,36 @@ pub(crate) async fn run(
             continue;
         };
         let id = format!("{}-{}", args.prefix, p.partition);
-        if !p.doomed.keys.is_empty() {
-            tombstones(&mut producer, &snapshots.name, p, &id).await?;
+        match &store {
+            Store::Topic(t) => {
+                if !p.doomed.keys.is_empty() {
+                    tombstones(&mut producer, &t.name, p, &id).await?;
+                }
+            }
+            #[cfg(feature = "postgres")]
+            Store::Postgres(config) => {
+                let done = snapfence::snapshot::postgres::reset_partition(
+                    config,
+                    &args.prefix,
+                    p.partition,
+                    p.new_offset,
+                )
+                .await
+                .map_err(|source| CliError::Postgres {
+                    what: format!("reset partition {} of the store", p.partition),
+                    source,
+                })?;
+                if format == Format::Text {
+                    writeln!(
+                        io.out,
+                        "p{}: {} snapshot row(s) deleted, {} kept; the fencing row at offset {}, owner \
+                         epoch {} (every earlier owner's flush now fails)",
+                        p.partition, done.deleted, done.kept, p.new_offset, done.owner_epoch
+                    )?;
+                }
+                producer.close().await;
+                continue;
+            }
         }
         if format == Format::Text {
             if p.doomed.keys.is_empty() {
@@ -658,6 +783,27 @@ pub(crate) async fn run(
         }
     }
     Ok(())
+}
+
+/// The store `args` name: the snapshot topic, or with `--postgres` the PostgreSQL store.
+async fn store(cluster: &Cluster, args: &ResetArgs) -> Result<Store, CliError> {
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &args.postgres {
+        let mut config = snapfence::snapshot::postgres::PgStoreConfig::new(url);
+        config.table_prefix = args.postgres_table_prefix.clone();
+        return Ok(Store::Postgres(config));
+    }
+    let Some(topic) = &args.snapshots else {
+        return Err(usage(
+            "no snapshot store named",
+            if cfg!(feature = "postgres") {
+                "pass --snapshots TOPIC, or --postgres URL for a flow that keeps its snapshots in PostgreSQL"
+            } else {
+                "pass --snapshots TOPIC"
+            },
+        ));
+    };
+    Ok(Store::Topic(cluster.topic(topic).await?))
 }
 
 /// Fails with [`CliError::GroupActive`] when the group's coordinator lists any member.
@@ -902,6 +1048,7 @@ mod tests {
             PartitionPlan {
                 partition: 0,
                 committed: Some(12),
+                store_offset: None,
                 new_offset: 0,
                 doomed: Doomed {
                     keys: vec![Bytes::from_static(b"a")],
@@ -913,17 +1060,19 @@ mod tests {
             PartitionPlan {
                 partition: 1,
                 committed: None,
+                store_offset: None,
                 new_offset: 0,
                 doomed: Doomed::default(),
             },
             PartitionPlan {
                 partition: 2,
                 committed: Some(3),
+                store_offset: None,
                 new_offset: 8,
                 doomed: Doomed::default(),
             },
         ];
-        let text = plan_text(&args, &ResetTo::Earliest, &plan);
+        let text = plan_text(&args, "snaps", false, &ResetTo::Earliest, &plan);
         assert!(text.contains("back 12"), "{text}");
         assert!(text.contains("none committed"), "{text}");
         assert!(text.contains("forward 5"), "{text}");

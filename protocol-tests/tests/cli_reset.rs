@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol_tests::tally::{fold_all, Counter, Tally};
-use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
+use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster, PostgresServer};
 use serde_json::Value;
 use snapfence::consumer::{
     committed_offsets, GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset, TopicPartition,
@@ -17,6 +17,7 @@ use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{
     Producer, ProducerConfig, ProducerRecord, TransactionalConfig, TransactionalProducer,
 };
+use snapfence::snapshot::postgres::PgStoreConfig;
 use snapfence::snapshot::{Flow, FlowConfig, SnapshotConfig};
 
 struct Run {
@@ -83,6 +84,8 @@ struct World {
     protocol: GroupProtocol,
     producer: Producer,
     events: Vec<Event>,
+    /// Snapshots in PostgreSQL instead of the snapshot topic.
+    postgres: Option<PgStoreConfig>,
 }
 
 impl World {
@@ -116,6 +119,7 @@ impl World {
             protocol,
             producer,
             events: Vec::new(),
+            postgres: None,
         }
     }
 
@@ -161,7 +165,9 @@ impl World {
         consumer.reader.reset = OffsetReset::Earliest;
         let mut snapshots = SnapshotConfig::new(&self.snapshots, &self.prefix);
         snapshots.recovery_stall_timeout = Some(Duration::from_secs(30));
-        FlowConfig::new(consumer, &self.input, snapshots)
+        let mut config = FlowConfig::new(consumer, &self.input, snapshots);
+        config.postgres = self.postgres.clone();
+        config
     }
 
     /// Starts a flow and polls it until it holds every partition and has read each to its end; returns
@@ -483,4 +489,92 @@ async fn a_dry_run_prints_the_plan_and_changes_nothing() {
 
     assert_eq!(w.committed().await, committed);
     assert_eq!(w.snapshot_keys(&kafka).await, snapshots);
+}
+
+/// The same middle-offset reset on a flow that keeps its snapshots in PostgreSQL: the rows at or past N
+/// are deleted and the fencing row records N (a takeover starts at the later of it and the group's
+/// offset, so leaving it would undo the reset), its owner epoch is bumped (so every earlier owner's
+/// flush fails its compare-and-set), a dry run changes nothing, and the next flow ends with exactly the
+/// state the rule promises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_on_the_postgres_store_moves_the_fencing_row_and_deletes_the_rows_at_or_past_it() {
+    let kafka = cluster(ClusterSpec::kafka4().with_two_phase_commit()).await;
+    let pg = tokio::task::spawn_blocking(PostgresServer::start)
+        .await
+        .unwrap()
+        .expect("start PostgreSQL");
+    let mut w = World::new(&kafka, 1, GroupConfig::new("-").protocol).await;
+    let store = PgStoreConfig::new(pg.url());
+    w.postgres = Some(store.clone());
+    w.emit("a", 0, 3).await; // 0..=2
+    w.emit("b", 0, 3).await; // 3..=5
+    w.emit("c", 0, 2).await; // 6, 7
+    w.emit("a", 0, 2).await; // 8, 9
+    const N: i64 = 6;
+    let (flow, state) = w.caught_up_flow().await;
+    assert_eq!(state, w.fold_from(|_| 0));
+    flow.close().await.unwrap();
+    let view = snapfence::snapshot::postgres::inspect_partition(&store, &w.prefix, 0)
+        .await
+        .unwrap();
+    assert_eq!(view.committed_offset, Some(10));
+    assert_eq!(view.snapshots.len(), 3);
+
+    let url = pg.url();
+    let base = [
+        "reset",
+        "--group",
+        w.group.as_str(),
+        "--input",
+        w.input.as_str(),
+        "--postgres",
+        url.as_str(),
+        "--prefix",
+        w.prefix.as_str(),
+        "--to-offset",
+        "6",
+    ];
+    let dry = snapfence(&kafka, &base).await.ok();
+    assert!(
+        dry.out.contains("store offset") && dry.out.contains("dry run"),
+        "{}",
+        dry.out
+    );
+    let unchanged = snapfence::snapshot::postgres::inspect_partition(&store, &w.prefix, 0)
+        .await
+        .unwrap();
+    assert_eq!(unchanged.committed_offset, Some(10));
+    assert_eq!(unchanged.snapshots, view.snapshots);
+
+    let mut execute = base.to_vec();
+    execute.push("--execute");
+    let run = snapfence(&kafka, &execute).await.ok();
+    assert!(
+        run.out.contains("p0: 2 snapshot row(s) deleted, 1 kept"),
+        "{}",
+        run.out
+    );
+    let after = snapfence::snapshot::postgres::inspect_partition(&store, &w.prefix, 0)
+        .await
+        .unwrap();
+    assert_eq!(after.committed_offset, Some(N));
+    assert!(
+        after.owner_epoch > view.owner_epoch,
+        "the reset bumped the epoch"
+    );
+    let kept: Vec<&[u8]> = after.snapshots.iter().map(|(k, _)| k).collect();
+    assert_eq!(kept, [&b"b"[..]]);
+    assert_eq!(w.committed().await, [Some(N)]);
+
+    let whole = w.fold_from(|_| 0);
+    let from_n = w.fold_from(|_| N);
+    let expected: HashMap<Bytes, Tally> = [
+        (Bytes::from_static(b"a"), from_n[&Bytes::from_static(b"a")]),
+        (Bytes::from_static(b"b"), whole[&Bytes::from_static(b"b")]),
+        (Bytes::from_static(b"c"), from_n[&Bytes::from_static(b"c")]),
+    ]
+    .into();
+    let (flow, state) = w.caught_up_flow().await;
+    assert_eq!(state, expected);
+    flow.close().await.unwrap();
 }
