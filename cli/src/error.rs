@@ -22,6 +22,8 @@ pub const EXIT_NOT_AUTHORIZED: i32 = 5;
 pub const EXIT_STALLED: i32 = 6;
 /// The SASL login was refused or the TLS handshake failed.
 pub const EXIT_AUTHENTICATION: i32 = 7;
+/// The consumer group has members, so its offsets cannot be moved (`reset`).
+pub const EXIT_GROUP_ACTIVE: i32 = 8;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +154,80 @@ pub enum CliError {
         #[source]
         source: SnapshotError,
     },
+    /// `reset` refused: the group has members, which would commit over the reset and keep their state.
+    #[error(
+        "consumer group {group:?} has members{}; its offsets can only be reset while it is empty",
+        if members.is_empty() { String::new() } else { format!(" ({})", members.join(", ")) }
+    )]
+    GroupActive {
+        /// The group.
+        group: String,
+        /// The member ids its coordinator lists (empty when the coordinator refused the commit itself).
+        members: Vec<String>,
+    },
+    /// A `reset --to-offset` position outside the input partition's log.
+    #[error("offset {offset} is outside {topic}/{partition}, whose log spans {log_start}..{high_watermark}")]
+    ResetOutOfRange {
+        /// The input topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The offset asked for.
+        offset: i64,
+        /// The first offset still in the log.
+        log_start: i64,
+        /// The high watermark.
+        high_watermark: i64,
+    },
+    /// The snapshot topic cannot be the input's: another partition count.
+    #[error(
+        "snapshot topic {snapshots:?} has {snapshot_partitions} partition(s), input topic {input:?} has \
+         {input_partitions}: snapshot partition N holds input partition N's state"
+    )]
+    PartitionMismatch {
+        /// The snapshot topic.
+        snapshots: String,
+        /// Its partition count.
+        snapshot_partitions: usize,
+        /// The input topic.
+        input: String,
+        /// Its partition count.
+        input_partitions: usize,
+    },
+    /// A value on the snapshot topic is no envelope a flow wrote, so its offset is unknown.
+    #[error(
+        "{topic}/{partition}: the snapshot of key {key} is not a snapfence snapshot: {source}"
+    )]
+    ForeignSnapshot {
+        /// The snapshot topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The key, as `dump` shows keys.
+        key: String,
+        /// What is wrong with the value.
+        #[source]
+        source: snapfence::snapshot::ForeignSnapshotValue,
+    },
+    /// A producer step of `reset` (InitProducerId, the tombstones' transaction) failed.
+    #[error("{what}: {source}")]
+    Producer {
+        /// What was being done.
+        what: String,
+        /// The producer's error.
+        #[source]
+        source: snapfence::producer::ProducerError,
+    },
+    /// A PostgreSQL step of `reset --postgres` failed.
+    #[cfg(feature = "postgres")]
+    #[error("{what}: {source}")]
+    Postgres {
+        /// What was being done.
+        what: String,
+        /// The store's error.
+        #[source]
+        source: snapfence::snapshot::postgres::PgError,
+    },
     /// The demo could not get a Kafka broker of its own.
     #[error("cannot start a local Kafka broker for the demo: {detail}")]
     Fixture {
@@ -177,7 +253,9 @@ impl CliError {
             CliError::Unreachable { .. } => EXIT_UNREACHABLE,
             CliError::UnknownTopic { .. }
             | CliError::UnknownPartition { .. }
-            | CliError::OffsetOutOfRange { .. } => EXIT_NOT_FOUND,
+            | CliError::OffsetOutOfRange { .. }
+            | CliError::ResetOutOfRange { .. } => EXIT_NOT_FOUND,
+            CliError::GroupActive { .. } => EXIT_GROUP_ACTIVE,
             CliError::NotAuthorized { .. } => EXIT_NOT_AUTHORIZED,
             CliError::RecoveryStalled { .. } => EXIT_STALLED,
             CliError::Authentication { .. } => EXIT_AUTHENTICATION,
@@ -240,6 +318,38 @@ impl CliError {
             } => stall_hint(topic, diagnosis),
             CliError::Recovery { .. } => "check that the brokers are up (`snapfence inspect <topic>`) and \
                 try again; run with RUST_LOG=debug for the requests sent"
+                .into(),
+            CliError::GroupActive { group, .. } => format!(
+                "stop every member of group {group:?} (close the flows; a member that was killed drops \
+                 out after its session timeout), check with `snapfence inspect <input> --group {group}`, \
+                 and run reset again"
+            ),
+            CliError::ResetOutOfRange {
+                log_start,
+                high_watermark,
+                ..
+            } => format!(
+                "pass a --to-offset between {log_start} and {high_watermark}, or use --to-earliest or \
+                 --to-latest"
+            ),
+            CliError::PartitionMismatch { .. } => "check --input and --snapshots: they must name a flow's \
+                input topic and its snapshot topic"
+                .into(),
+            CliError::ForeignSnapshot { .. } => "this topic holds records a snapfence flow did not write: \
+                check --snapshots, and look at the key with `snapfence recover <topic> -p <partition> \
+                --values`; nothing was changed"
+                .into(),
+            CliError::Producer { source, .. } if source.is_fatal() => "another producer initialised the \
+                same transactional id meanwhile (a flow started?), or the principal may not write it: stop \
+                the flow, check the ACLs, and run reset again"
+                .into(),
+            CliError::Producer { .. } => "run reset again: it is safe to repeat (the offsets already \
+                moved stay, and the snapshots at or past them are found and deleted again)"
+                .into(),
+            #[cfg(feature = "postgres")]
+            CliError::Postgres { .. } => "check --postgres (the connection string the flow uses) and \
+                --postgres-table-prefix, and that the server is up; a failed reset of a partition \
+                changed nothing there, and running reset again is safe"
                 .into(),
             CliError::Fixture { .. } => "install what the message names (a JDK 17 and Maven; the broker jars \
                 come from Maven Central on first use), or run the demo against a cluster of yours with \

@@ -10,14 +10,16 @@
 //!   batched groups v8)
 //! - KIP-664's DescribeProducers, ListTransactions, DescribeTransactions and the WriteTxnMarkers abort,
 //!   and DescribeConfigs: through `snapfence::admin`, in its types
-//! - DescribeGroups (key 15; classic groups' members)
+//! - DescribeGroups (key 15; classic groups' members), ConsumerGroupDescribe (key 69; KIP-848 groups'
+//!   members), OffsetCommit (key 8; generation -1 and no member id: an empty group's admin commit)
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
-    fetch_request, list_offsets_request, offset_fetch_request, BrokerId, DescribeGroupsRequest,
-    FetchRequest, GroupId, ListOffsetsRequest, OffsetFetchRequest, TopicName,
+    fetch_request, list_offsets_request, offset_commit_request, offset_fetch_request, BrokerId,
+    ConsumerGroupDescribeRequest, DescribeGroupsRequest, FetchRequest, GroupId, ListOffsetsRequest,
+    OffsetCommitRequest, OffsetFetchRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use snapfence::admin::{self, AbortMarker};
@@ -615,6 +617,152 @@ impl Cluster {
             .await;
         self.finish(format!("describe group {group:?}"), result)
             .await
+    }
+
+    /// Every member of `group` the coordinator lists, whichever protocol the group speaks: a KIP-848
+    /// consumer group's through ConsumerGroupDescribe, a classic group's through DescribeGroups. Each
+    /// API answers GROUP_ID_NOT_FOUND (or, before DescribeGroups v6, state `Dead`) for a group of the
+    /// other kind or none at all, which counts as no members; a broker that does not speak
+    /// ConsumerGroupDescribe (before 3.7, or with the new protocol off) has no consumer groups to ask.
+    pub async fn active_members(&self, group: &str) -> Result<Vec<String>, CliError> {
+        let group_id = || GroupId(StrBytes::from_string(group.to_owned()));
+        let consumer = self
+            .client
+            .call(
+                Target::group(group),
+                &CallOptions::default(),
+                |_| ConsumerGroupDescribeRequest::default().with_group_ids(vec![group_id()]),
+                |r, _| {
+                    let Some(g) = r.groups.iter().find(|g| g.group_id.0.as_str() == group) else {
+                        return missing("the group");
+                    };
+                    if ErrorCode::from_code(g.error_code) == ErrorCode::GroupIdNotFound {
+                        return Verdict::Done(Ok(Vec::new()));
+                    }
+                    verdict(g.error_code, g.error_message.as_ref(), || {
+                        g.members.iter().map(|m| m.member_id.to_string()).collect()
+                    })
+                },
+            )
+            .await;
+        let mut members: Vec<String> = match consumer {
+            Err(NetError::UnsupportedVersion { .. }) => Vec::new(),
+            other => {
+                self.finish(format!("describe consumer group {group:?}"), other)
+                    .await?
+            }
+        };
+        let classic = self
+            .client
+            .call(
+                Target::group(group),
+                &CallOptions::default(),
+                |_| DescribeGroupsRequest::default().with_groups(vec![group_id()]),
+                |r, _| {
+                    let Some(g) = r.groups.iter().find(|g| g.group_id.0.as_str() == group) else {
+                        return missing("the group");
+                    };
+                    if ErrorCode::from_code(g.error_code) == ErrorCode::GroupIdNotFound {
+                        return Verdict::Done(Ok(Vec::new()));
+                    }
+                    verdict(g.error_code, g.error_message.as_ref(), || {
+                        g.members.iter().map(|m| m.member_id.to_string()).collect()
+                    })
+                },
+            )
+            .await;
+        let classic: Vec<String> = self
+            .finish(format!("describe group {group:?}"), classic)
+            .await?;
+        for m in classic {
+            if !members.contains(&m) {
+                members.push(m);
+            }
+        }
+        Ok(members)
+    }
+
+    /// Commits `offsets` of `topic` for `group` as no member (OffsetCommit with generation -1 and an
+    /// empty member id, as `kafka-consumer-groups.sh --reset-offsets` does). The coordinator accepts that
+    /// only while the group has no members, for a classic group and a KIP-848 consumer group alike; a
+    /// member that joined since it was checked makes it answer UNKNOWN_MEMBER_ID (or
+    /// ILLEGAL_GENERATION, or REBALANCE_IN_PROGRESS), which comes back as [`CliError::GroupActive`].
+    ///
+    /// `snapfence::GroupMetadata` refuses a negative generation on purpose (it is a fencing token, and a
+    /// flow must never commit without one), so the request is built here, where the tool is the only
+    /// writer.
+    pub async fn commit_as_no_member(
+        &self,
+        group: &str,
+        topic: &str,
+        offsets: &[(i32, i64)],
+    ) -> Result<(), CliError> {
+        let options = CallOptions {
+            // v2 is the oldest a Kafka 4 broker takes; v10 names topics by id only.
+            min_version: Some(2),
+            max_version: Some(9),
+            ..CallOptions::default()
+        };
+        let result = self
+            .client
+            .call(
+                Target::group(group),
+                &options,
+                |_| {
+                    OffsetCommitRequest::default()
+                        .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+                        .with_generation_id_or_member_epoch(-1)
+                        .with_member_id(StrBytes::from_static_str(""))
+                        .with_retention_time_ms(-1)
+                        .with_topics(vec![offset_commit_request::OffsetCommitRequestTopic::default()
+                            .with_name(name(topic))
+                            .with_partitions(
+                                offsets
+                                    .iter()
+                                    .map(|(p, o)| {
+                                        offset_commit_request::OffsetCommitRequestPartition::default()
+                                            .with_partition_index(*p)
+                                            .with_committed_offset(*o)
+                                            .with_committed_leader_epoch(-1)
+                                    })
+                                    .collect(),
+                            )])
+                },
+                |r, _| {
+                    let worst = r
+                        .topics
+                        .iter()
+                        .flat_map(|t| t.partitions.iter())
+                        .map(|p| p.error_code)
+                        .find(|c| *c != 0)
+                        .unwrap_or(0);
+                    verdict(worst, None, || ())
+                },
+            )
+            .await;
+        match self
+            .finish(format!("commit the offsets of group {group:?}"), result)
+            .await
+        {
+            Err(CliError::Broker { source, .. })
+                if source.error_code().is_some_and(|c| {
+                    matches!(
+                        c,
+                        ErrorCode::UnknownMemberId
+                            | ErrorCode::IllegalGeneration
+                            | ErrorCode::RebalanceInProgress
+                            | ErrorCode::StaleMemberEpoch
+                            | ErrorCode::FencedMemberEpoch
+                    )
+                }) =>
+            {
+                Err(CliError::GroupActive {
+                    group: group.to_owned(),
+                    members: Vec::new(),
+                })
+            }
+            other => other,
+        }
     }
 
     /// One setting of one broker (DescribeConfigs), `None` when the broker does not report it.

@@ -9,11 +9,13 @@
 //! | `inspect` | per partition: log start, HW, LSO, HW−LSO, open transactions and their owners; a group's committed offsets; `--watch` redraws it every second |
 //! | `dump` | a topic's batches and markers (every partition in order, or one from an offset), at either isolation level, text or JSON lines |
 //! | `find-hanging` | KIP-664's hanging transactions for a topic or a broker; `--abort` ends them |
-//! | `recover` | a snapshot partition's recovery read, run without owning it; a stall with its diagnosis |
+//! | `recover` | a snapshot topic's recovery read (every partition, or those named), run without owning it; envelopes opened; a stall with its diagnosis |
+//! | `reset` | a stopped flow's group moved to another input position, the snapshots at or past it deleted in fencing transactions; a dry run unless `--execute` |
 //! | `demo` | the stale-owner story, fenced and unfenced, on a broker it starts itself (or `--bootstrap`); `--story outputs`: each output exactly once through a kill and a zombie |
 //!
 //! Exit status: 0 success, 1 failure, 2 bad command line, 3 cluster unreachable, 4 topic/partition/offset
-//! not found, 5 not authorized, 6 recovery stalled, 7 authentication or TLS failed (see [`error`]). Errors name the cause and the next step on stderr.
+//! not found, 5 not authorized, 6 recovery stalled, 7 authentication or TLS failed, 8 the group has members
+//! (`reset`) (see [`error`]). Errors name the cause and the next step on stderr.
 //!
 //! # References
 //! - KIP-98 (transactions, LSO), KIP-447 (stable offsets), KIP-664 (hanging transactions)
@@ -30,6 +32,7 @@ mod inspect;
 mod kafka;
 mod progress;
 mod recover;
+mod reset;
 pub mod security;
 mod show;
 
@@ -44,6 +47,7 @@ pub use error::CliError;
 pub use hanging::{find_hanging, FindHangingArgs};
 pub use inspect::InspectArgs;
 pub use recover::RecoverArgs;
+pub use reset::{ResetArgs, ToOffset};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -94,8 +98,12 @@ pub enum Command {
     Dump(DumpArgs),
     /// Find transactions no coordinator will end (KIP-664), and optionally abort them.
     FindHanging(FindHangingArgs),
-    /// Run a snapshot partition's recovery read without owning it; on a stall, say why.
+    /// Run a snapshot topic's recovery read (every partition, or those named) without owning it; on a
+    /// stall, say why.
     Recover(RecoverArgs),
+    /// Move a stopped flow's consumer group to another input position and delete the snapshots at or
+    /// past it. A dry run unless --execute.
+    Reset(ResetArgs),
     /// Show a stale owner's late snapshot write refused by the fence, and the damage without it. Starts
     /// a local Kafka broker unless --bootstrap (or SNAPFENCE_BOOTSTRAP) names one.
     Demo(DemoArgs),
@@ -228,6 +236,7 @@ pub async fn execute(cli: &Cli, io: &mut Io<'_>) -> Result<(), CliError> {
         Command::Dump(args) => dump::run(&cluster, args, cli.format, io).await,
         Command::FindHanging(args) => hanging::run(&cluster, args, cli.format, io).await,
         Command::Recover(args) => recover::run(&cluster, args, cli.format, io).await,
+        Command::Reset(args) => reset::run(&cluster, args, cli.format, io).await,
         // Handled above without a connection; kept total rather than panicking.
         Command::Demo(args) => {
             demo::run(Some(bootstrap), &cli.security, args, cli.format, io).await
@@ -295,8 +304,9 @@ mod tests {
         let (code, _, err) =
             run_captured(&["snapfence", "find-hanging", "--partition", "1", "-b", "x:1"]).await;
         assert_eq!(code, 2, "--partition needs --topic: {err}");
-        let (code, _, err) = run_captured(&["snapfence", "-b", "x:1", "recover", "t"]).await;
-        assert_eq!(code, 2, "recover needs --partition: {err}");
+        let (code, _, err) =
+            run_captured(&["snapfence", "-b", "x:1", "recover", "t", "-p", "x"]).await;
+        assert_eq!(code, 2, "a partition is a number: {err}");
         // Refused before any broker is started or reached.
         let (code, _, err) = run_captured(&["snapfence", "--format", "json", "demo"]).await;
         assert_eq!(code, error::EXIT_USAGE, "{err}");

@@ -1,4 +1,5 @@
-//! `recover`: the snapshot recovery read of one partition, run by an operator who does not own it.
+//! `recover`: the snapshot recovery read of a snapshot topic's partitions (one, some, or every one in
+//! turn), run by an operator who does not own them.
 //!
 //! It is the read a new owner runs on takeover (`snapfence::snapshot::recover` over a group-less
 //! [`PartitionLog`]): the target is the high watermark captured once at read_uncommitted, and the read
@@ -20,8 +21,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use snapfence::snapshot::{
-    recover, LogChunk, LogError, PartitionLog, RecoveredState, RecoveryConfig, RecoveryStats,
-    SnapshotError, SnapshotLog, StallDiagnosis,
+    open_snapshot_value, recover, LogChunk, LogError, PartitionLog, RecoveredState, RecoveryConfig,
+    RecoveryStats, SnapshotError, SnapshotLog, SnapshotValue, StallDiagnosis,
 };
 
 use crate::error::CliError;
@@ -35,20 +36,32 @@ use crate::{Format, Io};
 pub struct RecoverArgs {
     /// The snapshot topic.
     pub topic: String,
-    /// The partition (a snapshot partition holds the state of the input partition with the same number).
-    #[arg(long, short = 'p')]
-    pub partition: i32,
+    /// The partitions to read, repeated or comma-separated (a snapshot partition holds the state of the
+    /// input partition with the same number). Without it every partition is read, in partition order.
+    #[arg(
+        long = "partition",
+        short = 'p',
+        value_delimiter = ',',
+        value_name = "P"
+    )]
+    pub partitions: Vec<i32>,
     /// Give up when the read has not advanced for this many seconds, and say why (0: wait forever).
     /// The runtime's default is 180.
     #[arg(long, default_value_t = 180, value_name = "SECS")]
     pub stall_timeout: u64,
-    /// Also list every recovered key with the size of its latest snapshot.
+    /// Also list every recovered key with the size of its latest snapshot and the envelope's offset (the
+    /// last input event folded into it), or that it is a grave (a deleted key).
     #[arg(long)]
     pub keys: bool,
-    /// List every recovered key with its latest snapshot's value too, shown as `dump` shows values
-    /// (text when it is printable UTF-8, hex otherwise, cut at --max-bytes). Implies --keys.
+    /// List every recovered key with its latest snapshot's state too: the application's bytes, without
+    /// the envelope, shown as `dump` shows values (text when it is printable UTF-8, hex otherwise, cut at
+    /// --max-bytes). Implies --keys.
     #[arg(long)]
     pub values: bool,
+    /// Do not open the snapshot envelope: show each value's stored bytes as they are, version byte and
+    /// offset included (for a topic written by something other than a snapfence flow).
+    #[arg(long)]
+    pub raw: bool,
     /// Show at most this many bytes of each key and value.
     #[arg(long, default_value_t = 64, value_name = "BYTES")]
     pub max_bytes: usize,
@@ -107,18 +120,93 @@ impl<L: SnapshotLog> SnapshotLog for Watched<L> {
 /// How long the progress line waits without an advance before it says the read is waiting.
 const SAY_WAITING_AFTER: Duration = Duration::from_secs(1);
 
-/// Runs `recover`.
+/// Runs `recover`: each chosen partition in turn (every partition when none is named), then, when more
+/// than one was asked for, the totals. The first partition that fails ends the run with its error (a
+/// stall keeps its diagnosis and exit status).
 pub(crate) async fn run(
     cluster: &Cluster,
     args: &RecoverArgs,
     format: Format,
     io: &mut Io<'_>,
 ) -> Result<(), CliError> {
-    let topic = cluster
-        .topic_with_partition(&args.topic, args.partition)
-        .await?;
+    let topic = cluster.topic(&args.topic).await?;
+    let partitions = chosen_partitions(&topic, &args.partitions)?;
+    let mut totals = Totals::default();
+    for &partition in &partitions {
+        let (state, stats) =
+            match read_partition(cluster, &topic.name, partition, args.stall_timeout, io).await {
+                Ok(read) => read,
+                Err(e) => {
+                    if let (Format::Json, CliError::RecoveryStalled { .. }) = (format, &e) {
+                        // A script gets the stall as data on stdout too; the error and next step go
+                        // to stderr.
+                        writeln!(io.out, "{}", stall_json(&e))?;
+                    }
+                    return Err(e);
+                }
+            };
+        let counts = Counts::of(&state, args.raw);
+        match format {
+            Format::Text => print_text(
+                io.out,
+                &topic.name,
+                partition,
+                args,
+                &state,
+                &stats,
+                &counts,
+            )?,
+            Format::Json => print_json(
+                io.out,
+                &topic.name,
+                partition,
+                args,
+                &state,
+                &stats,
+                &counts,
+            )?,
+        }
+        totals.add(&state, &stats, &counts);
+    }
+    if args.partitions.len() != 1 {
+        match format {
+            Format::Text => writeln!(io.out, "{}", totals.text(&topic.name, args.raw))?,
+            Format::Json => writeln!(io.out, "{}", totals.json(&topic.name, args.raw))?,
+        }
+    }
+    Ok(())
+}
+
+/// The partitions to read: those named (each checked, in the order given, repeats dropped), or every
+/// partition of the topic in order.
+pub(crate) fn chosen_partitions(
+    topic: &snapfence::net::TopicMetadata,
+    named: &[i32],
+) -> Result<Vec<i32>, CliError> {
+    if named.is_empty() {
+        return Ok(topic.partitions.keys().copied().collect());
+    }
+    let mut out: Vec<i32> = Vec::with_capacity(named.len());
+    for &p in named {
+        crate::kafka::check_partition(topic, p)?;
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+/// The takeover's recovery read of one snapshot partition, with the progress line when stderr is a
+/// terminal; a stall keeps its diagnosis. Shared by `recover` and `reset`.
+pub(crate) async fn read_partition(
+    cluster: &Cluster,
+    topic: &str,
+    partition: i32,
+    stall_timeout_secs: u64,
+    io: &mut Io<'_>,
+) -> Result<(RecoveredState, RecoveryStats), CliError> {
     let config = RecoveryConfig {
-        stall_timeout: (args.stall_timeout > 0).then(|| Duration::from_secs(args.stall_timeout)),
+        stall_timeout: (stall_timeout_secs > 0).then(|| Duration::from_secs(stall_timeout_secs)),
         ..RecoveryConfig::default()
     };
     let seen = Arc::new(Seen {
@@ -127,29 +215,16 @@ pub(crate) async fn run(
         position: AtomicI64::new(-1),
     });
     let mut log = Watched {
-        inner: PartitionLog::new(cluster.client.clone(), &topic.name, args.partition),
+        inner: PartitionLog::new(cluster.client.clone(), topic, partition),
         seen: Arc::clone(&seen),
     };
-    let read = recover(&mut log, args.partition, &config);
+    let read = recover(&mut log, partition, &config);
     let result = if io.progress {
-        with_progress(read, &seen, &topic.name, args.partition, io).await
+        with_progress(read, &seen, topic, partition, io).await
     } else {
         read.await
     };
-    match result {
-        Ok((state, stats)) => match format {
-            Format::Text => print_text(io.out, &topic.name, args, &state, &stats),
-            Format::Json => print_json(io.out, &topic.name, args, &state, &stats),
-        },
-        Err(e) => {
-            let e = stalled_or_failed(&topic.name, args.partition, e);
-            if let (Format::Json, CliError::RecoveryStalled { .. }) = (format, &e) {
-                // A script gets the stall as data on stdout too; the error and next step go to stderr.
-                writeln!(io.out, "{}", stall_json(&e))?;
-            }
-            Err(e)
-        }
-    }
+    result.map_err(|e| stalled_or_failed(topic, partition, e))
 }
 
 /// Awaits `read` while redrawing the progress line from what the log wrapper saw.
@@ -225,7 +300,7 @@ fn stalled_or_failed(topic: &str, partition: i32, e: SnapshotError) -> CliError 
     }
 }
 
-/// Every live (key, value), by key.
+/// Every (key, value) the read recovered, by key.
 fn keys_sorted(state: &RecoveredState) -> Vec<(&[u8], &[u8])> {
     let mut keys: Vec<_> = state.iter().collect();
     keys.sort_by(|a, b| a.0.cmp(b.0));
@@ -238,16 +313,141 @@ impl RecoverArgs {
     }
 }
 
-/// One line of the key list: the key, its snapshot's size and, with --values, the value by dump's rules.
+/// What a partition's recovered values are, envelopes opened (all zero with --raw, which opens none).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    live: usize,
+    graves: usize,
+    foreign: usize,
+}
+
+impl Counts {
+    fn of(state: &RecoveredState, raw: bool) -> Counts {
+        let mut c = Counts::default();
+        if raw {
+            return c;
+        }
+        for (_, value) in state.iter() {
+            match open_snapshot_value(value) {
+                Ok(SnapshotValue::Grave { .. }) => c.graves += 1,
+                Ok(_) => c.live += 1,
+                Err(_) => c.foreign += 1,
+            }
+        }
+        c
+    }
+
+    /// "2 live key(s), 1 grave(s)" (and the foreign values, when there are any).
+    fn text(&self) -> String {
+        let mut t = format!("{} live key(s), {} grave(s)", self.live, self.graves);
+        if self.foreign > 0 {
+            t.push_str(&format!(
+                ", {} value(s) that are not snapfence snapshots",
+                self.foreign
+            ));
+        }
+        t
+    }
+}
+
+/// What the read of every chosen partition added up to.
+#[derive(Debug, Default)]
+struct Totals {
+    partitions: usize,
+    keys: usize,
+    counts: Counts,
+    live_bytes: u64,
+    records: u64,
+    bytes: u64,
+    elapsed: Duration,
+}
+
+impl Totals {
+    fn add(&mut self, state: &RecoveredState, stats: &RecoveryStats, counts: &Counts) {
+        self.partitions += 1;
+        self.keys += state.len();
+        self.counts.live += counts.live;
+        self.counts.graves += counts.graves;
+        self.counts.foreign += counts.foreign;
+        self.live_bytes += state.live_bytes() as u64;
+        self.records += stats.records;
+        self.bytes += stats.bytes;
+        self.elapsed += stats.elapsed;
+    }
+
+    fn text(&self, topic: &str, raw: bool) -> String {
+        let keys = if raw {
+            format!("{} key(s) with a snapshot", self.keys)
+        } else {
+            self.counts.text()
+        };
+        format!(
+            "-- {topic}: {} partition(s), {keys}, {} bytes of keys and snapshots; read {} record(s), {} \
+             bytes in {}",
+            self.partitions,
+            self.live_bytes,
+            self.records,
+            self.bytes,
+            millis(self.elapsed)
+        )
+    }
+
+    fn json(&self, topic: &str, raw: bool) -> Value {
+        let mut doc = json!({
+            "type": "topic_summary",
+            "topic": topic,
+            "partitions": self.partitions,
+            "keys": self.keys,
+            "live_bytes": self.live_bytes,
+            "records": self.records,
+            "bytes": self.bytes,
+            "elapsed_ms": self.elapsed.as_millis() as u64,
+        });
+        if !raw {
+            doc["live"] = json!(self.counts.live);
+            doc["graves"] = json!(self.counts.graves);
+            doc["foreign"] = json!(self.counts.foreign);
+        }
+        doc
+    }
+}
+
+/// One line of the key list: the key and its snapshot's size; unless --raw, the envelope's offset (or
+/// that the key is a grave, or that the value is no envelope); with --values, the state (the stored
+/// bytes with --raw or for a foreign value), by dump's rules.
 fn key_line(key: &[u8], value: &[u8], args: &RecoverArgs) -> String {
     let mut line = format!(
         "  {}  {} bytes",
         ShownBytes::new(key, args.max_bytes).text(),
         value.len()
     );
-    if args.values {
-        line.push_str("  value ");
-        line.push_str(&opt_text(Some(value), args.max_bytes));
+    let shown = |bytes: &[u8]| opt_text(Some(bytes), args.max_bytes);
+    if args.raw {
+        if args.values {
+            line.push_str(&format!("  value {}", shown(value)));
+        }
+        return line;
+    }
+    match open_snapshot_value(value) {
+        Ok(SnapshotValue::Grave { offset }) => {
+            line.push_str(&format!(
+                "  grave: deleted by the input event at offset {offset}"
+            ));
+        }
+        Ok(SnapshotValue::Live { last_offset, state }) => {
+            line.push_str(&format!("  last offset {last_offset}"));
+            if args.values {
+                line.push_str(&format!("  value {}", shown(state)));
+            }
+        }
+        // Not one of ours; an unknown variant of a newer library reads the same way.
+        Ok(_) => line.push_str("  an envelope this tool does not know"),
+        Err(e) => {
+            line.push_str(&format!("  not a snapfence snapshot ({e})"));
+            if args.values {
+                line.push_str(&format!("  stored {}", shown(value)));
+            }
+        }
     }
     line
 }
@@ -258,8 +458,33 @@ fn key_json(key: &[u8], value: &[u8], args: &RecoverArgs) -> Value {
         "key": ShownBytes::new(key, args.max_bytes).json(),
         "snapshot_size": value.len(),
     });
-    if args.values {
-        entry["value"] = opt_json(Some(value), args.max_bytes);
+    let shown = |bytes: &[u8]| opt_json(Some(bytes), args.max_bytes);
+    if args.raw {
+        if args.values {
+            entry["value"] = shown(value);
+        }
+        return entry;
+    }
+    match open_snapshot_value(value) {
+        Ok(SnapshotValue::Grave { offset }) => {
+            entry["kind"] = json!("grave");
+            entry["deleted_at"] = json!(offset);
+        }
+        Ok(SnapshotValue::Live { last_offset, state }) => {
+            entry["kind"] = json!("live");
+            entry["last_offset"] = json!(last_offset);
+            if args.values {
+                entry["value"] = shown(state);
+            }
+        }
+        Ok(_) => entry["kind"] = json!("unknown"),
+        Err(e) => {
+            entry["kind"] = json!("foreign");
+            entry["error"] = json!(e.to_string());
+            if args.values {
+                entry["stored"] = shown(value);
+            }
+        }
     }
     entry
 }
@@ -267,16 +492,21 @@ fn key_json(key: &[u8], value: &[u8], args: &RecoverArgs) -> Value {
 fn print_text(
     out: &mut dyn Write,
     topic: &str,
+    partition: i32,
     args: &RecoverArgs,
     state: &RecoveredState,
     stats: &RecoveryStats,
+    counts: &Counts,
 ) -> Result<(), CliError> {
     let live_bytes = state.live_bytes();
+    let keys = if args.raw {
+        format!("{} key(s) with a snapshot", state.len())
+    } else {
+        counts.text()
+    };
     writeln!(
         out,
-        "recovered {topic}/{}: {} live key(s), {live_bytes} bytes of keys and snapshots",
-        args.partition,
-        state.len()
+        "recovered {topic}/{partition}: {keys}, {live_bytes} bytes of keys and snapshots"
     )?;
     writeln!(
         out,
@@ -311,14 +541,16 @@ fn print_text(
 fn print_json(
     out: &mut dyn Write,
     topic: &str,
+    partition: i32,
     args: &RecoverArgs,
     state: &RecoveredState,
     stats: &RecoveryStats,
+    counts: &Counts,
 ) -> Result<(), CliError> {
     let mut doc = json!({
         "outcome": "recovered",
         "topic": topic,
-        "partition": args.partition,
+        "partition": partition,
         "keys": state.len(),
         "live_bytes": state.live_bytes(),
         "records": stats.records,
@@ -329,6 +561,11 @@ fn print_json(
         "elapsed_ms": stats.elapsed.as_millis() as u64,
         "waited_for_open_transactions": stats.waited_for_open_transactions,
     });
+    if !args.raw {
+        doc["live"] = json!(counts.live);
+        doc["graves"] = json!(counts.graves);
+        doc["foreign"] = json!(counts.foreign);
+    }
     if args.lists_keys() {
         doc["key_list"] = keys_sorted(state)
             .into_iter()
@@ -401,16 +638,25 @@ mod tests {
         }
     }
 
-    /// --values shows each snapshot by dump's rules: printable text as text, anything that could move
-    /// the cursor as hex, cut at --max-bytes with the full size; without it, only the size.
+    fn envelope(offset: i64, state: &[u8]) -> Vec<u8> {
+        [&[1u8][..], &offset.to_be_bytes(), state].concat()
+    }
+
+    fn grave(offset: i64) -> Vec<u8> {
+        [&[2u8][..], &offset.to_be_bytes()].concat()
+    }
+
+    /// With --raw, --values shows each stored value by dump's rules: printable text as text, anything
+    /// that could move the cursor as hex, cut at --max-bytes with the full size; without --values, only
+    /// the size.
     #[test]
-    fn values_are_shown_as_dump_shows_them() {
-        let plain = args(&["--keys"]);
+    fn raw_values_are_shown_as_dump_shows_them() {
+        let plain = args(&["--keys", "--raw"]);
         assert!(plain.lists_keys());
         assert_eq!(key_line(b"a", b"3", &plain), "  \"a\"  1 bytes");
         assert!(key_json(b"a", b"3", &plain).get("value").is_none());
 
-        let values = args(&["--values", "--max-bytes", "4"]);
+        let values = args(&["--values", "--raw", "--max-bytes", "4"]);
         assert!(values.lists_keys(), "--values implies --keys");
         assert_eq!(
             key_line(b"a", b"balance=10", &values),
@@ -424,6 +670,71 @@ mod tests {
         assert_eq!(entry["value"], opt_json(Some(b"\x1b[2J"), 4), "{entry}");
         assert_eq!(entry["value"]["encoding"], "hex", "{entry}");
         assert_eq!(entry["snapshot_size"], 4, "{entry}");
+        assert!(entry.get("kind").is_none(), "--raw opens nothing: {entry}");
+    }
+
+    /// By default the envelope is opened: a live snapshot shows its last folded offset as a field of its
+    /// own and the application's bytes without the 9-byte envelope; a grave says it is one; a value that
+    /// is no envelope says so per key and shows its stored bytes, and nothing panics.
+    #[test]
+    fn values_are_shown_with_the_envelope_opened() {
+        let keys = args(&["--keys"]);
+        let values = args(&["--values"]);
+        let live = envelope(41, b"3");
+        assert_eq!(
+            key_line(b"a", &live, &keys),
+            "  \"a\"  10 bytes  last offset 41"
+        );
+        assert_eq!(
+            key_line(b"a", &live, &values),
+            "  \"a\"  10 bytes  last offset 41  value \"3\""
+        );
+        let entry = key_json(b"a", &live, &values);
+        assert_eq!(entry["kind"], "live", "{entry}");
+        assert_eq!(entry["last_offset"], 41, "{entry}");
+        assert_eq!(entry["value"]["data"], "3", "{entry}");
+        assert_eq!(entry["snapshot_size"], 10, "{entry}");
+
+        assert_eq!(
+            key_line(b"b", &grave(17), &values),
+            "  \"b\"  9 bytes  grave: deleted by the input event at offset 17"
+        );
+        let entry = key_json(b"b", &grave(17), &values);
+        assert_eq!(
+            (entry["kind"].as_str(), entry["deleted_at"].as_i64()),
+            (Some("grave"), Some(17)),
+            "{entry}"
+        );
+        assert!(entry.get("value").is_none(), "{entry}");
+
+        let line = key_line(b"c", b"3", &values);
+        assert!(
+            line.starts_with("  \"c\"  1 bytes  not a snapfence snapshot (")
+                && line.ends_with("stored \"3\""),
+            "{line}"
+        );
+        let entry = key_json(b"c", b"3", &values);
+        assert_eq!(entry["kind"], "foreign", "{entry}");
+        assert_eq!(entry["stored"]["data"], "3", "{entry}");
+        for bad in [&b""[..], &[1, 0], &[2, 0, 0, 0, 0, 0, 0, 0, 0, 9], &[7; 12]] {
+            assert!(key_line(b"d", bad, &values).contains("not a snapfence snapshot"));
+        }
+    }
+
+    /// `-p` repeats and takes a list; without it every partition is read.
+    #[test]
+    fn partitions_repeat_or_come_as_a_list() {
+        let argv = ["snapfence", "recover", "snaps", "-p", "2,0", "-p", "1"];
+        let crate::Command::Recover(a) = crate::Cli::parse_from(argv).command else {
+            panic!("not recover")
+        };
+        assert_eq!(a.partitions, [2, 0, 1]);
+        let crate::Command::Recover(a) =
+            crate::Cli::parse_from(["snapfence", "recover", "snaps"]).command
+        else {
+            panic!("not recover")
+        };
+        assert!(a.partitions.is_empty());
     }
 
     fn stall(diagnosis: StallDiagnosis) -> CliError {

@@ -1133,10 +1133,11 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
     snapshot_txn(&mut owner, &topic, &[("d", Some("aborted"))], false).await;
     markers_written(&kafka, &topic).await;
 
+    // These values were written without a flow's envelope: --raw shows them as stored.
     let done = snapfence(
         &kafka,
         &[
-            "--format", "json", "recover", &topic, "-p", "0", "--keys", "--values",
+            "--format", "json", "recover", &topic, "-p", "0", "--keys", "--values", "--raw",
         ],
     )
     .await
@@ -1164,24 +1165,37 @@ async fn recover_counts_a_snapshot_partition_and_diagnoses_an_open_transaction()
     assert_eq!(values, ["3", "4"], "{done}");
     let target = done["target"].as_i64().unwrap();
     assert!(done["end"].as_i64().unwrap() >= target, "{done}");
-    let text = snapfence(&kafka, &["recover", &topic, "-p", "0"])
+    let text = snapfence(&kafka, &["recover", &topic, "-p", "0", "--raw"])
         .await
         .ok()
         .out;
     assert!(
-        text.contains("2 live key(s)") && text.contains("no open transaction held the read back"),
+        text.contains("2 key(s) with a snapshot")
+            && text.contains("no open transaction held the read back"),
         "{text}"
     );
     assert!(
         !text.contains("bytes  value"),
         "no key list without --keys: {text}"
     );
-    let text = snapfence(&kafka, &["recover", &topic, "-p", "0", "--values"])
+    let text = snapfence(&kafka, &["recover", &topic, "-p", "0", "--values", "--raw"])
         .await
         .ok()
         .out;
     assert!(
         text.contains("  \"a\"  1 bytes  value \"3\"\n  \"c\"  1 bytes  value \"4\"\n"),
+        "{text}"
+    );
+    // Opened (the default), they are no envelopes: said per key, the run still succeeds. Without -p the
+    // one partition is read and the topic's totals follow.
+    let text = snapfence(&kafka, &["recover", &topic, "--values"])
+        .await
+        .ok()
+        .out;
+    assert!(
+        text.contains("0 live key(s), 0 grave(s), 2 value(s) that are not snapfence snapshots")
+            && text.contains("  \"a\"  1 bytes  not a snapfence snapshot (")
+            && text.contains(&format!("-- {topic}: 1 partition(s), ")),
         "{text}"
     );
 

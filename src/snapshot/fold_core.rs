@@ -70,7 +70,104 @@ pub(crate) fn grave(offset: i64) -> Bytes {
     b.freeze()
 }
 
-/// What a snapshot value says.
+/// A snapshot value with its envelope opened: what a [`Flow`](super::Flow) stored for one key.
+///
+/// Every value a flow writes to its snapshot topic (or the PostgreSQL store) starts with a 9-byte
+/// envelope: a version byte, then the offset of the last input event folded into the key (big-endian
+/// `i64`). A live state follows it with the bytes [`Fold::encode`](super::Fold::encode) returned; a
+/// *grave* (a deleted key whose tombstone waits for the committed offset, `docs/fencing.md`, "Deletes")
+/// has nothing after it. A replay skips a key's events at or below the envelope's offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SnapshotValue<'a> {
+    /// A state folded up to and including the input event at `last_offset`.
+    Live {
+        /// The offset of the last input event folded into the state.
+        last_offset: i64,
+        /// The application's bytes, as `Fold::encode` returned them.
+        state: &'a [u8],
+    },
+    /// A key deleted by the input event at `offset`; recovery reads it as absent.
+    Grave {
+        /// The offset of the event that deleted the key.
+        offset: i64,
+    },
+}
+
+impl SnapshotValue<'_> {
+    /// The envelope's offset: the last input event this key's snapshot accounts for (folded into a live
+    /// state, or the delete of a grave).
+    pub fn offset(&self) -> i64 {
+        match *self {
+            SnapshotValue::Live { last_offset, .. } => last_offset,
+            SnapshotValue::Grave { offset } => offset,
+        }
+    }
+}
+
+/// A value that is not a snapshot envelope a flow wrote (another writer's record on the snapshot topic,
+/// or a corrupt one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForeignSnapshotValue {
+    /// The first byte is no envelope version this library writes.
+    #[error("unknown snapshot envelope version {version}")]
+    UnknownVersion {
+        /// The first byte of the value.
+        version: u8,
+    },
+    /// The value ends inside the 9-byte envelope.
+    #[error("a {len}-byte value is shorter than the 9-byte snapshot envelope")]
+    Truncated {
+        /// The value's length.
+        len: usize,
+    },
+    /// A grave is exactly its envelope; this one has bytes after it.
+    #[error("a grave is 9 bytes, this one has {len}")]
+    GraveWithState {
+        /// The value's length.
+        len: usize,
+    },
+}
+
+/// Opens the envelope of a snapshot value read from a flow's snapshot topic (a record's value; a null
+/// value is a tombstone and has no envelope). The state of a [`SnapshotValue::Live`] borrows from
+/// `bytes`. Never panics: a value the library did not write is a [`ForeignSnapshotValue`].
+///
+/// ```
+/// use snapfence::snapshot::{open_snapshot_value, SnapshotValue};
+/// let stored = [&[1u8][..], &41i64.to_be_bytes(), b"3"].concat();
+/// assert_eq!(
+///     open_snapshot_value(&stored),
+///     Ok(SnapshotValue::Live { last_offset: 41, state: b"3" })
+/// );
+/// assert!(open_snapshot_value(b"3").is_err());
+/// ```
+pub fn open_snapshot_value(bytes: &[u8]) -> Result<SnapshotValue<'_>, ForeignSnapshotValue> {
+    let offset = |rest: &[u8]| {
+        let mut o = [0u8; 8];
+        o.copy_from_slice(&rest[..8]);
+        i64::from_be_bytes(o)
+    };
+    match bytes {
+        [ENVELOPE_V1, rest @ ..] if rest.len() >= 8 => Ok(SnapshotValue::Live {
+            last_offset: offset(rest),
+            state: &rest[8..],
+        }),
+        [ENVELOPE_GRAVE, rest @ ..] if rest.len() == 8 => Ok(SnapshotValue::Grave {
+            offset: offset(rest),
+        }),
+        [ENVELOPE_GRAVE, rest @ ..] if rest.len() > 8 => {
+            Err(ForeignSnapshotValue::GraveWithState { len: bytes.len() })
+        }
+        [v, ..] if *v != ENVELOPE_V1 && *v != ENVELOPE_GRAVE => {
+            Err(ForeignSnapshotValue::UnknownVersion { version: *v })
+        }
+        _ => Err(ForeignSnapshotValue::Truncated { len: bytes.len() }),
+    }
+}
+
+/// What a snapshot value says (the runtime's view of [`SnapshotValue`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Opened<'a> {
     /// A state folded up to the offset.
@@ -80,18 +177,10 @@ pub(crate) enum Opened<'a> {
 }
 
 pub(crate) fn open_envelope(bytes: &[u8]) -> Result<Opened<'_>, String> {
-    let offset = |rest: &[u8]| {
-        let mut o = [0u8; 8];
-        o.copy_from_slice(&rest[..8]);
-        i64::from_be_bytes(o)
-    };
-    match bytes {
-        [ENVELOPE_V1, rest @ ..] if rest.len() >= 8 => Ok(Opened::Live(offset(rest), &rest[8..])),
-        [ENVELOPE_GRAVE, rest @ ..] if rest.len() == 8 => Ok(Opened::Grave(offset(rest))),
-        [v, ..] if *v != ENVELOPE_V1 && *v != ENVELOPE_GRAVE => {
-            Err(format!("unknown snapshot envelope version {v}"))
-        }
-        _ => Err("snapshot shorter than its envelope".into()),
+    match open_snapshot_value(bytes) {
+        Ok(SnapshotValue::Live { last_offset, state }) => Ok(Opened::Live(last_offset, state)),
+        Ok(SnapshotValue::Grave { offset }) => Ok(Opened::Grave(offset)),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -735,3 +824,59 @@ fn emitting(change: Change, out: &Outputs) -> Change {
 #[cfg(test)]
 #[path = "fold_core_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+mod envelope_tests {
+    use super::*;
+
+    /// What `envelope` and `grave` write, `open_snapshot_value` reads back; anything else is a typed
+    /// error, never a panic, whatever its length.
+    #[test]
+    fn the_public_decoder_reads_what_the_runtime_writes_and_refuses_the_rest() {
+        let live = envelope(42, b"state");
+        assert_eq!(
+            open_snapshot_value(&live),
+            Ok(SnapshotValue::Live {
+                last_offset: 42,
+                state: b"state"
+            })
+        );
+        assert_eq!(open_snapshot_value(&live).unwrap().offset(), 42);
+        assert_eq!(
+            open_snapshot_value(&envelope(-1, b"")),
+            Ok(SnapshotValue::Live {
+                last_offset: -1,
+                state: b""
+            })
+        );
+        assert_eq!(
+            open_snapshot_value(&grave(7)),
+            Ok(SnapshotValue::Grave { offset: 7 })
+        );
+        assert_eq!(
+            open_snapshot_value(b""),
+            Err(ForeignSnapshotValue::Truncated { len: 0 })
+        );
+        assert_eq!(
+            open_snapshot_value(&[1, 0, 0]),
+            Err(ForeignSnapshotValue::Truncated { len: 3 })
+        );
+        assert_eq!(
+            open_snapshot_value(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+            Err(ForeignSnapshotValue::GraveWithState { len: 10 })
+        );
+        assert_eq!(
+            open_snapshot_value(b"3"),
+            Err(ForeignSnapshotValue::UnknownVersion { version: b'3' })
+        );
+        for len in 0..20 {
+            for first in [0u8, 1, 2, 3, 255] {
+                let mut v = vec![0u8; len];
+                if let Some(b) = v.first_mut() {
+                    *b = first;
+                }
+                let _ = open_snapshot_value(&v);
+            }
+        }
+    }
+}

@@ -41,6 +41,7 @@
 //! - Seed 002, "Exactly-once into a database": database-side fencing with a compare-and-set
 
 mod plain;
+mod reset;
 mod sql;
 mod store;
 
@@ -48,6 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use plain::PgPlainWriter;
+pub use reset::{inspect_partition, reset_partition, PgPartitionReset, PgPartitionView};
 pub use store::{KafkaPrepared, PgSnapshotStore, RowsCommitted, RowsWritten};
 
 /// Where and how snapshots are kept in PostgreSQL.
@@ -165,6 +167,11 @@ pub enum PgError {
     /// The connection's background task ended (the server closed it, or the task panicked).
     #[error("the PostgreSQL connection is gone: {0}")]
     ConnectionLost(String),
+    /// The table prefix is not a plain identifier, so it cannot be spliced into a statement.
+    #[error(
+        "table prefix {0:?} is not a plain identifier ([a-z_][a-z0-9_]*, at most 40 characters)"
+    )]
+    InvalidTablePrefix(String),
     /// A row PostgreSQL returned does not hold what the store wrote (a prepared-transaction name that
     /// does not parse).
     #[error("unexpected data in the fencing row of partition {partition}: {detail}")]

@@ -39,6 +39,9 @@ pub(crate) struct Statements {
     pub(crate) read: String,
     /// The fencing row as it stands. $1 prefix, $2 partition.
     pub(crate) owner: String,
+    /// An operator's reset: the row's offset set, no prepared transaction. $1 prefix, $2 partition,
+    /// $3 committed offset.
+    pub(crate) reset_row: String,
     /// Forget the partition's stored outputs. $1 prefix, $2 partition.
     pub(crate) outputs_clear: String,
     /// Store a flush's outputs. $1 prefix, $2 partition, $3 flush id, $4 seqs (int4[]), $5 topics
@@ -91,6 +94,10 @@ impl Statements {
             read: format!("SELECT key, value FROM {snapshots} WHERE prefix = $1 AND partition = $2"),
             owner: format!(
                 "SELECT owner_epoch, committed_offset, prepared_txn FROM {owners} \
+                 WHERE prefix = $1 AND partition = $2"
+            ),
+            reset_row: format!(
+                "UPDATE {owners} SET committed_offset = $3, prepared_txn = NULL \
                  WHERE prefix = $1 AND partition = $2"
             ),
             outputs_clear: format!("DELETE FROM {outputs} WHERE prefix = $1 AND partition = $2"),

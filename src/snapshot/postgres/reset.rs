@@ -1,0 +1,171 @@
+//! An operator's reset of one partition of the PostgreSQL store (what `snapfence reset --postgres` runs):
+//! the rows and the fencing row, moved together to a new input position.
+//!
+//! A takeover starts at the later of the fencing row's `committed_offset` and the group's committed
+//! offset, so moving only the group's offset back would be undone silently by the row. A reset
+//! therefore records the new offset on the row too, and deletes the snapshot rows that would contradict
+//! it: every row whose envelope offset (the last input event folded into its key) is at or past it, for
+//! the reason the topic's reset gives (docs/cli.md, "reset").
+
+use super::sql::Statements;
+use super::store::{connect, read_rows};
+use super::{PgError, PgStoreConfig};
+use crate::snapshot::{open_snapshot_value, RecoveredState};
+
+/// One partition of the store as it stands, read without taking anything over.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PgPartitionView {
+    /// The fencing row's owner epoch (`None`: no owner ever took the partition).
+    pub owner_epoch: Option<i64>,
+    /// The input offset the last flush recorded (`None`: none yet).
+    pub committed_offset: Option<i64>,
+    /// Every snapshot row's key and value (the envelope included, as on the snapshot topic).
+    pub snapshots: RecoveredState,
+}
+
+/// What [`reset_partition`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PgPartitionReset {
+    /// The fencing row's owner epoch after the reset's bump: every flush of an owner that took over
+    /// before it fails its compare-and-set.
+    pub owner_epoch: i64,
+    /// Snapshot rows deleted (envelope offset at or past the new offset).
+    pub deleted: usize,
+    /// Snapshot rows kept.
+    pub kept: usize,
+}
+
+/// Reads `partition`'s fencing row and snapshot rows for the flow whose transactional id prefix is
+/// `prefix`. Changes nothing.
+///
+/// Cancel-safe: it only reads.
+pub async fn inspect_partition(
+    config: &PgStoreConfig,
+    prefix: &str,
+    partition: i32,
+) -> Result<PgPartitionView, PgError> {
+    let (statements, pg, lost) = open(config).await?;
+    let failed = |step, e| statement_error(&pg, &lost, step, e);
+    let row = pg
+        .query_opt(&statements.owner, &[&prefix, &partition])
+        .await
+        .map_err(|e| failed("read the fencing row", e))?;
+    let snapshots = read_rows(&pg, &statements, prefix, partition)
+        .await
+        .map_err(|e| failed("read snapshots", e))?;
+    Ok(PgPartitionView {
+        owner_epoch: row.as_ref().map(|r| r.get(0)),
+        committed_offset: row.and_then(|r| r.get(1)),
+        snapshots,
+    })
+}
+
+/// Resets `partition` of the flow whose transactional id prefix is `prefix` to input offset `offset`,
+/// in one PostgreSQL transaction: bumps the fencing row's owner epoch (waiting for a flush that holds
+/// the row's lock, then failing every later flush of every earlier owner), deletes each snapshot row
+/// whose envelope offset is at or past `offset`, forgets the outputs stored for a resend (they belong to
+/// a flush the reset discards), and records `offset` as the row's committed offset with no prepared
+/// transaction. Nothing changes when a row holds a value that is no snapshot envelope
+/// ([`PgError::BadRow`]).
+///
+/// Move the group's committed offset first: stopped between the two, the row still holds the old
+/// offset and a takeover resumes there, with the snapshots that match it.
+///
+/// Not cancel-safe in outcome: dropped after the `COMMIT` was sent, the reset may or may not have
+/// happened (running it again is harmless).
+pub async fn reset_partition(
+    config: &PgStoreConfig,
+    prefix: &str,
+    partition: i32,
+    offset: i64,
+) -> Result<PgPartitionReset, PgError> {
+    let (statements, pg, lost) = open(config).await?;
+    let failed = |step, e| statement_error(&pg, &lost, step, e);
+    pg.batch_execute("BEGIN")
+        .await
+        .map_err(|e| failed("begin the reset", e))?;
+    let outcome = async {
+        let row = pg
+            .query_one(&statements.bump, &[&prefix, &partition])
+            .await
+            .map_err(|e| failed("reset (bump the fencing row)", e))?;
+        let owner_epoch: i64 = row.get(0);
+        let rows = read_rows(&pg, &statements, prefix, partition)
+            .await
+            .map_err(|e| failed("read snapshots", e))?;
+        let mut doomed: Vec<&[u8]> = Vec::new();
+        for (key, value) in &rows {
+            let opened = open_snapshot_value(value).map_err(|e| PgError::BadRow {
+                partition,
+                detail: format!(
+                    "the snapshot row of key {key:02x?} is not a snapshot envelope: {e}"
+                ),
+            })?;
+            if opened.offset() >= offset {
+                doomed.push(key);
+            }
+        }
+        pg.execute(&statements.delete, &[&prefix, &partition, &doomed])
+            .await
+            .map_err(|e| failed("reset (delete snapshots)", e))?;
+        pg.execute(&statements.outputs_clear, &[&prefix, &partition])
+            .await
+            .map_err(|e| failed("reset (forget stored outputs)", e))?;
+        pg.execute(&statements.reset_row, &[&prefix, &partition, &offset])
+            .await
+            .map_err(|e| failed("reset (record the offset)", e))?;
+        Ok(PgPartitionReset {
+            owner_epoch,
+            deleted: doomed.len(),
+            kept: rows.len() - doomed.len(),
+        })
+    }
+    .await;
+    match outcome {
+        Ok(done) => {
+            pg.batch_execute("COMMIT")
+                .await
+                .map_err(|e| failed("commit the reset", e))?;
+            Ok(done)
+        }
+        Err(e) => {
+            // Best effort: a dropped connection rolls back by itself.
+            let _ = pg.batch_execute("ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
+type Lost = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+
+async fn open(
+    config: &PgStoreConfig,
+) -> Result<(Statements, tokio_postgres::Client, Lost), PgError> {
+    if !super::sql::valid_prefix(&config.table_prefix) {
+        return Err(PgError::InvalidTablePrefix(config.table_prefix.clone()));
+    }
+    let (pg, lost) = connect(config).await?;
+    Ok((Statements::new(&config.table_prefix), pg, lost))
+}
+
+fn statement_error(
+    pg: &tokio_postgres::Client,
+    lost: &Lost,
+    step: &'static str,
+    e: tokio_postgres::Error,
+) -> PgError {
+    if pg.is_closed() {
+        let why = lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| e.to_string());
+        return PgError::ConnectionLost(why);
+    }
+    PgError::Statement {
+        step,
+        source: std::sync::Arc::new(e),
+    }
+}
