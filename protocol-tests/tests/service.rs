@@ -18,7 +18,7 @@ use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord, TopicPartition};
 use snapfence::records::IsolationLevel;
 use snapfence::snapshot::{
-    Flow, FlowConfig, FlowHandle, LookupError, PartitionReadiness, SnapshotConfig,
+    Flow, FlowClosed, FlowConfig, FlowHandle, LookupError, PartitionReadiness, SnapshotConfig,
 };
 
 /// An input and a snapshot topic of `partitions` partitions, a producer, and every event written per key.
@@ -278,7 +278,7 @@ async fn lookups_under_concurrent_folding_return_states_the_fold_held() {
     let running = tokio::spawn(flow.run(async {
         let _ = stop_rx.await;
     }));
-    handle.ready().await;
+    handle.ready().await.unwrap();
 
     let writer_done = Arc::new(AtomicBool::new(false));
     let seen: Arc<Mutex<Vec<Tally>>> = Arc::default();
@@ -348,6 +348,37 @@ async fn lookups_under_concurrent_folding_return_states_the_fold_held() {
     );
     stop_tx.send(()).unwrap();
     running.await.unwrap().unwrap();
+    assert!(!handle.is_ready());
+    assert_eq!(
+        handle.ready().await,
+        Err(FlowClosed),
+        "a closed flow is never ready"
+    );
+    assert_eq!(
+        handle.get(b"hot").unwrap_err(),
+        LookupError::NotHeld {
+            partition: snapfence::producer::default_partition(b"hot", 2)
+        }
+    );
+}
+
+/// A waiter for readiness is told when the flow is dropped before it was ever ready, instead of waiting
+/// forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readiness_waiter_is_released_when_the_flow_is_dropped() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let w = World::new(&kafka, 2).await;
+    let flow = w.flow().await;
+    let handle = flow.handle();
+    let waiter = tokio::spawn(async move { handle.ready().await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "never polled, so never ready");
+    drop(flow);
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was released")
+        .unwrap();
+    assert_eq!(waited, Err(FlowClosed));
 }
 
 /// Two flows in one process, each with a default `ClientConfig`, show up in DescribeGroups under two

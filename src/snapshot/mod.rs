@@ -40,7 +40,7 @@ mod topic;
 pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure};
 pub use fence_core::{FencePolicy, FlowStats};
 pub use flow::{
-    Flow, FlowConfig, FlowError, FlowHandle, Lookup, LookupError, PartitionReadiness,
+    Flow, FlowClosed, FlowConfig, FlowError, FlowHandle, Lookup, LookupError, PartitionReadiness,
     PersistenceMode, Readiness, StatsHandle,
 };
 pub use fold::{BoxError, Change, Clock, Fold, Outputs, SystemClock, TimerClock};

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::shared::Shared;
+use super::shared::{ReadyState, Shared};
 use crate::snapshot::fence_core::FlowStats;
 use crate::snapshot::fold::Fold;
 
@@ -149,6 +149,11 @@ pub enum LookupError {
     NoPartitionCount,
 }
 
+/// The flow a [`FlowHandle`] waited on was closed or dropped before it was ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the flow was closed before it was ready")]
+pub struct FlowClosed;
+
 /// A handle on a running flow, for readiness, lookups and counters. Cheap to clone; every method is
 /// synchronous and takes only short locks (a lookup locks the key's partition core while it clones the
 /// key's state, as long as folding one event).
@@ -181,15 +186,24 @@ impl<F: Fold> FlowHandle<F> {
     /// Whether the flow is ready (see [`Readiness::is_ready`]), as last judged: after each poll and
     /// each rebalance handler.
     pub fn is_ready(&self) -> bool {
-        *self.shared.ready.borrow()
+        *self.shared.ready.borrow() == ReadyState::Ready
     }
 
-    /// Completes once the flow is ready (at once if it is). Cancel-safe. It completes only while the
-    /// flow is being polled ([`Flow::run`](super::Flow::run) or a [`poll_once`](super::Flow::poll_once)
-    /// loop), and never after the flow is dropped.
-    pub async fn ready(&self) {
+    /// Completes once the flow is ready (at once if it is), or fails with [`FlowClosed`] once the flow
+    /// is closed or dropped (at once if it is): a waiter never outlives the flow. Readiness moves only
+    /// while the flow is being polled ([`Flow::run`](super::Flow::run) or a
+    /// [`poll_once`](super::Flow::poll_once) loop). Cancel-safe.
+    pub async fn ready(&self) -> Result<(), FlowClosed> {
         let mut rx = self.shared.ready.subscribe();
-        let _ = rx.wait_for(|ready| *ready).await;
+        let state = rx
+            .wait_for(|s| *s != ReadyState::Unready)
+            .await
+            .map(|s| *s)
+            .unwrap_or(ReadyState::Closed);
+        match state {
+            ReadyState::Ready => Ok(()),
+            _ => Err(FlowClosed),
+        }
     }
 
     /// The state of `key`, from the input partition Kafka's default partitioner puts it in (murmur2 of

@@ -27,9 +27,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-pub use self::handle::{FlowHandle, Lookup, LookupError, PartitionReadiness, Readiness};
+pub use self::handle::{
+    FlowClosed, FlowHandle, Lookup, LookupError, PartitionReadiness, Readiness,
+};
 use self::lane::{commit_lane, each_lane, emit_immediate, persist_lane, CommitWhen, FlowLane};
-use self::shared::{Listener, Shared};
+use self::shared::{Listener, MarkClosed, ReadyState, Shared};
 use self::writer::Sink;
 use super::error::{FailureKind, Response, SnapshotError};
 use super::fence_core::{FenceCore, FencePolicy, FlowStats, Site};
@@ -324,6 +326,8 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Flow<F: Fold> {
     shared: Arc<Shared<F>>,
     consumer: GroupConsumer<Listener<F>>,
+    /// Tells handles the flow is gone when it is closed or dropped.
+    _closed: MarkClosed<F>,
 }
 
 impl<F: Fold> std::fmt::Debug for Flow<F> {
@@ -399,7 +403,7 @@ impl<F: Fold> Flow<F> {
                 config.recovery_reader.clone(),
             ),
             assigned: Mutex::new(Default::default()),
-            ready: tokio::sync::watch::Sender::new(false),
+            ready: tokio::sync::watch::Sender::new(ReadyState::Unready),
             ready_partitions: AtomicUsize::new(0),
             input_partitions: AtomicI32::new(input_partitions),
         });
@@ -413,7 +417,12 @@ impl<F: Fold> Flow<F> {
         .await?;
         *shared.metadata.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(consumer.group_metadata());
-        Ok(Flow { shared, consumer })
+        let _closed = MarkClosed(Arc::clone(&shared));
+        Ok(Flow {
+            shared,
+            consumer,
+            _closed,
+        })
     }
 
     /// A handle for readiness, lookups and counters, usable from other tasks while [`run`](Self::run)
@@ -802,7 +811,11 @@ impl<F: Fold> Flow<F> {
     ///
     /// Not cancel-safe: dropping the future mid-way is dropping the flow (see [`Flow`]).
     pub async fn close(self) -> Result<(), FlowError> {
-        let Flow { shared, consumer } = self;
+        let Flow {
+            shared,
+            consumer,
+            _closed,
+        } = self;
         // Runs the revocation handler for every held partition (flush, commit, close the store) before
         // the leave request goes out, while the generation still accepts the commits.
         let left = consumer.close(LEAVE_TIMEOUT).await;

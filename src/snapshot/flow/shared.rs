@@ -43,11 +43,31 @@ pub(super) struct Shared<F: Fold> {
     /// an assignment yet: what readiness is judged over.
     pub(super) assigned: Mutex<Assigned>,
     /// Whether the flow is ready, as last judged (see `handle.rs`); lookups' and waiters' view.
-    pub(super) ready: tokio::sync::watch::Sender<bool>,
+    pub(super) ready: tokio::sync::watch::Sender<ReadyState>,
     /// How many assigned partitions were ready when readiness was last published.
     pub(super) ready_partitions: AtomicUsize,
     /// The input topic's partition count at start, for a key's default partition in lookups.
     pub(super) input_partitions: AtomicI32,
+}
+
+/// The flow's readiness as published to handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadyState {
+    Unready,
+    Ready,
+    /// The flow closed or was dropped: it will never be ready again.
+    Closed,
+}
+
+/// Publishes [`ReadyState::Closed`] when the flow goes, however it goes (closed, or dropped), so no
+/// handle waits for readiness forever.
+pub(super) struct MarkClosed<F: Fold>(pub(super) Arc<Shared<F>>);
+
+impl<F: Fold> Drop for MarkClosed<F> {
+    fn drop(&mut self) {
+        self.0.ready.send_replace(ReadyState::Closed);
+        crate::telemetry::flow_readiness(&self.0.config.consumer.group.group_id, false, 0);
+    }
 }
 
 /// The input partitions assigned to a member, and whether it has had its first assignment.
@@ -86,9 +106,17 @@ impl<F: Fold> Shared<F> {
     pub(super) fn refresh_ready(&self) {
         let readiness = self.readiness();
         let ready = readiness.is_ready();
+        let now = if ready {
+            ReadyState::Ready
+        } else {
+            ReadyState::Unready
+        };
         let changed = self.ready.send_if_modified(|was| {
-            let changed = *was != ready;
-            *was = ready;
+            // A closed flow stays closed.
+            let changed = *was != now && *was != ReadyState::Closed;
+            if changed {
+                *was = now;
+            }
             changed
         });
         let count = readiness.ready_partitions();
