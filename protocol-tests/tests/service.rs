@@ -12,7 +12,7 @@ use bytes::Bytes;
 use protocol_tests::tally::{fold_all, Counter, Tally};
 use protocol_tests::{cluster, describe_group, unique, ClusterSpec, KafkaCluster};
 use snapfence::consumer::{
-    list_offsets, GroupConfig, GroupConsumerConfig, OffsetReset, OffsetSpec,
+    list_offsets, GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset, OffsetSpec,
 };
 use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord, TopicPartition};
@@ -32,6 +32,7 @@ struct World {
     producer: Producer,
     written: HashMap<Bytes, Vec<Bytes>>,
     seq: u64,
+    protocol: GroupProtocol,
 }
 
 impl World {
@@ -65,6 +66,7 @@ impl World {
             producer,
             written: HashMap::new(),
             seq: 0,
+            protocol: GroupConfig::new("-").protocol,
         }
     }
 
@@ -108,6 +110,7 @@ impl World {
         group.heartbeat_interval = Duration::from_millis(500);
         // Long: a member a test does not poll for a while must not be evicted meanwhile.
         group.max_poll_interval = Duration::from_secs(60);
+        group.protocol = self.protocol.clone();
         let mut consumer = GroupConsumerConfig::new(group);
         consumer.reader.reset = OffsetReset::Earliest;
         FlowConfig::new(
@@ -175,7 +178,22 @@ fn sample(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_recovery_catch_up_and_assignment() {
     let kafka = cluster(ClusterSpec::kafka4()).await;
-    let mut w = World::new(&kafka, 2).await;
+    readiness_story(&kafka, GroupConfig::new("-").protocol).await;
+}
+
+/// The same under the KIP-848 consumer protocol, where the coordinator assigns and revokes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_recovery_catch_up_and_assignment_under_kip848() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let protocol = GroupProtocol::Consumer {
+        server_assignor: None,
+    };
+    readiness_story(&kafka, protocol).await;
+}
+
+async fn readiness_story(kafka: &KafkaCluster, protocol: GroupProtocol) {
+    let mut w = World::new(kafka, 2).await;
+    w.protocol = protocol;
     for key in keys() {
         w.emit(&key, 200).await;
     }
