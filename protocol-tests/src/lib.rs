@@ -26,4 +26,4 @@ pub mod tally;
 
 pub use group::{describe_group, join_classic, GroupDescription};
 
-pub use raw::fetch_by_name;
+pub use raw::{fetch_by_name, flow_topics};

@@ -142,3 +142,20 @@ pub fn reader_config(isolation: IsolationLevel) -> ReaderConfig {
     c.max_wait = Duration::from_millis(100);
     c
 }
+
+/// A flow's two topics, named from `prefix`: an input of `partitions` partitions and a compacted snapshot
+/// topic of as many, both at the broker's default replication. Returns (input, snapshots).
+pub async fn flow_topics(client: &Client, prefix: &str, partitions: i32) -> (String, String) {
+    let (input, snapshots) = (
+        unique(&format!("{prefix}-in")),
+        unique(&format!("{prefix}-snaps")),
+    );
+    snapfence::admin::create_topic(client, &input, partitions, -1, &[])
+        .await
+        .expect("create the input topic");
+    let compact = [("cleanup.policy", "compact")];
+    snapfence::admin::create_topic(client, &snapshots, partitions, -1, &compact)
+        .await
+        .expect("create the snapshot topic");
+    (input, snapshots)
+}

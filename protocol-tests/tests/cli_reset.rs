@@ -93,19 +93,7 @@ impl World {
         let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
             .await
             .unwrap();
-        let (input, snapshots) = (unique("reset-in"), unique("reset-snaps"));
-        snapfence::admin::create_topic(&client, &input, partitions, -1, &[])
-            .await
-            .unwrap();
-        snapfence::admin::create_topic(
-            &client,
-            &snapshots,
-            partitions,
-            -1,
-            &[("cleanup.policy", "compact")],
-        )
-        .await
-        .unwrap();
+        let (input, snapshots) = protocol_tests::flow_topics(&client, "reset", partitions).await;
         let producer = Producer::new(client.clone(), ProducerConfig::default())
             .await
             .unwrap();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol_tests::tally::{fold_all, Counter, Tally};
-use protocol_tests::{cluster, describe_group, unique, ClusterSpec, KafkaCluster};
+use protocol_tests::{cluster, describe_group, flow_topics, unique, ClusterSpec, KafkaCluster};
 use snapfence::consumer::{
     list_offsets, GroupConfig, GroupConsumerConfig, GroupProtocol, OffsetReset, OffsetSpec,
 };
@@ -40,19 +40,7 @@ impl World {
         let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
             .await
             .unwrap();
-        let (input, snapshots) = (unique("input"), unique("snapshots"));
-        snapfence::admin::create_topic(&client, &input, partitions, -1, &[])
-            .await
-            .unwrap();
-        snapfence::admin::create_topic(
-            &client,
-            &snapshots,
-            partitions,
-            -1,
-            &[("cleanup.policy", "compact")],
-        )
-        .await
-        .unwrap();
+        let (input, snapshots) = flow_topics(&client, "svc", partitions).await;
         let producer = Producer::new(client.clone(), ProducerConfig::default())
             .await
             .unwrap();
