@@ -546,6 +546,9 @@ impl<F: Fold> Flow<F> {
             .map(|tp| tp.partition)
             .collect();
         let plan = self.shared.fence().poll_reacquire(&owned);
+        if plan.is_empty() {
+            return Ok(());
+        }
         let mut again = Vec::new();
         for partition in plan {
             if self.shared.lanes().contains_key(&partition) {
