@@ -669,6 +669,15 @@ impl Soak {
             }
         }
         settled(&self.client, snapshots, PARTITIONS).await?;
+        // The campaign's first check, with the operator tool's KIP-664 finder: no transaction left open.
+        for topic in [snapshots, "__consumer_offsets"] {
+            match snapfence_cli::find_hanging(&self.kafka.bootstrap(), topic, 0).await {
+                Ok(found) => self
+                    .anomalies
+                    .extend(found.into_iter().map(|h| format!("{topic}: hanging {h}"))),
+                Err(e) => self.notes.push(format!("finder on {topic}: {e}")),
+            }
+        }
         let log = read_topic(
             &self.client,
             snapshots,
