@@ -927,7 +927,7 @@ impl Soak {
         );
         let _ = writeln!(
             r,
-            "checker: {} events' keys, {} snapshots read, {} reported committed, anomalies: {}  {}",
+            "checker: {} events, {} snapshots read, {} reported committed, anomalies: {}  {}",
             self.oracle
                 .lock()
                 .map(|o| o.values().map(Vec::len).sum::<usize>())
