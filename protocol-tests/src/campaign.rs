@@ -1804,7 +1804,7 @@ fn close_member(m: MemberProcess) -> MemberLog {
 /// How many records the cleaner removed from partition `p` of `topic`: the offsets from the first
 /// batch to the high watermark, minus the records the batches still hold (without cleaning every
 /// offset holds a record, data or transaction marker). Returns (removed, offsets spanned).
-async fn removed_records(client: &Client, topic: &str, p: i32) -> Result<(i64, i64), String> {
+pub async fn removed_records(client: &Client, topic: &str, p: i32) -> Result<(i64, i64), String> {
     use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
     use kafka_protocol::messages::TopicName;
     use kafka_protocol::protocol::StrBytes;
@@ -1952,7 +1952,7 @@ fn check_key(events: &[Bytes], seen: &[Seen]) -> (Vec<String>, usize) {
 
 /// The tally inside a snapshot value: the flow's envelope (version byte, last folded offset) followed by
 /// the [`crate::tally::Counter`] encoding, which is the last 16 bytes.
-fn tally_of_snapshot(value: &[u8]) -> Option<Tally> {
+pub fn tally_of_snapshot(value: &[u8]) -> Option<Tally> {
     use snapfence::snapshot::Fold as _;
     let body = value.len().checked_sub(16).map(|at| &value[at..])?;
     (value.len() == 9 + 16)
@@ -2020,7 +2020,7 @@ pub async fn read_topic(
 /// Waits until no transaction is open on any partition of `topic` (its LSO equals its high watermark):
 /// a commit returns once the coordinator has it, and the markers that make its records visible follow
 /// a moment later. Fails after 30 s with the gaps still open (a hanging transaction).
-async fn settled(client: &Client, topic: &str, partitions: i32) -> Result<(), String> {
+pub async fn settled(client: &Client, topic: &str, partitions: i32) -> Result<(), String> {
     let tps: Vec<TopicPartition> = (0..partitions)
         .map(|p| TopicPartition::new(topic, p))
         .collect();

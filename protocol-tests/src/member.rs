@@ -15,6 +15,7 @@
 //! | `stats FENCES REACQUIRED REJOINS REBALANCES` | its [`FlowStats`] changed to these |
 //! | `failed fenced=B producer_fenced=B ERROR` | persist, commit or poll failed; the process exits with status 2 |
 //! | `stopped` | its stdin closed; it flushed, committed and exits with status 0 |
+//! | `tasks N` | every 5 s: the tasks alive on its runtime (for the soak's leak check) |
 //!
 //! With `--routes`, every connection goes through the harness's fault proxy for this member (broker
 //! address to proxy listener; an address without a route is refused, so nothing reaches a broker around
@@ -377,8 +378,17 @@ async fn drive<F: Fold<State = Tally>>(
     let mut last_persist = Instant::now();
     let mut last_commit = Instant::now();
     let mut stats = FlowStats::default();
+    let mut last_tasks: Option<Instant> = None;
     loop {
         let stopping = stop.load(Ordering::SeqCst);
+        // A task leak shows as a count that climbs across rebalances; the soak samples this line.
+        if last_tasks.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+            last_tasks = Some(Instant::now());
+            let alive = tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks();
+            say(format!("tasks {alive}"));
+        }
         // Flush before polling: a member thawed after a freeze acts on its stale state first, as a real
         // zombie whose flush timer fired during the pause does.
         if stopping || last_persist.elapsed() >= args.persist_every {
@@ -509,6 +519,8 @@ pub struct MemberLog {
     pub stopped: bool,
     /// Its stdout closed (it exited or was killed).
     pub ended: bool,
+    /// The tasks alive on its runtime, from its last `tasks` line.
+    pub tasks: Option<u64>,
 }
 
 impl MemberLog {
@@ -547,6 +559,7 @@ impl MemberLog {
                 }
             }
             Some("stopped") => self.stopped = true,
+            Some("tasks") => self.tasks = words.next().and_then(|w| w.parse().ok()),
             _ => {}
         }
     }
@@ -650,6 +663,12 @@ impl MemberProcess {
     /// What it has said so far.
     pub fn log(&self) -> MemberLog {
         lock(&self.shared.log).clone()
+    }
+
+    /// Takes the committed snapshots it reported so far out of its log, so a harness that runs for hours
+    /// checks them as they come instead of keeping every one.
+    pub fn take_committed(&self) -> Vec<(Bytes, Tally)> {
+        std::mem::take(&mut lock(&self.shared.log).committed)
     }
 
     /// The partitions it last said it holds (empty while frozen or dead is not implied: it is what it said).
@@ -796,6 +815,7 @@ mod tests {
             "stats 2 1 1 5",
             "failed fenced=false producer_fenced=true stale",
             "stopped",
+            "tasks 12",
         ] {
             log.take_line(l);
         }
@@ -808,6 +828,7 @@ mod tests {
             vec![(Bytes::from_static(b"k1"), Tally { count: 4, hash: 99 })]
         );
         assert_eq!(log.stats, [2, 1, 1, 5]);
+        assert_eq!(log.tasks, Some(12));
         assert!(log.fence_exit());
         log.failure = Some("failed fenced=false producer_fenced=false timeout".into());
         assert!(!log.fence_exit());
