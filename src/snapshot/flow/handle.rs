@@ -305,14 +305,12 @@ impl<F: Fold> FlowHandle<F> {
     /// The partitions this member holds (recovered; see [`readiness`](Self::readiness) for those still
     /// recovering).
     pub fn partitions(&self) -> Vec<i32> {
-        self.shared.lanes().keys().copied().collect()
+        self.shared.held_partitions()
     }
 
     /// The next input offset `partition` will fold, if held.
     pub fn position(&self, partition: i32) -> Option<i64> {
-        let lane = self.shared.lanes().get(&partition).cloned()?;
-        let position = lane.core().position();
-        Some(position)
+        self.shared.position(partition)
     }
 
     /// The stream time `partition` has reached, if held and its fold's timers are on stream time

@@ -440,7 +440,7 @@ impl<F: Fold> Flow<F> {
 
     /// The partitions this flow currently holds.
     pub fn partitions(&self) -> Vec<i32> {
-        self.shared.lanes().keys().copied().collect()
+        self.shared.held_partitions()
     }
 
     /// One poll: runs rebalance handlers (recovery on assignment, flush on revocation), then folds the
@@ -713,9 +713,7 @@ impl<F: Fold> Flow<F> {
     /// The next input offset of `partition` this flow will fold (the assigned offset until events arrive),
     /// if held: how a caller knows the flow has caught up with an input end it read elsewhere.
     pub fn position(&self, partition: i32) -> Option<i64> {
-        let lane = self.shared.lanes().get(&partition).cloned()?;
-        let position = lane.core().position();
-        Some(position)
+        self.shared.position(partition)
     }
 
     /// Polls, persisting every `persist_every`, committing every `commit_offsets_interval` and firing

@@ -133,6 +133,18 @@ impl<F: Fold> Shared<F> {
         }
     }
 
+    /// The partitions held (recovered; those still recovering are in `assigned`).
+    pub(super) fn held_partitions(&self) -> Vec<i32> {
+        self.lanes().keys().copied().collect()
+    }
+
+    /// The next input offset `partition` will fold, if held.
+    pub(super) fn position(&self, partition: i32) -> Option<i64> {
+        let lane = self.lanes().get(&partition).cloned()?;
+        let position = lane.core().position();
+        Some(position)
+    }
+
     /// A clone of every live key's state in `partition`, if held.
     pub(super) fn partition_state(&self, partition: i32) -> Option<HashMap<Bytes, F::State>> {
         let lane = self.lanes().get(&partition).cloned()?;
