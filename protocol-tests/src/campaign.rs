@@ -177,6 +177,10 @@ pub struct CampaignConfig {
     /// two-phase commit on: [`two_phase`]). The checker then reads each key's row instead of the
     /// snapshot topic's history, and an open transaction is a transaction coordinator's `Ongoing`.
     pub postgres: Option<String>,
+    /// Members pause this long between announcing a flush and starting it
+    /// ([`MemberArgs::flush_pause`]), so a zombie frozen on the announcement is frozen before its
+    /// writes leave even where they would leave at once.
+    pub flush_pause: Duration,
 }
 
 impl CampaignConfig {
@@ -191,6 +195,7 @@ impl CampaignConfig {
             session_timeout: Duration::from_secs(3),
             finder,
             postgres: None,
+            flush_pause: Duration::ZERO,
         }
     }
 }
@@ -672,6 +677,7 @@ impl<'a> Round<'a> {
         args.session_timeout = cfg.session_timeout;
         args.recover = plan.recover;
         args.postgres = cfg.postgres.clone();
+        args.flush_pause = cfg.flush_pause;
         // The unfenced PostgreSQL store has no producer for outputs; every other store carries them.
         if cfg.postgres.is_none() || cfg.transactional {
             let output = unique("fc-out");

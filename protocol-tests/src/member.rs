@@ -84,6 +84,10 @@ pub struct MemberArgs {
     /// Emit one output per input event to this topic ([`crate::tally::Echo`]), riding with the key's
     /// snapshot (exactly once in the transactional mode, at least once in the plain one).
     pub output: Option<String>,
+    /// A pause between saying `persisting` and starting the flush (zero: none). A harness that freezes
+    /// the member when it reads that line then always stops it before the flush's writes leave, where a
+    /// store whose writes go out at once (the PostgreSQL store) would otherwise often finish first.
+    pub flush_pause: Duration,
 }
 
 /// Dials each broker address through its route, and refuses addresses without one.
@@ -122,6 +126,7 @@ impl MemberArgs {
             recover: false,
             postgres: None,
             output: None,
+            flush_pause: Duration::ZERO,
         }
     }
 
@@ -158,6 +163,7 @@ impl MemberArgs {
             ("--persist-every-ms", ms(self.persist_every)),
             ("--commit-every-ms", ms(self.commit_every)),
             ("--recovery-stall-ms", ms(self.recovery_stall_timeout)),
+            ("--flush-pause-ms", ms(self.flush_pause)),
             (
                 "--fence-policy",
                 if self.recover { "recover" } else { "stop" }.into(),
@@ -219,6 +225,9 @@ impl MemberArgs {
         a.persist_every = ms("persist-every-ms")?;
         a.commit_every = ms("commit-every-ms")?;
         a.recovery_stall_timeout = ms("recovery-stall-ms")?;
+        if map.contains_key("flush-pause-ms") {
+            a.flush_pause = ms("flush-pause-ms")?;
+        }
         a.recover = match map.get("fence-policy").map(String::as_str) {
             None | Some("stop") => false,
             Some("recover") => true,
@@ -403,6 +412,9 @@ async fn drive<F: Fold<State = Tally>>(
                 .collect();
             if !changed.is_empty() {
                 say(format!("persisting {}", changed.len()));
+                if !args.flush_pause.is_zero() {
+                    tokio::time::sleep(args.flush_pause).await;
+                }
             }
             let flush_began = Instant::now();
             if let Err(e) = flow.persist().await {

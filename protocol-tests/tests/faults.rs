@@ -5,6 +5,7 @@
 //! thawed zombie causes, so it is shown not to be vacuous.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use protocol_tests::campaign::{
     campaign_spec, run_round, two_phase, CampaignConfig, FaultKind, Finder, MemberCommand,
@@ -222,9 +223,12 @@ async fn postgres_store_rounds_are_clean() {
     );
 
     // Unfenced on the same store, a thawed zombie's late upserts land: the row checker catches it (a
-    // second try covers a zombie that held nothing unflushed when it froze).
+    // second try covers a zombie that held nothing unflushed when it froze). The store's upserts go out
+    // at once, so a freeze on the flush's announcement alone can land after them (and then the zombie
+    // has nothing late to write); the members pause a moment there, as a GC pause at that point would.
     let mut unfenced = config(false);
     unfenced.postgres = Some(pg.url());
+    unfenced.flush_pause = Duration::from_millis(100);
     let mut caught = false;
     for seed in [0x9e5_0003, 0x9e5_0004] {
         let r = run_round(&kafka, &unfenced, &plan(seed, false, false, &[Zombie])).await;
