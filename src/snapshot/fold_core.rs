@@ -52,6 +52,11 @@ use crate::records::Record;
 
 const ENVELOPE_V1: u8 = 1;
 const ENVELOPE_GRAVE: u8 = 2;
+const ENVELOPE_INPUTS: u8 = 3;
+const ENVELOPE_GRAVE_INPUTS: u8 = 4;
+
+/// The most input topics one flow folds: the several-input envelope counts them in one byte.
+pub(crate) const MAX_INPUTS: usize = u8::MAX as usize;
 
 /// `[1][last folded offset i64 BE][user bytes]`: a live state.
 pub(crate) fn envelope(offset: i64, payload: &[u8]) -> Bytes {
@@ -70,13 +75,78 @@ pub(crate) fn grave(offset: i64) -> Bytes {
     b.freeze()
 }
 
+/// `[3][n u8][n last offsets i64 BE, in the flow's input order][user bytes]`: a live state of a flow
+/// with `n` (two or more) inputs.
+pub(crate) fn envelope_inputs(offsets: &[i64], payload: &[u8]) -> Bytes {
+    inputs_value(ENVELOPE_INPUTS, offsets, payload)
+}
+
+/// `[4][n u8][n offsets i64 BE]`: a grave of a flow with `n` (two or more) inputs.
+pub(crate) fn grave_inputs(offsets: &[i64]) -> Bytes {
+    inputs_value(ENVELOPE_GRAVE_INPUTS, offsets, &[])
+}
+
+fn inputs_value(version: u8, offsets: &[i64], payload: &[u8]) -> Bytes {
+    debug_assert!((2..=MAX_INPUTS).contains(&offsets.len()));
+    let mut b = BytesMut::with_capacity(2 + 8 * offsets.len() + payload.len());
+    b.put_u8(version);
+    b.put_u8(u8::try_from(offsets.len()).unwrap_or(u8::MAX));
+    for o in offsets {
+        b.put_i64(*o);
+    }
+    b.put_slice(payload);
+    b.freeze()
+}
+
+/// The per-input offsets of a several-input envelope, borrowed from the stored value: one big-endian
+/// `i64` per input topic, in the order the flow's configuration lists them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct InputOffsets<'a>(&'a [u8]);
+
+impl<'a> InputOffsets<'a> {
+    /// How many inputs the envelope accounts for.
+    pub fn len(&self) -> usize {
+        self.0.len() / 8
+    }
+
+    /// Never true for a value the library wrote (a several-input envelope has two or more).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The offset for input `i` (in the flow's input order), if there is one.
+    pub fn get(&self, i: usize) -> Option<i64> {
+        let b = self.0.get(i.checked_mul(8)?..i.checked_mul(8)?.checked_add(8)?)?;
+        let mut o = [0u8; 8];
+        o.copy_from_slice(b);
+        Some(i64::from_be_bytes(o))
+    }
+
+    /// The offsets in input order.
+    pub fn iter(&self) -> impl Iterator<Item = i64> + 'a {
+        self.0.chunks_exact(8).map(|c| {
+            let mut o = [0u8; 8];
+            o.copy_from_slice(c);
+            i64::from_be_bytes(o)
+        })
+    }
+}
+
+impl std::fmt::Debug for InputOffsets<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// A snapshot value with its envelope opened: what a [`Flow`](super::Flow) stored for one key.
 ///
-/// Every value a flow writes to its snapshot topic (or the PostgreSQL store) starts with a 9-byte
-/// envelope: a version byte, then the offset of the last input event folded into the key (big-endian
-/// `i64`). A live state follows it with the bytes [`Fold::encode`](super::Fold::encode) returned; a
-/// *grave* (a deleted key whose tombstone waits for the committed offset, `docs/fencing.md`, "Deletes")
-/// has nothing after it. A replay skips a key's events at or below the envelope's offset.
+/// Every value a flow writes to its snapshot topic (or the PostgreSQL store) starts with an envelope.
+/// A flow with one input writes a 9-byte one: a version byte, then the offset of the last input event
+/// folded into the key (big-endian `i64`). A flow with several input topics writes a version byte, the
+/// number of inputs, and one offset per input (docs/fencing.md, "Several inputs"). A live state follows
+/// the envelope with the bytes [`Fold::encode`](super::Fold::encode) returned; a *grave* (a deleted key
+/// whose tombstone waits for the committed offset, `docs/fencing.md`, "Deletes") has nothing after it.
+/// A replay skips a key's events at or below the envelope's offset for their input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SnapshotValue<'a> {
@@ -92,15 +162,59 @@ pub enum SnapshotValue<'a> {
         /// The offset of the event that deleted the key.
         offset: i64,
     },
+    /// A state of a flow with several inputs, accounting for each input up to and including its offset
+    /// in `last_offsets`.
+    LiveInputs {
+        /// Per input, the last offset the state accounts for.
+        last_offsets: InputOffsets<'a>,
+        /// The application's bytes, as `Fold::encode` returned them.
+        state: &'a [u8],
+    },
+    /// A key of a flow with several inputs, deleted; its events up to `offsets` are accounted for.
+    GraveInputs {
+        /// Per input, the last offset the grave accounts for.
+        offsets: InputOffsets<'a>,
+    },
 }
 
 impl SnapshotValue<'_> {
     /// The envelope's offset: the last input event this key's snapshot accounts for (folded into a live
-    /// state, or the delete of a grave).
+    /// state, or the delete of a grave). For a flow with several inputs, the first input's; see
+    /// [`input_offsets`](Self::input_offsets).
     pub fn offset(&self) -> i64 {
         match *self {
             SnapshotValue::Live { last_offset, .. } => last_offset,
             SnapshotValue::Grave { offset } => offset,
+            SnapshotValue::LiveInputs { last_offsets: o, .. }
+            | SnapshotValue::GraveInputs { offsets: o } => o.get(0).unwrap_or(-1),
+        }
+    }
+
+    /// The offset per input, in the flow's input order (one for a flow with one input).
+    pub fn input_offsets(&self) -> Vec<i64> {
+        match *self {
+            SnapshotValue::Live { last_offset, .. } => vec![last_offset],
+            SnapshotValue::Grave { offset } => vec![offset],
+            SnapshotValue::LiveInputs { last_offsets: o, .. }
+            | SnapshotValue::GraveInputs { offsets: o } => o.iter().collect(),
+        }
+    }
+
+    /// Whether this is a grave (a deleted key), of either kind.
+    pub fn is_grave(&self) -> bool {
+        matches!(
+            self,
+            SnapshotValue::Grave { .. } | SnapshotValue::GraveInputs { .. }
+        )
+    }
+
+    /// The application's bytes of a live state; `None` for a grave.
+    pub fn state(&self) -> Option<&[u8]> {
+        match self {
+            SnapshotValue::Live { state, .. } | SnapshotValue::LiveInputs { state, .. } => {
+                Some(state)
+            }
+            SnapshotValue::Grave { .. } | SnapshotValue::GraveInputs { .. } => None,
         }
     }
 }
@@ -116,23 +230,30 @@ pub enum ForeignSnapshotValue {
         /// The first byte of the value.
         version: u8,
     },
-    /// The value ends inside the 9-byte envelope.
-    #[error("a {len}-byte value is shorter than the 9-byte snapshot envelope")]
+    /// The value ends inside its envelope.
+    #[error("a {len}-byte value is shorter than its snapshot envelope")]
     Truncated {
         /// The value's length.
         len: usize,
     },
     /// A grave is exactly its envelope; this one has bytes after it.
-    #[error("a grave is 9 bytes, this one has {len}")]
+    #[error("a grave is only its envelope, this one has {len} bytes")]
     GraveWithState {
         /// The value's length.
         len: usize,
+    },
+    /// A several-input envelope counts fewer than two inputs.
+    #[error("a several-input envelope counts {inputs} inputs")]
+    TooFewInputs {
+        /// The count it carries.
+        inputs: u8,
     },
 }
 
 /// Opens the envelope of a snapshot value read from a flow's snapshot topic (a record's value; a null
 /// value is a tombstone and has no envelope). The state of a [`SnapshotValue::Live`] borrows from
-/// `bytes`. Never panics: a value the library did not write is a [`ForeignSnapshotValue`].
+/// `bytes`. Never panics and never allocates: a value the library did not write is a
+/// [`ForeignSnapshotValue`].
 ///
 /// ```
 /// use snapfence::snapshot::{open_snapshot_value, SnapshotValue};
@@ -149,6 +270,7 @@ pub fn open_snapshot_value(bytes: &[u8]) -> Result<SnapshotValue<'_>, ForeignSna
         o.copy_from_slice(&rest[..8]);
         i64::from_be_bytes(o)
     };
+    let truncated = ForeignSnapshotValue::Truncated { len: bytes.len() };
     match bytes {
         [ENVELOPE_V1, rest @ ..] if rest.len() >= 8 => Ok(SnapshotValue::Live {
             last_offset: offset(rest),
@@ -160,10 +282,29 @@ pub fn open_snapshot_value(bytes: &[u8]) -> Result<SnapshotValue<'_>, ForeignSna
         [ENVELOPE_GRAVE, rest @ ..] if rest.len() > 8 => {
             Err(ForeignSnapshotValue::GraveWithState { len: bytes.len() })
         }
-        [v, ..] if *v != ENVELOPE_V1 && *v != ENVELOPE_GRAVE => {
+        [v @ (ENVELOPE_INPUTS | ENVELOPE_GRAVE_INPUTS), n, rest @ ..] => {
+            if *n < 2 {
+                return Err(ForeignSnapshotValue::TooFewInputs { inputs: *n });
+            }
+            let width = 8 * usize::from(*n);
+            if rest.len() < width {
+                return Err(truncated);
+            }
+            let (offsets, state) = rest.split_at(width);
+            let offsets = InputOffsets(offsets);
+            match *v {
+                ENVELOPE_INPUTS => Ok(SnapshotValue::LiveInputs {
+                    last_offsets: offsets,
+                    state,
+                }),
+                _ if state.is_empty() => Ok(SnapshotValue::GraveInputs { offsets }),
+                _ => Err(ForeignSnapshotValue::GraveWithState { len: bytes.len() }),
+            }
+        }
+        [v, ..] if !matches!(*v, ENVELOPE_V1..=ENVELOPE_GRAVE_INPUTS) => {
             Err(ForeignSnapshotValue::UnknownVersion { version: *v })
         }
-        _ => Err(ForeignSnapshotValue::Truncated { len: bytes.len() }),
+        _ => Err(truncated),
     }
 }
 
@@ -174,12 +315,21 @@ pub(crate) enum Opened<'a> {
     Live(i64, &'a [u8]),
     /// A key deleted at the offset.
     Grave(i64),
+    /// A state of a several-input flow, accounting for each input up to its offset.
+    LiveInputs(InputOffsets<'a>, &'a [u8]),
+    /// A grave of a several-input flow.
+    GraveInputs(InputOffsets<'a>),
 }
 
 pub(crate) fn open_envelope(bytes: &[u8]) -> Result<Opened<'_>, String> {
     match open_snapshot_value(bytes) {
         Ok(SnapshotValue::Live { last_offset, state }) => Ok(Opened::Live(last_offset, state)),
         Ok(SnapshotValue::Grave { offset }) => Ok(Opened::Grave(offset)),
+        Ok(SnapshotValue::LiveInputs {
+            last_offsets,
+            state,
+        }) => Ok(Opened::LiveInputs(last_offsets, state)),
+        Ok(SnapshotValue::GraveInputs { offsets }) => Ok(Opened::GraveInputs(offsets)),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -290,6 +440,48 @@ pub(crate) struct PartitionCore<S> {
     /// of that offset can carry the stream time its replay must start from. Entries below the last
     /// landed commit are dropped.
     marks: std::collections::BTreeMap<i64, i64>,
+    /// Several inputs (`None` with one): where each input stands, and what only they need.
+    inputs: Option<Box<Inputs>>,
+}
+
+/// A partition's bookkeeping for a flow with several co-partitioned inputs (docs/fencing.md, "Several
+/// inputs"). The inputs are merged into one sequence; the core's scalar offsets are *coordinates* on
+/// it: the sum of the inputs' positions, which grows by at least one with every merged event, so every
+/// rule that compares offsets holds unchanged along the merge. What crosses an owner (the committed
+/// offsets, an envelope) is a vector of per-input offsets.
+struct Inputs {
+    /// Per input, the next offset to merge. Their sum is the core's `position`.
+    positions: Vec<i64>,
+    /// The vector each held change starts at, by its coordinate: what a commit of that coordinate
+    /// carries. Entries below the last landed commit are dropped.
+    points: std::collections::BTreeMap<i64, Box<[i64]>>,
+    /// Per input, the offsets the last landed commit carried.
+    committed: Vec<i64>,
+    /// The event being folded (input, offset), while `handle_event_from` runs: where a hold that starts
+    /// now starts. `None` between events (a wall-clock timer holds at the positions).
+    at: Option<(usize, i64)>,
+    /// Recovered keys whose envelope accounts for events at or past the assigned offsets: per input,
+    /// the last offset the state covers. Their replayed events are skipped input by input; the entry
+    /// goes once every input has moved past it.
+    restored: HashMap<Bytes, Box<[i64]>>,
+}
+
+impl Inputs {
+    /// The per-input offsets of the point a hold starting now starts at.
+    fn hold_point(&self) -> Box<[i64]> {
+        let mut v = self.positions.clone();
+        if let Some((i, offset)) = self.at {
+            if let Some(p) = v.get_mut(i) {
+                *p = offset;
+            }
+        }
+        v.into()
+    }
+
+    /// Whether every input's position has moved past `last`.
+    fn passed(&self, last: &[i64]) -> bool {
+        self.positions.iter().zip(last).all(|(p, l)| p > l)
+    }
 }
 
 /// No stream time yet.
@@ -324,7 +516,56 @@ impl<S> PartitionCore<S> {
             stream: false,
             stream_time: NO_TIME,
             marks: std::collections::BTreeMap::new(),
+            inputs: None,
         }
+    }
+
+    /// A partition of a flow with several inputs, assigned at `offsets` (one per input, in the flow's
+    /// input order). With one offset it is [`new`](Self::new).
+    pub(crate) fn new_inputs(offsets: &[i64]) -> Self {
+        if offsets.len() < 2 {
+            return Self::new(offsets.first().copied().unwrap_or(0));
+        }
+        let mut core = Self::new(offsets.iter().sum());
+        core.inputs = Some(Box::new(Inputs {
+            positions: offsets.to_vec(),
+            points: Default::default(),
+            committed: offsets.to_vec(),
+            at: None,
+            restored: HashMap::new(),
+        }));
+        core
+    }
+
+    /// How many inputs the partition merges.
+    pub(crate) fn input_count(&self) -> usize {
+        self.inputs.as_ref().map_or(1, |i| i.positions.len())
+    }
+
+    /// Per input, the next offset to fold.
+    pub(crate) fn positions(&self) -> Vec<i64> {
+        match &self.inputs {
+            Some(i) => i.positions.clone(),
+            None => vec![self.position],
+        }
+    }
+
+    /// The per-input offsets a commit of `offset` (a value [`poll_commit`](Self::poll_commit) or
+    /// [`committable`](Self::committable) returned) carries, in input order.
+    pub(crate) fn commit_offsets(&self, offset: i64) -> Vec<i64> {
+        let Some(inputs) = &self.inputs else {
+            return vec![offset];
+        };
+        if offset >= self.position {
+            return inputs.positions.clone();
+        }
+        // Every committable coordinate below the position is a held change's start, recorded when it
+        // was folded; the nearest point below is a safe stand-in should one be missing.
+        inputs
+            .points
+            .range(..=offset)
+            .next_back()
+            .map_or_else(|| inputs.committed.clone(), |(_, v)| v.to_vec())
     }
 
     /// Timers on stream time, resuming from `restored` (the stream time just before the assigned
@@ -406,8 +647,46 @@ impl<S> PartitionCore<S> {
         );
     }
 
+    /// Restores one recovered snapshot of a several-input flow: its state (`None` for a grave) and,
+    /// per input, the last offset it accounts for.
+    pub(crate) fn restore_inputs<F>(&mut self, fold: &F, key: Bytes, state: Option<S>, last: &[i64])
+    where
+        F: Fold<State = S>,
+    {
+        let Some(inputs) = self.inputs.as_mut() else {
+            return self.restore(fold, key, state, last.first().copied().unwrap_or(-1));
+        };
+        if !inputs.passed(last) {
+            inputs.restored.insert(key.clone(), last.into());
+        }
+        // On this owner's merge the key's events all lie at or past the assigned coordinate, the ones
+        // it already accounts for skipped by `restored`.
+        let before_start = self.position - 1;
+        self.restore(fold, key, state, before_start);
+    }
+
     /// Folds one event (events of the partition arrive in offset order).
     pub(crate) fn handle_event<F>(&mut self, fold: &F, event: &Record) -> Folded
+    where
+        F: Fold<State = S>,
+    {
+        self.handle_event_from(fold, 0, event)
+    }
+
+    /// Folds one event of input `input` (in the flow's input order). Events of each input arrive in
+    /// offset order, and the inputs' events in the order the merge chose.
+    pub(crate) fn handle_event_from<F>(&mut self, fold: &F, input: usize, event: &Record) -> Folded
+    where
+        F: Fold<State = S>,
+    {
+        let folded = self.fold_event(fold, input, event);
+        if let Some(inputs) = &mut self.inputs {
+            inputs.at = None;
+        }
+        folded
+    }
+
+    fn fold_event<F>(&mut self, fold: &F, input: usize, event: &Record) -> Folded
     where
         F: Fold<State = S>,
     {
@@ -415,27 +694,58 @@ impl<S> PartitionCore<S> {
             // Waiting to be acquired again: whatever is folded now would be folded again anyway.
             return Folded::Skipped;
         }
+        // Where the event lies: its offset with one input; with several, its coordinate on the merge.
+        let at = match &self.inputs {
+            None => event.offset,
+            Some(inputs) => {
+                let Some(p) = inputs.positions.get(input) else {
+                    return Folded::Skipped;
+                };
+                if event.offset < *p {
+                    // Merged already: a coordinate computed now would lie past where it was folded.
+                    return Folded::Skipped;
+                }
+                event.offset + (self.position - *p)
+            }
+        };
         // The stream time before this event: what a replay starting at it resumes from.
         let before = self.stream_time;
+        if let Some(inputs) = &mut self.inputs {
+            // A hold that starts at this event starts at this vector: the event's input at the event
+            // (a replay from there folds it), every other input where it stands.
+            inputs.at = Some((input, event.offset));
+        }
         if self.stream && event.timestamp >= 0 && event.timestamp > self.stream_time {
             self.stream_time = event.timestamp;
             // Timers due at the new stream time fire before the event that moved it is folded; their
             // changes hold at this event, so a replay from here fires them again at the same point.
-            self.fire_due(fold, event.timestamp, event.offset, before);
+            self.fire_due(fold, event.timestamp, at, before);
         }
-        self.position = self.position.max(event.offset + 1);
         let Some(key) = &event.key else {
+            self.advance(input, event.offset + 1);
             return Folded::NullKey;
         };
+        if let Some(inputs) = &mut self.inputs {
+            if let Some(last) = inputs.restored.get(key) {
+                if last.get(input).is_some_and(|l| event.offset <= *l) {
+                    self.advance(input, event.offset + 1);
+                    return Folded::Skipped;
+                }
+                if inputs.passed(last) {
+                    inputs.restored.remove(key);
+                }
+            }
+        }
+        self.advance(input, event.offset + 1);
         let change = match self.keys.get_mut(key) {
-            Some(e) if event.offset <= e.last_offset => return Folded::Skipped,
+            Some(e) if at <= e.last_offset => return Folded::Skipped,
             Some(e) => {
                 let change = emitting(
                     fold.fold(key, &mut e.state, event, &mut self.scratch),
                     &self.scratch,
                 );
                 if change != Change::Keep {
-                    e.last_offset = event.offset;
+                    e.last_offset = at;
                 }
                 change
             }
@@ -455,7 +765,7 @@ impl<S> PartitionCore<S> {
                     key.clone(),
                     Entry {
                         state,
-                        last_offset: event.offset,
+                        last_offset: at,
                         held: None,
                         in_wave: None,
                         deadline: None,
@@ -467,13 +777,34 @@ impl<S> PartitionCore<S> {
         if change == Change::Keep {
             return Folded::Kept;
         }
-        self.changed(fold, key, change, event.offset, before);
+        self.changed(fold, key, change, at, before);
         Folded::Changed
+    }
+
+    /// Moves input `input`'s position to `next` if that is further.
+    fn advance(&mut self, input: usize, next: i64) {
+        match &mut self.inputs {
+            None => self.position = self.position.max(next),
+            Some(inputs) => {
+                if let Some(p) = inputs.positions.get_mut(input) {
+                    if next > *p {
+                        self.position += next - *p;
+                        *p = next;
+                    }
+                }
+            }
+        }
     }
 
     /// Moves the position past offsets a fetch skipped (aborted batches, markers, compacted gaps).
     pub(crate) fn handle_read_to(&mut self, next_offset: i64) {
-        self.position = self.position.max(next_offset);
+        self.advance(0, next_offset);
+    }
+
+    /// [`handle_read_to`](Self::handle_read_to) for input `input`. The merge calls it only once every
+    /// event of the input below `next_offset` has been handed to the core.
+    pub(crate) fn handle_read_to_from(&mut self, input: usize, next_offset: i64) {
+        self.advance(input, next_offset);
     }
 
     /// Fires every wall-clock timer due at `now`. Returns how many fired. Timers on stream time fire
@@ -510,7 +841,12 @@ impl<S> PartitionCore<S> {
             let Some(e) = self.keys.get_mut(&key) else {
                 continue;
             };
-            if e.last_offset >= at {
+            let behind = self
+                .inputs
+                .as_ref()
+                .and_then(|i| i.restored.get(&key).map(|last| !i.passed(last)))
+                .unwrap_or(false);
+            if e.last_offset >= at || behind {
                 // A replay that has not reached the key's last folded event yet: its recovered state
                 // (and deadline) is from further on in the input, where the live run met this timer.
                 // It waits until the replay has passed that event.
@@ -582,6 +918,12 @@ impl<S> PartitionCore<S> {
         if self.stream && starts {
             self.marks.entry(hold_at).or_insert(before);
         }
+        if let Some(inputs) = self.inputs.as_mut().filter(|_| starts) {
+            if !inputs.points.contains_key(&hold_at) {
+                let point = inputs.hold_point();
+                inputs.points.insert(hold_at, point);
+            }
+        }
         e.held.get_or_insert(hold_at);
         if let Some(next) = &mut e.in_wave {
             next.get_or_insert(hold_at);
@@ -606,20 +948,32 @@ impl<S> PartitionCore<S> {
         if self.fenced || self.replay || self.in_flight.is_some() {
             return None;
         }
-        let committed = self.committed;
         let mut writes = Vec::with_capacity(self.dirty.len());
         let mut carried = Vec::with_capacity(self.dirty.len());
-        for key in self.dirty.drain() {
+        // With several inputs an envelope says where every input stands now: the state accounts for
+        // each input's events up to there (those since the key's last change left it as it is).
+        let through: Option<Vec<i64>> = self
+            .inputs
+            .as_ref()
+            .map(|i| i.positions.iter().map(|p| p - 1).collect());
+        let dirty: Vec<Bytes> = self.dirty.drain().collect();
+        for key in dirty {
+            let due = self.grave_due(&key);
             let Some(e) = self.keys.get_mut(&key) else {
                 continue;
             };
-            let (value, written) = match &e.state {
-                Some(s) => (
+            let (value, written) = match (&e.state, &through) {
+                (Some(s), None) => (
                     Some(envelope(e.last_offset, &fold.encode(s))),
                     Written::Snapshot,
                 ),
-                None if committed > e.last_offset => (None, Written::Tombstone),
-                None => (Some(grave(e.last_offset)), Written::Grave),
+                (Some(s), Some(v)) => (
+                    Some(envelope_inputs(v, &fold.encode(s))),
+                    Written::Snapshot,
+                ),
+                (None, _) if due => (None, Written::Tombstone),
+                (None, None) => (Some(grave(e.last_offset)), Written::Grave),
+                (None, Some(v)) => (Some(grave_inputs(v)), Written::Grave),
             };
             e.in_wave = Some(None);
             let outputs = self.held_outputs.remove(&key).unwrap_or_default();
@@ -639,7 +993,7 @@ impl<S> PartitionCore<S> {
         let due: Vec<Bytes> = self
             .graves
             .iter()
-            .filter(|k| self.keys.get(*k).is_some_and(|e| committed > e.last_offset))
+            .filter(|k| self.grave_due(k))
             .cloned()
             .collect();
         for key in due {
@@ -760,20 +1114,42 @@ impl<S> PartitionCore<S> {
 
     /// A commit of `offset` landed. Graves behind it get their tombstones in the next wave.
     pub(crate) fn handle_commit_landed(&mut self, offset: i64) {
+        if offset > self.committed {
+            let vector = self.commit_offsets(offset);
+            if let Some(inputs) = &mut self.inputs {
+                inputs.committed = vector;
+            }
+        }
         self.committed = self.committed.max(offset);
         if !self.marks.is_empty() {
             self.marks = self.marks.split_off(&self.committed);
+        }
+        if let Some(inputs) = &mut self.inputs {
+            if !inputs.points.is_empty() {
+                inputs.points = inputs.points.split_off(&self.committed);
+            }
         }
     }
 
     /// Whether a landed commit is the only thing a due tombstone waits for (the driver then writes once
     /// more at a flush so the tombstones land before the partition is handed on).
     pub(crate) fn tombstones_due(&self) -> bool {
-        self.graves.iter().any(|k| {
-            self.keys
-                .get(k)
-                .is_some_and(|e| self.committed > e.last_offset)
-        })
+        self.graves.iter().any(|k| self.grave_due(k))
+    }
+
+    /// Whether the deleted `key`'s tombstone may be written: the committed offset is past everything
+    /// its grave accounts for, on every input (no replay can reach the events it skips any more).
+    fn grave_due(&self, key: &Bytes) -> bool {
+        let Some(e) = self.keys.get(key) else {
+            return false;
+        };
+        // A recovered grave also waits until every input is committed past what its envelope says.
+        let restored = self.inputs.as_ref().and_then(|i| {
+            i.restored
+                .get(key)
+                .map(|last| i.committed.iter().zip(last.iter()).all(|(c, l)| c > l))
+        });
+        self.committed > e.last_offset && restored.unwrap_or(true)
     }
 
     /// A fence refused a commit: the partition stops.

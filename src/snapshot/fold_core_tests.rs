@@ -410,6 +410,7 @@ impl Durable {
                     offset,
                 ),
                 Opened::Grave(offset) => core.restore(&Picky, k.clone(), None, offset),
+                other => panic!("a one-input core wrote {other:?}"),
             }
         }
         core
@@ -777,6 +778,9 @@ impl DurableOut {
                     Some(NO_TTL.decode(payload).unwrap()),
                     offset,
                 ),
+                Opened::LiveInputs(..) | Opened::GraveInputs(..) => {
+                    panic!("a one-input core wrote several inputs' envelope")
+                }
                 Opened::Grave(offset) => {
                     core.restore(&Emitting { ttl: None }, k.clone(), None, offset)
                 }
@@ -1088,6 +1092,7 @@ fn replays_fire_stream_time_timers_where_the_live_run_did() {
                         core.restore(&f, k.clone(), Some(f.decode(payload).unwrap()), offset)
                     }
                     Opened::Grave(offset) => core.restore(&f, k.clone(), None, offset),
+                    other => panic!("a one-input core wrote {other:?}"),
                 }
             }
             core

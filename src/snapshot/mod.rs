@@ -44,7 +44,7 @@ pub use flow::{
     PersistenceMode, Readiness, StatsHandle,
 };
 pub use fold::{BoxError, Change, Clock, Fold, Outputs, SystemClock, TimerClock};
-pub use fold_core::{open_snapshot_value, ForeignSnapshotValue, SnapshotValue};
+pub use fold_core::{open_snapshot_value, ForeignSnapshotValue, InputOffsets, SnapshotValue};
 pub use group_commit::{MetadataSource, SnapshotWrite, TryWriteError};
 pub use log::PartitionLog;
 pub use recovery::{

@@ -307,15 +307,39 @@ impl<F: Fold> Shared<F> {
                 key: key.clone(),
                 reason,
             };
-            match open_envelope(value).map_err(bad)? {
-                Opened::Live(last_offset, payload) => {
-                    let state = self.fold.decode(payload).map_err(|e| bad(e.to_string()))?;
-                    core.restore(&*self.fold, key, Some(state), last_offset);
+            let inputs = core.input_count();
+            let (last, payload) = match open_envelope(value).map_err(bad)? {
+                Opened::Live(last_offset, payload) => (vec![last_offset], Some(payload)),
+                Opened::Grave(last_offset) => (vec![last_offset], None),
+                Opened::LiveInputs(offsets, payload) => (offsets.iter().collect(), Some(payload)),
+                Opened::GraveInputs(offsets) => (offsets.iter().collect(), None),
+            };
+            let last = match last.len() {
+                n if n == inputs => last,
+                // Written before the flow took more inputs: it accounts for the first input only.
+                1 => {
+                    let mut v = vec![-1; inputs];
+                    v[0] = last[0];
+                    v
                 }
-                Opened::Grave(last_offset) => {
+                n => {
+                    return Err(bad(format!(
+                        "the snapshot accounts for {n} inputs, and this flow has {inputs}: the \
+                         inputs' order or number changed"
+                    )))
+                }
+            };
+            let state = match payload {
+                Some(p) => Some(self.fold.decode(p).map_err(|e| bad(e.to_string()))?),
+                None => {
                     graves += 1;
-                    core.restore(&*self.fold, key, None, last_offset);
+                    None
                 }
+            };
+            if inputs == 1 {
+                core.restore(&*self.fold, key, state, last[0]);
+            } else {
+                core.restore_inputs(&*self.fold, key, state, &last);
             }
         }
         let elapsed = began.elapsed();

@@ -17,6 +17,8 @@
 mod acquire;
 mod handle;
 mod lane;
+#[allow(dead_code)] // wired into the driver by the several-input work in progress
+mod merge;
 mod shared;
 mod writer;
 
