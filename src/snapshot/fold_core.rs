@@ -116,7 +116,9 @@ impl<'a> InputOffsets<'a> {
 
     /// The offset for input `i` (in the flow's input order), if there is one.
     pub fn get(&self, i: usize) -> Option<i64> {
-        let b = self.0.get(i.checked_mul(8)?..i.checked_mul(8)?.checked_add(8)?)?;
+        let b = self
+            .0
+            .get(i.checked_mul(8)?..i.checked_mul(8)?.checked_add(8)?)?;
         let mut o = [0u8; 8];
         o.copy_from_slice(b);
         Some(i64::from_be_bytes(o))
@@ -185,7 +187,9 @@ impl SnapshotValue<'_> {
         match *self {
             SnapshotValue::Live { last_offset, .. } => last_offset,
             SnapshotValue::Grave { offset } => offset,
-            SnapshotValue::LiveInputs { last_offsets: o, .. }
+            SnapshotValue::LiveInputs {
+                last_offsets: o, ..
+            }
             | SnapshotValue::GraveInputs { offsets: o } => o.get(0).unwrap_or(-1),
         }
     }
@@ -195,7 +199,9 @@ impl SnapshotValue<'_> {
         match *self {
             SnapshotValue::Live { last_offset, .. } => vec![last_offset],
             SnapshotValue::Grave { offset } => vec![offset],
-            SnapshotValue::LiveInputs { last_offsets: o, .. }
+            SnapshotValue::LiveInputs {
+                last_offsets: o, ..
+            }
             | SnapshotValue::GraveInputs { offsets: o } => o.iter().collect(),
         }
     }
@@ -967,10 +973,9 @@ impl<S> PartitionCore<S> {
                     Some(envelope(e.last_offset, &fold.encode(s))),
                     Written::Snapshot,
                 ),
-                (Some(s), Some(v)) => (
-                    Some(envelope_inputs(v, &fold.encode(s))),
-                    Written::Snapshot,
-                ),
+                (Some(s), Some(v)) => {
+                    (Some(envelope_inputs(v, &fold.encode(s))), Written::Snapshot)
+                }
                 (None, _) if due => (None, Written::Tombstone),
                 (None, None) => (Some(grave(e.last_offset)), Written::Grave),
                 (None, Some(v)) => (Some(grave_inputs(v)), Written::Grave),

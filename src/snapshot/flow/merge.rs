@@ -279,7 +279,9 @@ mod tests {
                 let mut out = Vec::new();
                 loop {
                     out.extend(drain(&mut m));
-                    let open: Vec<usize> = (0..logs.len()).filter(|i| at[*i] < logs[*i].len()).collect();
+                    let open: Vec<usize> = (0..logs.len())
+                        .filter(|i| at[*i] < logs[*i].len())
+                        .collect();
                     if open.is_empty() {
                         out.extend(drain(&mut m));
                         return out;
@@ -294,7 +296,11 @@ mod tests {
             };
             let whole = run(&[0, 0, 0], &mut next);
             assert_eq!(whole.len(), logs.iter().map(Vec::len).sum::<usize>());
-            assert_eq!(whole, run(&[0, 0, 0], &mut next), "same logs, other batches");
+            assert_eq!(
+                whole,
+                run(&[0, 0, 0], &mut next),
+                "same logs, other batches"
+            );
             // From the positions after any prefix of the sequence, the rest of it.
             let cut = next(whole.len() as u64 + 1) as usize;
             let mut start = vec![0i64; 3];
@@ -302,6 +308,351 @@ mod tests {
                 start[*i] = o + 1;
             }
             assert_eq!(run(&start, &mut next), whole[cut..]);
+        }
+    }
+}
+
+/// The merge and the fold core together, as a several-input partition runs them: whatever the fetches,
+/// waves, commits and crashes, an owner that recovers from the snapshots and replays from the committed
+/// offsets ends with each key's fold of its events in the merged order of the complete logs. The fold
+/// is a hash chain over the events it sees, so an event folded twice, lost or folded out of that order
+/// shows.
+#[cfg(test)]
+mod simulation {
+    use std::collections::HashMap;
+
+    use bytes::{BufMut, Bytes, BytesMut};
+
+    use super::{Merge, Step};
+    use crate::records::{Record, TimestampType};
+    use crate::snapshot::fold::{Change, Fold, Outputs};
+    use crate::snapshot::fold_core::{open_envelope, Landing, Opened, PartitionCore, Wave};
+
+    struct Chain;
+
+    impl Fold for Chain {
+        type State = u64;
+        fn fold(&self, _: &Bytes, state: &mut Option<u64>, e: &Record, _: &mut Outputs) -> Change {
+            match e.value.as_deref() {
+                // The delete depends on the state, so a replay onto a wrong state shows.
+                Some(b"del") if state.is_some_and(|h| h % 3 != 0) => Change::Delete,
+                Some(b"del") if state.is_none() => Change::Keep,
+                v => {
+                    let h = state.get_or_insert(7);
+                    for b in v.unwrap_or_default() {
+                        *h = h.wrapping_mul(0x100_0000_01b3) ^ u64::from(*b);
+                    }
+                    Change::Update
+                }
+            }
+        }
+        fn encode(&self, s: &u64) -> Bytes {
+            let mut b = BytesMut::new();
+            b.put_u64(*s);
+            b.freeze()
+        }
+        fn decode(&self, b: &[u8]) -> Result<u64, crate::snapshot::BoxError> {
+            Ok(u64::from_be_bytes(b.try_into()?))
+        }
+    }
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    fn logs(rng: &mut Rng, inputs: usize) -> Vec<Vec<Record>> {
+        (0..inputs)
+            .map(|i| {
+                let mut offset = 0;
+                (0..rng.below(25))
+                    .map(|_| {
+                        // Gaps, as aborted batches, markers and compaction leave.
+                        offset += 1 + rng.below(3) as i64;
+                        let key = ["a", "b", "c"][rng.below(3) as usize];
+                        let value = if rng.below(5) == 0 {
+                            "del".to_owned()
+                        } else {
+                            format!("{i}:{offset}")
+                        };
+                        Record {
+                            offset,
+                            timestamp: rng.below(30) as i64 - 2,
+                            timestamp_type: TimestampType::CreateTime,
+                            key: Some(Bytes::copy_from_slice(key.as_bytes())),
+                            value: Some(value.into()),
+                            headers: Vec::new(),
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn end_of(log: &[Record]) -> i64 {
+        log.last().map_or(0, |r| r.offset + 1 + 2)
+    }
+
+    /// The snapshots that landed and the committed offsets.
+    struct Durable {
+        log: HashMap<Bytes, Option<Bytes>>,
+        committed: Vec<i64>,
+    }
+
+    impl Durable {
+        fn apply(&mut self, wave: &Wave) {
+            for w in &wave.writes {
+                self.log.insert(w.key.clone(), w.value.clone());
+            }
+        }
+
+        fn recover(&self) -> PartitionCore<u64> {
+            let mut core = PartitionCore::new_inputs(&self.committed);
+            for (k, v) in &self.log {
+                let Some(v) = v else { continue };
+                match open_envelope(v).unwrap() {
+                    Opened::LiveInputs(o, p) => core.restore_inputs(
+                        &Chain,
+                        k.clone(),
+                        Some(Chain.decode(p).unwrap()),
+                        &o.iter().collect::<Vec<_>>(),
+                    ),
+                    Opened::GraveInputs(o) => {
+                        core.restore_inputs(&Chain, k.clone(), None, &o.iter().collect::<Vec<_>>())
+                    }
+                    other => panic!("a several-input core wrote {other:?}"),
+                }
+            }
+            core
+        }
+
+        fn states(&self) -> Vec<(Bytes, u64)> {
+            let core = self.recover();
+            let mut s: Vec<(Bytes, u64)> = core.states().map(|(k, v)| (k.clone(), *v)).collect();
+            s.sort();
+            s
+        }
+    }
+
+    /// A member's reading side: where it has fetched each input to, and its merge.
+    struct Reading {
+        merge: Merge,
+        fetched: Vec<usize>,
+    }
+
+    impl Reading {
+        fn at(logs: &[Vec<Record>], positions: &[i64]) -> Reading {
+            let mut merge = Merge::new(positions);
+            let fetched = logs
+                .iter()
+                .zip(positions)
+                .map(|(l, p)| l.iter().take_while(|r| r.offset < *p).count())
+                .collect();
+            for (i, l) in logs.iter().enumerate() {
+                merge.handle_end(i, end_of(l));
+            }
+            Reading { merge, fetched }
+        }
+
+        fn fetch(&mut self, logs: &[Vec<Record>], i: usize, n: usize) {
+            let log = &logs[i];
+            let batch: Vec<Record> = log[self.fetched[i]..].iter().take(n).cloned().collect();
+            self.fetched[i] += batch.len();
+            let next = log.get(self.fetched[i]).map_or(end_of(log), |r| r.offset);
+            if batch.is_empty() {
+                self.merge.handle_fetched_to(i, next);
+            } else {
+                self.merge.handle_batch(i, batch, next, end_of(log));
+            }
+        }
+
+        fn step(&mut self, core: &mut PartitionCore<u64>) -> bool {
+            match self.merge.poll_step() {
+                Some(Step::Event(i, r)) => {
+                    core.handle_event_from(&Chain, i, &r);
+                    true
+                }
+                Some(Step::ReadTo(i, next)) => {
+                    core.handle_read_to_from(i, next);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    fn expected(logs: &[Vec<Record>]) -> Vec<(Bytes, u64)> {
+        let mut r = Reading::at(logs, &vec![0; logs.len()]);
+        for i in 0..logs.len() {
+            r.fetch(logs, i, usize::MAX);
+        }
+        let mut states: HashMap<Bytes, Option<u64>> = HashMap::new();
+        while let Some(step) = r.merge.poll_step() {
+            if let Step::Event(_, e) = step {
+                let key = e.key.clone().unwrap();
+                let s = states.entry(key).or_default();
+                if Chain.fold(&e.key.clone().unwrap(), s, &e, &mut Outputs::default())
+                    == Change::Delete
+                {
+                    *s = None;
+                }
+            }
+        }
+        let mut s: Vec<(Bytes, u64)> = states
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?)))
+            .collect();
+        s.sort();
+        s
+    }
+
+    fn event(offset: i64, key: &str, value: &str) -> Record {
+        Record {
+            offset,
+            timestamp: offset,
+            timestamp_type: TimestampType::CreateTime,
+            key: Some(Bytes::copy_from_slice(key.as_bytes())),
+            value: Some(Bytes::copy_from_slice(value.as_bytes())),
+            headers: Vec::new(),
+        }
+    }
+
+    /// A grave written past the committed offsets is recovered with its per-input offsets: its replayed
+    /// events are skipped, and its tombstone waits until every input is committed past them (a
+    /// tombstone before that would let a second restart replay the key's events onto nothing).
+    #[test]
+    fn a_recovered_grave_waits_for_every_input_to_be_committed_past_it() {
+        let k = Bytes::from_static(b"k");
+        let mut durable = Durable {
+            log: HashMap::new(),
+            committed: vec![0, 0],
+        };
+        let mut core = durable.recover();
+        assert_eq!(
+            core.handle_event_from(&Chain, 0, &event(0, "k", "x")),
+            crate::snapshot::fold_core::Folded::Changed
+        );
+        core.handle_event_from(&Chain, 1, &event(0, "other", "y"));
+        core.handle_event_from(&Chain, 0, &event(1, "k", "del"));
+        assert!(core.state_of(&k).is_none(), "deleted");
+        let w = core.poll_wave(&Chain).unwrap();
+        durable.apply(&w);
+        // Crash before any commit: the grave accounts for input 0 to 1 and input 1 to 0.
+        let mut core = durable.recover();
+        assert_eq!(core.position(), 0);
+        let w = core.poll_wave(&Chain);
+        assert!(
+            w.is_none_or(|w| w.writes.iter().all(|x| x.key != k)),
+            "no tombstone before a commit passes the grave"
+        );
+        core.handle_event_from(&Chain, 0, &event(0, "k", "x"));
+        // Committed past input 0's first event only: still no tombstone.
+        let offset = core.committable();
+        assert_eq!(core.commit_offsets(offset), vec![1, 0]);
+        core.handle_commit_landed(offset);
+        assert!(!core.tombstones_due());
+        core.handle_event_from(&Chain, 1, &event(0, "other", "y"));
+        core.handle_event_from(&Chain, 0, &event(1, "k", "del"));
+        assert!(
+            core.state_of(&k).is_none(),
+            "the replay skipped what the grave covers"
+        );
+        let offset = core.committable();
+        assert_eq!(core.commit_offsets(offset), vec![2, 1]);
+        core.handle_commit_landed(offset);
+        assert!(core.tombstones_due());
+        let w = core.poll_wave(&Chain).unwrap();
+        assert!(w.writes.iter().any(|x| x.key == k && x.value.is_none()));
+    }
+
+    #[test]
+    fn crashes_and_replays_recover_the_merged_fold_of_every_input() {
+        for seed in 1..=400u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let inputs = 2 + rng.below(2) as usize;
+            let logs = logs(&mut rng, inputs);
+            let mut durable = Durable {
+                log: HashMap::new(),
+                committed: vec![0; inputs],
+            };
+            let mut core = durable.recover();
+            let mut reading = Reading::at(&logs, &durable.committed);
+            let mut wave: Option<Wave> = None;
+            for _ in 0..300 {
+                match rng.below(8) {
+                    0 | 1 => {
+                        let i = rng.below(inputs as u64) as usize;
+                        let n = rng.below(5) as usize;
+                        reading.fetch(&logs, i, n);
+                    }
+                    2 | 3 => {
+                        reading.step(&mut core);
+                    }
+                    4 => {
+                        if wave.is_none() {
+                            wave = core.poll_wave(&Chain);
+                        }
+                    }
+                    5 => {
+                        if let Some(w) = wave.take() {
+                            let (landed, told) = match rng.below(4) {
+                                0 => (false, Landing::Failed),
+                                1 => (true, Landing::Failed),
+                                _ => (true, Landing::Landed),
+                            };
+                            if landed {
+                                durable.apply(&w);
+                            }
+                            core.handle_wave_outcome(w.id, told);
+                        }
+                    }
+                    6 => {
+                        let offset = core.committable();
+                        let vector = core.commit_offsets(offset);
+                        // Commits only move forward on every input.
+                        for (d, v) in durable.committed.iter_mut().zip(&vector) {
+                            assert!(*v >= *d, "seed {seed}: commit {vector:?} goes back");
+                            *d = *v;
+                        }
+                        core.handle_commit_landed(offset);
+                    }
+                    _ => {
+                        if let Some(w) = wave.take() {
+                            if rng.below(2) == 0 {
+                                durable.apply(&w);
+                            }
+                        }
+                        core = durable.recover();
+                        reading = Reading::at(&logs, &durable.committed);
+                    }
+                }
+            }
+            if let Some(w) = wave.take() {
+                core.handle_wave_outcome(w.id, Landing::Failed);
+            }
+            for i in 0..inputs {
+                reading.fetch(&logs, i, usize::MAX);
+                reading.fetch(&logs, i, usize::MAX);
+            }
+            while reading.step(&mut core) {}
+            for _ in 0..2 {
+                if let Some(w) = core.poll_wave(&Chain) {
+                    durable.apply(&w);
+                    core.handle_wave_outcome(w.id, Landing::Landed);
+                }
+                let offset = core.committable();
+                durable.committed = core.commit_offsets(offset);
+                core.handle_commit_landed(offset);
+            }
+            let ends: Vec<i64> = logs.iter().map(|l| end_of(l)).collect();
+            assert_eq!(durable.committed, ends, "seed {seed}");
+            assert_eq!(durable.states(), expected(&logs), "seed {seed}");
         }
     }
 }
