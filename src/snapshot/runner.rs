@@ -21,6 +21,86 @@ pub(crate) struct ProducerRunner {
     pub(crate) deliveries: Vec<Delivery>,
     /// The stream times noted for the offsets this partition commits, carried in the commit's metadata.
     pub(crate) stream_times: Arc<StreamTimes>,
+    /// A flow with several inputs: the other inputs' partitions and the offsets each commit carries.
+    pub(crate) inputs: Arc<InputOffsetNotes>,
+}
+
+/// For a flow with several inputs (docs/fencing.md, "Several inputs"): the group commit's queue
+/// orders commits by one number, the partition's coordinate on the merge of its inputs; this says
+/// which offset of each input a commit of a coordinate carries. Noted by the flow when it asks for a
+/// commit, read by the runner when the transaction commits it.
+#[derive(Debug, Default)]
+pub(crate) struct InputOffsetNotes(std::sync::Mutex<InputNotesInner>);
+
+#[derive(Debug, Default)]
+struct InputNotesInner {
+    /// The inputs after the first, in the flow's order (empty: one input, nothing noted).
+    more: Vec<TopicPartition>,
+    /// Per coordinate asked for, every input's offset.
+    notes: std::collections::BTreeMap<i64, Box<[i64]>>,
+    /// The offsets of the last commit the runner sent (what a transaction that carries no newer
+    /// request commits again).
+    last: Option<(i64, Box<[i64]>)>,
+}
+
+impl InputOffsetNotes {
+    /// A bound on notes not yet committed past (the flow asks for one commit per partition at a time,
+    /// and each is sent by the next transaction; notes below a sent commit are dropped).
+    const KEPT: usize = 1024;
+
+    /// The other inputs' partitions, and the offsets the partition was assigned at (coordinate
+    /// `assigned`, their sum).
+    pub(crate) fn set_inputs(&self, more: Vec<TopicPartition>, assigned: i64, offsets: Vec<i64>) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.more = more;
+        m.last = Some((assigned, offsets.into()));
+    }
+
+    /// Notes that a commit of `coordinate` carries `offsets`.
+    pub(crate) fn note(&self, coordinate: i64, offsets: Vec<i64>) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.more.is_empty() {
+            return;
+        }
+        m.notes.insert(coordinate, offsets.into());
+        while m.notes.len() > Self::KEPT {
+            m.notes.pop_first();
+        }
+    }
+
+    /// What a commit of `coordinate` sends: `(first input's offset, the other inputs with theirs)`,
+    /// or `None` with one input. Only the offsets noted for exactly this coordinate (or those of the
+    /// last commit sent, when it was this coordinate) will do: an earlier point of the merge would
+    /// commit less than the flow is told landed, and a grave's tombstone could then go too early.
+    fn offsets_for(
+        &self,
+        coordinate: i64,
+    ) -> Result<Option<(i64, Vec<(TopicPartition, i64)>)>, ProducerError> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.more.is_empty() {
+            return Ok(None);
+        }
+        let vector: Box<[i64]> = match (m.notes.get(&coordinate), &m.last) {
+            (Some(v), _) => v.clone(),
+            (None, Some((c, v))) if *c == coordinate => v.clone(),
+            _ => {
+                return Err(ProducerError::IllegalState {
+                    op: "send_offsets",
+                    state: "without the inputs' offsets for the commit asked for",
+                })
+            }
+        };
+        m.notes = m.notes.split_off(&coordinate);
+        m.last = Some((coordinate, vector.clone()));
+        let first = vector.first().copied().unwrap_or(coordinate);
+        let more = m
+            .more
+            .iter()
+            .cloned()
+            .zip(vector.iter().skip(1).copied())
+            .collect();
+        Ok(Some((first, more)))
+    }
 }
 
 /// The stream time just before each offset a flow asked to commit (timers on stream time), shared by
@@ -78,6 +158,7 @@ impl ProducerRunner {
             input,
             deliveries: Vec::new(),
             stream_times: Arc::default(),
+            inputs: Arc::default(),
         }
     }
 
@@ -92,14 +173,26 @@ impl ProducerRunner {
         self.producer.send_buffered();
         // The fence: the group coordinator checks generation (or member epoch) and member id here. It runs
         // while the records are in flight, so it costs no extra round trip on the critical path.
-        let committed = crate::producer::OffsetAndMetadata {
+        let note = self.stream_times.at(offset).map(stream_time_metadata);
+        let at = |offset: i64| crate::producer::OffsetAndMetadata {
             offset,
             leader_epoch: None,
-            metadata: self.stream_times.at(offset).map(stream_time_metadata),
+            metadata: note.clone(),
         };
-        self.producer
-            .send_offsets([(self.input.clone(), committed)], metadata)
-            .await?;
+        match self.inputs.offsets_for(offset)? {
+            None => {
+                self.producer
+                    .send_offsets([(self.input.clone(), at(offset))], metadata)
+                    .await?
+            }
+            // Several inputs: every input's offset, in the one TxnOffsetCommit (the same fence).
+            Some((first, more)) => {
+                let all = std::iter::once((self.input.clone(), at(first)))
+                    .chain(more.into_iter().map(|(tp, o)| (tp, at(o))))
+                    .collect::<Vec<_>>();
+                self.producer.send_offsets(all, metadata).await?
+            }
+        }
         self.producer.commit().await?;
         // Commit waited for every acknowledgement; a failed record would have failed the commit, so these
         // are settled. Checked anyway so a lost record can never be reported as committed.

@@ -140,6 +140,7 @@ pub struct SnapshotStore {
     acquired_in: Duration,
     /// Shared with the runner: the stream time each committed offset's metadata carries.
     stream_times: Arc<crate::snapshot::runner::StreamTimes>,
+    inputs: Arc<crate::snapshot::runner::InputOffsetNotes>,
 }
 
 impl std::fmt::Debug for SnapshotStore {
@@ -237,6 +238,7 @@ impl SnapshotStore {
             input.clone(),
         );
         let stream_times = Arc::clone(&runner.stream_times);
+        let inputs = Arc::clone(&runner.inputs);
         let commits = GroupCommit::new(
             partition,
             runner,
@@ -252,6 +254,7 @@ impl SnapshotStore {
             commits,
             acquired_in,
             stream_times,
+            inputs,
         };
         Ok((store, learned))
     }
@@ -317,6 +320,25 @@ impl SnapshotStore {
             self.stream_times.note(offset, st);
         }
         self.commits.commit_offset(offset).await
+    }
+
+    /// A flow with several inputs: the other inputs' partitions (in the flow's order) and the offsets
+    /// of every input the partition was assigned at. Commits then carry every input's offset.
+    pub(crate) fn set_more_inputs(&self, more: Vec<TopicPartition>, assigned: Vec<i64>) {
+        self.inputs
+            .set_inputs(more, self.committed_offset(), assigned);
+    }
+
+    /// [`commit_offset_at`](Self::commit_offset_at) of a flow with several inputs: `offset` is the
+    /// partition's coordinate on the merge, `inputs` the offset of every input it stands for.
+    pub(crate) async fn commit_offsets_at(
+        &self,
+        offset: i64,
+        inputs: Vec<i64>,
+        stream_time: Option<i64>,
+    ) -> Result<(), SnapshotError> {
+        self.inputs.note(offset, inputs);
+        self.commit_offset_at(offset, stream_time).await
     }
 
     /// Like [`write`](Self::write) but fails at once, handing the write back, when the queue is full.

@@ -95,6 +95,23 @@ pub enum SnapshotTopicError {
         /// The input's partition count.
         input_partitions: i32,
     },
+    /// Two input topics of one flow have different partition counts: partition N of every input
+    /// belongs to the same key space and the same snapshot partition, so they must match.
+    #[error(
+        "input topic {topic:?} has {partitions} partitions but input topic {first_topic:?} has \
+         {first_partitions}: a flow's inputs must be co-partitioned (equal partition counts, keys \
+         partitioned the same way)"
+    )]
+    InputPartitionMismatch {
+        /// The further input topic.
+        topic: String,
+        /// Its partition count.
+        partitions: i32,
+        /// The flow's first input topic.
+        first_topic: String,
+        /// Its partition count.
+        first_partitions: i32,
+    },
     /// The cluster could not be asked (metadata, DescribeConfigs or CreateTopics failed).
     #[error("checking snapshot topic {topic:?}: {source}")]
     Unreachable {
@@ -180,6 +197,49 @@ pub(crate) fn check(facts: &TopicFacts<'_>) -> Result<(), SnapshotTopicError> {
 }
 
 /// The partition count of each of `topics` (`None`: it does not exist), from one Metadata request.
+/// Checks a flow's further input topics against its first: each exists and has the first's partition
+/// count.
+pub(crate) async fn check_more_inputs(
+    client: &Client,
+    first: &str,
+    more: &[String],
+) -> Result<(), SnapshotTopicError> {
+    let [first_partitions] = partition_counts(client, [first]).await.map_err(|source| {
+        SnapshotTopicError::Unreachable {
+            topic: first.to_owned(),
+            source,
+        }
+    })?;
+    let first_partitions = first_partitions.ok_or_else(|| SnapshotTopicError::InputMissing {
+        topic: first.to_owned(),
+    })?;
+    for topic in more {
+        let [partitions] = partition_counts(client, [topic.as_str()])
+            .await
+            .map_err(|source| SnapshotTopicError::Unreachable {
+                topic: topic.clone(),
+                source,
+            })?;
+        match partitions {
+            None => {
+                return Err(SnapshotTopicError::InputMissing {
+                    topic: topic.clone(),
+                })
+            }
+            Some(n) if n != first_partitions => {
+                return Err(SnapshotTopicError::InputPartitionMismatch {
+                    topic: topic.clone(),
+                    partitions: n,
+                    first_topic: first.to_owned(),
+                    first_partitions,
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 async fn partition_counts<const N: usize>(
     client: &Client,
     topics: [&str; N],

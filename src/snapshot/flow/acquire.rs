@@ -26,10 +26,13 @@ use crate::snapshot::state::RecoveredState;
 use crate::snapshot::store::SnapshotStore;
 
 /// Where an acquired partition starts folding.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Start {
-    /// The input offset of the first event to fold.
+    /// The input offset of the first event to fold (with several inputs, the coordinate of `offsets`
+    /// on their merge: their sum).
     offset: i64,
+    /// Every input's offset, in the flow's order (one with one input).
+    offsets: Vec<i64>,
     /// The group had no offset committed for the partition: the flow commits `offset` for it before
     /// anything is fetched (see [`FlowConfig`](super::FlowConfig)).
     fresh: bool,
@@ -38,49 +41,69 @@ struct Start {
 }
 
 impl<F: Fold> Shared<F> {
-    /// Where `tp` starts (see [`Start`]): the group's committed offset, else per `initial_offset`. This
-    /// is the only place that decides where a partition without a committed offset starts.
+    /// The partition `partition` of every input, in the flow's order.
+    pub(super) fn input_partitions(&self, partition: i32) -> Vec<TopicPartition> {
+        self.config
+            .input_topics()
+            .into_iter()
+            .map(|t| TopicPartition::new(t, partition))
+            .collect()
+    }
+
+    /// Where `tp`'s partition starts (see [`Start`]): per input, the group's committed offset, else per
+    /// `initial_offset`. This is the only place that decides where a partition without a committed
+    /// offset starts. With several inputs the partition is fresh when any input has none.
     async fn assigned_offset(&self, tp: &TopicPartition) -> Result<Start, ConsumerError> {
-        let committed = committed_offsets_and_metadata(
+        let tps = self.input_partitions(tp.partition);
+        let mut committed = committed_offsets_and_metadata(
             &self.client,
             &self.config.consumer.group.group_id,
-            std::slice::from_ref(tp),
+            &tps,
         )
-        .await?
-        .remove(tp)
-        .flatten();
-        Ok(match committed {
-            Some((offset, metadata)) => Start {
-                offset,
-                fresh: false,
-                stream_time: metadata.as_deref().and_then(parse_stream_time),
-            },
-            None => {
-                let spec = match self.config.initial_offset {
-                    OffsetReset::Earliest => OffsetSpec::Earliest,
-                    OffsetReset::Latest => OffsetSpec::Latest,
-                    _ => {
-                        return Err(ConsumerError::NoCommittedOffset {
-                            partition: tp.clone(),
-                        })
+        .await?;
+        let mut offsets = Vec::with_capacity(tps.len());
+        let mut missing = Vec::new();
+        let mut stream_time = None;
+        for (i, tp) in tps.iter().enumerate() {
+            match committed.remove(tp).flatten() {
+                Some((offset, metadata)) => {
+                    offsets.push(offset);
+                    if i == 0 {
+                        stream_time = metadata.as_deref().and_then(parse_stream_time);
                     }
-                };
-                let offset = list_offsets(
-                    &self.client,
-                    std::slice::from_ref(tp),
-                    spec,
-                    IsolationLevel::ReadUncommitted,
-                )
-                .await?
-                .get(tp)
-                .copied()
-                .unwrap_or(0);
-                Start {
-                    offset,
-                    fresh: true,
-                    stream_time: None,
+                }
+                None => {
+                    offsets.push(0);
+                    missing.push(i);
                 }
             }
+        }
+        let fresh = !missing.is_empty();
+        if fresh {
+            let spec = match self.config.initial_offset {
+                OffsetReset::Earliest => OffsetSpec::Earliest,
+                OffsetReset::Latest => OffsetSpec::Latest,
+                _ => {
+                    return Err(ConsumerError::NoCommittedOffset {
+                        partition: tps[missing[0]].clone(),
+                    })
+                }
+            };
+            let lookup: Vec<TopicPartition> = missing.iter().map(|i| tps[*i].clone()).collect();
+            let found =
+                list_offsets(&self.client, &lookup, spec, IsolationLevel::ReadUncommitted).await?;
+            for i in &missing {
+                offsets[*i] = found.get(&tps[*i]).copied().unwrap_or(0);
+            }
+            if missing.contains(&0) {
+                stream_time = None;
+            }
+        }
+        Ok(Start {
+            offset: offsets.iter().sum(),
+            offsets,
+            fresh,
+            stream_time,
         })
     }
 
@@ -137,6 +160,7 @@ impl<F: Fold> Shared<F> {
         let plain_offsets = || PlainOffsets {
             client: self.client.clone(),
             input: tp.clone(),
+            more: self.input_partitions(partition).split_off(1),
             metadata: self.metadata_handle(),
         };
         match &self.sink {
@@ -166,6 +190,11 @@ impl<F: Fold> Shared<F> {
                     offset: store.committed_offset(),
                     ..start
                 };
+                if start.offsets.len() > 1 {
+                    // Its commits carry every input's offset.
+                    let more = self.input_partitions(partition).split_off(1);
+                    store.set_more_inputs(more, start.offsets.clone());
+                }
                 Ok((Writer::Fenced(store), start))
             }
             #[cfg(feature = "postgres")]
@@ -210,26 +239,31 @@ impl<F: Fold> Shared<F> {
                 partition: tp.partition,
                 source: Arc::new(e),
             })?;
-        Ok((start.offset, start))
+        Ok((start.offset, start.clone()))
     }
 
-    /// The input's end now, at the isolation level the input is read at (the high watermark, or the
-    /// last stable offset at read_committed): where an acquired partition becomes ready.
-    async fn input_end(&self, tp: &TopicPartition) -> Result<i64, FlowError> {
+    /// Every input's end now, at the isolation level the input is read at (the high watermark, or the
+    /// last stable offset at read_committed): where an acquired partition becomes ready, and (with
+    /// several inputs) how far the merge waits for each.
+    async fn input_ends(&self, tp: &TopicPartition) -> Result<Vec<i64>, FlowError> {
+        let tps = self.input_partitions(tp.partition);
         let ends = list_offsets(
             &self.client,
-            std::slice::from_ref(tp),
+            &tps,
             OffsetSpec::Latest,
             self.config.consumer.reader.isolation,
         )
         .await?;
-        Ok(ends.get(tp).copied().unwrap_or(0))
+        Ok(tps
+            .iter()
+            .map(|tp| ends.get(tp).copied().unwrap_or(0))
+            .collect())
     }
 
     pub(super) async fn acquire(&self, tp: &TopicPartition) -> Result<FlowLane<F>, FlowError> {
         // The end is read as the takeover begins, beside it: the partition is ready once it folded the
         // input that was there when it was assigned.
-        let (opened, end) = tokio::join!(self.open_writer(tp), self.input_end(tp));
+        let (opened, end) = tokio::join!(self.open_writer(tp), self.input_ends(tp));
         let (writer, start) = opened?;
         let end = match end {
             Ok(end) => end,
@@ -238,6 +272,7 @@ impl<F: Fold> Shared<F> {
                 return Err(e);
             }
         };
+        let fresh = start.fresh;
         let recovered = self.recover(tp, start, &writer).await;
         let core = match recovered {
             Ok(core) => core,
@@ -248,8 +283,8 @@ impl<F: Fold> Shared<F> {
         };
         let behind = writer.group_offset_behind();
         let lane = Lane::new(tp.partition, core, writer);
-        lane.catch_up.set_target(end);
-        if start.fresh || behind {
+        lane.set_targets(end);
+        if fresh || behind {
             // Record the start for the group before anything is fetched: the consumer starts the
             // partition at the committed offset, so it now reads from exactly where this flow
             // counts from, and a restart before the first periodic commit starts there again
@@ -283,6 +318,7 @@ impl<F: Fold> Shared<F> {
         writer: &Writer,
     ) -> Result<PartitionCore<F::State>, FlowError> {
         let assigned_offset = start.offset;
+        let offsets = start.offsets.clone();
         let began = std::time::Instant::now();
         let recovered = match writer {
             #[cfg(feature = "postgres")]
@@ -291,7 +327,12 @@ impl<F: Fold> Shared<F> {
             Writer::PgPlain(rows, _) => rows.read_state().await?,
             _ => self.read_snapshot_log(tp).await?,
         };
-        let mut core = PartitionCore::new(assigned_offset);
+        let mut core = if offsets.len() > 1 {
+            PartitionCore::new_inputs(&offsets)
+        } else {
+            // One input: the store's word (the PostgreSQL store's takeover may start past the group's).
+            PartitionCore::new(assigned_offset)
+        };
         if self.fold.timer_clock() == TimerClock::Stream {
             core = core.stream_timers(start.stream_time);
         }
@@ -349,6 +390,7 @@ impl<F: Fold> Shared<F> {
             graves,
             ?elapsed,
             assigned_offset,
+            ?offsets,
             "partition recovered"
         );
         Ok(core)

@@ -31,9 +31,11 @@ pub enum PartitionReadiness {
     Recovering,
     /// Recovered, and folding the input that was there when it was acquired.
     CatchingUp {
-        /// The next input offset to fold.
+        /// The next input offset to fold (with several input topics: the sum over them of the next
+        /// offset, each counted at most up to its end at acquisition).
         position: i64,
-        /// The input's end when the partition was acquired; ready at it.
+        /// The input's end when the partition was acquired (with several: the sum of their ends);
+        /// ready at it.
         target: i64,
     },
     /// Recovered and caught up with the input's end as seen at acquisition.
@@ -121,7 +123,7 @@ pub struct Lookup<S> {
     pub state: Option<S>,
     /// The partition's position when the state was read: the state folds every event of the key
     /// before this input offset that the flow has folded (events fetched but not yet folded are not in
-    /// it).
+    /// it). With several input topics, the sum of their positions (see [`FlowHandle::positions`]).
     pub position: i64,
     /// The group generation (classic protocol) or member epoch (KIP-848) this member held when the
     /// state was read. A lookup that must not be answered by a member that has since lost the
@@ -308,9 +310,17 @@ impl<F: Fold> FlowHandle<F> {
         self.shared.held_partitions()
     }
 
-    /// The next input offset `partition` will fold, if held.
+    /// The next input offset `partition` will fold, if held. With several input topics, the sum of
+    /// their next offsets (a number that only grows as the partition folds); see
+    /// [`positions`](Self::positions).
     pub fn position(&self, partition: i32) -> Option<i64> {
         self.shared.position(partition)
+    }
+
+    /// The next offset of each input topic `partition` will fold, if held, in the order
+    /// [`FlowConfig::input_topics`](super::FlowConfig::input_topics) lists them.
+    pub fn positions(&self, partition: i32) -> Option<Vec<i64>> {
+        self.shared.positions(partition)
     }
 
     /// The stream time `partition` has reached, if held and its fold's timers are on stream time

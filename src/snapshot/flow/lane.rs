@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::task::JoinSet;
 
+use super::merge::Merge;
 use super::writer::{Writer, Writes};
 use super::FlowError;
 use crate::snapshot::error::SnapshotError;
@@ -23,17 +24,71 @@ pub(super) struct Lane<S, W> {
     turn: tokio::sync::Mutex<()>,
     /// How far the partition is on its way to ready (see `handle.rs`).
     pub(super) catch_up: super::handle::CatchUp,
+    /// Several inputs: their merge into the sequence the core folds. Locked before the core when both
+    /// are.
+    merge: Option<Mutex<Merge>>,
+    /// The inputs' ends at acquisition.
+    ends: Mutex<Vec<i64>>,
+    /// Several inputs: the consumer has not been moved to where the merge starts yet.
+    unsynced: std::sync::atomic::AtomicBool,
 }
 
 impl<S, W> Lane<S, W> {
     pub(super) fn new(partition: i32, core: PartitionCore<S>, writer: W) -> Self {
+        let merge = (core.input_count() > 1).then(|| Mutex::new(Merge::new(&core.positions())));
         Lane {
             partition,
             core: Mutex::new(core),
             writer,
             turn: tokio::sync::Mutex::new(()),
             catch_up: Default::default(),
+            unsynced: std::sync::atomic::AtomicBool::new(merge.is_some()),
+            merge,
+            ends: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Whether the consumer still has to be moved to where this lane's merge starts (once: it says
+    /// `true` at most once).
+    pub(super) fn take_unsynced(&self) -> bool {
+        self.unsynced
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The inputs' ends at acquisition: where the lane is caught up, and (with several inputs) what the
+    /// merge waits for before it passes over an input with nothing fetched.
+    pub(super) fn set_targets(&self, ends: Vec<i64>) {
+        self.catch_up.set_target(ends.iter().sum());
+        if let Some(merge) = self.merge.as_ref() {
+            let mut merge = merge.lock().unwrap_or_else(|p| p.into_inner());
+            for (i, end) in ends.iter().enumerate() {
+                merge.handle_end(i, *end);
+            }
+        }
+        *self.ends.lock().unwrap_or_else(|p| p.into_inner()) = ends;
+    }
+
+    /// How far the lane is towards its catch-up target: its position with one input; with several,
+    /// the sum over inputs of the position capped at that input's end, which reaches the target only
+    /// when every input has.
+    pub(super) fn progress(&self) -> i64 {
+        let ends = self.ends.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let core = self.core();
+        if ends.len() < 2 {
+            return core.position();
+        }
+        core.positions()
+            .iter()
+            .zip(&ends)
+            .map(|(p, e)| (*p).min(*e))
+            .sum()
+    }
+
+    /// The merge of a lane with several inputs (`None` with one).
+    pub(super) fn merge(&self) -> Option<std::sync::MutexGuard<'_, Merge>> {
+        self.merge
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub(super) fn core(&self) -> std::sync::MutexGuard<'_, PartitionCore<S>> {
@@ -126,7 +181,7 @@ pub(super) async fn commit_lane<S, W: Writes>(
 ) -> Result<(), FlowError> {
     let _turn = lane.turn.lock().await;
     confirm_outputs(lane).await?;
-    let (offset, stream_time) = {
+    let (offset, inputs, stream_time) = {
         let core = lane.core();
         if core.is_fenced() || core.needs_replay() {
             return Ok(());
@@ -138,9 +193,13 @@ pub(super) async fn commit_lane<S, W: Writes>(
                 None => return Ok(()),
             },
         };
-        (offset, core.stream_time_at(offset))
+        (
+            offset,
+            core.commit_offsets(offset),
+            core.stream_time_at(offset),
+        )
     };
-    let result = lane.writer.commit_offset(offset, stream_time).await;
+    let result = lane.writer.commit_offset(offset, inputs, stream_time).await;
     match landing(&result) {
         Landing::Landed => lane.core().handle_commit_landed(offset),
         Landing::Fenced => lane.core().handle_fenced(),

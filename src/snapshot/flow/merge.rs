@@ -38,7 +38,8 @@ pub(crate) enum Step {
 
 #[derive(Debug, Default)]
 struct Input {
-    records: VecDeque<Record>,
+    /// Fetched records not handed out yet, each with the number of the batch that brought it.
+    records: VecDeque<(u64, Record)>,
     /// The position after everything handed out or buffered: where the next fetched record can start.
     fetched_to: i64,
     /// The position after everything handed out.
@@ -46,11 +47,17 @@ struct Input {
     /// The input's end (high watermark or last stable offset, as its isolation reads) as last seen;
     /// `None` until one is known.
     end: Option<i64>,
+    /// The batch count when `end` was learnt: an end read before another input's records were fetched
+    /// may be stale by the time they are merged.
+    end_seen: u64,
 }
 
 impl Input {
-    fn caught_up(&self) -> bool {
-        self.records.is_empty() && self.end.is_some_and(|end| self.fetched_to >= end)
+    /// Nothing buffered, and fetched up to its end as last seen no earlier than batch `since`.
+    fn caught_up_since(&self, since: u64) -> bool {
+        self.records.is_empty()
+            && self.end_seen >= since
+            && self.end.is_some_and(|end| self.fetched_to >= end)
     }
 }
 
@@ -58,6 +65,8 @@ impl Input {
 #[derive(Debug)]
 pub(crate) struct Merge {
     inputs: Vec<Input>,
+    /// Batches handled so far.
+    batches: u64,
 }
 
 impl Merge {
@@ -72,6 +81,7 @@ impl Merge {
                     ..Input::default()
                 })
                 .collect(),
+            batches: 0,
         }
     }
 
@@ -87,14 +97,16 @@ impl Merge {
         let Some(i) = self.inputs.get_mut(input) else {
             return;
         };
+        self.batches += 1;
         for r in records {
             if r.offset >= i.fetched_to {
                 i.fetched_to = r.offset + 1;
-                i.records.push_back(r);
+                i.records.push_back((self.batches, r));
             }
         }
         i.fetched_to = i.fetched_to.max(next_offset);
         i.end = Some(i.end.map_or(end, |e| e.max(end)));
+        i.end_seen = self.batches;
     }
 
     /// The consumer's fetch position of input `input` moved to `next_offset` without delivering.
@@ -104,18 +116,49 @@ impl Merge {
         }
     }
 
-    /// Input `input`'s end, read outside a fetch (a ListOffsets at takeover).
+    /// Input `input`'s end, read outside a fetch (a ListOffsets, at takeover or asked for by
+    /// [`stale_ends`](Self::stale_ends)) after every batch handled so far was fetched.
     pub(crate) fn handle_end(&mut self, input: usize, end: i64) {
         if let Some(i) = self.inputs.get_mut(input) {
             i.end = Some(i.end.map_or(end, |e| e.max(end)));
+            i.end_seen = self.batches;
         }
+    }
+
+    /// The inputs the merge waits on only because their end may be stale: nothing buffered, fetched up
+    /// to their end as last seen, but that end was seen before the newest record another input has
+    /// buffered was fetched. The driver reads their ends again ([`handle_end`](Self::handle_end)).
+    pub(crate) fn stale_ends(&self) -> Vec<usize> {
+        let newest = self.newest_head();
+        if newest == 0 {
+            return Vec::new();
+        }
+        self.inputs
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| {
+                i.records.is_empty()
+                    && i.end_seen < newest
+                    && i.end.is_none_or(|end| i.fetched_to >= end)
+            })
+            .map(|(n, _)| n)
+            .collect()
+    }
+
+    /// The batch number of the newest head record (0 when nothing is buffered).
+    fn newest_head(&self) -> u64 {
+        self.inputs
+            .iter()
+            .filter_map(|i| i.records.front().map(|(seen, _)| *seen))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Drops input `input`'s buffered records from offset `from` on (to bound memory while another
     /// input is awaited; the caller fetches them again from `from`).
     pub(crate) fn handle_unfetch(&mut self, input: usize, from: i64) {
         if let Some(i) = self.inputs.get_mut(input) {
-            while i.records.back().is_some_and(|r| r.offset >= from) {
+            while i.records.back().is_some_and(|(_, r)| r.offset >= from) {
                 i.records.pop_back();
             }
             i.fetched_to = i.fetched_to.min(from).max(i.handed_to);
@@ -123,8 +166,17 @@ impl Merge {
     }
 
     /// Records buffered for input `input`.
+    #[cfg(test)]
     pub(crate) fn buffered(&self, input: usize) -> usize {
         self.inputs.get(input).map_or(0, |i| i.records.len())
+    }
+
+    /// When input `input` has more than `keep` records buffered, drops the rest and returns the offset
+    /// to fetch them again from.
+    pub(crate) fn trim(&mut self, input: usize, keep: usize) -> Option<i64> {
+        let from = self.inputs.get(input)?.records.get(keep)?.1.offset;
+        self.handle_unfetch(input, from);
+        Some(from)
     }
 
     /// The next step, or `None` while an input that is not caught up has no record buffered (or there
@@ -137,21 +189,24 @@ impl Merge {
                 return Some(Step::ReadTo(n, i.fetched_to));
             }
         }
+        let newest = self.newest_head();
         let mut best: Option<(i64, usize)> = None;
         for (n, i) in self.inputs.iter().enumerate() {
             match i.records.front() {
-                Some(r) => {
+                Some((_, r)) => {
                     if best.is_none_or(|(t, _)| r.timestamp < t) {
                         best = Some((r.timestamp, n));
                     }
                 }
-                None if i.caught_up() => {}
+                // Passed over only when its end was seen after the records it is passed over for
+                // were fetched: a record it got meanwhile would be waited for.
+                None if i.caught_up_since(newest) => {}
                 None => return None,
             }
         }
         let (_, n) = best?;
         let i = &mut self.inputs[n];
-        let r = i.records.pop_front()?;
+        let (_, r) = i.records.pop_front()?;
         i.handed_to = r.offset + 1;
         Some(Step::Event(n, r))
     }
@@ -183,6 +238,22 @@ mod tests {
         out
     }
 
+    /// [`drain`], reading the ends the merge asks for again from `ends` (as the driver's ListOffsets
+    /// does) whenever it stops on them.
+    fn drain_with(m: &mut Merge, ends: &[i64]) -> Vec<(usize, i64)> {
+        let mut out = drain(m);
+        loop {
+            let stale = m.stale_ends();
+            if stale.is_empty() {
+                return out;
+            }
+            for i in stale {
+                m.handle_end(i, ends[i]);
+            }
+            out.extend(drain(m));
+        }
+    }
+
     #[test]
     fn picks_the_oldest_head_and_breaks_ties_by_input_order() {
         let mut m = Merge::new(&[0, 0]);
@@ -198,10 +269,21 @@ mod tests {
         m.handle_batch(0, [rec(0, 9)], 1, 1);
         assert_eq!(m.poll_step(), None, "input 1 has records not fetched yet");
         m.handle_batch(1, [rec(0, 1), rec(2, 10)], 3, 3);
-        assert_eq!(drain(&mut m), [(1, 0), (0, 0), (1, 2)]);
-        // Input 0 is caught up now: input 1's later records go without it.
+        // Input 0's end was seen before input 1's records came: read again, it is still 1.
+        assert_eq!(drain(&mut m), [(1, 0), (0, 0)]);
+        assert_eq!(m.stale_ends(), [0]);
+        m.handle_end(0, 1);
+        assert_eq!(drain(&mut m), [(1, 2)]);
+        // Input 0 is caught up: input 1's later records go without it, once its end is confirmed.
         m.handle_batch(1, [rec(3, 11)], 4, 4);
-        assert_eq!(drain(&mut m), [(1, 3)]);
+        assert_eq!(drain_with(&mut m, &[1, 4]), [(1, 3)]);
+        // And it is waited for when the end read again shows more.
+        m.handle_batch(1, [rec(4, 12)], 5, 5);
+        assert_eq!(drain(&mut m), []);
+        m.handle_end(0, 2);
+        assert_eq!(drain(&mut m), []);
+        m.handle_batch(0, [rec(1, 11)], 2, 2);
+        assert_eq!(drain(&mut m), [(0, 1), (1, 4)]);
     }
 
     #[test]
@@ -221,7 +303,7 @@ mod tests {
         assert_eq!(m.poll_step(), None);
         m.handle_fetched_to(1, 5);
         assert_eq!(m.poll_step(), Some(Step::ReadTo(1, 5)));
-        assert_eq!(drain(&mut m), [(0, 0)]);
+        assert_eq!(drain_with(&mut m, &[1, 5]), [(0, 0)]);
     }
 
     #[test]
@@ -238,7 +320,7 @@ mod tests {
         m.handle_batch(0, (4..10).map(|o| rec(o, o)), 10, 10);
         // Input 1's record ties with input 0's offset 6 (timestamp 6): input order breaks the tie.
         assert_eq!(
-            drain(&mut m),
+            drain_with(&mut m, &[10, 1]),
             [(0, 4), (0, 5), (0, 6), (1, 0), (0, 7), (0, 8), (0, 9)]
         );
     }
@@ -278,12 +360,12 @@ mod tests {
                 }
                 let mut out = Vec::new();
                 loop {
-                    out.extend(drain(&mut m));
+                    out.extend(drain_with(&mut m, &ends));
                     let open: Vec<usize> = (0..logs.len())
                         .filter(|i| at[*i] < logs[*i].len())
                         .collect();
                     if open.is_empty() {
-                        out.extend(drain(&mut m));
+                        out.extend(drain_with(&mut m, &ends));
                         return out;
                     }
                     let i = open[next(open.len() as u64) as usize];
@@ -472,7 +554,11 @@ mod simulation {
             }
         }
 
-        fn step(&mut self, core: &mut PartitionCore<u64>) -> bool {
+        fn step(&mut self, logs: &[Vec<Record>], core: &mut PartitionCore<u64>) -> bool {
+            // The driver reads an end again when the merge stops on it.
+            for i in self.merge.stale_ends() {
+                self.merge.handle_end(i, end_of(&logs[i]));
+            }
             match self.merge.poll_step() {
                 Some(Step::Event(i, r)) => {
                     core.handle_event_from(&Chain, i, &r);
@@ -493,6 +579,9 @@ mod simulation {
             r.fetch(logs, i, usize::MAX);
         }
         let mut states: HashMap<Bytes, Option<u64>> = HashMap::new();
+        for i in 0..logs.len() {
+            r.merge.handle_end(i, end_of(&logs[i]));
+        }
         while let Some(step) = r.merge.poll_step() {
             if let Step::Event(_, e) = step {
                 let key = e.key.clone().unwrap();
@@ -592,7 +681,7 @@ mod simulation {
                         reading.fetch(&logs, i, n);
                     }
                     2 | 3 => {
-                        reading.step(&mut core);
+                        reading.step(&logs, &mut core);
                     }
                     4 => {
                         if wave.is_none() {
@@ -640,7 +729,7 @@ mod simulation {
                 reading.fetch(&logs, i, usize::MAX);
                 reading.fetch(&logs, i, usize::MAX);
             }
-            while reading.step(&mut core) {}
+            while reading.step(&logs, &mut core) {}
             for _ in 0..2 {
                 if let Some(w) = core.poll_wave(&Chain) {
                     durable.apply(&w);

@@ -17,12 +17,11 @@
 mod acquire;
 mod handle;
 mod lane;
-#[allow(dead_code)] // wired into the driver by the several-input work in progress
 mod merge;
 mod shared;
 mod writer;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,6 +32,7 @@ pub use self::handle::{
     FlowClosed, FlowHandle, Lookup, LookupError, PartitionReadiness, Readiness,
 };
 use self::lane::{commit_lane, each_lane, emit_immediate, persist_lane, CommitWhen, FlowLane};
+use self::merge::Step;
 use self::shared::{Listener, MarkClosed, ReadyState, Shared};
 use self::writer::Sink;
 use super::error::{FailureKind, Response, SnapshotError};
@@ -49,6 +49,7 @@ use crate::consumer::{
 };
 use crate::net::Client;
 use crate::producer::ProducerError;
+use crate::records::{IsolationLevel, Record};
 
 /// How snapshots are persisted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +91,17 @@ pub struct FlowConfig {
     pub consumer: GroupConsumerConfig,
     /// The input topic.
     pub input_topic: String,
+    /// Further input topics, co-partitioned with `input_topic` (default none). Partition N of every
+    /// input belongs to the same keys and the same snapshot partition: their events are merged into
+    /// one sequence per partition (by record timestamp, ties in this order after `input_topic`) and
+    /// folded into one state, and one transaction commits every input's offset (docs/fencing.md,
+    /// "Several inputs"). [`Flow::start`] checks the inputs' partition counts and refuses an assignment
+    /// that could split partition N of two inputs between members: the classic protocol needs
+    /// [`Assignor::Range`](crate::consumer::Assignor::Range) alone, the KIP-848 protocol the server's
+    /// `range` assignor. The order is part of every snapshot's envelope: changing it, or the number of
+    /// inputs, needs every member stopped and the snapshots reset (`snapfence reset`). Not available on
+    /// the PostgreSQL store yet.
+    pub more_input_topics: Vec<String>,
     /// The snapshot store settings. [`Flow::start`] checks the snapshot topic: it must exist (see
     /// [`missing_snapshot_topic`](Self::missing_snapshot_topic)), be compacted, and have the input's
     /// partition count.
@@ -159,6 +171,13 @@ pub struct FlowConfig {
 }
 
 impl FlowConfig {
+    /// Every input topic, `input_topic` first, in the order the merge breaks timestamp ties by.
+    pub fn input_topics(&self) -> Vec<String> {
+        std::iter::once(self.input_topic.clone())
+            .chain(self.more_input_topics.iter().cloned())
+            .collect()
+    }
+
     /// Defaults for a flow over `input_topic` in `consumer`'s group, persisting to `snapshots`.
     pub fn new(
         consumer: GroupConsumerConfig,
@@ -168,6 +187,7 @@ impl FlowConfig {
         FlowConfig {
             consumer,
             input_topic: input_topic.into(),
+            more_input_topics: Vec::new(),
             snapshots,
             mode: PersistenceMode::Transactional,
             initial_offset: OffsetReset::Earliest,
@@ -188,6 +208,56 @@ impl FlowConfig {
         }
     }
 }
+
+/// Refuses a flow with several inputs whose assignment could split partition N of two inputs between
+/// members (both would then take `<prefix>-N` over and pass the generation fence), too many inputs, an
+/// input named twice, or the PostgreSQL store.
+fn check_co_partitioning(config: &FlowConfig) -> Result<(), SnapshotError> {
+    use crate::consumer::{Assignor, GroupProtocol};
+    let bad = |why: String| Err(SnapshotError::Config(why));
+    let topics = config.input_topics();
+    if topics.len() > crate::snapshot::fold_core::MAX_INPUTS {
+        return bad(format!(
+            "a flow folds at most {} input topics",
+            crate::snapshot::fold_core::MAX_INPUTS
+        ));
+    }
+    let distinct: std::collections::BTreeSet<&String> = topics.iter().collect();
+    if distinct.len() != topics.len() {
+        return bad(format!("an input topic is named twice in {topics:?}"));
+    }
+    #[cfg(feature = "postgres")]
+    if config.postgres.is_some() {
+        return bad(
+            "several input topics are not available on the PostgreSQL store yet: its rows and \
+             fencing row carry one input offset"
+                .into(),
+        );
+    }
+    match &config.consumer.group.protocol {
+        GroupProtocol::Classic { assignors } if assignors[..] == [Assignor::Range] => Ok(()),
+        GroupProtocol::Classic { assignors } => bad(format!(
+            "several input topics need an assignment that gives partition N of every input to one \
+             member: the classic protocol's assignors must be [Assignor::Range] alone, not \
+             {assignors:?} (cooperative-sticky and round-robin place each topic's partitions on \
+             their own)"
+        )),
+        GroupProtocol::Consumer { server_assignor }
+            if server_assignor.as_deref() == Some("range") =>
+        {
+            Ok(())
+        }
+        GroupProtocol::Consumer { server_assignor } => bad(format!(
+            "several input topics need an assignment that gives partition N of every input to one \
+             member: under the KIP-848 protocol ask for the server's \"range\" assignor, not {:?} \
+             (\"uniform\", the default, places each topic's partitions on their own)",
+            server_assignor.as_deref().unwrap_or("the broker's default")
+        )),
+    }
+}
+
+/// The most records a merge keeps buffered per input while it waits for another input.
+const MAX_MERGE_BUFFER: usize = 20_000;
 
 /// Errors of the flow runtime.
 #[derive(Debug, thiserror::Error)]
@@ -363,6 +433,9 @@ impl<F: Fold> Flow<F> {
             )
             .into());
         }
+        if !config.more_input_topics.is_empty() {
+            check_co_partitioning(&config)?;
+        }
         #[cfg(feature = "postgres")]
         let on_topic = config.postgres.is_none();
         #[cfg(not(feature = "postgres"))]
@@ -375,6 +448,10 @@ impl<F: Fold> Flow<F> {
                 config.missing_snapshot_topic,
             )
             .await?;
+        }
+        if !config.more_input_topics.is_empty() {
+            topic::check_more_inputs(&client, &config.input_topic, &config.more_input_topics)
+                .await?;
         }
         let sink = Sink::new(&client, &config).await?;
         // For lookups' default partition; the snapshot topic check above read it too (and it is cached).
@@ -413,7 +490,7 @@ impl<F: Fold> Flow<F> {
         let consumer = GroupConsumer::subscribe(
             client,
             config.consumer.clone(),
-            [config.input_topic.clone()],
+            config.input_topics(),
             Listener(Arc::clone(&shared)),
         )
         .await?;
@@ -519,7 +596,12 @@ impl<F: Fold> Flow<F> {
             // A partition whose first commit was refused has no committed offset yet; it is
             // acquired again (and its start committed) before the next poll.
             Err(ConsumerError::NoCommittedOffset { partition })
-                if partition.topic.as_ref() == self.shared.config.input_topic.as_str()
+                if self
+                    .shared
+                    .config
+                    .input_topics()
+                    .iter()
+                    .any(|t| t == partition.topic.as_ref())
                     && self.shared.fence().is_dropped(partition.partition) =>
             {
                 Ok(Vec::new())
@@ -596,9 +678,12 @@ impl<F: Fold> Flow<F> {
     ///
     /// In the unfenced mode, what the folds emitted is produced right after each partition's batch (at
     /// least once; see [`Outputs`](crate::snapshot::Outputs)).
-    async fn fold_batches(&self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
+    async fn fold_batches(&mut self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
         if let Some(e) = self.shared.take_failure() {
             return Err(e);
+        }
+        if !self.shared.config.more_input_topics.is_empty() {
+            return self.fold_merged(batches).await;
         }
         let mut folded = 0;
         let mut failures = Vec::new();
@@ -614,6 +699,177 @@ impl<F: Fold> Flow<F> {
             self.shared.settle(failures, Site::Held).await?;
         }
         Ok(folded)
+    }
+
+    /// [`fold_batches`](Self::fold_batches) of a flow with several inputs: each batch goes to its
+    /// partition's merge, and each lane folds what its merge hands out (docs/fencing.md, "Several
+    /// inputs").
+    async fn fold_merged(&mut self, batches: Vec<PartitionRecords>) -> Result<usize, FlowError> {
+        let topics = self.shared.config.input_topics();
+        let lanes = self.shared.all_lanes();
+        // A lane acquired in this poll's rebalance handlers starts where its merge starts, and the
+        // consumer may stand elsewhere on an input it already held (the KIP-848 protocol hands a
+        // partition's inputs over one at a time, and the events of an input whose partner was not
+        // assigned yet were fetched and dropped). Move it there, and drop what this poll fetched.
+        let mut fresh = BTreeSet::new();
+        for lane in &lanes {
+            if lane.take_unsynced() {
+                let positions = lane.core().positions();
+                for (tp, p) in self
+                    .shared
+                    .input_partitions(lane.partition)
+                    .iter()
+                    .zip(positions)
+                {
+                    self.consumer.seek(tp, StartAt::Offset(p));
+                }
+                fresh.insert(lane.partition);
+            }
+        }
+        let committed_reads =
+            self.shared.config.consumer.reader.isolation == IsolationLevel::ReadCommitted;
+        for batch in batches {
+            let p = batch.partition.partition;
+            if fresh.contains(&p) {
+                continue;
+            }
+            let Some(lane) = self.shared.lanes().get(&p).cloned() else {
+                continue;
+            };
+            let topic = batch.partition.topic.as_ref();
+            let Some(i) = topics.iter().position(|t| t == topic) else {
+                continue;
+            };
+            let end = if committed_reads && batch.last_stable_offset >= 0 {
+                batch.last_stable_offset
+            } else {
+                batch.high_watermark
+            };
+            if let Some(mut merge) = lane.merge() {
+                merge.handle_batch(i, batch.records, batch.next_offset, end);
+            };
+        }
+        // Invisible records (aborted, markers) and compacted gaps move the consumer's position
+        // without a batch.
+        for lane in &lanes {
+            let tps = self.shared.input_partitions(lane.partition);
+            if let Some(mut merge) = lane.merge() {
+                for (i, tp) in tps.iter().enumerate() {
+                    if let Some(at) = self.consumer.position(tp) {
+                        merge.handle_fetched_to(i, at);
+                    }
+                }
+            }
+        }
+        let mut folded = self.drain_merges(&lanes).await?;
+        // An input the merge would pass over (nothing fetched, at its end) whose end was seen before
+        // another input's records came is read again: one ListOffsets for all of them, then the
+        // merges go on. A record it got meanwhile is then waited for, not overtaken.
+        let stale: Vec<(Arc<FlowLane<F>>, usize, TopicPartition)> = lanes
+            .iter()
+            .flat_map(|lane| {
+                let tps = self.shared.input_partitions(lane.partition);
+                let stale = lane.merge().map(|m| m.stale_ends()).unwrap_or_default();
+                stale
+                    .into_iter()
+                    .map(|i| (Arc::clone(lane), i, tps[i].clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if !stale.is_empty() {
+            let tps: Vec<TopicPartition> = stale.iter().map(|(_, _, tp)| tp.clone()).collect();
+            let ends = match crate::consumer::list_offsets(
+                &self.shared.client,
+                &tps,
+                crate::consumer::OffsetSpec::Latest,
+                self.shared.config.consumer.reader.isolation,
+            )
+            .await
+            {
+                Ok(ends) => ends,
+                Err(e) => {
+                    // The merges wait; the next poll asks again.
+                    tracing::debug!(error = %e, "reading idle inputs' ends failed");
+                    return Ok(folded);
+                }
+            };
+            for (lane, i, tp) in &stale {
+                if let (Some(end), Some(mut merge)) = (ends.get(tp), lane.merge()) {
+                    merge.handle_end(*i, *end);
+                }
+            }
+            folded += self.drain_merges(&lanes).await?;
+        }
+        Ok(folded)
+    }
+
+    /// Folds what every lane's merge hands out now, bounds what the merges keep buffered, and checks
+    /// readiness; returns how many events were folded.
+    async fn drain_merges(&mut self, lanes: &[Arc<FlowLane<F>>]) -> Result<usize, FlowError> {
+        let mut folded = 0;
+        let mut failures = Vec::new();
+        let mut seeks = Vec::new();
+        for lane in lanes {
+            let tps = self.shared.input_partitions(lane.partition);
+            {
+                let Some(mut merge) = lane.merge() else {
+                    continue;
+                };
+                let mut core = lane.core();
+                while let Some(step) = merge.poll_step() {
+                    match step {
+                        Step::Event(i, event) => {
+                            let f = core.handle_event_from(&*self.shared.fold, i, &event);
+                            folded += self.count_folded(f, &tps[i], &event);
+                        }
+                        Step::ReadTo(i, next) => core.handle_read_to_from(i, next),
+                    }
+                }
+                drop(core);
+                // While the merge waits for one input, another's records pile up: keep a bounded
+                // number and fetch the rest again later.
+                for (i, tp) in tps.iter().enumerate() {
+                    if let Some(from) = merge.trim(i, MAX_MERGE_BUFFER) {
+                        seeks.push((tp.clone(), from));
+                    }
+                }
+            }
+            if !lane.catch_up.is_reached()
+                && lane.catch_up.check(|| lane.progress()) == PartitionReadiness::Ready
+            {
+                self.shared.refresh_ready();
+            }
+            if let Err(e) = emit_immediate(lane).await {
+                failures.push((lane.partition, e));
+            }
+        }
+        for (tp, from) in seeks {
+            self.consumer.seek(&tp, StartAt::Offset(from));
+        }
+        if !failures.is_empty() {
+            self.shared.settle(failures, Site::Held).await?;
+        }
+        Ok(folded)
+    }
+
+    /// Counts one folded event (and warns once about null keys).
+    fn count_folded(&self, folded: Folded, tp: &TopicPartition, event: &Record) -> usize {
+        match folded {
+            Folded::NullKey => {
+                if self.shared.null_keys.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        topic = %tp.topic,
+                        partition = tp.partition,
+                        offset = event.offset,
+                        "skipping input events with a null key: a fold is per key (counted in \
+                         Flow::null_key_events)"
+                    );
+                }
+                0
+            }
+            Folded::Skipped => 0,
+            Folded::Kept | Folded::Changed => 1,
+        }
     }
 
     /// Folds one partition's batch under its core's lock; returns how many events were folded.
@@ -716,6 +972,12 @@ impl<F: Fold> Flow<F> {
     /// if held: how a caller knows the flow has caught up with an input end it read elsewhere.
     pub fn position(&self, partition: i32) -> Option<i64> {
         self.shared.position(partition)
+    }
+
+    /// The next offset of each input topic of `partition` this flow will fold, if held, in the order
+    /// [`FlowConfig::input_topics`] lists them.
+    pub fn positions(&self, partition: i32) -> Option<Vec<i64>> {
+        self.shared.positions(partition)
     }
 
     /// Polls, persisting every `persist_every`, committing every `commit_offsets_interval` and firing

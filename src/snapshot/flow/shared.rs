@@ -75,11 +75,21 @@ impl<F: Fold> Drop for MarkClosed<F> {
 pub(super) struct Assigned {
     pub(super) joined: bool,
     pub(super) partitions: BTreeSet<i32>,
+    /// Every input partition assigned (of every input topic).
+    pub(super) inputs: BTreeSet<TopicPartition>,
 }
 
 impl<F: Fold> Shared<F> {
     fn assigned(&self) -> std::sync::MutexGuard<'_, Assigned> {
         self.assigned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets `partitions` as assigned inputs.
+    fn unassign(&self, partitions: &[TopicPartition]) {
+        let mut assigned = self.assigned();
+        for tp in partitions {
+            assigned.inputs.remove(tp);
+        }
     }
 
     /// Each assigned partition's readiness (see `handle.rs`).
@@ -94,7 +104,7 @@ impl<F: Fold> Shared<F> {
                 let lane = self.lanes().get(&p).cloned();
                 let readiness = match lane {
                     None => PartitionReadiness::Recovering,
-                    Some(lane) => lane.catch_up.check(|| lane.core().position()),
+                    Some(lane) => lane.catch_up.check(|| lane.progress()),
                 };
                 (p, readiness)
             })
@@ -143,6 +153,13 @@ impl<F: Fold> Shared<F> {
         let lane = self.lanes().get(&partition).cloned()?;
         let position = lane.core().position();
         Some(position)
+    }
+
+    /// Every input's next offset in `partition`, if held (in the flow's input order).
+    pub(super) fn positions(&self, partition: i32) -> Option<Vec<i64>> {
+        let lane = self.lanes().get(&partition).cloned()?;
+        let positions = lane.core().positions();
+        Some(positions)
     }
 
     /// A clone of every live key's state in `partition`, if held.
@@ -334,24 +351,37 @@ impl<F: Fold> RebalanceListener for Listener<F> {
     async fn on_partitions_assigned(&mut self, partitions: &[TopicPartition]) {
         self.0.fence().handle_rebalance();
         {
-            let input = self.0.config.input_topic.as_str();
             let mut assigned = self.0.assigned();
             assigned.joined = true;
-            assigned.partitions.extend(
-                partitions
-                    .iter()
-                    .filter(|tp| tp.topic.as_ref() == input)
-                    .map(|tp| tp.partition),
-            );
+            assigned.inputs.extend(partitions.iter().cloned());
+            // A partition counts once every input's partition of its number is here.
+            let complete: Vec<i32> = partitions
+                .iter()
+                .map(|tp| tp.partition)
+                .filter(|p| {
+                    self.0
+                        .input_partitions(*p)
+                        .iter()
+                        .all(|tp| assigned.inputs.contains(tp))
+                })
+                .collect();
+            assigned.partitions.extend(complete);
         }
         // Unready from here until the new partitions are recovered and caught up.
         self.0.refresh_ready();
+        // A partition is taken over once every input's partition of that number is assigned here
+        // (with one input, at once). With several, the assignor gives them together; should they
+        // arrive one at a time, the first waits for the rest, and no other member can hold them all.
         let new: Vec<TopicPartition> = {
             let lanes = self.0.lanes();
-            partitions
-                .iter()
-                .filter(|tp| !lanes.contains_key(&tp.partition))
-                .cloned()
+            let assigned = self.0.assigned();
+            let numbers: BTreeSet<i32> = partitions.iter().map(|tp| tp.partition).collect();
+            numbers
+                .into_iter()
+                .filter(|p| !lanes.contains_key(p))
+                .map(|p| self.0.input_partitions(p))
+                .filter(|tps| tps.iter().all(|tp| assigned.inputs.contains(tp)))
+                .filter_map(|tps| tps.into_iter().next())
                 .collect()
         };
         let mut failures = Vec::new();
@@ -379,6 +409,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
     /// Synchronous teardown: flush, commit, close, before the group may hand the partition on.
     async fn on_partitions_revoked(&mut self, partitions: &[TopicPartition]) {
         self.0.fence().handle_rebalance();
+        self.0.unassign(partitions);
         self.0.release(partitions, true).await;
     }
 
@@ -391,6 +422,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
             "partitions lost without revocation; dropping their flows unflushed"
         );
         self.0.fence().handle_rebalance();
+        self.0.unassign(partitions);
         self.0.release(partitions, false).await;
     }
 }

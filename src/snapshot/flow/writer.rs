@@ -29,10 +29,14 @@ pub(crate) trait Writes: Send + Sync + 'static {
     /// and waits until each has committed or failed; says which landed for sure.
     fn write_all(&self, writes: Vec<WaveWrite>) -> impl Future<Output = WaveResult> + Send;
     /// Commits `offset` as the input partition's committed offset, with `stream_time` (the stream time
-    /// just before it, for timers on stream time) in its metadata where the store keeps it.
+    /// just before it, for timers on stream time) in its metadata where the store keeps it. `inputs` is
+    /// the offset of every input the commit stands for, in the flow's order: `[offset]` with one input;
+    /// with several, `offset` is the partition's coordinate on their merge and `inputs` what is
+    /// committed.
     fn commit_offset(
         &self,
         offset: i64,
+        inputs: Vec<i64>,
         stream_time: Option<i64>,
     ) -> impl Future<Output = Result<(), FlowError>> + Send;
     /// Waits until every output produced at once (the unfenced mode) is acknowledged; an error means
@@ -151,7 +155,12 @@ impl<R: TransactionRunner> Writes for GroupCommit<R> {
     }
 
     /// A bare queue (tests, the benchmark) keeps no stream time.
-    async fn commit_offset(&self, offset: i64, _stream_time: Option<i64>) -> Result<(), FlowError> {
+    async fn commit_offset(
+        &self,
+        offset: i64,
+        _inputs: Vec<i64>,
+        _stream_time: Option<i64>,
+    ) -> Result<(), FlowError> {
         Ok(GroupCommit::commit_offset(self, offset).await?)
     }
 }
@@ -270,11 +279,14 @@ fn unfenced_pg_outputs() -> FlowError {
 pub(super) struct PlainOffsets {
     pub(super) client: Client,
     pub(super) input: TopicPartition,
+    /// The other inputs' partitions of a flow with several (in the flow's order).
+    pub(super) more: Vec<TopicPartition>,
     pub(super) metadata: Option<GroupMetadataHandle>,
 }
 
 impl PlainOffsets {
-    async fn commit(&self, offset: i64, stream_time: Option<i64>) -> Result<(), FlowError> {
+    /// Commits `inputs`: the first input's offset, then the others' (one OffsetCommit).
+    async fn commit(&self, inputs: &[i64], stream_time: Option<i64>) -> Result<(), FlowError> {
         let token = self
             .metadata
             .as_ref()
@@ -283,12 +295,12 @@ impl PlainOffsets {
             })?
             .require()?;
         let note = stream_time.map(crate::snapshot::runner::stream_time_metadata);
-        commit_offsets_with_metadata(
-            &self.client,
-            &token,
-            &BTreeMap::from([(self.input.clone(), (offset, note.as_deref()))]),
-        )
-        .await?;
+        let offsets: BTreeMap<TopicPartition, (i64, Option<&str>)> = std::iter::once(&self.input)
+            .chain(&self.more)
+            .zip(inputs)
+            .map(|(tp, o)| (tp.clone(), (*o, note.as_deref())))
+            .collect();
+        commit_offsets_with_metadata(&self.client, &token, &offsets).await?;
         Ok(())
     }
 }
@@ -375,15 +387,23 @@ impl Writes for Writer {
         }
     }
 
-    async fn commit_offset(&self, offset: i64, stream_time: Option<i64>) -> Result<(), FlowError> {
+    async fn commit_offset(
+        &self,
+        offset: i64,
+        inputs: Vec<i64>,
+        stream_time: Option<i64>,
+    ) -> Result<(), FlowError> {
         match self {
+            Writer::Fenced(store) if inputs.len() > 1 => {
+                Ok(store.commit_offsets_at(offset, inputs, stream_time).await?)
+            }
             Writer::Fenced(store) => Ok(store.commit_offset_at(offset, stream_time).await?),
-            Writer::Plain(plain) => plain.offsets.commit(offset, stream_time).await,
+            Writer::Plain(plain) => plain.offsets.commit(&inputs, stream_time).await,
             // The flush id fills the metadata; Flow::start refuses stream time on this store.
             #[cfg(feature = "postgres")]
             Writer::Pg(store) => Ok(store.commit_offset(offset).await?),
             #[cfg(feature = "postgres")]
-            Writer::PgPlain(_, offsets) => offsets.commit(offset, stream_time).await,
+            Writer::PgPlain(_, offsets) => offsets.commit(&inputs, stream_time).await,
         }
     }
 }
