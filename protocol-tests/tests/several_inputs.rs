@@ -85,6 +85,7 @@ fn events(seed: u64, n: usize, t: &mut i64, seq: &mut usize) -> Vec<Event> {
 
 struct Setup {
     client: Client,
+    protocol: GroupProtocol,
     inputs: [String; 2],
     snapshots: String,
     group: String,
@@ -132,12 +133,13 @@ impl Setup {
     }
 
     async fn flow(&self) -> Flow<Trail> {
-        let range = GroupProtocol::Classic {
-            assignors: vec![Assignor::Range],
-        };
-        Flow::start(self.client.clone(), self.config(range), Trail)
-            .await
-            .unwrap()
+        Flow::start(
+            self.client.clone(),
+            self.config(self.protocol.clone()),
+            Trail,
+        )
+        .await
+        .unwrap()
     }
 
     /// Polls until the flow holds every partition with every input's position at `ends`.
@@ -212,12 +214,29 @@ fn ends_of(events: &[Event]) -> BTreeMap<(usize, i32), i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_inputs_fold_in_merged_order_through_a_crash_and_a_recovery() {
+    two_inputs_through_a_crash(GroupProtocol::Classic {
+        assignors: vec![Assignor::Range],
+    })
+    .await;
+}
+
+/// The same under the KIP-848 protocol with the server's range assignor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_inputs_fold_in_merged_order_under_the_consumer_protocol() {
+    two_inputs_through_a_crash(GroupProtocol::Consumer {
+        server_assignor: Some("range".into()),
+    })
+    .await;
+}
+
+async fn two_inputs_through_a_crash(protocol: GroupProtocol) {
     let kafka = cluster(ClusterSpec::kafka4()).await;
     let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();
     let setup = Setup {
         client: client.clone(),
+        protocol,
         inputs: [unique("orders"), unique("payments")],
         snapshots: unique("orders-snap"),
         group: unique("two-inputs"),
@@ -335,6 +354,9 @@ async fn inputs_that_are_not_co_partitioned_are_refused() {
         .unwrap();
     let setup = Setup {
         client: client.clone(),
+        protocol: GroupProtocol::Classic {
+            assignors: vec![Assignor::Range],
+        },
         inputs: [unique("left"), unique("right")],
         snapshots: unique("left-snap"),
         group: unique("refused"),

@@ -25,6 +25,10 @@ pub(crate) struct ProducerRunner {
     pub(crate) inputs: Arc<InputOffsetNotes>,
 }
 
+/// What a commit of a several-input partition sends: the first input's offset, then the other inputs'
+/// partitions with theirs.
+type CommitOffsets = (i64, Vec<(TopicPartition, i64)>);
+
 /// For a flow with several inputs (docs/fencing.md, "Several inputs"): the group commit's queue
 /// orders commits by one number, the partition's coordinate on the merge of its inputs; this says
 /// which offset of each input a commit of a coordinate carries. Noted by the flow when it asks for a
@@ -72,10 +76,7 @@ impl InputOffsetNotes {
     /// or `None` with one input. Only the offsets noted for exactly this coordinate (or those of the
     /// last commit sent, when it was this coordinate) will do: an earlier point of the merge would
     /// commit less than the flow is told landed, and a grave's tombstone could then go too early.
-    fn offsets_for(
-        &self,
-        coordinate: i64,
-    ) -> Result<Option<(i64, Vec<(TopicPartition, i64)>)>, ProducerError> {
+    fn offsets_for(&self, coordinate: i64) -> Result<Option<CommitOffsets>, ProducerError> {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if m.more.is_empty() {
             return Ok(None);

@@ -579,8 +579,8 @@ mod simulation {
             r.fetch(logs, i, usize::MAX);
         }
         let mut states: HashMap<Bytes, Option<u64>> = HashMap::new();
-        for i in 0..logs.len() {
-            r.merge.handle_end(i, end_of(&logs[i]));
+        for (i, log) in logs.iter().enumerate() {
+            r.merge.handle_end(i, end_of(log));
         }
         while let Some(step) = r.merge.poll_step() {
             if let Step::Event(_, e) = step {
