@@ -45,6 +45,17 @@ pub fn consumer_protocol(data: &[u8]) {
     }
 }
 
+/// `snapshot_envelope`: a value read from a snapshot topic, which any writer with access can put there;
+/// it opens with a typed error, or as an envelope the runtime writes back byte for byte.
+pub fn snapshot_envelope(data: &[u8]) {
+    if let Some(same) = crate::snapshot::fuzzing::envelope_round_trips(data) {
+        assert!(
+            same,
+            "an opened snapshot value is not what the runtime writes for it"
+        );
+    }
+}
+
 /// `frame_reader`: byte 0 is the read size, byte 1 the response header version, the rest a byte
 /// stream; frames come out within the limit, waiting never reserves far past it, headers decode or
 /// fail with a typed error.
@@ -176,6 +187,7 @@ mod fuzz_regressions {
                     "consumer_protocol" => super::consumer_protocol(&data),
                     "frame_reader" => super::frame_reader(&data),
                     "sealed_batch" => super::sealed_batch(&data),
+                    "snapshot_envelope" => super::snapshot_envelope(&data),
                     other => panic!("{}: no harness for target {other}", file.display()),
                 }
                 replayed += 1;

@@ -209,6 +209,22 @@ pub enum CliError {
         #[source]
         source: snapfence::snapshot::ForeignSnapshotValue,
     },
+    /// `reset` found a snapshot of a flow with several input topics: it moves one input topic's
+    /// offsets, and such a snapshot accounts for each input.
+    #[error(
+        "{topic}/{partition}: the snapshot of key {key} was written by a flow with {inputs} input \
+         topics; reset moves one input topic's offsets"
+    )]
+    SeveralInputs {
+        /// The snapshot topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The key, as `dump` shows keys.
+        key: String,
+        /// How many inputs the envelope accounts for.
+        inputs: usize,
+    },
     /// A producer step of `reset` (InitProducerId, the tombstones' transaction) failed.
     #[error("{what}: {source}")]
     Producer {
@@ -334,6 +350,11 @@ impl CliError {
             ),
             CliError::PartitionMismatch { .. } => "check --input and --snapshots: they must name a flow's \
                 input topic and its snapshot topic"
+                .into(),
+            CliError::SeveralInputs { .. } => "reset of a flow with several input topics is not \
+                available yet: nothing was changed. Stop the flow, move each input topic's offsets with \
+                kafka-consumer-groups.sh --reset-offsets, and delete the snapshot topic's records (or \
+                the topic) so every key folds again from the new offsets"
                 .into(),
             CliError::ForeignSnapshot { .. } => "this topic holds records a snapfence flow did not write: \
                 check --snapshots, and look at the key with `snapfence recover <topic> -p <partition> \

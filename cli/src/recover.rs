@@ -329,7 +329,7 @@ impl Counts {
         }
         for (_, value) in state.iter() {
             match open_snapshot_value(value) {
-                Ok(SnapshotValue::Grave { .. }) => c.graves += 1,
+                Ok(v) if v.is_grave() => c.graves += 1,
                 Ok(_) => c.live += 1,
                 Err(_) => c.foreign += 1,
             }
@@ -440,6 +440,20 @@ fn key_line(key: &[u8], value: &[u8], args: &RecoverArgs) -> String {
                 line.push_str(&format!("  value {}", shown(state)));
             }
         }
+        Ok(SnapshotValue::GraveInputs { offsets }) => {
+            line.push_str(&format!(
+                "  grave: deleted; accounts for the inputs up to offsets {offsets:?}"
+            ));
+        }
+        Ok(SnapshotValue::LiveInputs {
+            last_offsets,
+            state,
+        }) => {
+            line.push_str(&format!("  last offsets {last_offsets:?}"));
+            if args.values {
+                line.push_str(&format!("  value {}", shown(state)));
+            }
+        }
         // Not one of ours; an unknown variant of a newer library reads the same way.
         Ok(_) => line.push_str("  an envelope this tool does not know"),
         Err(e) => {
@@ -473,6 +487,20 @@ fn key_json(key: &[u8], value: &[u8], args: &RecoverArgs) -> Value {
         Ok(SnapshotValue::Live { last_offset, state }) => {
             entry["kind"] = json!("live");
             entry["last_offset"] = json!(last_offset);
+            if args.values {
+                entry["value"] = shown(state);
+            }
+        }
+        Ok(SnapshotValue::GraveInputs { offsets }) => {
+            entry["kind"] = json!("grave");
+            entry["input_offsets"] = json!(offsets.iter().collect::<Vec<_>>());
+        }
+        Ok(SnapshotValue::LiveInputs {
+            last_offsets,
+            state,
+        }) => {
+            entry["kind"] = json!("live");
+            entry["input_offsets"] = json!(last_offsets.iter().collect::<Vec<_>>());
             if args.values {
                 entry["value"] = shown(state);
             }

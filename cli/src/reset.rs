@@ -37,7 +37,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use snapfence::producer::{ProducerRecord, TransactionalConfig, TransactionalProducer};
 use snapfence::records::IsolationLevel;
-use snapfence::snapshot::{open_snapshot_value, SnapshotValue};
+use snapfence::snapshot::open_snapshot_value;
 
 use crate::error::CliError;
 use crate::kafka::Cluster;
@@ -437,13 +437,23 @@ fn doomed<'a>(
             key: ShownBytes::new(key, max_bytes).text(),
             source,
         })?;
+        let inputs = opened.input_offsets().len();
+        if inputs > 1 {
+            return Err(CliError::SeveralInputs {
+                topic: topic.to_owned(),
+                partition,
+                key: ShownBytes::new(key, max_bytes).text(),
+                inputs,
+            });
+        }
         if opened.offset() < new_offset {
             d.kept += 1;
             continue;
         }
-        match opened {
-            SnapshotValue::Grave { .. } => d.graves += 1,
-            _ => d.live += 1,
+        if opened.is_grave() {
+            d.graves += 1;
+        } else {
+            d.live += 1;
         }
         d.keys.push(Bytes::copy_from_slice(key));
     }
@@ -1037,6 +1047,31 @@ mod tests {
             "{e:?}"
         );
         assert!(e.to_string().contains("\"k\""), "{e}");
+        // A flow with several input topics: its envelopes account for each, and reset refuses.
+        let several = [
+            &[3u8, 2][..],
+            &4i64.to_be_bytes(),
+            &7i64.to_be_bytes(),
+            b"x",
+        ]
+        .concat();
+        let e = doomed("s", 1, vec![(&b"k"[..], &several[..])], 0, 64).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CliError::SeveralInputs {
+                    partition: 1,
+                    inputs: 2,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.next_step().contains("nothing was changed"),
+            "{}",
+            e.next_step()
+        );
     }
 
     /// The plan names each partition's move and counts, states the rule, and says what a forward move

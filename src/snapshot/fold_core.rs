@@ -1250,8 +1250,37 @@ mod envelope_tests {
             open_snapshot_value(b"3"),
             Err(ForeignSnapshotValue::UnknownVersion { version: b'3' })
         );
+        // Several inputs: an offset per input.
+        let several = envelope_inputs(&[4, -1, 9], b"s");
+        let opened = open_snapshot_value(&several).unwrap();
+        assert!(matches!(
+            opened,
+            SnapshotValue::LiveInputs { state: b"s", .. }
+        ));
+        assert_eq!(opened.input_offsets(), [4, -1, 9]);
+        assert_eq!((opened.offset(), opened.state()), (4, Some(&b"s"[..])));
+        let stored = grave_inputs(&[2, 3]);
+        let gone = open_snapshot_value(&stored).unwrap();
+        assert!(gone.is_grave() && gone.state().is_none());
+        assert_eq!(gone.input_offsets(), [2, 3]);
+        assert_eq!(
+            open_snapshot_value(&several[..several.len() - 2]),
+            Err(ForeignSnapshotValue::Truncated {
+                len: several.len() - 2
+            })
+        );
+        assert_eq!(
+            open_snapshot_value(&[3, 1, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Err(ForeignSnapshotValue::TooFewInputs { inputs: 1 })
+        );
+        let mut with_state = grave_inputs(&[2, 3]).to_vec();
+        with_state.push(0);
+        assert_eq!(
+            open_snapshot_value(&with_state),
+            Err(ForeignSnapshotValue::GraveWithState { len: 19 })
+        );
         for len in 0..20 {
-            for first in [0u8, 1, 2, 3, 255] {
+            for first in [0u8, 1, 2, 3, 4, 5, 255] {
                 let mut v = vec![0u8; len];
                 if let Some(b) = v.first_mut() {
                     *b = first;

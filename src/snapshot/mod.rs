@@ -54,3 +54,28 @@ pub use shared_log::{SharedLogs, SharedPartitionLog};
 pub use state::{RecoveredIter, RecoveredState};
 pub use store::{Assignment, SnapshotConfig, SnapshotStore};
 pub use topic::{MissingSnapshotTopic, SnapshotTopicError};
+
+/// Internals the cargo-fuzz targets drive directly; not part of the public API.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::fold_core::{envelope, envelope_inputs, grave, grave_inputs};
+    use super::{open_snapshot_value, SnapshotValue};
+
+    /// Opens a stored snapshot value; one that opens must be exactly what the runtime would write for
+    /// what it says (`Some(false)` otherwise; `None` when it does not open).
+    pub fn envelope_round_trips(stored: &[u8]) -> Option<bool> {
+        let again = match open_snapshot_value(stored).ok()? {
+            SnapshotValue::Live { last_offset, state } => envelope(last_offset, state),
+            SnapshotValue::Grave { offset } => grave(offset),
+            SnapshotValue::LiveInputs {
+                last_offsets,
+                state,
+            } => envelope_inputs(&last_offsets.iter().collect::<Vec<_>>(), state),
+            SnapshotValue::GraveInputs { offsets } => {
+                grave_inputs(&offsets.iter().collect::<Vec<_>>())
+            }
+        };
+        Some(again[..] == *stored)
+    }
+}
