@@ -19,7 +19,7 @@ use snapfence::records::Record;
 use snapfence::snapshot::SnapshotTopicError;
 use snapfence::snapshot::{
     open_snapshot_value, BoxError, Change, Flow, FlowConfig, FlowError, Fold, Outputs,
-    SnapshotConfig, SnapshotError, SnapshotValue,
+    PersistenceMode, SnapshotConfig, SnapshotError, SnapshotValue,
 };
 
 const PARTITIONS: i32 = 2;
@@ -86,6 +86,7 @@ fn events(seed: u64, n: usize, t: &mut i64, seq: &mut usize) -> Vec<Event> {
 struct Setup {
     client: Client,
     protocol: GroupProtocol,
+    mode: PersistenceMode,
     inputs: [String; 2],
     snapshots: String,
     group: String,
@@ -129,6 +130,7 @@ impl Setup {
             SnapshotConfig::new(&self.snapshots, &self.prefix),
         );
         config.more_input_topics = vec![self.inputs[1].clone()];
+        config.mode = self.mode;
         config
     }
 
@@ -214,22 +216,31 @@ fn ends_of(events: &[Event]) -> BTreeMap<(usize, i32), i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_inputs_fold_in_merged_order_through_a_crash_and_a_recovery() {
-    two_inputs_through_a_crash(GroupProtocol::Classic {
+    let range = GroupProtocol::Classic {
         assignors: vec![Assignor::Range],
-    })
-    .await;
+    };
+    two_inputs_through_a_crash(range, PersistenceMode::Transactional).await;
 }
 
 /// The same under the KIP-848 protocol with the server's range assignor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_inputs_fold_in_merged_order_under_the_consumer_protocol() {
-    two_inputs_through_a_crash(GroupProtocol::Consumer {
+    let range = GroupProtocol::Consumer {
         server_assignor: Some("range".into()),
-    })
-    .await;
+    };
+    two_inputs_through_a_crash(range, PersistenceMode::Transactional).await;
 }
 
-async fn two_inputs_through_a_crash(protocol: GroupProtocol) {
+/// The same unfenced: plain writes, both offsets in one OffsetCommit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_inputs_fold_in_merged_order_unfenced() {
+    let range = GroupProtocol::Classic {
+        assignors: vec![Assignor::Range],
+    };
+    two_inputs_through_a_crash(range, PersistenceMode::NonTransactional).await;
+}
+
+async fn two_inputs_through_a_crash(protocol: GroupProtocol, mode: PersistenceMode) {
     let kafka = cluster(ClusterSpec::kafka4()).await;
     let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
@@ -237,6 +248,7 @@ async fn two_inputs_through_a_crash(protocol: GroupProtocol) {
     let setup = Setup {
         client: client.clone(),
         protocol,
+        mode,
         inputs: [unique("orders"), unique("payments")],
         snapshots: unique("orders-snap"),
         group: unique("two-inputs"),
@@ -357,6 +369,7 @@ async fn inputs_that_are_not_co_partitioned_are_refused() {
         protocol: GroupProtocol::Classic {
             assignors: vec![Assignor::Range],
         },
+        mode: PersistenceMode::Transactional,
         inputs: [unique("left"), unique("right")],
         snapshots: unique("left-snap"),
         group: unique("refused"),

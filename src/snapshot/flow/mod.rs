@@ -648,9 +648,19 @@ impl<F: Fold> Flow<F> {
             match outcome {
                 Ok(lane) => {
                     let start = lane.core().position();
+                    let positions = lane.core().positions();
                     self.shared.lanes().insert(partition, Arc::new(lane));
                     self.shared.fence().handle_reacquired(partition);
-                    self.consumer.seek(&tp, StartAt::Offset(start));
+                    // Every input back to where the new lane starts (with several inputs the
+                    // merge moves them again before its first batch; see `fold_merged`).
+                    for (tp, at) in self
+                        .shared
+                        .input_partitions(partition)
+                        .iter()
+                        .zip(positions)
+                    {
+                        self.consumer.seek(tp, StartAt::Offset(at));
+                    }
                     tracing::info!(
                         partition,
                         start,
