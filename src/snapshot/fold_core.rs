@@ -558,20 +558,34 @@ impl<S> PartitionCore<S> {
 
     /// The per-input offsets a commit of `offset` (a value [`poll_commit`](Self::poll_commit) or
     /// [`committable`](Self::committable) returned) carries, in input order.
-    pub(crate) fn commit_offsets(&self, offset: i64) -> Vec<i64> {
-        let Some(inputs) = &self.inputs else {
+    ///
+    /// A commit of the position records the positions as the point of that coordinate, so the commit's
+    /// landing ([`handle_commit_landed`](Self::handle_commit_landed)) knows what it carried even after
+    /// more events were folded meanwhile.
+    pub(crate) fn commit_offsets(&mut self, offset: i64) -> Vec<i64> {
+        let position = self.position;
+        let Some(inputs) = &mut self.inputs else {
             return vec![offset];
         };
-        if offset >= self.position {
-            return inputs.positions.clone();
+        if offset >= position {
+            let now = inputs.positions.clone();
+            inputs
+                .points
+                .entry(position)
+                .or_insert_with(|| now.clone().into());
+            return now;
         }
-        // Every committable coordinate below the position is a held change's start, recorded when it
-        // was folded; the nearest point below is a safe stand-in should one be missing.
-        inputs
-            .points
-            .range(..=offset)
-            .next_back()
-            .map_or_else(|| inputs.committed.clone(), |(_, v)| v.to_vec())
+        // Every committable coordinate below the position is a held change's start, recorded when the
+        // hold started (`changed`) and kept until a landed commit passes it: the lookup is exact. Should
+        // it ever miss, the last landed commit's offsets go again, which moves nothing.
+        debug_assert!(
+            inputs.points.contains_key(&offset) || offset == self.committed,
+            "no point recorded for committable coordinate {offset}"
+        );
+        match inputs.points.get(&offset) {
+            Some(v) => v.to_vec(),
+            None => inputs.committed.clone(),
+        }
     }
 
     /// Timers on stream time, resuming from `restored` (the stream time just before the assigned
@@ -1119,10 +1133,14 @@ impl<S> PartitionCore<S> {
 
     /// A commit of `offset` landed. Graves behind it get their tombstones in the next wave.
     pub(crate) fn handle_commit_landed(&mut self, offset: i64) {
-        if offset > self.committed {
-            let vector = self.commit_offsets(offset);
-            if let Some(inputs) = &mut self.inputs {
-                inputs.committed = vector;
+        if let Some(inputs) = &mut self.inputs {
+            if offset > self.committed {
+                match inputs.points.get(&offset) {
+                    Some(v) => inputs.committed = v.to_vec(),
+                    // What went out was the last landed commit's offsets again (see
+                    // `commit_offsets`): nothing moved.
+                    None => return,
+                }
             }
         }
         self.committed = self.committed.max(offset);

@@ -182,7 +182,7 @@ pub(super) async fn commit_lane<S, W: Writes>(
     let _turn = lane.turn.lock().await;
     confirm_outputs(lane).await?;
     let (offset, inputs, stream_time) = {
-        let core = lane.core();
+        let mut core = lane.core();
         if core.is_fenced() || core.needs_replay() {
             return Ok(());
         }

@@ -660,6 +660,44 @@ mod simulation {
         assert!(w.writes.iter().any(|x| x.key == k && x.value.is_none()));
     }
 
+    /// A commit asked for at one point of the merge that lands after the member folded on records the
+    /// offsets it carried, not where the inputs stand at its landing: a recovered grave's tombstone
+    /// waits for what the group really has.
+    #[test]
+    fn a_commit_that_lands_after_more_folding_counts_what_it_carried() {
+        let k = Bytes::from_static(b"k");
+        let mut durable = Durable {
+            log: HashMap::new(),
+            committed: vec![0, 0],
+        };
+        let mut core = durable.recover();
+        core.handle_event_from(&Chain, 0, &event(0, "k", "x"));
+        core.handle_event_from(&Chain, 0, &event(1, "k", "del"));
+        let w = core.poll_wave(&Chain).unwrap();
+        durable.apply(&w);
+        // Crash before any commit: the grave accounts for input 0 to 1.
+        let mut core = durable.recover();
+        core.handle_event_from(&Chain, 0, &event(0, "k", "x"));
+        let asked = core.committable();
+        let carried = core.commit_offsets(asked);
+        assert_eq!(carried, vec![1, 0]);
+        // The member folds on while the commit is in flight, past the grave.
+        core.handle_event_from(&Chain, 0, &event(1, "k", "del"));
+        core.handle_event_from(&Chain, 1, &event(0, "other", "y"));
+        core.handle_commit_landed(asked);
+        assert!(
+            !core.tombstones_due(),
+            "the group has [1, 0]: a replay from there still reaches the key's delete"
+        );
+        let w = core.poll_wave(&Chain);
+        assert!(w.is_none_or(|w| w.writes.iter().all(|x| x.key != k)));
+        // Held: `other`'s change at input 1's first event, so the commit stops there.
+        let offset = core.committable();
+        assert_eq!(core.commit_offsets(offset), vec![2, 0]);
+        core.handle_commit_landed(offset);
+        assert!(core.tombstones_due());
+    }
+
     #[test]
     fn crashes_and_replays_recover_the_merged_fold_of_every_input() {
         for seed in 1..=400u64 {
@@ -673,8 +711,9 @@ mod simulation {
             let mut core = durable.recover();
             let mut reading = Reading::at(&logs, &durable.committed);
             let mut wave: Option<Wave> = None;
+            let mut commit: Option<(i64, Vec<i64>)> = None;
             for _ in 0..300 {
-                match rng.below(8) {
+                match rng.below(9) {
                     0 | 1 => {
                         let i = rng.below(inputs as u64) as usize;
                         let n = rng.below(5) as usize;
@@ -701,20 +740,32 @@ mod simulation {
                             core.handle_wave_outcome(w.id, told);
                         }
                     }
+                    // A commit is asked for, and lands later: the member may fold on meanwhile.
                     6 => {
-                        let offset = core.committable();
-                        let vector = core.commit_offsets(offset);
-                        // Commits only move forward on every input.
-                        for (d, v) in durable.committed.iter_mut().zip(&vector) {
-                            assert!(*v >= *d, "seed {seed}: commit {vector:?} goes back");
-                            *d = *v;
+                        if commit.is_none() {
+                            let offset = core.committable();
+                            commit = Some((offset, core.commit_offsets(offset)));
                         }
-                        core.handle_commit_landed(offset);
+                    }
+                    7 => {
+                        if let Some((offset, vector)) = commit.take() {
+                            // Commits only move forward on every input.
+                            for (d, v) in durable.committed.iter_mut().zip(&vector) {
+                                assert!(*v >= *d, "seed {seed}: commit {vector:?} goes back");
+                                *d = *v;
+                            }
+                            core.handle_commit_landed(offset);
+                        }
                     }
                     _ => {
                         if let Some(w) = wave.take() {
                             if rng.below(2) == 0 {
                                 durable.apply(&w);
+                            }
+                        }
+                        if let Some((_, vector)) = commit.take() {
+                            if rng.below(2) == 0 {
+                                durable.committed = vector;
                             }
                         }
                         core = durable.recover();
@@ -725,6 +776,7 @@ mod simulation {
             if let Some(w) = wave.take() {
                 core.handle_wave_outcome(w.id, Landing::Failed);
             }
+            drop(commit);
             for i in 0..inputs {
                 reading.fetch(&logs, i, usize::MAX);
                 reading.fetch(&logs, i, usize::MAX);
