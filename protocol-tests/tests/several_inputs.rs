@@ -119,6 +119,20 @@ impl Setup {
         }
     }
 
+    /// Produces 120 more events (from generator `seed`, after time `t`) and adds them to `all`.
+    async fn add_part(
+        &self,
+        producer: &Producer,
+        all: &mut Vec<Event>,
+        seed: u64,
+        t: &mut i64,
+        seq: &mut usize,
+    ) {
+        let part = events(seed, 120, t, seq);
+        self.produce(producer, &part).await;
+        all.extend(part);
+    }
+
     fn config(&self, protocol: GroupProtocol) -> FlowConfig {
         let mut group = GroupConfig::new(&self.group);
         group.protocol = protocol;
@@ -276,18 +290,18 @@ async fn two_inputs_through_a_crash(protocol: GroupProtocol, mode: PersistenceMo
 
     // The first owner folds a first part and commits it, then a second part it only persists, and
     // crashes: its snapshots account for events past the committed offsets of both topics.
-    let first_part = events(1, 120, &mut t, &mut seq);
-    setup.produce(&producer, &first_part).await;
-    all.extend(first_part);
+    setup
+        .add_part(&producer, &mut all, 1, &mut t, &mut seq)
+        .await;
     let mut first = setup.flow().await;
     setup.fold_to(&mut first, &ends_of(&all)).await;
     first.persist().await.unwrap();
     first.commit().await.unwrap();
     let committed = ends_of(&all);
     assert_eq!(setup.committed().await, committed);
-    let second_part = events(2, 120, &mut t, &mut seq);
-    setup.produce(&producer, &second_part).await;
-    all.extend(second_part);
+    setup
+        .add_part(&producer, &mut all, 2, &mut t, &mut seq)
+        .await;
     setup.fold_to(&mut first, &ends_of(&all)).await;
     first.persist().await.unwrap();
     assert_eq!(
@@ -304,9 +318,9 @@ async fn two_inputs_through_a_crash(protocol: GroupProtocol, mode: PersistenceMo
 
     // The next owner replays both topics from their committed offsets, skipping what the snapshots
     // account for topic by topic, and folds a third part.
-    let third_part = events(3, 120, &mut t, &mut seq);
-    setup.produce(&producer, &third_part).await;
-    all.extend(third_part);
+    setup
+        .add_part(&producer, &mut all, 3, &mut t, &mut seq)
+        .await;
     let mut second = setup.flow().await;
     setup.fold_to(&mut second, &ends_of(&all)).await;
     second.persist().await.unwrap();

@@ -1222,7 +1222,7 @@ fn emitting(change: Change, out: &Outputs) -> Change {
 
 #[cfg(test)]
 #[path = "fold_core_tests.rs"]
-mod tests;
+pub(crate) mod tests;
 
 #[cfg(test)]
 mod envelope_tests {

@@ -443,11 +443,11 @@ fn fold_from_scratch<F: Fold<State = St>>(fold: &F, input: &[Record]) -> Vec<(By
     expected
 }
 
-/// xorshift64*: a seeded, dependency-free source of choices.
-struct Rng(u64);
+/// xorshift64*: a seeded, dependency-free source of choices (the flow's merge simulation uses it too).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;

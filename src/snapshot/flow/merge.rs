@@ -408,6 +408,7 @@ mod simulation {
     use super::{Merge, Step};
     use crate::records::{Record, TimestampType};
     use crate::snapshot::fold::{Change, Fold, Outputs};
+    use crate::snapshot::fold_core::tests::Rng;
     use crate::snapshot::fold_core::{open_envelope, Landing, Opened, PartitionCore, Wave};
 
     struct Chain;
@@ -435,17 +436,6 @@ mod simulation {
         }
         fn decode(&self, b: &[u8]) -> Result<u64, crate::snapshot::BoxError> {
             Ok(u64::from_be_bytes(b.try_into()?))
-        }
-    }
-
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
         }
     }
 
