@@ -7,7 +7,8 @@
 //! - every `--rebalance-every-mins` a fourth member joins, and leaves cleanly half an interval later (two
 //!   rebalances; the three long-lived members keep their processes, so a leak across rebalances shows
 //!   in them);
-//! - at 40% of the run the node leading input partition 0 is stopped and started again;
+//! - near 40% of the run (a quarter interval after a visitor's join) the node leading input partition 0
+//!   is stopped and started again;
 //! - the snapshot topic rolls a segment every 10 s and the log cleaner takes any dirty log.
 //!
 //! Every `--sample-secs` it samples each member process from `/proc` (resident memory, open descriptors,
@@ -365,7 +366,14 @@ impl Soak {
     async fn run(&mut self, o: &Opts) -> Result<(), String> {
         let total = Duration::from_secs(o.minutes * 60);
         let every = Duration::from_secs(o.rebalance_every_mins * 60);
-        let restart_at = total.mul_f64(0.4);
+        // Off the visitors' grid (a join every `every`, its leave half an interval later): a quarter
+        // interval after the join nearest 40% of the run, so no two events share an instant and each
+        // recovery is judged on its own (at exactly 40%, a 120- or 130-minute run's restart fell on a
+        // join, and the join's recovery was judged against an event at the same second).
+        let grid = (total.mul_f64(0.4).as_secs_f64() / every.as_secs_f64())
+            .round()
+            .max(1.0);
+        let restart_at = every.mul_f64(grid) + every / 4;
         let threshold = o.rate as f64 * self.args.commit_every.as_secs_f64();
         let mut next_sample = Duration::ZERO;
         let mut next_join = every;
