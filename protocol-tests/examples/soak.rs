@@ -373,7 +373,9 @@ impl Soak {
         let grid = (total.mul_f64(0.4).as_secs_f64() / every.as_secs_f64())
             .round()
             .max(1.0);
-        let restart_at = every.mul_f64(grid) + every / 4;
+        let restart_at = Some(every.mul_f64(grid) + every / 4)
+            .filter(|at| *at < total.mul_f64(0.9))
+            .unwrap_or(total.mul_f64(0.4));
         let threshold = o.rate as f64 * self.args.commit_every.as_secs_f64();
         let mut next_sample = Duration::ZERO;
         let mut next_join = every;
