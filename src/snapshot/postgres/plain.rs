@@ -39,9 +39,14 @@ impl PgPlainWriter {
             partition,
         };
         if config.create_tables {
-            w.pg.batch_execute(&w.statements.create)
-                .await
-                .map_err(|e| w.failed("create tables", e))?;
+            if let Err(e) = w.pg.batch_execute(&w.statements.create).await {
+                // Partitions acquired together create the tables at once and may race on the
+                // catalog (a duplicate type name); one retry settles it, as for the fenced store.
+                tracing::debug!(error = %e, "creating the snapshot tables; once more");
+                w.pg.batch_execute(&w.statements.create)
+                    .await
+                    .map_err(|e| w.failed("create tables", e))?;
+            }
         }
         Ok(w)
     }
