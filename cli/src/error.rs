@@ -368,6 +368,15 @@ impl CliError {
                 moved stay, and the snapshots at or past them are found and deleted again)"
                 .into(),
             #[cfg(feature = "postgres")]
+            CliError::Postgres {
+                source: snapfence::snapshot::postgres::PgError::SeveralInputs { .. },
+                ..
+            } => "reset of a flow with several input topics is not available yet: nothing was \
+                changed. Stop the flow and move each input topic's offsets with \
+                kafka-consumer-groups.sh --reset-offsets; the store's rows and fencing row of the \
+                partition must then go too, so every key folds again from the new offsets"
+                .into(),
+            #[cfg(feature = "postgres")]
             CliError::Postgres { .. } => "check --postgres (the connection string the flow uses) and \
                 --postgres-table-prefix, and that the server is up; a failed reset of a partition \
                 changed nothing there, and running reset again is safe"

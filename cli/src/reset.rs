@@ -507,6 +507,15 @@ impl Store {
                     what: format!("read partition {partition} of the store"),
                     source,
                 })?;
+                if let Some(offsets) = &view.input_offsets {
+                    return Err(CliError::Postgres {
+                        what: format!("plan the reset of partition {partition}"),
+                        source: snapfence::snapshot::postgres::PgError::SeveralInputs {
+                            partition,
+                            inputs: offsets.len(),
+                        },
+                    });
+                }
                 let name = self.name();
                 let d = doomed(&name, partition, &view.snapshots, new_offset, 64)?;
                 Ok((view.committed_offset, d))

@@ -522,3 +522,194 @@ async fn outputs_of_a_flush_whose_kafka_side_aborted_are_sent_again_once() {
     c.close().await;
     drop(a);
 }
+
+/// A store of two co-partitioned inputs: every flush commits both inputs' offsets in its one fenced
+/// TxnOffsetCommit and records both on the fencing row. A flush whose rows committed and whose Kafka
+/// side did not leaves the row ahead of the group on both inputs: the next takeover starts each at
+/// the row's offset and calls the group behind. A one-input flush later moves only the first input
+/// on, leaving the row's vector stale: a takeover of both then knows the first input's offset from the
+/// row and the second's from the group. A reset refuses the partition while its row records both.
+/// On a table made before the `input_offsets` column existed, a store of several inputs adds it, or
+/// says how to when it may not create tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_inputs_commit_together_and_resume_input_by_input() {
+    use snapfence::snapshot::postgres::{inspect_partition, reset_partition};
+    let kafka = cluster(two_phase()).await;
+    let pg = postgres().await;
+    let mut w = World::new(&kafka, &pg).await;
+    w.pg.table_prefix = "sf_inputs".into();
+    let second = unique("pg-in-b");
+    snapfence::admin::create_topic(&w.client, &second, 1, -1, &[])
+        .await
+        .unwrap();
+    let tps = [
+        ConsumerTp::new(w.input.as_str(), 0),
+        ConsumerTp::new(second.as_str(), 0),
+    ];
+    let group = w.member().await;
+    let (client, prefix, input) = (w.client.clone(), w.prefix.clone(), w.input.clone());
+    let committed = || {
+        let (client, tps, id) = (client.clone(), tps.clone(), group.group_id().to_owned());
+        async move {
+            let got = committed_offsets(&client, &id, &tps).await.unwrap();
+            tps.iter()
+                .map(|tp| got[tp].unwrap_or(-1))
+                .collect::<Vec<i64>>()
+        }
+    };
+    let acquire = |pg: PgStoreConfig| {
+        let g = group.clone();
+        let metadata: Arc<dyn MetadataSource> = Arc::new(move || Some(g.clone()));
+        let (client, prefix, input, second) = (
+            client.clone(),
+            prefix.clone(),
+            input.clone(),
+            second.clone(),
+        );
+        let assigned = committed();
+        async move {
+            PgSnapshotStore::acquire_inputs(
+                client,
+                &SnapshotConfig::new("unused", &prefix),
+                &pg,
+                vec![
+                    TopicPartition::new(input.as_str(), 0),
+                    TopicPartition::new(second.as_str(), 0),
+                ],
+                metadata,
+                async move { Ok(assigned.await.into_iter().map(|o| o.max(0)).collect()) },
+            )
+            .await
+        }
+    };
+
+    let a = acquire(w.pg.clone()).await.unwrap();
+    assert_eq!(a.committed_offsets(), vec![0, 0]);
+    a.write_all(vec![kv("k", "1")]).await.unwrap();
+    a.commit_offsets(vec![7, 3]).await.unwrap();
+    assert_eq!(
+        committed().await,
+        vec![7, 3],
+        "one commit moved both inputs"
+    );
+    assert_eq!(
+        (a.committed_offsets(), a.committed_offset()),
+        (vec![7, 3], 10)
+    );
+    match a.commit_offset(9).await {
+        Err(SnapshotError::Config(why)) => assert!(why.contains("1 offsets for 2 inputs"), "{why}"),
+        other => panic!("one offset for two inputs must be refused: {other:?}"),
+    }
+    // A dies after its rows committed, before its Kafka commit.
+    let landed = a
+        .begin_flush_inputs(vec![kv("k", "2")], Vec::new(), vec![9, 5])
+        .await
+        .unwrap()
+        .write_rows()
+        .await
+        .unwrap()
+        .commit_rows()
+        .await
+        .unwrap();
+    drop(landed);
+
+    let b = acquire(w.pg.clone()).await.unwrap();
+    assert_eq!(rows(&b).await.len(), 1);
+    assert_eq!(
+        b.committed_offsets(),
+        vec![9, 5],
+        "the row's offsets, input by input"
+    );
+    assert!(b.kafka_behind());
+    assert_eq!(
+        committed().await,
+        vec![7, 3],
+        "B's init aborted A's Kafka side"
+    );
+    b.commit_offsets(b.committed_offsets()).await.unwrap();
+    assert_eq!(committed().await, vec![9, 5]);
+    b.close().await;
+
+    let view = inspect_partition(&w.pg, &w.prefix, 0).await.unwrap();
+    assert_eq!(view.input_offsets, Some(vec![9, 5]));
+    match reset_partition(&w.pg, &w.prefix, 0, 0).await {
+        Err(PgError::SeveralInputs {
+            partition: 0,
+            inputs: 2,
+        }) => {}
+        other => panic!("a reset of a two-input row must be refused: {other:?}"),
+    }
+    assert_eq!(
+        inspect_partition(&w.pg, &w.prefix, 0)
+            .await
+            .unwrap()
+            .committed_offset,
+        Some(9),
+        "the refused reset changed nothing"
+    );
+
+    // A flow of the first input alone moves it on; the row's vector is stale from then on.
+    let one = w.acquire(&group).await.unwrap();
+    assert_eq!(one.committed_offset(), 9);
+    one.commit_offset(12).await.unwrap();
+    one.close().await;
+    let c = acquire(w.pg.clone()).await.unwrap();
+    assert_eq!(c.committed_offsets(), vec![12, 5]);
+    assert!(!c.kafka_behind());
+    c.close().await;
+
+    // A table from before the column: one input works on it as it is; two inputs add the column, or,
+    // not allowed to create tables, say what to run.
+    let (old, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // Tables of their own (an external server may be shared between runs).
+    let t = format!(
+        "sf_old_{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    old.batch_execute(&format!(
+        "CREATE TABLE {t}_snapshots (prefix text NOT NULL, partition integer NOT NULL, \
+           key bytea NOT NULL, value bytea NOT NULL, PRIMARY KEY (prefix, partition, key)); \
+         CREATE TABLE {t}_owners (prefix text NOT NULL, partition integer NOT NULL, \
+           owner_epoch bigint NOT NULL, committed_offset bigint, prepared_txn text, \
+           PRIMARY KEY (prefix, partition)); \
+         CREATE TABLE {t}_outputs (prefix text NOT NULL, partition integer NOT NULL, \
+           seq integer NOT NULL, flush_id text NOT NULL, topic text NOT NULL, target integer NOT NULL, \
+           key bytea, value bytea, headers bytea, ts bigint NOT NULL, \
+           PRIMARY KEY (prefix, partition, seq));"
+    ))
+    .await
+    .unwrap();
+    w.pg.table_prefix = t;
+    w.pg.create_tables = false;
+    let one = w.acquire(&group).await.unwrap();
+    one.commit_offset(12).await.unwrap();
+    one.close().await;
+    match acquire(w.pg.clone()).await {
+        Err(SnapshotError::Store { source, .. }) => {
+            let why = source.to_string();
+            assert!(
+                why.contains("ADD COLUMN IF NOT EXISTS input_offsets"),
+                "{why}"
+            );
+        }
+        other => panic!("a table without the column must be refused: {other:?}"),
+    }
+    w.pg.create_tables = true;
+    let d = acquire(w.pg.clone()).await.unwrap();
+    assert_eq!(d.committed_offsets(), vec![12, 5]);
+    d.commit_offsets(vec![13, 6]).await.unwrap();
+    d.close().await;
+    assert_eq!(
+        inspect_partition(&w.pg, &w.prefix, 0)
+            .await
+            .unwrap()
+            .input_offsets,
+        Some(vec![13, 6])
+    );
+}

@@ -2,20 +2,22 @@
 //! two topics are merged in timestamp order (ties by topic order) into a fold that remembers their
 //! order; an owner crashes after writing snapshots past its last commit, the next one replays from
 //! the committed offsets of both topics, and a third recovers from the snapshots alone. Each ends with
-//! every key's events in the merged order, each once. A flow whose inputs are not co-partitioned, or
-//! whose assignor could split them, is refused at start.
+//! every key's events in the merged order, each once; on the snapshot topic and on the PostgreSQL
+//! store, fenced and unfenced. A flow whose inputs are not co-partitioned, or whose assignor could
+//! split them, is refused at start.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol_tests::{cluster, unique, ClusterSpec};
+use protocol_tests::{cluster, unique, ClusterSpec, PostgresServer};
 use snapfence::consumer::{
     committed_offsets, Assignor, GroupConfig, GroupConsumerConfig, GroupProtocol, TopicPartition,
 };
 use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
 use snapfence::records::Record;
+use snapfence::snapshot::postgres::{inspect_partition, PgStoreConfig};
 use snapfence::snapshot::SnapshotTopicError;
 use snapfence::snapshot::{
     open_snapshot_value, BoxError, Change, Flow, FlowConfig, FlowError, Fold, Outputs,
@@ -87,6 +89,7 @@ struct Setup {
     client: Client,
     protocol: GroupProtocol,
     mode: PersistenceMode,
+    postgres: Option<PgStoreConfig>,
     inputs: [String; 2],
     snapshots: String,
     group: String,
@@ -145,6 +148,7 @@ impl Setup {
         );
         config.more_input_topics = vec![self.inputs[1].clone()];
         config.mode = self.mode;
+        config.postgres = self.postgres.clone();
         config
     }
 
@@ -233,7 +237,7 @@ async fn two_inputs_fold_in_merged_order_through_a_crash_and_a_recovery() {
     let range = GroupProtocol::Classic {
         assignors: vec![Assignor::Range],
     };
-    two_inputs_through_a_crash(range, PersistenceMode::Transactional).await;
+    two_inputs_through_a_crash(range, PersistenceMode::Transactional, false).await;
 }
 
 /// The same under the KIP-848 protocol with the server's range assignor.
@@ -242,7 +246,7 @@ async fn two_inputs_fold_in_merged_order_under_the_consumer_protocol() {
     let range = GroupProtocol::Consumer {
         server_assignor: Some("range".into()),
     };
-    two_inputs_through_a_crash(range, PersistenceMode::Transactional).await;
+    two_inputs_through_a_crash(range, PersistenceMode::Transactional, false).await;
 }
 
 /// The same unfenced: plain writes, both offsets in one OffsetCommit.
@@ -251,11 +255,45 @@ async fn two_inputs_fold_in_merged_order_unfenced() {
     let range = GroupProtocol::Classic {
         assignors: vec![Assignor::Range],
     };
-    two_inputs_through_a_crash(range, PersistenceMode::NonTransactional).await;
+    two_inputs_through_a_crash(range, PersistenceMode::NonTransactional, false).await;
 }
 
-async fn two_inputs_through_a_crash(protocol: GroupProtocol, mode: PersistenceMode) {
-    let kafka = cluster(ClusterSpec::kafka4()).await;
+/// The same on the PostgreSQL store: every flush's one TxnOffsetCommit carries both offsets, and the
+/// fencing row records both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_inputs_fold_in_merged_order_on_postgres() {
+    let range = GroupProtocol::Classic {
+        assignors: vec![Assignor::Range],
+    };
+    two_inputs_through_a_crash(range, PersistenceMode::Transactional, true).await;
+}
+
+/// The same on the PostgreSQL store unfenced: rows upserted, both offsets in one OffsetCommit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_inputs_fold_in_merged_order_on_postgres_unfenced() {
+    let range = GroupProtocol::Classic {
+        assignors: vec![Assignor::Range],
+    };
+    two_inputs_through_a_crash(range, PersistenceMode::NonTransactional, true).await;
+}
+
+async fn two_inputs_through_a_crash(protocol: GroupProtocol, mode: PersistenceMode, on_pg: bool) {
+    let kafka = cluster(if on_pg {
+        ClusterSpec::kafka4().with_two_phase_commit()
+    } else {
+        ClusterSpec::kafka4()
+    })
+    .await;
+    let pg = if on_pg {
+        Some(
+            tokio::task::spawn_blocking(PostgresServer::start)
+                .await
+                .unwrap()
+                .expect("start PostgreSQL"),
+        )
+    } else {
+        None
+    };
     let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();
@@ -263,6 +301,11 @@ async fn two_inputs_through_a_crash(protocol: GroupProtocol, mode: PersistenceMo
         client: client.clone(),
         protocol,
         mode,
+        postgres: pg.as_ref().map(|pg| {
+            let mut c = PgStoreConfig::new(pg.url());
+            c.table_prefix = "sf_two_inputs".into();
+            c
+        }),
         inputs: [unique("orders"), unique("payments")],
         snapshots: unique("orders-snap"),
         group: unique("two-inputs"),
@@ -333,19 +376,37 @@ async fn two_inputs_through_a_crash(protocol: GroupProtocol, mode: PersistenceMo
         "one transaction committed both topics' offsets"
     );
 
-    // The snapshots carry an offset per topic.
-    let snapshots = protocol_tests::campaign::read_topic(
-        &client,
-        &setup.snapshots,
-        PARTITIONS,
-        snapfence::records::IsolationLevel::ReadCommitted,
-    )
-    .await
-    .unwrap();
-    let last: HashMap<Bytes, Bytes> = snapshots
-        .into_iter()
-        .filter_map(|(k, v, _)| Some((k?, v?)))
-        .collect();
+    // The snapshots carry an offset per topic (and the fencing rows both offsets).
+    let last: HashMap<Bytes, Bytes> = match &setup.postgres {
+        None => {
+            let snapshots = protocol_tests::campaign::read_topic(
+                &client,
+                &setup.snapshots,
+                PARTITIONS,
+                snapfence::records::IsolationLevel::ReadCommitted,
+            )
+            .await
+            .unwrap();
+            snapshots
+                .into_iter()
+                .filter_map(|(k, v, _)| Some((k?, v?)))
+                .collect()
+        }
+        Some(pg) => {
+            let mut last = HashMap::new();
+            let ends = ends_of(&all);
+            for p in 0..PARTITIONS {
+                let view = inspect_partition(pg, &setup.prefix, p).await.unwrap();
+                let expected = (mode == PersistenceMode::Transactional)
+                    .then(|| vec![ends[&(0, p)], ends[&(1, p)]]);
+                assert_eq!(view.input_offsets, expected, "partition {p}'s fencing row");
+                for (k, v) in &view.snapshots {
+                    last.insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
+                }
+            }
+            last
+        }
+    };
     assert_eq!(last.len(), KEYS);
     for v in last.values() {
         assert!(
@@ -384,6 +445,7 @@ async fn inputs_that_are_not_co_partitioned_are_refused() {
             assignors: vec![Assignor::Range],
         },
         mode: PersistenceMode::Transactional,
+        postgres: None,
         inputs: [unique("left"), unique("right")],
         snapshots: unique("left-snap"),
         group: unique("refused"),

@@ -207,17 +207,23 @@ impl<F: Fold> Shared<F> {
             }
             #[cfg(feature = "postgres")]
             Sink::Pg(pg) => {
+                let assigned = async {
+                    let (_, start) = self.assigned_offset_after_takeover(tp).await?;
+                    Ok((start.offsets.clone(), start))
+                };
                 let (store, start) = crate::snapshot::postgres::PgSnapshotStore::take_over(
                     self.partition_client(partition).await?,
                     &self.config.snapshots,
                     pg,
-                    tp.clone(),
+                    self.input_partitions(partition),
                     self.metadata_source(),
-                    self.assigned_offset_after_takeover(tp),
+                    assigned,
                 )
                 .await?;
+                // Per input, the later of the fencing row's offset and the group's.
                 let start = Start {
                     offset: store.committed_offset(),
+                    offsets: store.committed_offsets(),
                     ..start
                 };
                 Ok((Writer::Pg(Box::new(store)), start))

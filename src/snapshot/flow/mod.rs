@@ -210,8 +210,8 @@ impl FlowConfig {
 }
 
 /// Refuses a flow with several inputs whose assignment could split partition N of two inputs between
-/// members (both would then take `<prefix>-N` over and pass the generation fence), too many inputs, an
-/// input named twice, or the PostgreSQL store.
+/// members (both would then take `<prefix>-N` over and pass the generation fence), too many inputs, or
+/// an input named twice.
 fn check_co_partitioning(config: &FlowConfig) -> Result<(), SnapshotError> {
     use crate::consumer::{Assignor, GroupProtocol};
     let bad = |why: String| Err(SnapshotError::Config(why));
@@ -225,14 +225,6 @@ fn check_co_partitioning(config: &FlowConfig) -> Result<(), SnapshotError> {
     let distinct: std::collections::BTreeSet<&String> = topics.iter().collect();
     if distinct.len() != topics.len() {
         return bad(format!("an input topic is named twice in {topics:?}"));
-    }
-    #[cfg(feature = "postgres")]
-    if config.postgres.is_some() {
-        return bad(
-            "several input topics are not available on the PostgreSQL store yet: its rows and \
-             fencing row carry one input offset"
-                .into(),
-        );
     }
     match &config.consumer.group.protocol {
         GroupProtocol::Classic { assignors } if assignors[..] == [Assignor::Range] => Ok(()),

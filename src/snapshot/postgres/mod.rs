@@ -172,6 +172,18 @@ pub enum PgError {
         "table prefix {0:?} is not a plain identifier ([a-z_][a-z0-9_]*, at most 40 characters)"
     )]
     InvalidTablePrefix(String),
+    /// A reset of a partition whose fencing row records the offsets of a flow with several input
+    /// topics: a reset moves one input's offset. Nothing was changed.
+    #[error(
+        "partition {partition}'s fencing row records the offsets of {inputs} input topics; a reset \
+         moves one input topic's offset"
+    )]
+    SeveralInputs {
+        /// The partition.
+        partition: i32,
+        /// How many inputs the row accounts for.
+        inputs: usize,
+    },
     /// A row PostgreSQL returned does not hold what the store wrote (a prepared-transaction name that
     /// does not parse).
     #[error("unexpected data in the fencing row of partition {partition}: {detail}")]

@@ -8,7 +8,7 @@
 //! the reason the topic's reset gives (docs/cli.md, "reset").
 
 use super::sql::Statements;
-use super::store::{connect, read_rows};
+use super::store::{connect, read_rows, FencingRow};
 use super::{PgError, PgStoreConfig};
 use crate::snapshot::{open_snapshot_value, RecoveredState};
 
@@ -18,8 +18,12 @@ use crate::snapshot::{open_snapshot_value, RecoveredState};
 pub struct PgPartitionView {
     /// The fencing row's owner epoch (`None`: no owner ever took the partition).
     pub owner_epoch: Option<i64>,
-    /// The input offset the last flush recorded (`None`: none yet).
+    /// The input offset the last flush recorded (`None`: none yet); of the first input, for a flow with
+    /// several.
     pub committed_offset: Option<i64>,
+    /// Every input's offset the last flush of a flow with several inputs recorded (`None`: a flow of
+    /// one input, or a vector a later one-input flush left stale).
+    pub input_offsets: Option<Vec<i64>>,
     /// Every snapshot row's key and value (the envelope included, as on the snapshot topic).
     pub snapshots: RecoveredState,
 }
@@ -51,15 +55,27 @@ pub async fn inspect_partition(
     let row = pg
         .query_opt(&statements.owner, &[&prefix, &partition])
         .await
-        .map_err(|e| failed("read the fencing row", e))?;
+        .map_err(|e| failed("read the fencing row", e))?
+        .map(|r| FencingRow::of(&r))
+        .transpose()
+        .map_err(|detail| PgError::BadRow { partition, detail })?;
     let snapshots = read_rows(&pg, &statements, prefix, partition)
         .await
         .map_err(|e| failed("read snapshots", e))?;
     Ok(PgPartitionView {
-        owner_epoch: row.as_ref().map(|r| r.get(0)),
-        committed_offset: row.and_then(|r| r.get(1)),
+        owner_epoch: row.as_ref().map(|r| r.owner_epoch),
+        committed_offset: row.as_ref().and_then(|r| r.committed_offset),
+        input_offsets: row.as_ref().and_then(several_inputs),
         snapshots,
     })
+}
+
+/// The row's vector of input offsets, when it is current and counts more than one input.
+fn several_inputs(row: &FencingRow) -> Option<Vec<i64>> {
+    let n = row.input_offsets.as_ref()?.len();
+    let recorded = row.recorded(n).ok()?;
+    (n > 1 && recorded.iter().all(Option::is_some))
+        .then(|| recorded.into_iter().flatten().collect())
 }
 
 /// Resets `partition` of the flow whose transactional id prefix is `prefix` to input offset `offset`,
@@ -68,7 +84,8 @@ pub async fn inspect_partition(
 /// whose envelope offset is at or past `offset`, forgets the outputs stored for a resend (they belong to
 /// a flush the reset discards), and records `offset` as the row's committed offset with no prepared
 /// transaction. Nothing changes when a row holds a value that is no snapshot envelope
-/// ([`PgError::BadRow`]).
+/// ([`PgError::BadRow`]), or when the fencing row records the offsets of a flow with several inputs
+/// ([`PgError::SeveralInputs`]: a reset moves one input's offset).
 ///
 /// Move the group's committed offset first: stopped between the two, the row still holds the old
 /// offset and a takeover resumes there, with the snapshots that match it.
@@ -91,7 +108,14 @@ pub async fn reset_partition(
             .query_one(&statements.bump, &[&prefix, &partition])
             .await
             .map_err(|e| failed("reset (bump the fencing row)", e))?;
-        let owner_epoch: i64 = row.get(0);
+        let row = FencingRow::of(&row).map_err(|detail| PgError::BadRow { partition, detail })?;
+        if let Some(offsets) = several_inputs(&row) {
+            return Err(PgError::SeveralInputs {
+                partition,
+                inputs: offsets.len(),
+            });
+        }
+        let owner_epoch = row.owner_epoch;
         let rows = read_rows(&pg, &statements, prefix, partition)
             .await
             .map_err(|e| failed("read snapshots", e))?;

@@ -4,10 +4,13 @@
 //! - `<prefix>_snapshots (prefix, partition, key, value)`: the snapshot of every live key of every
 //!   partition of every flow, keyed by the flow's transactional-id prefix and the input partition; the
 //!   value is the same envelope the snapshot topic holds (last folded offset, then the user's bytes).
-//! - `<prefix>_owners (prefix, partition, owner_epoch, committed_offset, prepared_txn)`: one fencing row
-//!   per partition. `owner_epoch` is bumped by every takeover; a flush commits only while it still
-//!   holds the epoch its store took over with (a compare-and-set under the row's lock), and records
-//!   the input offset its snapshots cover and the Kafka transaction it prepared.
+//! - `<prefix>_owners (prefix, partition, owner_epoch, committed_offset, prepared_txn, input_offsets)`:
+//!   one fencing row per partition. `owner_epoch` is bumped by every takeover; a flush commits only
+//!   while it still holds the epoch its store took over with (a compare-and-set under the row's lock),
+//!   and records the input offset its snapshots cover and the Kafka transaction it prepared. A flow
+//!   with several inputs records every input's offset in `input_offsets` (`committed_offset` is the
+//!   first input's); one-input flows never touch that column, so tables made before it existed keep
+//!   working for them.
 //! - `<prefix>_outputs (prefix, partition, seq, flush_id, topic, target, key, value, headers, ts)`: the
 //!   outputs of the partition's last flush that carried any (every flush replaces them), kept so the
 //!   next owner can send them again when that flush's Kafka side did not commit (the group's committed
@@ -26,18 +29,23 @@ pub(crate) fn valid_prefix(prefix: &str) -> bool {
 pub(crate) struct Statements {
     pub(crate) create: String,
     /// The takeover: bump (or create) the partition's fencing row and return what the last flush
-    /// recorded. $1 prefix, $2 partition.
+    /// recorded (every column, read by name: `input_offsets` is missing from older tables).
+    /// $1 prefix, $2 partition.
     pub(crate) bump: String,
     /// The fence inside a flush: record the flush on the row only if the epoch is still ours. Takes the
     /// row's lock. $1 prefix, $2 partition, $3 owner epoch, $4 committed offset, $5 prepared txn.
     pub(crate) record: String,
+    /// [`record`](Self::record) of a flow with several inputs. $6 every input's offset (int8[]).
+    pub(crate) record_inputs: String,
+    /// Adds the `input_offsets` column to a fencing table made before it existed.
+    pub(crate) add_input_offsets: String,
     /// Insert or replace snapshots. $1 prefix, $2 partition, $3 keys (bytea[]), $4 values (bytea[]).
     pub(crate) upsert: String,
     /// Remove keys (tombstones). $1 prefix, $2 partition, $3 keys (bytea[]).
     pub(crate) delete: String,
     /// Every snapshot of a partition. $1 prefix, $2 partition.
     pub(crate) read: String,
-    /// The fencing row as it stands. $1 prefix, $2 partition.
+    /// The fencing row as it stands (every column, as `bump`). $1 prefix, $2 partition.
     pub(crate) owner: String,
     /// An operator's reset: the row's offset set, no prepared transaction. $1 prefix, $2 partition,
     /// $3 committed offset.
@@ -66,7 +74,7 @@ impl Statements {
                    PRIMARY KEY (prefix, partition, key)); \
                  CREATE TABLE IF NOT EXISTS {owners} (\
                    prefix text NOT NULL, partition integer NOT NULL, owner_epoch bigint NOT NULL, \
-                   committed_offset bigint, prepared_txn text, \
+                   committed_offset bigint, prepared_txn text, input_offsets bigint[], \
                    PRIMARY KEY (prefix, partition)); \
                  CREATE TABLE IF NOT EXISTS {outputs} (\
                    prefix text NOT NULL, partition integer NOT NULL, seq integer NOT NULL, \
@@ -77,11 +85,18 @@ impl Statements {
             bump: format!(
                 "INSERT INTO {owners} AS o (prefix, partition, owner_epoch) VALUES ($1, $2, 1) \
                  ON CONFLICT (prefix, partition) DO UPDATE SET owner_epoch = o.owner_epoch + 1 \
-                 RETURNING owner_epoch, committed_offset, prepared_txn"
+                 RETURNING *"
             ),
             record: format!(
                 "UPDATE {owners} SET committed_offset = $4, prepared_txn = $5 \
                  WHERE prefix = $1 AND partition = $2 AND owner_epoch = $3"
+            ),
+            record_inputs: format!(
+                "UPDATE {owners} SET committed_offset = $4, prepared_txn = $5, input_offsets = $6 \
+                 WHERE prefix = $1 AND partition = $2 AND owner_epoch = $3"
+            ),
+            add_input_offsets: format!(
+                "ALTER TABLE {owners} ADD COLUMN IF NOT EXISTS input_offsets bigint[]"
             ),
             upsert: format!(
                 "INSERT INTO {snapshots} (prefix, partition, key, value) \
@@ -92,10 +107,7 @@ impl Statements {
                 "DELETE FROM {snapshots} WHERE prefix = $1 AND partition = $2 AND key = ANY($3::bytea[])"
             ),
             read: format!("SELECT key, value FROM {snapshots} WHERE prefix = $1 AND partition = $2"),
-            owner: format!(
-                "SELECT owner_epoch, committed_offset, prepared_txn FROM {owners} \
-                 WHERE prefix = $1 AND partition = $2"
-            ),
+            owner: format!("SELECT * FROM {owners} WHERE prefix = $1 AND partition = $2"),
             reset_row: format!(
                 "UPDATE {owners} SET committed_offset = $3, prepared_txn = NULL \
                  WHERE prefix = $1 AND partition = $2"
@@ -142,5 +154,7 @@ mod tests {
         assert!(s.create.contains("sf_snapshots") && s.create.contains("sf_owners"));
         assert!(s.create.contains("sf_outputs") && s.outputs_read.contains("ORDER BY seq"));
         assert!(s.record.contains("owner_epoch = $3"));
+        assert!(s.record_inputs.contains("owner_epoch = $3") && s.record_inputs.contains("$6"));
+        assert!(!s.record.contains("input_offsets"));
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,12 +63,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct PgSnapshotStore {
     partition: i32,
     prefix: Arc<str>,
-    input: TopicPartition,
+    /// The input partitions, in the flow's order (one, or every input of a flow with several).
+    inputs: Arc<[TopicPartition]>,
     statements: Arc<Statements>,
     metadata: Arc<dyn MetadataSource>,
     owner_epoch: i64,
-    /// Shared with the flush steps, the last of which moves it.
-    committed: Arc<AtomicI64>,
+    /// Every input's committed offset. Shared with the flush steps, the last of which moves it.
+    committed: Arc<Mutex<Vec<i64>>>,
     /// Whether the group's committed offset in Kafka was behind the fencing row's at takeover.
     behind_at_takeover: bool,
     /// Outputs of the previous owner's last flush whose rows committed and whose Kafka side did not:
@@ -87,7 +88,7 @@ impl std::fmt::Debug for PgSnapshotStore {
             .field("prefix", &self.prefix)
             .field("partition", &self.partition)
             .field("owner_epoch", &self.owner_epoch)
-            .field("committed_offset", &self.committed_offset())
+            .field("committed_offsets", &self.committed_offsets())
             .finish()
     }
 }
@@ -99,6 +100,88 @@ fn store_error(partition: i32, kind: FailureKind, source: PgError) -> SnapshotEr
         kind,
         source: Arc::new(source),
     }
+}
+
+/// The fencing row as a takeover reads it, by column name: tables made before flows had several inputs
+/// have no `input_offsets` column.
+pub(crate) struct FencingRow {
+    pub(crate) owner_epoch: i64,
+    /// The (first) input's offset the last flush recorded.
+    pub(crate) committed_offset: Option<i64>,
+    pub(crate) prepared_txn: Option<String>,
+    /// Whether the table has the `input_offsets` column.
+    pub(crate) has_input_offsets: bool,
+    /// Every input's offset, recorded by a flow with several inputs.
+    pub(crate) input_offsets: Option<Vec<i64>>,
+}
+
+impl FencingRow {
+    pub(crate) fn of(row: &tokio_postgres::Row) -> Result<FencingRow, String> {
+        let has_input_offsets = row.columns().iter().any(|c| c.name() == "input_offsets");
+        let column = |e: tokio_postgres::Error| format!("the fencing row: {e}");
+        Ok(FencingRow {
+            owner_epoch: row.try_get("owner_epoch").map_err(column)?,
+            committed_offset: row.try_get("committed_offset").map_err(column)?,
+            prepared_txn: row.try_get("prepared_txn").map_err(column)?,
+            has_input_offsets,
+            input_offsets: if has_input_offsets {
+                row.try_get("input_offsets").map_err(column)?
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Every input's offset the row vouches for, for a flow of `inputs` inputs (`None`: nothing
+    /// recorded for that input). `input_offsets` counts only while its first entry is the row's
+    /// `committed_offset`: a flow of one input records that column alone, so a vector left by an
+    /// earlier run with several inputs is stale once they differ, and then only the first input's
+    /// offset is known. A current vector of another length means the flow's inputs changed.
+    pub(crate) fn recorded(&self, inputs: usize) -> Result<Vec<Option<i64>>, String> {
+        let mut out = vec![None; inputs];
+        let Some(first) = self.committed_offset else {
+            return Ok(out);
+        };
+        out[0] = Some(first);
+        if inputs == 1 {
+            return Ok(out);
+        }
+        match &self.input_offsets {
+            Some(v) if v.first() == Some(&first) => {
+                if v.len() != inputs {
+                    return Err(format!(
+                        "the fencing row records offsets of {} inputs and this flow has {inputs}: the \
+                         inputs' number changed",
+                        v.len()
+                    ));
+                }
+                Ok(v.iter().copied().map(Some).collect())
+            }
+            _ => Ok(out),
+        }
+    }
+}
+
+/// Where a takeover starts each input, and whether the group's committed offsets are behind it: per
+/// input, the later of the fencing row's offset and the group's (`assigned`). The row runs ahead of the
+/// group only when a flush's rows committed and its Kafka side did not; then every input's row offset
+/// is at or past the group's, so the result is the row's vector, a point the previous owner's merge
+/// passed, not a mix of two.
+pub(crate) fn resume_from(row: &FencingRow, assigned: &[i64]) -> Result<(Vec<i64>, bool), String> {
+    let recorded = row.recorded(assigned.len())?;
+    let mut behind = false;
+    let start = recorded
+        .iter()
+        .zip(assigned)
+        .map(|(r, g)| match r {
+            Some(r) if r > g => {
+                behind = true;
+                *r
+            }
+            _ => *g,
+        })
+        .collect();
+    Ok((start, behind))
 }
 
 impl PgSnapshotStore {
@@ -122,26 +205,62 @@ impl PgSnapshotStore {
         metadata: Arc<dyn MetadataSource>,
         assigned_offset: impl Future<Output = Result<i64, SnapshotError>>,
     ) -> Result<Self, SnapshotError> {
-        let start = async { Ok((assigned_offset.await?, ())) };
+        let start = async { Ok((vec![assigned_offset.await?], ())) };
         let (store, ()) =
-            Self::take_over(client, snapshots, config, input, metadata, start).await?;
+            Self::take_over(client, snapshots, config, vec![input], metadata, start).await?;
         Ok(store)
     }
 
-    /// [`acquire`](Self::acquire) whose `start` hands back, beside the assigned offset, what else it
-    /// learned on the way (the flow: whether the group had an offset committed), returned with the
-    /// store.
+    /// [`acquire`](Self::acquire) for a flow with several co-partitioned inputs: `inputs` is
+    /// partition N of each, in the flow's order (the first names the store's partition), and
+    /// `assigned_offsets` resolves to the group's committed offset of each, in that order. The
+    /// fencing row then records every input's offset, every flush's offset commit carries them all,
+    /// and the takeover starts each input at the later of the row's offset and the group's
+    /// (docs/fencing.md, "Several inputs on the PostgreSQL store").
+    ///
+    /// Refused with [`SnapshotError::Config`] when `inputs` is empty or longer than 255, or the
+    /// offsets are not one per input.
+    ///
+    /// Cancel-safe, as [`acquire`](Self::acquire).
+    pub async fn acquire_inputs(
+        client: Client,
+        snapshots: &SnapshotConfig,
+        config: &PgStoreConfig,
+        inputs: Vec<TopicPartition>,
+        metadata: Arc<dyn MetadataSource>,
+        assigned_offsets: impl Future<Output = Result<Vec<i64>, SnapshotError>>,
+    ) -> Result<Self, SnapshotError> {
+        let start = async { Ok((assigned_offsets.await?, ())) };
+        let (store, ()) =
+            Self::take_over(client, snapshots, config, inputs, metadata, start).await?;
+        Ok(store)
+    }
+
+    /// [`acquire_inputs`](Self::acquire_inputs) whose `start` hands back, beside the assigned
+    /// offsets, what else it learned on the way (the flow: whether the group had an offset committed),
+    /// returned with the store.
     pub(crate) async fn take_over<T>(
         client: Client,
         snapshots: &SnapshotConfig,
         config: &PgStoreConfig,
-        input: TopicPartition,
+        inputs: Vec<TopicPartition>,
         metadata: Arc<dyn MetadataSource>,
-        start: impl Future<Output = Result<(i64, T), SnapshotError>>,
+        start: impl Future<Output = Result<(Vec<i64>, T), SnapshotError>>,
     ) -> Result<(Self, T), SnapshotError> {
         snapshots.validate()?;
         config.validate()?;
-        let partition = input.partition;
+        let Some(partition) = inputs.first().map(|tp| tp.partition) else {
+            return Err(SnapshotError::Config(
+                "a PostgreSQL store needs at least one input partition".into(),
+            ));
+        };
+        if inputs.len() > crate::snapshot::fold_core::MAX_INPUTS {
+            return Err(SnapshotError::Config(format!(
+                "a flow folds at most {} input topics",
+                crate::snapshot::fold_core::MAX_INPUTS
+            )));
+        }
+        let inputs: Arc<[TopicPartition]> = inputs.into();
         let began = tokio::time::Instant::now();
         let producer = two_phase_producer(&client, snapshots, partition).await?;
         let (pg, lost) = connect(config)
@@ -174,20 +293,35 @@ impl PgSnapshotStore {
             .query_one(&statements.bump, &[&&*prefix, &partition])
             .await
             .map_err(|e| fail(&lane, "takeover (bump the fencing row)", e))?;
-        let owner_epoch: i64 = row.get(0);
-        let recorded_offset: Option<i64> = row.get(1);
-        let recorded: Option<PreparedTxn> = match row.get::<_, Option<String>>(2) {
+        let bad_row = |detail: String| {
+            store_error(
+                partition,
+                FailureKind::Fatal,
+                PgError::BadRow { partition, detail },
+            )
+        };
+        let row = FencingRow::of(&row).map_err(bad_row)?;
+        if inputs.len() > 1 && !row.has_input_offsets {
+            // A table made before flows had several inputs: the column is added once (this waits for
+            // flushes in flight on every partition, which hold the table's lock).
+            if !config.create_tables {
+                return Err(bad_row(format!(
+                    "the fencing table has no input_offsets column, which a flow with several inputs                      needs; add it: {}",
+                    statements.add_input_offsets
+                )));
+            }
+            lane.pg
+                .batch_execute(&statements.add_input_offsets)
+                .await
+                .map_err(|e| fail(&lane, "add the input_offsets column", e))?;
+        }
+        let owner_epoch = row.owner_epoch;
+        let recorded: Option<PreparedTxn> = match &row.prepared_txn {
             None => None,
-            Some(text) => Some(text.parse().map_err(|e| {
-                store_error(
-                    partition,
-                    FailureKind::Fatal,
-                    PgError::BadRow {
-                        partition,
-                        detail: format!("prepared_txn: {e}"),
-                    },
-                )
-            })?),
+            Some(text) => Some(
+                text.parse()
+                    .map_err(|e| bad_row(format!("prepared_txn: {e}")))?,
+            ),
         };
         if let Some(kept) = lane.producer.prepared() {
             let outcome = lane
@@ -204,6 +338,14 @@ impl PgSnapshotStore {
             );
         }
         let (assigned, learned) = start.await?;
+        if assigned.len() != inputs.len() {
+            return Err(SnapshotError::Config(format!(
+                "{} assigned offsets for {} inputs",
+                assigned.len(),
+                inputs.len()
+            )));
+        }
+        let (committed, behind_at_takeover) = resume_from(&row, &assigned).map_err(bad_row)?;
         let stored = read_outputs(&lane.pg, &statements, &prefix, partition)
             .await
             .map_err(|e| store_error(partition, kind_of(&e), e))?;
@@ -211,7 +353,7 @@ impl PgSnapshotStore {
         let resend = match stored.first() {
             None => Vec::new(),
             Some((flush_id, _)) => {
-                let landed = kafka_flush_id(&client, &*metadata, &input).await?;
+                let landed = kafka_flush_id(&client, &*metadata, &inputs[0]).await?;
                 if landed.as_deref() == Some(flush_id.as_str()) {
                     Vec::new()
                 } else {
@@ -227,25 +369,24 @@ impl PgSnapshotStore {
                 }
             }
         };
-        let committed = recorded_offset.map_or(assigned, |r| r.max(assigned));
         let acquired_in = began.elapsed();
         tracing::info!(
             partition,
             owner_epoch,
-            committed,
-            kafka_committed = assigned,
+            ?committed,
+            kafka_committed = ?assigned,
             ?acquired_in,
             "PostgreSQL snapshot partition acquired: the fencing row is ours, the previous owner's producer fenced"
         );
         let store = PgSnapshotStore {
             partition,
             prefix,
-            input,
+            inputs,
             statements,
             metadata,
             owner_epoch,
-            committed: Arc::new(AtomicI64::new(committed)),
-            behind_at_takeover: recorded_offset.is_some_and(|r| r > assigned),
+            committed: Arc::new(Mutex::new(committed)),
+            behind_at_takeover,
             resend: Arc::new(Mutex::new(resend)),
             outputs_stored: Arc::new(AtomicBool::new(outputs_stored)),
             flushes: AtomicU64::new(0),
@@ -271,9 +412,16 @@ impl PgSnapshotStore {
     }
 
     /// The input offset the last successful flush recorded (at takeover: the later of the fencing row's
-    /// and the group's committed offset).
+    /// and the group's committed offset). With several inputs, the sum of
+    /// [`committed_offsets`](Self::committed_offsets): the partition's coordinate on their merge.
     pub fn committed_offset(&self) -> i64 {
-        self.committed.load(Ordering::SeqCst)
+        lock(&self.committed).iter().sum()
+    }
+
+    /// Every input's offset the last successful flush recorded, in the order the store was acquired
+    /// with (at takeover: per input, the later of the fencing row's and the group's).
+    pub fn committed_offsets(&self) -> Vec<i64> {
+        lock(&self.committed).clone()
     }
 
     /// Whether the group's committed offset in Kafka was behind the offset PostgreSQL recorded when this
@@ -314,7 +462,7 @@ impl PgSnapshotStore {
         &self,
         writes: Vec<(Bytes, Option<Bytes>)>,
     ) -> Result<(), SnapshotError> {
-        self.flush(writes, Vec::new(), self.committed_offset())
+        self.flush(writes, Vec::new(), self.committed_offsets())
             .await
     }
 
@@ -328,14 +476,24 @@ impl PgSnapshotStore {
         writes: Vec<(Bytes, Option<Bytes>)>,
         outputs: Vec<ProducerRecord>,
     ) -> Result<(), SnapshotError> {
-        self.flush(writes, outputs, self.committed_offset()).await
+        self.flush(writes, outputs, self.committed_offsets()).await
     }
 
-    /// Records `offset` as the input partition's committed offset (a flush without rows).
+    /// Records `offset` as the input partition's committed offset (a flush without rows). A store of
+    /// several inputs refuses it ([`SnapshotError::Config`]): see
+    /// [`commit_offsets`](Self::commit_offsets).
     ///
     /// Not cancel-safe in outcome, as [`write_all`](Self::write_all).
     pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
-        self.flush(Vec::new(), Vec::new(), offset).await
+        self.flush(Vec::new(), Vec::new(), vec![offset]).await
+    }
+
+    /// Records `offsets` (one per input, in the store's order) as the inputs' committed offsets (a
+    /// flush without rows), in one fenced offset commit.
+    ///
+    /// Not cancel-safe in outcome, as [`write_all`](Self::write_all).
+    pub async fn commit_offsets(&self, offsets: Vec<i64>) -> Result<(), SnapshotError> {
+        self.flush(Vec::new(), Vec::new(), offsets).await
     }
 
     /// A whole flush: its four steps one after the other.
@@ -343,9 +501,9 @@ impl PgSnapshotStore {
         &self,
         writes: Vec<(Bytes, Option<Bytes>)>,
         outputs: Vec<ProducerRecord>,
-        offset: i64,
+        offsets: Vec<i64>,
     ) -> Result<(), SnapshotError> {
-        self.begin_flush_with_outputs(writes, outputs, offset)
+        self.begin_flush_inputs(writes, outputs, offsets)
             .await?
             .write_rows()
             .await?
@@ -381,7 +539,28 @@ impl PgSnapshotStore {
         outputs: Vec<ProducerRecord>,
         offset: i64,
     ) -> Result<KafkaPrepared, SnapshotError> {
+        self.begin_flush_inputs(writes, outputs, vec![offset]).await
+    }
+
+    /// [`begin_flush_with_outputs`](Self::begin_flush_with_outputs) of a store of several inputs:
+    /// `offsets` holds one per input, in the store's order, all committed in the one fenced offset
+    /// commit. Refused with [`SnapshotError::Config`] when they are not one per input.
+    ///
+    /// Cancel-safe, as [`begin_flush`](Self::begin_flush).
+    pub async fn begin_flush_inputs(
+        &self,
+        writes: Vec<(Bytes, Option<Bytes>)>,
+        outputs: Vec<ProducerRecord>,
+        offsets: Vec<i64>,
+    ) -> Result<KafkaPrepared, SnapshotError> {
         let partition = self.partition;
+        if offsets.len() != self.inputs.len() {
+            return Err(SnapshotError::Config(format!(
+                "a flush of partition {partition} carries {} offsets for {} inputs",
+                offsets.len(),
+                self.inputs.len()
+            )));
+        }
         let mut lane = self.lane.clone().lock_owned().await;
         if lane.closed {
             return Err(SnapshotError::Closed { partition });
@@ -408,15 +587,21 @@ impl PgSnapshotStore {
         if let Err(e) = lane.producer.begin() {
             return Err(failed(&mut lane, e));
         }
-        let commit = OffsetAndMetadata {
-            offset,
-            leader_epoch: None,
-            metadata: Some(flush_id.clone()),
-        };
-        let fenced = lane
-            .producer
-            .send_offsets([(self.input.clone(), commit)], &group)
-            .await;
+        // Every input's offset in one TxnOffsetCommit, each naming the flush.
+        let commits: Vec<(TopicPartition, OffsetAndMetadata)> = self
+            .inputs
+            .iter()
+            .zip(&offsets)
+            .map(|(tp, offset)| {
+                let commit = OffsetAndMetadata {
+                    offset: *offset,
+                    leader_epoch: None,
+                    metadata: Some(flush_id.clone()),
+                };
+                (tp.clone(), commit)
+            })
+            .collect();
+        let fenced = lane.producer.send_offsets(commits, &group).await;
         if let Err(e) = fenced {
             let err = failed(&mut lane, e);
             abort_quietly(&mut lane, partition).await;
@@ -444,7 +629,7 @@ impl PgSnapshotStore {
             writes,
             outputs: outputs_all,
             flush_id,
-            offset,
+            offsets,
             prepared,
         }))
     }
@@ -487,7 +672,7 @@ struct Handle {
     prefix: Arc<str>,
     statements: Arc<Statements>,
     owner_epoch: i64,
-    committed: Arc<AtomicI64>,
+    committed: Arc<Mutex<Vec<i64>>>,
     resend: Arc<Mutex<Vec<ProducerRecord>>>,
     outputs_stored: Arc<AtomicBool>,
 }
@@ -503,7 +688,8 @@ struct Stage {
     outputs: Vec<ProducerRecord>,
     /// What the flush's offset commit carries as metadata.
     flush_id: String,
-    offset: i64,
+    /// Every input's offset the flush commits, in the store's order.
+    offsets: Vec<i64>,
     prepared: PreparedTxn,
 }
 
@@ -605,7 +791,9 @@ impl KafkaPrepared {
     pub async fn write_rows(self) -> Result<RowsWritten, SnapshotError> {
         let KafkaPrepared(mut stage) = self;
         let s = &mut stage;
-        let (partition, epoch, offset) = (s.store.partition, s.store.owner_epoch, s.offset);
+        let (partition, epoch) = (s.store.partition, s.store.owner_epoch);
+        let offsets = s.offsets.clone();
+        let first = offsets[0];
         let prefix = s.store.prefix.clone();
         let statements = s.store.statements.clone();
         let prepared = s.prepared.to_string();
@@ -614,11 +802,19 @@ impl KafkaPrepared {
         lane.pg_txn_open = true;
         let begun = lane.pg.batch_execute("BEGIN").await;
         let recorded = match begun {
+            Ok(()) if offsets.len() > 1 => {
+                lane.pg
+                    .execute(
+                        &statements.record_inputs,
+                        &[&&*prefix, &partition, &epoch, &first, &prepared, &offsets],
+                    )
+                    .await
+            }
             Ok(()) => {
                 lane.pg
                     .execute(
                         &statements.record,
-                        &[&&*prefix, &partition, &epoch, &offset, &prepared],
+                        &[&&*prefix, &partition, &epoch, &first, &prepared],
                     )
                     .await
             }
@@ -640,7 +836,7 @@ impl KafkaPrepared {
                 .query_opt(&statements.owner, &[&&*prefix, &partition])
                 .await
             {
-                Ok(row) => row.map(|r| r.get::<_, i64>(0)),
+                Ok(row) => row.and_then(|r| r.try_get::<_, i64>("owner_epoch").ok()),
                 Err(_) => None,
             };
             tracing::warn!(
@@ -733,8 +929,14 @@ impl RowsCommitted {
     pub async fn commit_kafka(self) -> Result<(), SnapshotError> {
         let RowsCommitted(mut stage) = self;
         let s = &mut stage;
-        let (partition, offset, prepared) = (s.store.partition, s.offset, s.prepared);
-        s.store.committed.fetch_max(offset, Ordering::SeqCst);
+        let (partition, prepared) = (s.store.partition, s.prepared);
+        {
+            // Never backwards, input by input.
+            let mut committed = lock(&s.store.committed);
+            for (c, o) in committed.iter_mut().zip(&s.offsets) {
+                *c = (*c).max(*o);
+            }
+        }
         let lane = s.lane();
         let outcome = lane.producer.complete(Some(prepared)).await;
         let result = match outcome {
@@ -1115,6 +1317,72 @@ fn decode_headers(mut bytes: &[u8]) -> Option<Vec<Header>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(committed: Option<i64>, inputs: Option<Vec<i64>>) -> FencingRow {
+        FencingRow {
+            owner_epoch: 7,
+            committed_offset: committed,
+            prepared_txn: None,
+            has_input_offsets: true,
+            input_offsets: inputs,
+        }
+    }
+
+    /// A takeover starts every input at the later of the fencing row's offset and the group's, and
+    /// calls the group behind when the row is ahead on any input. One input reads only
+    /// `committed_offset`; several read the vector while it is current (its first entry is
+    /// `committed_offset`), and only the first input's offset when a later one-input flush left it
+    /// stale. A current vector of another length is refused: the flow's inputs changed.
+    #[test]
+    fn a_takeover_resumes_each_input_at_the_later_of_row_and_group() {
+        // Nothing recorded: the group's word.
+        assert_eq!(
+            resume_from(&row(None, None), &[5, 9]),
+            Ok((vec![5, 9], false))
+        );
+        // One input.
+        assert_eq!(
+            resume_from(&row(Some(12), None), &[10]),
+            Ok((vec![12], true))
+        );
+        assert_eq!(
+            resume_from(&row(Some(8), None), &[10]),
+            Ok((vec![10], false))
+        );
+        assert_eq!(
+            resume_from(&row(Some(8), Some(vec![8, 3])), &[10]),
+            Ok((vec![10], false)),
+            "one input ignores a vector"
+        );
+        // Several: a flush whose rows committed and whose Kafka side did not.
+        assert_eq!(
+            resume_from(&row(Some(12), Some(vec![12, 40])), &[10, 31]),
+            Ok((vec![12, 40], true))
+        );
+        // The row ahead on one input only (the other input had nothing new): still behind.
+        assert_eq!(
+            resume_from(&row(Some(10), Some(vec![10, 40])), &[10, 31]),
+            Ok((vec![10, 40], true))
+        );
+        // Row and group agree.
+        assert_eq!(
+            resume_from(&row(Some(10), Some(vec![10, 31])), &[10, 31]),
+            Ok((vec![10, 31], false))
+        );
+        // A stale vector (a one-input flush moved committed_offset on since): the first input only.
+        assert_eq!(
+            resume_from(&row(Some(20), Some(vec![10, 40])), &[15, 31]),
+            Ok((vec![20, 31], true))
+        );
+        // Written before the flow had several inputs: the first input only.
+        assert_eq!(
+            resume_from(&row(Some(20), None), &[15, 31]),
+            Ok((vec![20, 31], true))
+        );
+        // A current vector of another length: the inputs' number changed.
+        let e = resume_from(&row(Some(10), Some(vec![10, 40, 2])), &[10, 31]).unwrap_err();
+        assert!(e.contains("3 inputs") && e.contains("has 2"), "{e}");
+    }
 
     /// Stored output headers round-trip (null values and empty keys included), and bytes that are not
     /// such an encoding (a length past the end, a negative length other than -1) are refused, never
