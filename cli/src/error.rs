@@ -209,21 +209,37 @@ pub enum CliError {
         #[source]
         source: snapfence::snapshot::ForeignSnapshotValue,
     },
-    /// `reset` found a snapshot of a flow with several input topics: it moves one input topic's
-    /// offsets, and such a snapshot accounts for each input.
+    /// `reset` found a snapshot (or a PostgreSQL fencing row) that accounts for another number of input
+    /// topics than `--input` names: a flow's inputs are reset together, each named in the flow's order.
     #[error(
-        "{topic}/{partition}: the snapshot of key {key} was written by a flow with {inputs} input \
-         topics; reset moves one input topic's offsets"
+        "{store}/{partition}: {what} accounts for {inputs} input topic(s), and --input names {named}"
     )]
-    SeveralInputs {
-        /// The snapshot topic.
-        topic: String,
+    InputCount {
+        /// The snapshot topic, or the PostgreSQL tables.
+        store: String,
         /// The partition.
         partition: i32,
-        /// The key, as `dump` shows keys.
-        key: String,
-        /// How many inputs the envelope accounts for.
+        /// `the snapshot of key ...`, or `the fencing row`.
+        what: String,
+        /// How many inputs it accounts for.
         inputs: usize,
+        /// How many `--input` names.
+        named: usize,
+    },
+    /// Two input topics named to `reset` differ in partition count: a flow's inputs are co-partitioned.
+    #[error(
+        "input topic {other:?} has {other_partitions} partition(s), input topic {input:?} has \
+         {input_partitions}: a flow's inputs have partition N of each folded together"
+    )]
+    InputPartitionMismatch {
+        /// The first input topic.
+        input: String,
+        /// Its partition count.
+        input_partitions: usize,
+        /// The input topic that differs.
+        other: String,
+        /// Its partition count.
+        other_partitions: usize,
     },
     /// A producer step of `reset` (InitProducerId, the tombstones' transaction) failed.
     #[error("{what}: {source}")]
@@ -351,10 +367,11 @@ impl CliError {
             CliError::PartitionMismatch { .. } => "check --input and --snapshots: they must name a flow's \
                 input topic and its snapshot topic"
                 .into(),
-            CliError::SeveralInputs { .. } => "reset of a flow with several input topics is not \
-                available yet: nothing was changed. Stop the flow, move each input topic's offsets with \
-                kafka-consumer-groups.sh --reset-offsets, and delete the snapshot topic's records (or \
-                the topic) so every key folds again from the new offsets"
+            CliError::InputCount { .. } => "name every input topic of the flow with --input, in the \
+                flow's order (FlowConfig::input_topic first, then more_input_topics); nothing was changed"
+                .into(),
+            CliError::InputPartitionMismatch { .. } => "check --input: it must name the input topics of \
+                one flow, which all have as many partitions; nothing was changed"
                 .into(),
             CliError::ForeignSnapshot { .. } => "this topic holds records a snapfence flow did not write: \
                 check --snapshots, and look at the key with `snapfence recover <topic> -p <partition> \
@@ -369,12 +386,10 @@ impl CliError {
                 .into(),
             #[cfg(feature = "postgres")]
             CliError::Postgres {
-                source: snapfence::snapshot::postgres::PgError::SeveralInputs { .. },
+                source: snapfence::snapshot::postgres::PgError::InputCount { .. },
                 ..
-            } => "reset of a flow with several input topics is not available yet: nothing was \
-                changed. Stop the flow and move each input topic's offsets with \
-                kafka-consumer-groups.sh --reset-offsets; the store's rows and fencing row of the \
-                partition must then go too, so every key folds again from the new offsets"
+            } => "name every input topic of the flow with --input, in the flow's order \
+                (FlowConfig::input_topic first, then more_input_topics); nothing was changed"
                 .into(),
             #[cfg(feature = "postgres")]
             CliError::Postgres { .. } => "check --postgres (the connection string the flow uses) and \

@@ -682,8 +682,9 @@ impl Cluster {
         Ok(members)
     }
 
-    /// Commits `offsets` of `topic` for `group` as no member (OffsetCommit with generation -1 and an
-    /// empty member id, as `kafka-consumer-groups.sh --reset-offsets` does). The coordinator accepts that
+    /// Commits `offsets` (per topic, its partitions' offsets) for `group` as no member, in one
+    /// OffsetCommit with generation -1 and an empty member id, as `kafka-consumer-groups.sh
+    /// --reset-offsets` does. The coordinator accepts that
     /// only while the group has no members, for a classic group and a KIP-848 consumer group alike; a
     /// member that joined since it was checked makes it answer UNKNOWN_MEMBER_ID (or
     /// ILLEGAL_GENERATION, or REBALANCE_IN_PROGRESS), which comes back as [`CliError::GroupActive`].
@@ -694,8 +695,7 @@ impl Cluster {
     pub async fn commit_as_no_member(
         &self,
         group: &str,
-        topic: &str,
-        offsets: &[(i32, i64)],
+        offsets: &[(String, Vec<(i32, i64)>)],
     ) -> Result<(), CliError> {
         let options = CallOptions {
             // v2 is the oldest a Kafka 4 broker takes; v10 names topics by id only.
@@ -714,19 +714,25 @@ impl Cluster {
                         .with_generation_id_or_member_epoch(-1)
                         .with_member_id(StrBytes::from_static_str(""))
                         .with_retention_time_ms(-1)
-                        .with_topics(vec![offset_commit_request::OffsetCommitRequestTopic::default()
-                            .with_name(name(topic))
-                            .with_partitions(
-                                offsets
-                                    .iter()
-                                    .map(|(p, o)| {
-                                        offset_commit_request::OffsetCommitRequestPartition::default()
-                                            .with_partition_index(*p)
-                                            .with_committed_offset(*o)
-                                            .with_committed_leader_epoch(-1)
-                                    })
-                                    .collect(),
-                            )])
+                        .with_topics(
+                            offsets
+                                .iter()
+                                .map(|(topic, each)| {
+                                    offset_commit_request::OffsetCommitRequestTopic::default()
+                                        .with_name(name(topic))
+                                        .with_partitions(
+                                            each.iter()
+                                                .map(|(p, o)| {
+                                                    offset_commit_request::OffsetCommitRequestPartition::default()
+                                                        .with_partition_index(*p)
+                                                        .with_committed_offset(*o)
+                                                        .with_committed_leader_epoch(-1)
+                                                })
+                                                .collect(),
+                                        )
+                                })
+                                .collect(),
+                        )
                 },
                 |r, _| {
                     let worst = r

@@ -7,7 +7,9 @@
 //! is `>= N` (a live state or a grave) claims events the next owner is about to read: kept, they would be
 //! skipped for that key and the reset would not reach it. So every such snapshot is deleted with a
 //! tombstone, and its key folds again from nothing, from `N` on. A key whose envelope offset is `< N`
-//! folded only events before `N`, none of which the next owner reads, and keeps its state.
+//! folded only events before `N`, none of which the next owner reads, and keeps its state. A flow with
+//! several inputs is reset on all of them together (`--input` names each): its envelopes carry an
+//! offset per input, and a snapshot goes when it reaches the new offset of any input.
 //!
 //! # Order of the steps (with `--execute`)
 //! 1. Refuse while the group has members (ConsumerGroupDescribe and DescribeGroups): a live member would
@@ -56,9 +58,17 @@ pub struct ResetArgs {
     /// The flow's consumer group.
     #[arg(long, short = 'g')]
     pub group: String,
-    /// The flow's input topic, whose offsets the group commits.
-    #[arg(long, short = 'i', value_name = "TOPIC")]
-    pub input: String,
+    /// The flow's input topic, whose offsets the group commits. A flow with several inputs names each
+    /// (repeated, or comma-separated) in the flow's order: `FlowConfig::input_topic` first, then
+    /// `more_input_topics`; all of them move together.
+    #[arg(
+        long,
+        short = 'i',
+        value_name = "TOPIC",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub input: Vec<String>,
     /// The flow's snapshot topic (as many partitions as the input). Required unless --postgres names
     /// the store the flow keeps its snapshots in.
     #[arg(long, short = 's', value_name = "TOPIC")]
@@ -165,6 +175,13 @@ impl ResetArgs {
             }
             ResetTo::Timestamp(ms)
         } else if let Some(o) = &self.to_offset {
+            if self.input.len() > 1 {
+                return Err(usage(
+                    "--to-offset names offsets of one input topic, and --input names several",
+                    "reset a flow with several inputs with --to-earliest, --to-latest, --to-datetime \
+                     or --to-timestamp, which find each input's offset",
+                ));
+            }
             if matches!(o, ToOffset::Each(_)) && !self.partitions.is_empty() {
                 return Err(usage(
                     "--to-offset P:OFFSET names its partitions; --partitions cannot narrow them too",
@@ -420,13 +437,14 @@ struct Doomed {
 }
 
 /// Applies the rule to a partition's recovered snapshots: every key whose envelope offset is at or past
-/// `new_offset` is to be deleted. A value that is no envelope stops the reset before anything changes:
-/// its offset is unknown, so neither keeping nor deleting it is known to be right.
+/// the new offset (of any input: `new_offsets` holds one per input) is to be deleted. A value that is no
+/// envelope stops the reset before anything changes: its offset is unknown, so neither keeping nor
+/// deleting it is known to be right. So does one that accounts for another number of inputs.
 fn doomed<'a>(
     topic: &str,
     partition: i32,
     snapshots: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
-    new_offset: i64,
+    new_offsets: &[i64],
     max_bytes: usize,
 ) -> Result<Doomed, CliError> {
     let mut d = Doomed::default();
@@ -437,16 +455,19 @@ fn doomed<'a>(
             key: ShownBytes::new(key, max_bytes).text(),
             source,
         })?;
-        let inputs = opened.input_offsets().len();
-        if inputs > 1 {
-            return Err(CliError::SeveralInputs {
-                topic: topic.to_owned(),
+        let Some(reaches) = opened.reaches(new_offsets) else {
+            return Err(CliError::InputCount {
+                store: topic.to_owned(),
                 partition,
-                key: ShownBytes::new(key, max_bytes).text(),
-                inputs,
+                what: format!(
+                    "the snapshot of key {}",
+                    ShownBytes::new(key, max_bytes).text()
+                ),
+                inputs: opened.input_offsets().len(),
+                named: new_offsets.len(),
             });
-        }
-        if opened.offset() < new_offset {
+        };
+        if !reaches {
             d.kept += 1;
             continue;
         }
@@ -479,21 +500,22 @@ impl Store {
         }
     }
 
-    /// The store's own offset of `partition` (the PostgreSQL fencing row's) and the rule applied to its
-    /// snapshots. Changes nothing.
+    /// The store's own offset of `partition` per input (the PostgreSQL fencing row's; none on a
+    /// topic) and the rule applied to its snapshots. Changes nothing.
     async fn read(
         &self,
         cluster: &Cluster,
         args: &ResetArgs,
         partition: i32,
-        new_offset: i64,
+        new_offsets: &[i64],
         io: &mut Io<'_>,
-    ) -> Result<(Option<i64>, Doomed), CliError> {
+    ) -> Result<(Vec<Option<i64>>, Doomed), CliError> {
         match self {
             Store::Topic(t) => {
                 let (state, _) =
                     read_partition(cluster, &t.name, partition, args.stall_timeout, io).await?;
-                Ok((None, doomed(&t.name, partition, &state, new_offset, 64)?))
+                let d = doomed(&t.name, partition, &state, new_offsets, 64)?;
+                Ok((vec![None; new_offsets.len()], d))
             }
             #[cfg(feature = "postgres")]
             Store::Postgres(config) => {
@@ -507,36 +529,43 @@ impl Store {
                     what: format!("read partition {partition} of the store"),
                     source,
                 })?;
-                if let Some(offsets) = &view.input_offsets {
-                    return Err(CliError::Postgres {
-                        what: format!("plan the reset of partition {partition}"),
-                        source: snapfence::snapshot::postgres::PgError::SeveralInputs {
-                            partition,
-                            inputs: offsets.len(),
-                        },
-                    });
-                }
                 let name = self.name();
-                let d = doomed(&name, partition, &view.snapshots, new_offset, 64)?;
-                Ok((view.committed_offset, d))
+                let stored: Vec<Option<i64>> = match &view.input_offsets {
+                    Some(v) if v.len() != new_offsets.len() => {
+                        return Err(CliError::InputCount {
+                            store: name,
+                            partition,
+                            what: "the fencing row".into(),
+                            inputs: v.len(),
+                            named: new_offsets.len(),
+                        })
+                    }
+                    Some(v) => v.iter().copied().map(Some).collect(),
+                    // One input, or only the first input's offset known (docs/fencing.md).
+                    None => std::iter::once(view.committed_offset)
+                        .chain(std::iter::repeat(None))
+                        .take(new_offsets.len())
+                        .collect(),
+                };
+                let d = doomed(&name, partition, &view.snapshots, new_offsets, 64)?;
+                Ok((stored, d))
             }
         }
     }
 }
 
-/// One partition's line of the plan.
+/// One input's move within a partition's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct PartitionPlan {
-    partition: i32,
+struct InputPlan {
+    topic: String,
     /// The group's committed offset.
     committed: Option<i64>,
     /// The PostgreSQL store's fencing row offset (`None` on a snapshot topic, or none recorded).
     store_offset: Option<i64>,
     new_offset: i64,
-    doomed: Doomed,
 }
 
-impl PartitionPlan {
+impl InputPlan {
     /// Where a takeover would start now: the group's offset, or the later of it and the store's.
     fn current(&self) -> Option<i64> {
         self.committed.max(self.store_offset)
@@ -548,22 +577,61 @@ impl PartitionPlan {
 
     fn json(&self) -> Value {
         json!({
-            "partition": self.partition,
+            "topic": self.topic,
             "committed": self.committed,
             "store_offset": self.store_offset,
             "new_offset": self.new_offset,
             "direction": self.direction().json(),
-            "delete": self.doomed.keys.len(),
-            "delete_live": self.doomed.live,
-            "delete_graves": self.doomed.graves,
-            "keep": self.doomed.kept,
         })
     }
 }
 
+/// One partition's line of the plan: its first input's move, the other inputs' (a flow with several),
+/// and what the rule does to its snapshots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PartitionPlan {
+    partition: i32,
+    first: InputPlan,
+    more: Vec<InputPlan>,
+    doomed: Doomed,
+}
+
+impl PartitionPlan {
+    fn inputs(&self) -> impl Iterator<Item = &InputPlan> {
+        std::iter::once(&self.first).chain(&self.more)
+    }
+
+    /// Every input's new offset, in the flow's order.
+    #[cfg(any(feature = "postgres", test))]
+    fn new_offsets(&self) -> Vec<i64> {
+        self.inputs().map(|i| i.new_offset).collect()
+    }
+
+    /// The first input's fields at the top (as for a flow of one input), then every input's under
+    /// `inputs` when there are several.
+    fn json(&self) -> Value {
+        let mut j = json!({
+            "partition": self.partition,
+            "committed": self.first.committed,
+            "store_offset": self.first.store_offset,
+            "new_offset": self.first.new_offset,
+            "direction": self.first.direction().json(),
+            "delete": self.doomed.keys.len(),
+            "delete_live": self.doomed.live,
+            "delete_graves": self.doomed.graves,
+            "keep": self.doomed.kept,
+        });
+        if !self.more.is_empty() {
+            j["inputs"] = json!(self.inputs().map(InputPlan::json).collect::<Vec<_>>());
+        }
+        j
+    }
+}
+
 const RULE: &str = "a snapshot whose envelope offset (the last input event folded into its key) is at \
-    or past the new offset is deleted: the next owner's replay would skip the events it claims, so its key \
-    folds again from nothing; a snapshot below it only folded events before the new offset and stays";
+    or past the new offset (of any input, for a flow with several) is deleted: the next owner's replay \
+    would skip the events it claims, so its key folds again from nothing; a snapshot below it only folded \
+    events before the new offset and stays";
 
 fn plan_text(
     args: &ResetArgs,
@@ -572,14 +640,23 @@ fn plan_text(
     to: &ResetTo,
     plan: &[PartitionPlan],
 ) -> String {
+    let several = args.input.len() > 1;
+    let inputs = if several {
+        format!("inputs {:?}", args.input)
+    } else {
+        format!("input {:?}", args.input.first().map_or("", String::as_str))
+    };
     let mut out = format!(
-        "reset of group {:?} on input {:?} to {} (snapshots in {store}, written by {}-<partition>)\n",
+        "reset of group {:?} on {inputs} to {} (snapshots in {store}, written by {}-<partition>)\n",
         args.group,
-        args.input,
         to.describe(),
         args.prefix
     );
-    let mut header = vec!["partition", "committed"];
+    let mut header = vec!["partition"];
+    if several {
+        header.push("input");
+    }
+    header.push("committed");
     if postgres {
         header.push("store offset");
     }
@@ -587,28 +664,39 @@ fn plan_text(
     let mut table = Table::new(&header);
     let shown = |o: Option<i64>| o.map_or_else(|| "-".into(), |c| c.to_string());
     for p in plan {
-        let mut row = vec![p.partition.to_string(), shown(p.committed)];
-        if postgres {
-            row.push(shown(p.store_offset));
+        // A flow with several inputs: a line per input, the snapshot counts on the first.
+        for (i, input) in p.inputs().enumerate() {
+            let mut row = vec![p.partition.to_string()];
+            if several {
+                row.push(input.topic.clone());
+            }
+            row.push(shown(input.committed));
+            if postgres {
+                row.push(shown(input.store_offset));
+            }
+            row.extend([input.new_offset.to_string(), input.direction().text()]);
+            if i == 0 {
+                row.extend([
+                    format!(
+                        "{} ({}/{})",
+                        p.doomed.keys.len(),
+                        p.doomed.live,
+                        p.doomed.graves
+                    ),
+                    p.doomed.kept.to_string(),
+                ]);
+            } else {
+                row.extend([String::new(), String::new()]);
+            }
+            table.row(row);
         }
-        row.extend([
-            p.new_offset.to_string(),
-            p.direction().text(),
-            format!(
-                "{} ({}/{})",
-                p.doomed.keys.len(),
-                p.doomed.live,
-                p.doomed.graves
-            ),
-            p.doomed.kept.to_string(),
-        ]);
-        table.row(row);
     }
     out.push_str(&table.render());
     out.push_str(&format!("rule: {RULE}\n"));
     if plan
         .iter()
-        .any(|p| matches!(p.direction(), Direction::Forward(_)))
+        .flat_map(PartitionPlan::inputs)
+        .any(|i| matches!(i.direction(), Direction::Forward(_)))
     {
         out.push_str(
             "forward: a move forward keeps every key's state; by the rule only a snapshot already past \
@@ -626,7 +714,32 @@ pub(crate) async fn run(
     io: &mut Io<'_>,
 ) -> Result<(), CliError> {
     let to = args.target()?;
-    let input = cluster.topic(&args.input).await?;
+    let mut inputs = Vec::with_capacity(args.input.len());
+    for name in &args.input {
+        if inputs
+            .iter()
+            .any(|t: &snapfence::net::TopicMetadata| &t.name == name)
+        {
+            return Err(usage(
+                format!("--input names {name:?} twice"),
+                "name each input topic of the flow once",
+            ));
+        }
+        inputs.push(cluster.topic(name).await?);
+    }
+    let Some(input) = inputs.first() else {
+        return Err(usage("no input topic named", "pass --input TOPIC"));
+    };
+    for other in &inputs[1..] {
+        if other.partitions.len() != input.partitions.len() {
+            return Err(CliError::InputPartitionMismatch {
+                input: input.name.clone(),
+                input_partitions: input.partitions.len(),
+                other: other.name.clone(),
+                other_partitions: other.partitions.len(),
+            });
+        }
+    }
     let store = store(cluster, args).await?;
     match &store {
         Store::Topic(snapshots) if input.partitions.len() != snapshots.partitions.len() => {
@@ -640,23 +753,32 @@ pub(crate) async fn run(
         _ => {}
     }
     let postgres = !matches!(store, Store::Topic(_));
-    let partitions = chosen(&input, &args.partitions, &to)?;
+    let partitions = chosen(input, &args.partitions, &to)?;
     refuse_members(cluster, &args.group).await?;
 
-    let committed = cluster
-        .committed(&args.group, &input.name, &partitions)
-        .await?;
-    let mut targets = Vec::with_capacity(partitions.len());
+    let mut committed = Vec::with_capacity(inputs.len());
+    for t in &inputs {
+        committed.push(cluster.committed(&args.group, &t.name, &partitions).await?);
+    }
+    // Per partition, every input's move.
+    let mut targets: Vec<(i32, Vec<InputPlan>)> = Vec::with_capacity(partitions.len());
     for &p in &partitions {
-        let at = |ts| cluster.list_offset(&input.name, p, ts, IsolationLevel::ReadUncommitted);
-        let (log_start, high_watermark) = (at(-2).await?, at(-1).await?);
-        let by_time = match to {
-            ResetTo::Timestamp(ms) => Some(at(ms).await?),
-            _ => None,
-        };
-        let new = new_offset(&to, &input.name, p, log_start, high_watermark, by_time)?;
-        let current = committed.get(&p).map(|c| c.offset).filter(|o| *o >= 0);
-        targets.push((p, current, new));
+        let mut moves = Vec::with_capacity(inputs.len());
+        for (t, committed) in inputs.iter().zip(&committed) {
+            let at = |ts| cluster.list_offset(&t.name, p, ts, IsolationLevel::ReadUncommitted);
+            let (log_start, high_watermark) = (at(-2).await?, at(-1).await?);
+            let by_time = match to {
+                ResetTo::Timestamp(ms) => Some(at(ms).await?),
+                _ => None,
+            };
+            moves.push(InputPlan {
+                topic: t.name.clone(),
+                committed: committed.get(&p).map(|c| c.offset).filter(|o| *o >= 0),
+                store_offset: None,
+                new_offset: new_offset(&to, &t.name, p, log_start, high_watermark, by_time)?,
+            });
+        }
+        targets.push((p, moves));
     }
 
     // Fence first: a straggler's open transaction is aborted before its partition is read, so the read
@@ -681,13 +803,22 @@ pub(crate) async fn run(
     }
 
     let mut plan = Vec::with_capacity(targets.len());
-    for (partition, committed, new_offset) in targets {
-        let (store_offset, doomed) = store.read(cluster, args, partition, new_offset, io).await?;
+    for (partition, mut moves) in targets {
+        let new_offsets: Vec<i64> = moves.iter().map(|m| m.new_offset).collect();
+        let (stored, doomed) = store
+            .read(cluster, args, partition, &new_offsets, io)
+            .await?;
+        for (m, s) in moves.iter_mut().zip(stored) {
+            m.store_offset = s;
+        }
+        let mut moves = moves.into_iter();
+        let Some(first) = moves.next() else {
+            continue;
+        };
         plan.push(PartitionPlan {
             partition,
-            committed,
-            store_offset,
-            new_offset,
+            first,
+            more: moves.collect(),
             doomed,
         });
     }
@@ -696,6 +827,7 @@ pub(crate) async fn run(
         "outcome": if args.execute { "reset" } else { "planned" },
         "group": args.group,
         "input": input.name,
+        "inputs": args.input,
         "snapshots": store.name(),
         "transactional_prefix": args.prefix,
         "to": to.describe(),
@@ -721,17 +853,26 @@ pub(crate) async fn run(
     }
 
     // A member may have joined while the snapshots were read; the coordinator refuses the commit then.
+    // Every input's offsets go in one OffsetCommit, which the coordinator writes as one batch.
     refuse_members(cluster, &args.group).await?;
-    let offsets: Vec<(i32, i64)> = plan.iter().map(|p| (p.partition, p.new_offset)).collect();
-    cluster
-        .commit_as_no_member(&args.group, &input.name, &offsets)
-        .await?;
+    let offsets: Vec<(String, Vec<(i32, i64)>)> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let each = plan
+                .iter()
+                .filter_map(|p| p.inputs().nth(i).map(|m| (p.partition, m.new_offset)))
+                .collect();
+            (t.name.clone(), each)
+        })
+        .collect();
+    cluster.commit_as_no_member(&args.group, &offsets).await?;
     if format == Format::Text {
         writeln!(
             io.out,
             "committed the new offsets of group {:?} for {} partition(s)",
             args.group,
-            offsets.len()
+            plan.len()
         )?;
     }
     for p in &plan {
@@ -747,11 +888,11 @@ pub(crate) async fn run(
             }
             #[cfg(feature = "postgres")]
             Store::Postgres(config) => {
-                let done = snapfence::snapshot::postgres::reset_partition(
+                let done = snapfence::snapshot::postgres::reset_partition_inputs(
                     config,
                     &args.prefix,
                     p.partition,
-                    p.new_offset,
+                    &p.new_offsets(),
                 )
                 .await
                 .map_err(|source| CliError::Postgres {
@@ -763,7 +904,11 @@ pub(crate) async fn run(
                         io.out,
                         "p{}: {} snapshot row(s) deleted, {} kept; the fencing row at offset {}, owner \
                          epoch {} (every earlier owner's flush now fails)",
-                        p.partition, done.deleted, done.kept, p.new_offset, done.owner_epoch
+                        p.partition,
+                        done.deleted,
+                        done.kept,
+                        shown_offsets(&p.new_offsets()),
+                        done.owner_epoch
                     )?;
                 }
                 producer.close().await;
@@ -802,6 +947,15 @@ pub(crate) async fn run(
         }
     }
     Ok(())
+}
+
+/// One offset as a number, several as `[a, b]`.
+#[cfg(feature = "postgres")]
+fn shown_offsets(offsets: &[i64]) -> String {
+    match offsets {
+        [one] => one.to_string(),
+        more => format!("{more:?}"),
+    }
 }
 
 /// The store `args` name: the snapshot topic, or with `--postgres` the PostgreSQL store.
@@ -1039,38 +1193,54 @@ mod tests {
     fn snapshots_at_or_past_the_new_offset_are_doomed() {
         let (a, b, c, d) = (envelope(4, b"x"), envelope(5, b"y"), grave(9), grave(2));
         let snapshots: Vec<(&[u8], &[u8])> = vec![(b"c", &c), (b"a", &a), (b"b", &b), (b"d", &d)];
-        let plan = doomed("s", 0, snapshots.clone(), 5, 64).unwrap();
+        let plan = doomed("s", 0, snapshots.clone(), &[5], 64).unwrap();
         assert_eq!(
             plan.keys,
             [Bytes::from_static(b"b"), Bytes::from_static(b"c")]
         );
         assert_eq!((plan.live, plan.graves, plan.kept), (1, 1, 2));
         assert_eq!(
-            doomed("s", 0, snapshots.clone(), 0, 64).unwrap().keys.len(),
+            doomed("s", 0, snapshots.clone(), &[0], 64)
+                .unwrap()
+                .keys
+                .len(),
             4
         );
-        assert!(doomed("s", 0, snapshots, 10, 64).unwrap().keys.is_empty());
-        let e = doomed("s", 3, vec![(&b"k"[..], &b"plain"[..])], 0, 64).unwrap_err();
+        assert!(doomed("s", 0, snapshots, &[10], 64)
+            .unwrap()
+            .keys
+            .is_empty());
+        let e = doomed("s", 3, vec![(&b"k"[..], &b"plain"[..])], &[0], 64).unwrap_err();
         assert!(
             matches!(e, CliError::ForeignSnapshot { partition: 3, .. }),
             "{e:?}"
         );
         assert!(e.to_string().contains("\"k\""), "{e}");
-        // A flow with several input topics: its envelopes account for each, and reset refuses.
-        let several = [
-            &[3u8, 2][..],
-            &4i64.to_be_bytes(),
-            &7i64.to_be_bytes(),
-            b"x",
-        ]
-        .concat();
-        let e = doomed("s", 1, vec![(&b"k"[..], &several[..])], 0, 64).unwrap_err();
+        // A flow with several input topics: its envelopes account for each. A snapshot goes when it
+        // reaches the new offset of any input; one written before the second input counts for the
+        // first only; naming another number of inputs is refused.
+        let two =
+            |a: i64, b: i64| [&[3u8, 2][..], &a.to_be_bytes(), &b.to_be_bytes(), b"x"].concat();
+        let (p, q, r, old) = (two(4, 7), two(2, 9), two(1, 1), envelope(6, b"x"));
+        let several: Vec<(&[u8], &[u8])> = vec![(b"p", &p), (b"q", &q), (b"r", &r), (b"o", &old)];
+        let plan = doomed("s", 1, several.clone(), &[3, 8], 64).unwrap();
+        assert_eq!(
+            plan.keys,
+            [
+                Bytes::from_static(b"o"),
+                Bytes::from_static(b"p"),
+                Bytes::from_static(b"q")
+            ]
+        );
+        assert_eq!(plan.kept, 1);
+        let e = doomed("s", 1, several, &[0], 64).unwrap_err();
         assert!(
             matches!(
                 e,
-                CliError::SeveralInputs {
+                CliError::InputCount {
                     partition: 1,
                     inputs: 2,
+                    named: 1,
                     ..
                 }
             ),
@@ -1088,12 +1258,17 @@ mod tests {
     #[test]
     fn the_plan_shows_moves_counts_and_the_rule() {
         let args = parse(&["--to-earliest"]).unwrap();
+        let input = |topic: &str, committed, new_offset| InputPlan {
+            topic: topic.into(),
+            committed,
+            store_offset: None,
+            new_offset,
+        };
         let plan = [
             PartitionPlan {
                 partition: 0,
-                committed: Some(12),
-                store_offset: None,
-                new_offset: 0,
+                first: input("in", Some(12), 0),
+                more: Vec::new(),
                 doomed: Doomed {
                     keys: vec![Bytes::from_static(b"a")],
                     live: 1,
@@ -1103,16 +1278,14 @@ mod tests {
             },
             PartitionPlan {
                 partition: 1,
-                committed: None,
-                store_offset: None,
-                new_offset: 0,
+                first: input("in", None, 0),
+                more: Vec::new(),
                 doomed: Doomed::default(),
             },
             PartitionPlan {
                 partition: 2,
-                committed: Some(3),
-                store_offset: None,
-                new_offset: 8,
+                first: input("in", Some(3), 8),
+                more: Vec::new(),
                 doomed: Doomed::default(),
             },
         ];
@@ -1133,5 +1306,60 @@ mod tests {
             (Some("backward"), Some(1), Some(12))
         );
         assert!(plan[1].json()["committed"].is_null());
+        assert!(j.get("inputs").is_none(), "one input: no per-input list");
+
+        // Several inputs: a line per input, the counts on the first, every input in the JSON.
+        let args = parse(&["--to-earliest", "--input", "in,more"]).unwrap();
+        assert_eq!(args.input, ["in", "in", "more"]);
+        let args = ResetArgs {
+            input: vec!["in".into(), "more".into()],
+            ..args
+        };
+        let two = [PartitionPlan {
+            partition: 0,
+            first: input("in", Some(12), 0),
+            more: vec![input("more", Some(4), 9)],
+            doomed: Doomed {
+                keys: vec![Bytes::from_static(b"a")],
+                live: 1,
+                graves: 0,
+                kept: 2,
+            },
+        }];
+        let text = plan_text(&args, "snaps", false, &ResetTo::Earliest, &two);
+        assert!(text.contains("inputs [\"in\", \"more\"]"), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("in ") && l.contains("back 12") && l.contains("1 (1/0)")),
+            "{text}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("more") && l.contains("forward 5")),
+            "{text}"
+        );
+        assert!(text.contains("forward: "), "{text}");
+        let j = two[0].json();
+        assert_eq!(j["inputs"][1]["topic"], "more");
+        assert_eq!(j["inputs"][1]["direction"], "forward");
+        assert_eq!(two[0].new_offsets(), [0, 9]);
+        assert_eq!(
+            args.target().unwrap(),
+            ResetTo::Earliest,
+            "a time or an end finds each input's offset"
+        );
+        let offset = ResetArgs {
+            to_earliest: false,
+            to_offset: Some(ToOffset::All(3)),
+            ..args
+        };
+        assert_eq!(
+            offset.target().unwrap_err().exit_code(),
+            crate::error::EXIT_USAGE,
+            "--to-offset names one input's offsets"
+        );
     }
 }

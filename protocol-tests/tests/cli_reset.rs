@@ -566,3 +566,396 @@ async fn reset_on_the_postgres_store_moves_the_fencing_row_and_deletes_the_rows_
     assert_eq!(state, expected);
     flow.close().await.unwrap();
 }
+
+/// One event of a two-input flow: which input, its key, value, partition, offset and timestamp.
+struct TsEvent {
+    input: usize,
+    key: Bytes,
+    value: Bytes,
+    partition: i32,
+    offset: i64,
+    ts: i64,
+}
+
+/// A flow of two co-partitioned inputs (classic `range`), on the snapshot topic or PostgreSQL.
+struct TwoInputs {
+    client: Client,
+    producer: Producer,
+    inputs: [String; 2],
+    snapshots: String,
+    group: String,
+    prefix: String,
+    postgres: Option<PgStoreConfig>,
+    events: Vec<TsEvent>,
+}
+
+const TWO_PARTITIONS: i32 = 2;
+
+impl TwoInputs {
+    async fn new(kafka: &KafkaCluster, postgres: Option<PgStoreConfig>) -> TwoInputs {
+        let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
+            .await
+            .unwrap();
+        let (first, snapshots) =
+            protocol_tests::flow_topics(&client, "reset-two", TWO_PARTITIONS).await;
+        let second = unique("reset-two-b");
+        snapfence::admin::create_topic(&client, &second, TWO_PARTITIONS, -1, &[])
+            .await
+            .unwrap();
+        let producer = Producer::new(client.clone(), ProducerConfig::default())
+            .await
+            .unwrap();
+        TwoInputs {
+            client,
+            producer,
+            inputs: [first, second],
+            snapshots,
+            group: unique("reset-two-group"),
+            prefix: unique("reset-two-tx"),
+            postgres,
+            events: Vec::new(),
+        }
+    }
+
+    /// Events `from..to` over the first `keys` keys, on both inputs (or on `only` one), one timestamp
+    /// each (rising, no ties), so the merged order is the order written.
+    async fn produce(&mut self, from: usize, to: usize, keys: usize, only: Option<usize>) {
+        for i in from..to {
+            let input = only.unwrap_or(usize::from(i % 3 == 1));
+            let k = (i * 7) % keys;
+            let key = Bytes::from(format!("k{k}"));
+            let partition = i32::try_from(k).unwrap() % TWO_PARTITIONS;
+            let ts = 1_796_083_200_000 + i64::try_from(i).unwrap() * 1000;
+            let value = Bytes::from(format!("{}{i}", ["a", "b"][input]));
+            let record = ProducerRecord::new(self.inputs[input].as_str(), Some(value.clone()))
+                .key(key.clone())
+                .partition(partition)
+                .timestamp(ts);
+            let meta = self.producer.send(record).await.unwrap().await.unwrap();
+            self.events.push(TsEvent {
+                input,
+                key,
+                value,
+                partition,
+                offset: meta.offset.expect("an offset"),
+                ts,
+            });
+        }
+    }
+
+    fn config(&self) -> FlowConfig {
+        let mut group = GroupConfig::new(&self.group);
+        group.session_timeout = Duration::from_secs(10);
+        group.heartbeat_interval = Duration::from_millis(500);
+        group.protocol = GroupProtocol::Classic {
+            assignors: vec![snapfence::consumer::Assignor::Range],
+        };
+        let mut consumer = GroupConsumerConfig::new(group);
+        consumer.reader.reset = OffsetReset::Earliest;
+        let mut config = FlowConfig::new(
+            consumer,
+            &self.inputs[0],
+            SnapshotConfig::new(&self.snapshots, &self.prefix),
+        );
+        config.more_input_topics = vec![self.inputs[1].clone()];
+        config.postgres = self.postgres.clone();
+        config
+    }
+
+    /// Each input partition's end.
+    fn end(&self, input: usize, partition: i32) -> i64 {
+        self.events
+            .iter()
+            .filter(|e| e.input == input && e.partition == partition)
+            .map(|e| e.offset + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Per key, the fold in merged order of its events at or past `from(input, partition)`; for a key
+    /// in `whole`, of all its events.
+    fn fold(&self, from: impl Fn(usize, i32) -> i64, whole: &[Bytes]) -> HashMap<Bytes, Tally> {
+        let mut merged: Vec<&TsEvent> = self.events.iter().collect();
+        merged.sort_by_key(|e| (e.ts, e.input));
+        let mut per_key: HashMap<Bytes, Vec<Bytes>> = HashMap::new();
+        for e in merged {
+            if whole.contains(&e.key) || e.offset >= from(e.input, e.partition) {
+                per_key
+                    .entry(e.key.clone())
+                    .or_default()
+                    .push(e.value.clone());
+            }
+        }
+        per_key
+            .into_iter()
+            .filter_map(|(k, vs)| Some((k, fold_all(&vs)?)))
+            .collect()
+    }
+
+    /// Starts a flow, folds every input to its end, and closes it; returns its state.
+    async fn fold_all_and_close(&self) -> HashMap<Bytes, Tally> {
+        let mut flow = self.start().await;
+        let state = self.catch_up(&mut flow).await;
+        flow.close().await.unwrap();
+        state
+    }
+
+    async fn start(&self) -> Flow<Counter> {
+        Flow::start(self.client.clone(), self.config(), Counter)
+            .await
+            .unwrap()
+    }
+
+    /// Polls `flow` until every input is folded to its end; returns its state.
+    async fn catch_up(&self, flow: &mut Flow<Counter>) -> HashMap<Bytes, Tally> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            flow.poll_once(Duration::from_millis(100)).await.unwrap();
+            let done = (0..TWO_PARTITIONS).all(|p| {
+                flow.positions(p)
+                    .is_some_and(|v| v == [self.end(0, p), self.end(1, p)])
+            });
+            if done {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the flow never caught up");
+        }
+        let mut state = HashMap::new();
+        for p in 0..TWO_PARTITIONS {
+            state.extend(flow.state(p).unwrap());
+        }
+        state
+    }
+
+    /// The group's committed offset per (input, partition).
+    async fn committed(&self) -> Vec<Option<i64>> {
+        let tps: Vec<TopicPartition> = (0..2)
+            .flat_map(|i| (0..TWO_PARTITIONS).map(move |p| (i, p)))
+            .map(|(i, p)| TopicPartition::new(self.inputs[i].as_str(), p))
+            .collect();
+        let got = committed_offsets(&self.client, &self.group, &tps)
+            .await
+            .unwrap();
+        tps.iter().map(|tp| got[tp]).collect()
+    }
+
+    /// Every snapshot's key with its per-input offsets, from the snapshot topic or the store's rows.
+    async fn envelopes(&self, kafka: &KafkaCluster) -> HashMap<Bytes, Vec<i64>> {
+        let mut out = HashMap::new();
+        match &self.postgres {
+            Some(pg) => {
+                for p in 0..TWO_PARTITIONS {
+                    let view =
+                        snapfence::snapshot::postgres::inspect_partition(pg, &self.prefix, p)
+                            .await
+                            .unwrap();
+                    for (k, v) in &view.snapshots {
+                        let opened = snapfence::snapshot::open_snapshot_value(v).unwrap();
+                        out.insert(Bytes::copy_from_slice(k), opened.input_offsets());
+                    }
+                }
+            }
+            None => {
+                let run = snapfence(
+                    kafka,
+                    &["--format", "json", "recover", &self.snapshots, "--keys"],
+                )
+                .await
+                .ok();
+                for doc in run.json_lines() {
+                    for k in doc["key_list"].as_array().into_iter().flatten() {
+                        let key = k["key"]["data"].as_str().unwrap().to_owned();
+                        let offsets = k["input_offsets"]
+                            .as_array()
+                            .unwrap_or_else(|| panic!("no input offsets: {k}"))
+                            .iter()
+                            .map(|o| o.as_i64().unwrap())
+                            .collect();
+                        out.insert(Bytes::from(key), offsets);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn reset_args<'a>(&'a self, url: &'a Option<String>, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![
+            "reset",
+            "--group",
+            &self.group,
+            "--input",
+            &self.inputs[0],
+            "--input",
+            &self.inputs[1],
+            "--prefix",
+            &self.prefix,
+        ];
+        match url {
+            Some(url) => args.extend(["--postgres", url.as_str()]),
+            None => args.extend(["--snapshots", self.snapshots.as_str()]),
+        }
+        args.extend_from_slice(extra);
+        args
+    }
+}
+
+/// A flow of two co-partitioned inputs is reset on both together. Naming one input is refused and
+/// changes nothing. A reset to a time in the middle moves each input to its first event at or after it,
+/// in one commit, and deletes exactly the snapshots that reach the new offset of either input (their
+/// envelopes say where both inputs stood when they were written): the next flow then holds those keys
+/// folded from the new offsets, and every other key's whole fold, in merged order. A reset to the
+/// earliest offsets deletes every snapshot and the next flow folds all of both inputs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_with_two_inputs_is_reset_on_both() {
+    two_inputs_reset(None).await;
+}
+
+/// The same on the PostgreSQL store: the fencing row records both inputs' new offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_with_two_inputs_is_reset_on_both_on_postgres() {
+    let pg = tokio::task::spawn_blocking(PostgresServer::start)
+        .await
+        .unwrap()
+        .expect("start PostgreSQL");
+    let mut store = PgStoreConfig::new(pg.url());
+    store.table_prefix = "sf_reset_two".into();
+    two_inputs_reset(Some(store)).await;
+}
+
+async fn two_inputs_reset(postgres: Option<PgStoreConfig>) {
+    let spec = if postgres.is_some() {
+        ClusterSpec::kafka4().with_two_phase_commit()
+    } else {
+        ClusterSpec::kafka4()
+    };
+    let kafka = cluster(spec).await;
+    let url = postgres.as_ref().map(|p| p.url.clone());
+    let mut extra_pg = Vec::new();
+    if let Some(p) = &postgres {
+        extra_pg = vec!["--postgres-table-prefix", p.table_prefix.as_str()];
+    }
+    let mut w = TwoInputs::new(&kafka, postgres.clone()).await;
+    // Four keys, persisted and committed; then more events of two of them, on the second input only.
+    // The snapshots of the other two were written while both inputs stood before the second part;
+    // those of the two reach past it on the second input only.
+    w.produce(0, 48, 4, None).await;
+    let mut flow = w.start().await;
+    w.catch_up(&mut flow).await;
+    flow.persist().await.unwrap();
+    flow.commit().await.unwrap();
+    w.produce(48, 72, 2, Some(1)).await;
+    let all = w.fold(|_, _| 0, &[]);
+    assert_eq!(w.catch_up(&mut flow).await, all, "the merged fold");
+    flow.close().await.unwrap();
+    let ends: Vec<Option<i64>> = (0..2)
+        .flat_map(|i| (0..TWO_PARTITIONS).map(move |p| (i, p)))
+        .map(|(i, p)| Some(w.end(i, p)))
+        .collect();
+    assert_eq!(w.committed().await, ends);
+
+    // One input named: refused, nothing changed.
+    let mut one = vec![
+        "reset",
+        "--group",
+        w.group.as_str(),
+        "--input",
+        w.inputs[0].as_str(),
+        "--prefix",
+        w.prefix.as_str(),
+        "--to-earliest",
+        "--execute",
+    ];
+    match &url {
+        Some(url) => one.extend(["--postgres", url.as_str()]),
+        None => one.extend(["--snapshots", w.snapshots.as_str()]),
+    }
+    one.extend_from_slice(&extra_pg);
+    let refused = snapfence(&kafka, &one).await;
+    assert_eq!(refused.code, 1, "{}\n{}", refused.out, refused.err);
+    assert!(
+        refused.err.contains("accounts for 2 input topic(s)"),
+        "{}",
+        refused.err
+    );
+    assert_eq!(
+        w.committed().await,
+        ends,
+        "the refused reset changed nothing"
+    );
+
+    // The start of the second part: each input's first event at or after it.
+    let cut = w.events[48].ts;
+    let n = |input: usize, partition: i32| {
+        w.events
+            .iter()
+            .filter(|e| e.input == input && e.partition == partition && e.ts >= cut)
+            .map(|e| e.offset)
+            .min()
+            .unwrap_or_else(|| w.end(input, partition))
+    };
+    let envelopes = w.envelopes(&kafka).await;
+    let partition_of = |k: &Bytes| w.events.iter().find(|e| e.key == k).unwrap().partition;
+    let (mut doomed, mut kept) = (Vec::new(), Vec::new());
+    for (k, v) in &envelopes {
+        let p = partition_of(k);
+        if v.iter().enumerate().any(|(i, o)| *o >= n(i, p)) {
+            doomed.push(k.clone());
+        } else {
+            kept.push(k.clone());
+        }
+    }
+    assert!(
+        !doomed.is_empty() && !kept.is_empty(),
+        "a cut that keeps some keys and not others: {envelopes:?}"
+    );
+    let cut_text = cut.to_string();
+    let mut args = w.reset_args(&url, &["--to-timestamp", &cut_text, "--execute"]);
+    args.extend_from_slice(&extra_pg);
+    args.extend(["--format", "json"]);
+    let run = snapfence(&kafka, &args).await.ok();
+    let doc = &run.json_lines()[0];
+    assert_eq!(doc["outcome"], "reset", "{doc}");
+    assert_eq!(doc["delete"], doomed.len(), "{doc}");
+    assert_eq!(
+        doc["partitions"][0]["inputs"][1]["topic"], w.inputs[1],
+        "{doc}"
+    );
+    let moved: Vec<Option<i64>> = (0..2)
+        .flat_map(|i| (0..TWO_PARTITIONS).map(move |p| (i, p)))
+        .map(|(i, p)| Some(n(i, p)))
+        .collect();
+    assert_eq!(w.committed().await, moved, "one commit moved both inputs");
+    if let Some(pg) = &postgres {
+        for p in 0..TWO_PARTITIONS {
+            let view = snapfence::snapshot::postgres::inspect_partition(pg, &w.prefix, p)
+                .await
+                .unwrap();
+            assert_eq!(
+                view.input_offsets,
+                Some(vec![n(0, p), n(1, p)]),
+                "p{p}'s fencing row"
+            );
+        }
+    }
+    let mut remaining: Vec<Bytes> = w.envelopes(&kafka).await.into_keys().collect();
+    remaining.sort();
+    let mut kept_sorted = kept.clone();
+    kept_sorted.sort();
+    assert_eq!(
+        remaining, kept_sorted,
+        "exactly the snapshots reaching a new offset went"
+    );
+    assert_eq!(
+        w.fold_all_and_close().await,
+        w.fold(n, &kept),
+        "kept keys whole, the others folded from the new offsets"
+    );
+
+    // Back to the start: every snapshot goes, and all of both inputs is folded once.
+    let mut args = w.reset_args(&url, &["--to-earliest", "--execute"]);
+    args.extend_from_slice(&extra_pg);
+    snapfence(&kafka, &args).await.ok();
+    assert!(w.envelopes(&kafka).await.is_empty());
+    assert_eq!(w.fold_all_and_close().await, all, "each event once");
+}

@@ -528,7 +528,7 @@ async fn outputs_of_a_flush_whose_kafka_side_aborted_are_sent_again_once() {
 /// side did not leaves the row ahead of the group on both inputs: the next takeover starts each at
 /// the row's offset and calls the group behind. A one-input flush later moves only the first input
 /// on, leaving the row's vector stale: a takeover of both then knows the first input's offset from the
-/// row and the second's from the group. A reset refuses the partition while its row records both.
+/// row and the second's from the group. A reset refuses the partition while its row records both and the reset names one.
 /// On a table made before the `input_offsets` column existed, a store of several inputs adds it, or
 /// says how to when it may not create tables.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -633,11 +633,13 @@ async fn several_inputs_commit_together_and_resume_input_by_input() {
     let view = inspect_partition(&w.pg, &w.prefix, 0).await.unwrap();
     assert_eq!(view.input_offsets, Some(vec![9, 5]));
     match reset_partition(&w.pg, &w.prefix, 0, 0).await {
-        Err(PgError::SeveralInputs {
+        Err(PgError::InputCount {
             partition: 0,
-            inputs: 2,
+            recorded: 2,
+            named: 1,
+            ..
         }) => {}
-        other => panic!("a reset of a two-input row must be refused: {other:?}"),
+        other => panic!("a one-input reset of a two-input row must be refused: {other:?}"),
     }
     assert_eq!(
         inspect_partition(&w.pg, &w.prefix, 0)

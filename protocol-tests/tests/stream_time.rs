@@ -1,19 +1,21 @@
 //! Timers on stream time on a real broker: a day of timestamped input folded live (events arriving while
 //! the flow runs) and the same day folded again as a backfill through a crash fire the same timers at
-//! the same points, and a new owner resumes the stream time from the committed offset's metadata.
+//! the same points, and a new owner resumes the stream time from the committed offset's metadata (on the
+//! snapshot topic and on the PostgreSQL store, whose fencing row records it too).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol_tests::campaign::read_topic;
-use protocol_tests::{cluster, unique, ClusterSpec};
+use protocol_tests::{cluster, unique, ClusterSpec, PostgresServer};
 use snapfence::consumer::{
     committed_offsets_and_metadata, GroupConfig, GroupConsumerConfig, OffsetReset,
 };
 use snapfence::net::{Client, ClientConfig};
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord, TopicPartition};
 use snapfence::records::{IsolationLevel, Record};
+use snapfence::snapshot::postgres::PgStoreConfig;
 use snapfence::snapshot::{
     BoxError, Change, Flow, FlowConfig, Fold, Outputs, SnapshotConfig, TimerClock,
 };
@@ -104,11 +106,13 @@ struct Run {
     output: String,
     group: String,
     prefix: String,
+    postgres: Option<PgStoreConfig>,
 }
 
 impl Run {
-    async fn new(client: &Client) -> Run {
+    async fn new(client: &Client, postgres: Option<PgStoreConfig>) -> Run {
         let run = Run {
+            postgres,
             client: client.clone(),
             input: unique("day"),
             snapshots: unique("day-snap"),
@@ -161,11 +165,12 @@ impl Run {
         // Small fetches: the day is folded over many polls, so commits land in the middle of it.
         consumer.reader.partition_max_bytes = 8 * 1024;
         consumer.reader.max_bytes = 8 * 1024;
-        let config = FlowConfig::new(
+        let mut config = FlowConfig::new(
             consumer,
             &self.input,
             SnapshotConfig::new(&self.snapshots, &self.prefix),
         );
+        config.postgres = self.postgres.clone();
         let fold = Sessions {
             output: self.output.clone(),
         };
@@ -209,14 +214,50 @@ impl Run {
                 .await
                 .unwrap();
         let (offset, metadata) = committed[&tp].clone().expect("committed");
-        let st = metadata.and_then(|m| m.strip_prefix("snapfence st=")?.parse().ok());
+        // `snapfence st=<ms>` on the topic store, `snapfence-flush <id> st=<ms>` on PostgreSQL.
+        let st = metadata.and_then(|m| {
+            m.split_whitespace()
+                .find_map(|w| w.strip_prefix("st="))?
+                .parse()
+                .ok()
+        });
         (offset, st)
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_day_replayed_through_a_crash_fires_the_timers_the_live_run_fired() {
-    let kafka = cluster(ClusterSpec::kafka4()).await;
+    a_day_replayed(false).await;
+}
+
+/// The same on the PostgreSQL store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_replayed_through_a_crash_on_postgres_fires_the_timers_the_live_run_fired() {
+    a_day_replayed(true).await;
+}
+
+async fn a_day_replayed(on_pg: bool) {
+    let kafka = cluster(if on_pg {
+        ClusterSpec::kafka4().with_two_phase_commit()
+    } else {
+        ClusterSpec::kafka4()
+    })
+    .await;
+    let pg = if on_pg {
+        Some(
+            tokio::task::spawn_blocking(PostgresServer::start)
+                .await
+                .unwrap()
+                .expect("start PostgreSQL"),
+        )
+    } else {
+        None
+    };
+    let store = pg.as_ref().map(|pg| {
+        let mut c = PgStoreConfig::new(pg.url());
+        c.table_prefix = "sf_stream_time".into();
+        c
+    });
     let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();
@@ -228,7 +269,7 @@ async fn a_day_replayed_through_a_crash_fires_the_timers_the_live_run_fired() {
     eprintln!("a day of {n} events");
 
     // Live: the day arrives in 12 slices while the flow folds, persists and commits between them.
-    let live = Run::new(&client).await;
+    let live = Run::new(&client, store.clone()).await;
     let mut flow = live.flow().await;
     for (i, slice) in events.chunks(events.len().div_ceil(12)).enumerate() {
         live.produce(&producer, slice).await;
@@ -256,10 +297,28 @@ async fn a_day_replayed_through_a_crash_fires_the_timers_the_live_run_fired() {
         (n, Some(live_st)),
         "the last commit carries the stream time"
     );
+    if let Some(pg) = &pg {
+        // The fencing row records it too: a takeover after a flush whose Kafka side was aborted
+        // starts from the row's offset with the row's stream time.
+        let (db, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let row = db
+            .query_one(
+                "SELECT committed_offset, stream_time FROM sf_stream_time_owners \
+                 WHERE prefix = $1 AND partition = 0",
+                &[&live.prefix],
+            )
+            .await
+            .unwrap();
+        let recorded: (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+        assert_eq!(recorded, (Some(n), Some(live_st)), "the fencing row");
+    }
 
     // Backfill: the whole day at once; the first owner folds a third, commits, folds on to two thirds
     // without committing, and crashes (dropped: nothing closed, its open work lost).
-    let backfill = Run::new(&client).await;
+    let backfill = Run::new(&client, store.clone()).await;
     backfill.produce(&producer, &events).await;
     let mut first = backfill.flow().await;
     backfill.fold_to(&mut first, n / 3).await;

@@ -214,6 +214,20 @@ impl SnapshotValue<'_> {
         )
     }
 
+    /// Whether moving the flow's inputs to `offsets` (one per input, in the flow's order) contradicts
+    /// this snapshot: it accounts for an event at or past the new offset of some input, which the next
+    /// owner's replay would then skip for its key (the rule `snapfence reset` applies; docs/cli.md,
+    /// "reset"). An envelope of one offset, written before the flow took more inputs, accounts for the
+    /// first input only. `None` when the envelope accounts for another number of inputs than
+    /// `offsets` holds.
+    pub fn reaches(&self, offsets: &[i64]) -> Option<bool> {
+        let own = self.input_offsets();
+        if own.len() != offsets.len() && own.len() != 1 {
+            return None;
+        }
+        Some(own.iter().zip(offsets).any(|(mine, new)| mine >= new))
+    }
+
     /// The application's bytes of a live state; `None` for a grave.
     pub fn state(&self) -> Option<&[u8]> {
         match self {

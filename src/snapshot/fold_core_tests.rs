@@ -1161,3 +1161,34 @@ fn replays_fire_stream_time_timers_where_the_live_run_did() {
         assert_eq!(counts(&core), final_live, "seed {seed}: {trace:#?}");
     }
 }
+
+/// The reset rule on every envelope version: a snapshot is contradicted by new offsets when it
+/// accounts for an event at or past the new offset of any input; a one-offset envelope read by a
+/// several-input reset counts for the first input only; another number of inputs has no answer.
+#[test]
+fn a_reset_contradicts_a_snapshot_that_reaches_any_new_offset() {
+    let reaches = |stored: &Bytes, to: &[i64]| open_snapshot_value(stored).unwrap().reaches(to);
+    let live = envelope(9, b"s");
+    assert_eq!(reaches(&live, &[10]), Some(false));
+    assert_eq!(reaches(&live, &[9]), Some(true));
+    assert_eq!(reaches(&grave(4), &[4]), Some(true));
+    // Written before the flow took a second input: the first input alone decides.
+    assert_eq!(reaches(&live, &[10, 0]), Some(false));
+    assert_eq!(reaches(&live, &[9, 100]), Some(true));
+    let both = envelope_inputs(&[9, 3], b"s");
+    assert_eq!(reaches(&both, &[10, 4]), Some(false));
+    assert_eq!(
+        reaches(&both, &[10, 3]),
+        Some(true),
+        "the second input reaches"
+    );
+    assert_eq!(
+        reaches(&both, &[9, 4]),
+        Some(true),
+        "the first input reaches"
+    );
+    assert_eq!(reaches(&grave_inputs(&[-1, 5]), &[0, 6]), Some(false));
+    assert_eq!(reaches(&grave_inputs(&[-1, 5]), &[0, 5]), Some(true));
+    assert_eq!(reaches(&both, &[10]), None, "two inputs, one named");
+    assert_eq!(reaches(&both, &[10, 4, 1]), None);
+}

@@ -207,23 +207,31 @@ impl<F: Fold> Shared<F> {
             }
             #[cfg(feature = "postgres")]
             Sink::Pg(pg) => {
+                use crate::snapshot::postgres::{PgSnapshotStore, Position};
                 let assigned = async {
                     let (_, start) = self.assigned_offset_after_takeover(tp).await?;
-                    Ok((start.offsets.clone(), start))
+                    let at = Position {
+                        offsets: start.offsets.clone(),
+                        stream_time: start.stream_time,
+                    };
+                    Ok((at, start))
                 };
-                let (store, start) = crate::snapshot::postgres::PgSnapshotStore::take_over(
+                let (store, start) = PgSnapshotStore::take_over(
                     self.partition_client(partition).await?,
                     &self.config.snapshots,
                     pg,
                     self.input_partitions(partition),
+                    self.fold.timer_clock() == TimerClock::Stream,
                     self.metadata_source(),
                     assigned,
                 )
                 .await?;
-                // Per input, the later of the fencing row's offset and the group's.
+                // Per input, the later of the fencing row's offset and the group's, and the stream
+                // time that goes with them.
                 let start = Start {
                     offset: store.committed_offset(),
                     offsets: store.committed_offsets(),
+                    stream_time: store.committed_stream_time(),
                     ..start
                 };
                 Ok((Writer::Pg(Box::new(store)), start))

@@ -416,15 +416,6 @@ impl<F: Fold> Flow<F> {
     pub async fn start(client: Client, mut config: FlowConfig, fold: F) -> Result<Self, FlowError> {
         config.consumer.auto_commit_interval = None;
         config.snapshots.validate()?;
-        #[cfg(feature = "postgres")]
-        if config.postgres.is_some() && fold.timer_clock() == super::fold::TimerClock::Stream {
-            return Err(SnapshotError::Config(
-                "timers on stream time are not available on the PostgreSQL store yet: its committed \
-                 offset's metadata carries the flush id, not the stream time"
-                    .into(),
-            )
-            .into());
-        }
         if !config.more_input_topics.is_empty() {
             check_co_partitioning(&config)?;
         }

@@ -399,10 +399,10 @@ impl Writes for Writer {
             }
             Writer::Fenced(store) => Ok(store.commit_offset_at(offset, stream_time).await?),
             Writer::Plain(plain) => plain.offsets.commit(&inputs, stream_time).await,
-            // The flush id fills the metadata; Flow::start refuses stream time on this store. With
-            // several inputs `offset` is their sum, and `inputs` says what it stands for.
+            // The metadata names the flush, then the stream time. With several inputs `offset` is
+            // their sum, and `inputs` says what it stands for.
             #[cfg(feature = "postgres")]
-            Writer::Pg(store) => Ok(store.commit_offsets(inputs).await?),
+            Writer::Pg(store) => Ok(store.commit_offsets_at(inputs, stream_time).await?),
             #[cfg(feature = "postgres")]
             Writer::PgPlain(_, offsets) => offsets.commit(&inputs, stream_time).await,
         }

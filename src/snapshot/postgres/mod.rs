@@ -20,6 +20,11 @@
 //! and the offset the fencing row recorded, committed with the rows, is the one the partition resumes
 //! from. docs/fencing.md walks through every interleaving.
 //!
+//! A flow with several co-partitioned inputs ([`PgSnapshotStore::acquire_inputs`]) commits every
+//! input's offset in step 1's one TxnOffsetCommit, records them all on the fencing row
+//! (`input_offsets`) in step 2, and resumes each input at the later of the row's offset and the
+//! group's (docs/fencing.md, "Several inputs on the PostgreSQL store").
+//!
 //! # Outputs
 //!
 //! A flush can carry outputs (what a [`Fold`](super::Fold) emitted): they are produced in the prepared
@@ -49,7 +54,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use plain::PgPlainWriter;
-pub use reset::{inspect_partition, reset_partition, PgPartitionReset, PgPartitionView};
+pub use reset::{
+    inspect_partition, reset_partition, reset_partition_inputs, PgPartitionReset, PgPartitionView,
+};
+pub(crate) use store::Position;
 pub use store::{KafkaPrepared, PgSnapshotStore, RowsCommitted, RowsWritten};
 
 /// Where and how snapshots are kept in PostgreSQL.
@@ -172,17 +180,20 @@ pub enum PgError {
         "table prefix {0:?} is not a plain identifier ([a-z_][a-z0-9_]*, at most 40 characters)"
     )]
     InvalidTablePrefix(String),
-    /// A reset of a partition whose fencing row records the offsets of a flow with several input
-    /// topics: a reset moves one input's offset. Nothing was changed.
+    /// A reset names another number of input offsets than the partition's fencing row or one of its
+    /// snapshot rows accounts for (a flow's inputs are all reset together). Nothing was changed.
     #[error(
-        "partition {partition}'s fencing row records the offsets of {inputs} input topics; a reset \
-         moves one input topic's offset"
+        "partition {partition}: {what} accounts for {recorded} input topic(s), and the reset names {named}"
     )]
-    SeveralInputs {
+    InputCount {
         /// The partition.
         partition: i32,
-        /// How many inputs the row accounts for.
-        inputs: usize,
+        /// `the fencing row`, or `the snapshot row of key ...`.
+        what: String,
+        /// How many inputs it accounts for.
+        recorded: usize,
+        /// How many offsets the reset named.
+        named: usize,
     },
     /// A row PostgreSQL returned does not hold what the store wrote (a prepared-transaction name that
     /// does not parse).

@@ -1,5 +1,6 @@
 //! An operator's reset of one partition of the PostgreSQL store (what `snapfence reset --postgres` runs):
-//! the rows and the fencing row, moved together to a new input position.
+//! the rows and the fencing row, moved together to a new input position (every input's, for a flow with
+//! several).
 //!
 //! A takeover starts at the later of the fencing row's `committed_offset` and the group's committed
 //! offset, so moving only the group's offset back would be undone silently by the row. A reset
@@ -78,26 +79,48 @@ fn several_inputs(row: &FencingRow) -> Option<Vec<i64>> {
         .then(|| recorded.into_iter().flatten().collect())
 }
 
-/// Resets `partition` of the flow whose transactional id prefix is `prefix` to input offset `offset`,
-/// in one PostgreSQL transaction: bumps the fencing row's owner epoch (waiting for a flush that holds
-/// the row's lock, then failing every later flush of every earlier owner), deletes each snapshot row
-/// whose envelope offset is at or past `offset`, forgets the outputs stored for a resend (they belong to
-/// a flush the reset discards), and records `offset` as the row's committed offset with no prepared
-/// transaction. Nothing changes when a row holds a value that is no snapshot envelope
-/// ([`PgError::BadRow`]), or when the fencing row records the offsets of a flow with several inputs
-/// ([`PgError::SeveralInputs`]: a reset moves one input's offset).
+/// [`reset_partition_inputs`] of a flow with one input.
 ///
-/// Move the group's committed offset first: stopped between the two, the row still holds the old
-/// offset and a takeover resumes there, with the snapshots that match it.
-///
-/// Not cancel-safe in outcome: dropped after the `COMMIT` was sent, the reset may or may not have
-/// happened (running it again is harmless).
+/// Not cancel-safe in outcome, as [`reset_partition_inputs`].
 pub async fn reset_partition(
     config: &PgStoreConfig,
     prefix: &str,
     partition: i32,
     offset: i64,
 ) -> Result<PgPartitionReset, PgError> {
+    reset_partition_inputs(config, prefix, partition, &[offset]).await
+}
+
+/// Resets `partition` of the flow whose transactional id prefix is `prefix` to input offsets `offsets`
+/// (one per input, in the flow's order),
+/// in one PostgreSQL transaction: bumps the fencing row's owner epoch (waiting for a flush that holds
+/// the row's lock, then failing every later flush of every earlier owner), deletes each snapshot row
+/// that accounts for an event at or past the new offset of any input
+/// ([`SnapshotValue::reaches`](crate::snapshot::SnapshotValue::reaches)), forgets the outputs stored
+/// for a resend (they belong to a flush the reset discards), and records the offsets on the row with no
+/// prepared transaction and no stream time. Nothing changes when a row holds a value that is no
+/// snapshot envelope ([`PgError::BadRow`]), or when the fencing row or a snapshot row accounts for
+/// another number of inputs ([`PgError::InputCount`]).
+///
+/// Move the group's committed offset first: stopped between the two, the row still holds the old
+/// offset and a takeover resumes there, with the snapshots that match it.
+///
+/// Not cancel-safe in outcome: dropped after the `COMMIT` was sent, the reset may or may not have
+/// happened (running it again is harmless).
+pub async fn reset_partition_inputs(
+    config: &PgStoreConfig,
+    prefix: &str,
+    partition: i32,
+    offsets: &[i64],
+) -> Result<PgPartitionReset, PgError> {
+    let Some(&offset) = offsets.first() else {
+        return Err(PgError::InputCount {
+            partition,
+            what: "the reset".into(),
+            recorded: 0,
+            named: 0,
+        });
+    };
     let (statements, pg, lost) = open(config).await?;
     let failed = |step, e| statement_error(&pg, &lost, step, e);
     pg.batch_execute("BEGIN")
@@ -109,10 +132,13 @@ pub async fn reset_partition(
             .await
             .map_err(|e| failed("reset (bump the fencing row)", e))?;
         let row = FencingRow::of(&row).map_err(|detail| PgError::BadRow { partition, detail })?;
-        if let Some(offsets) = several_inputs(&row) {
-            return Err(PgError::SeveralInputs {
+        let recorded = several_inputs(&row).map_or(1, |v| v.len());
+        if recorded != offsets.len() && recorded > 1 {
+            return Err(PgError::InputCount {
                 partition,
-                inputs: offsets.len(),
+                what: "the fencing row".into(),
+                recorded,
+                named: offsets.len(),
             });
         }
         let owner_epoch = row.owner_epoch;
@@ -127,8 +153,17 @@ pub async fn reset_partition(
                     "the snapshot row of key {key:02x?} is not a snapshot envelope: {e}"
                 ),
             })?;
-            if opened.offset() >= offset {
-                doomed.push(key);
+            match opened.reaches(offsets) {
+                Some(true) => doomed.push(key),
+                Some(false) => {}
+                None => {
+                    return Err(PgError::InputCount {
+                        partition,
+                        what: format!("the snapshot row of key {key:02x?}"),
+                        recorded: opened.input_offsets().len(),
+                        named: offsets.len(),
+                    })
+                }
             }
         }
         pg.execute(&statements.delete, &[&prefix, &partition, &doomed])
@@ -137,9 +172,22 @@ pub async fn reset_partition(
         pg.execute(&statements.outputs_clear, &[&prefix, &partition])
             .await
             .map_err(|e| failed("reset (forget stored outputs)", e))?;
-        pg.execute(&statements.reset_row, &[&prefix, &partition, &offset])
+        if row.has_extended_columns {
+            let several = (offsets.len() > 1).then_some(offsets);
+            pg.execute(
+                &statements.reset_row_all,
+                &[&prefix, &partition, &offset, &several],
+            )
             .await
-            .map_err(|e| failed("reset (record the offset)", e))?;
+            .map_err(|e| failed("reset (record the offsets)", e))?;
+        } else {
+            // No flow with several inputs or stream time ever ran on this table; a takeover of one
+            // with several inputs reads the first input's offset from the row and the others' from
+            // the group.
+            pg.execute(&statements.reset_row, &[&prefix, &partition, &offset])
+                .await
+                .map_err(|e| failed("reset (record the offset)", e))?;
+        }
         Ok(PgPartitionReset {
             owner_epoch,
             deleted: doomed.len(),

@@ -4,13 +4,14 @@
 //! - `<prefix>_snapshots (prefix, partition, key, value)`: the snapshot of every live key of every
 //!   partition of every flow, keyed by the flow's transactional-id prefix and the input partition; the
 //!   value is the same envelope the snapshot topic holds (last folded offset, then the user's bytes).
-//! - `<prefix>_owners (prefix, partition, owner_epoch, committed_offset, prepared_txn, input_offsets)`:
-//!   one fencing row per partition. `owner_epoch` is bumped by every takeover; a flush commits only
-//!   while it still holds the epoch its store took over with (a compare-and-set under the row's lock),
-//!   and records the input offset its snapshots cover and the Kafka transaction it prepared. A flow
-//!   with several inputs records every input's offset in `input_offsets` (`committed_offset` is the
-//!   first input's); one-input flows never touch that column, so tables made before it existed keep
-//!   working for them.
+//! - `<prefix>_owners (prefix, partition, owner_epoch, committed_offset, prepared_txn, input_offsets,
+//!   stream_time)`: one fencing row per partition. `owner_epoch` is bumped by every takeover; a flush
+//!   commits only while it still holds the epoch its store took over with (a compare-and-set under the
+//!   row's lock), and records the input offset its snapshots cover and the Kafka transaction it
+//!   prepared. A flow with several inputs records every input's offset in `input_offsets`
+//!   (`committed_offset` is the first input's), and a fold with timers on stream time the stream time
+//!   just before them in `stream_time`. Other flows never name those two columns, so tables made
+//!   before they existed keep working for them.
 //! - `<prefix>_outputs (prefix, partition, seq, flush_id, topic, target, key, value, headers, ts)`: the
 //!   outputs of the partition's last flush that carried any (every flush replaces them), kept so the
 //!   next owner can send them again when that flush's Kafka side did not commit (the group's committed
@@ -35,10 +36,11 @@ pub(crate) struct Statements {
     /// The fence inside a flush: record the flush on the row only if the epoch is still ours. Takes the
     /// row's lock. $1 prefix, $2 partition, $3 owner epoch, $4 committed offset, $5 prepared txn.
     pub(crate) record: String,
-    /// [`record`](Self::record) of a flow with several inputs. $6 every input's offset (int8[]).
-    pub(crate) record_inputs: String,
-    /// Adds the `input_offsets` column to a fencing table made before it existed.
-    pub(crate) add_input_offsets: String,
+    /// [`record`](Self::record) of a flow with several inputs or timers on stream time. $6 every
+    /// input's offset (int8[], null with one input), $7 the stream time (int8, null without).
+    pub(crate) record_all: String,
+    /// Adds the `input_offsets` and `stream_time` columns to a fencing table made before they existed.
+    pub(crate) add_columns: String,
     /// Insert or replace snapshots. $1 prefix, $2 partition, $3 keys (bytea[]), $4 values (bytea[]).
     pub(crate) upsert: String,
     /// Remove keys (tombstones). $1 prefix, $2 partition, $3 keys (bytea[]).
@@ -50,6 +52,9 @@ pub(crate) struct Statements {
     /// An operator's reset: the row's offset set, no prepared transaction. $1 prefix, $2 partition,
     /// $3 committed offset.
     pub(crate) reset_row: String,
+    /// [`reset_row`](Self::reset_row) on a table with `input_offsets` and `stream_time`: $4 every
+    /// input's offset (int8[], null with one input); the stream time is forgotten.
+    pub(crate) reset_row_all: String,
     /// Forget the partition's stored outputs. $1 prefix, $2 partition.
     pub(crate) outputs_clear: String,
     /// Store a flush's outputs. $1 prefix, $2 partition, $3 flush id, $4 seqs (int4[]), $5 topics
@@ -75,7 +80,7 @@ impl Statements {
                  CREATE TABLE IF NOT EXISTS {owners} (\
                    prefix text NOT NULL, partition integer NOT NULL, owner_epoch bigint NOT NULL, \
                    committed_offset bigint, prepared_txn text, input_offsets bigint[], \
-                   PRIMARY KEY (prefix, partition)); \
+                   stream_time bigint, PRIMARY KEY (prefix, partition)); \
                  CREATE TABLE IF NOT EXISTS {outputs} (\
                    prefix text NOT NULL, partition integer NOT NULL, seq integer NOT NULL, \
                    flush_id text NOT NULL, topic text NOT NULL, target integer NOT NULL, key bytea, \
@@ -91,12 +96,13 @@ impl Statements {
                 "UPDATE {owners} SET committed_offset = $4, prepared_txn = $5 \
                  WHERE prefix = $1 AND partition = $2 AND owner_epoch = $3"
             ),
-            record_inputs: format!(
-                "UPDATE {owners} SET committed_offset = $4, prepared_txn = $5, input_offsets = $6 \
-                 WHERE prefix = $1 AND partition = $2 AND owner_epoch = $3"
+            record_all: format!(
+                "UPDATE {owners} SET committed_offset = $4, prepared_txn = $5, input_offsets = $6, \
+                 stream_time = $7 WHERE prefix = $1 AND partition = $2 AND owner_epoch = $3"
             ),
-            add_input_offsets: format!(
-                "ALTER TABLE {owners} ADD COLUMN IF NOT EXISTS input_offsets bigint[]"
+            add_columns: format!(
+                "ALTER TABLE {owners} ADD COLUMN IF NOT EXISTS input_offsets bigint[], \
+                 ADD COLUMN IF NOT EXISTS stream_time bigint"
             ),
             upsert: format!(
                 "INSERT INTO {snapshots} (prefix, partition, key, value) \
@@ -111,6 +117,10 @@ impl Statements {
             reset_row: format!(
                 "UPDATE {owners} SET committed_offset = $3, prepared_txn = NULL \
                  WHERE prefix = $1 AND partition = $2"
+            ),
+            reset_row_all: format!(
+                "UPDATE {owners} SET committed_offset = $3, prepared_txn = NULL, input_offsets = $4, \
+                 stream_time = NULL WHERE prefix = $1 AND partition = $2"
             ),
             outputs_clear: format!("DELETE FROM {outputs} WHERE prefix = $1 AND partition = $2"),
             outputs_insert: format!(
@@ -154,7 +164,7 @@ mod tests {
         assert!(s.create.contains("sf_snapshots") && s.create.contains("sf_owners"));
         assert!(s.create.contains("sf_outputs") && s.outputs_read.contains("ORDER BY seq"));
         assert!(s.record.contains("owner_epoch = $3"));
-        assert!(s.record_inputs.contains("owner_epoch = $3") && s.record_inputs.contains("$6"));
-        assert!(!s.record.contains("input_offsets"));
+        assert!(s.record_all.contains("owner_epoch = $3") && s.record_all.contains("$7"));
+        assert!(!s.record.contains("input_offsets") && !s.record.contains("stream_time"));
     }
 }

@@ -68,8 +68,12 @@ pub struct PgSnapshotStore {
     statements: Arc<Statements>,
     metadata: Arc<dyn MetadataSource>,
     owner_epoch: i64,
-    /// Every input's committed offset. Shared with the flush steps, the last of which moves it.
-    committed: Arc<Mutex<Vec<i64>>>,
+    /// Every input's committed offset and the stream time before them. Shared with the flush steps,
+    /// the last of which moves it.
+    committed: Arc<Mutex<Position>>,
+    /// Flushes record `input_offsets` and `stream_time` on the fencing row (several inputs, or timers
+    /// on stream time).
+    extended: bool,
     /// Whether the group's committed offset in Kafka was behind the fencing row's at takeover.
     behind_at_takeover: bool,
     /// Outputs of the previous owner's last flush whose rows committed and whose Kafka side did not:
@@ -109,26 +113,34 @@ pub(crate) struct FencingRow {
     /// The (first) input's offset the last flush recorded.
     pub(crate) committed_offset: Option<i64>,
     pub(crate) prepared_txn: Option<String>,
-    /// Whether the table has the `input_offsets` column.
-    pub(crate) has_input_offsets: bool,
+    /// Whether the table has the `input_offsets` and `stream_time` columns.
+    pub(crate) has_extended_columns: bool,
     /// Every input's offset, recorded by a flow with several inputs.
     pub(crate) input_offsets: Option<Vec<i64>>,
+    /// The stream time before the recorded offsets, recorded by a fold with timers on stream time.
+    pub(crate) stream_time: Option<i64>,
 }
 
 impl FencingRow {
     pub(crate) fn of(row: &tokio_postgres::Row) -> Result<FencingRow, String> {
-        let has_input_offsets = row.columns().iter().any(|c| c.name() == "input_offsets");
+        let has = |name: &str| row.columns().iter().any(|c| c.name() == name);
+        let has_extended_columns = has("input_offsets") && has("stream_time");
         let column = |e: tokio_postgres::Error| format!("the fencing row: {e}");
+        let (input_offsets, stream_time) = if has_extended_columns {
+            (
+                row.try_get("input_offsets").map_err(column)?,
+                row.try_get("stream_time").map_err(column)?,
+            )
+        } else {
+            (None, None)
+        };
         Ok(FencingRow {
             owner_epoch: row.try_get("owner_epoch").map_err(column)?,
             committed_offset: row.try_get("committed_offset").map_err(column)?,
             prepared_txn: row.try_get("prepared_txn").map_err(column)?,
-            has_input_offsets,
-            input_offsets: if has_input_offsets {
-                row.try_get("input_offsets").map_err(column)?
-            } else {
-                None
-            },
+            has_extended_columns,
+            input_offsets,
+            stream_time,
         })
     }
 
@@ -162,17 +174,29 @@ impl FencingRow {
     }
 }
 
+/// Where a partition stands: every input's offset (in the store's order) and the stream time just
+/// before them (timers on stream time; `None` without).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub(crate) offsets: Vec<i64>,
+    pub(crate) stream_time: Option<i64>,
+}
+
 /// Where a takeover starts each input, and whether the group's committed offsets are behind it: per
 /// input, the later of the fencing row's offset and the group's (`assigned`). The row runs ahead of the
 /// group only when a flush's rows committed and its Kafka side did not; then every input's row offset
 /// is at or past the group's, so the result is the row's vector, a point the previous owner's merge
-/// passed, not a mix of two.
-pub(crate) fn resume_from(row: &FencingRow, assigned: &[i64]) -> Result<(Vec<i64>, bool), String> {
-    let recorded = row.recorded(assigned.len())?;
+/// passed, not a mix of two. The stream time goes with it: the row's when the row is ahead (the later
+/// of the two, as stream time never falls along the input), the group's otherwise.
+pub(crate) fn resume_from(
+    row: &FencingRow,
+    assigned: &Position,
+) -> Result<(Position, bool), String> {
+    let recorded = row.recorded(assigned.offsets.len())?;
     let mut behind = false;
-    let start = recorded
+    let offsets = recorded
         .iter()
-        .zip(assigned)
+        .zip(&assigned.offsets)
         .map(|(r, g)| match r {
             Some(r) if r > g => {
                 behind = true;
@@ -181,7 +205,23 @@ pub(crate) fn resume_from(row: &FencingRow, assigned: &[i64]) -> Result<(Vec<i64
             _ => *g,
         })
         .collect();
-    Ok((start, behind))
+    let stream_time = if behind {
+        row.stream_time.max(assigned.stream_time)
+    } else {
+        assigned.stream_time
+    };
+    Ok((
+        Position {
+            offsets,
+            stream_time,
+        },
+        behind,
+    ))
+}
+
+/// The flush id a committed offset's metadata names (without the stream time a flush may add).
+fn flush_id_of(metadata: &str) -> &str {
+    metadata.split_once(" st=").map_or(metadata, |(id, _)| id)
 }
 
 impl PgSnapshotStore {
@@ -205,9 +245,23 @@ impl PgSnapshotStore {
         metadata: Arc<dyn MetadataSource>,
         assigned_offset: impl Future<Output = Result<i64, SnapshotError>>,
     ) -> Result<Self, SnapshotError> {
-        let start = async { Ok((vec![assigned_offset.await?], ())) };
-        let (store, ()) =
-            Self::take_over(client, snapshots, config, vec![input], metadata, start).await?;
+        let start = async {
+            let at = Position {
+                offsets: vec![assigned_offset.await?],
+                stream_time: None,
+            };
+            Ok((at, ()))
+        };
+        let (store, ()) = Self::take_over(
+            client,
+            snapshots,
+            config,
+            vec![input],
+            false,
+            metadata,
+            start,
+        )
+        .await?;
         Ok(store)
     }
 
@@ -230,22 +284,30 @@ impl PgSnapshotStore {
         metadata: Arc<dyn MetadataSource>,
         assigned_offsets: impl Future<Output = Result<Vec<i64>, SnapshotError>>,
     ) -> Result<Self, SnapshotError> {
-        let start = async { Ok((assigned_offsets.await?, ())) };
+        let start = async {
+            let at = Position {
+                offsets: assigned_offsets.await?,
+                stream_time: None,
+            };
+            Ok((at, ()))
+        };
         let (store, ()) =
-            Self::take_over(client, snapshots, config, inputs, metadata, start).await?;
+            Self::take_over(client, snapshots, config, inputs, false, metadata, start).await?;
         Ok(store)
     }
 
     /// [`acquire_inputs`](Self::acquire_inputs) whose `start` hands back, beside the assigned
-    /// offsets, what else it learned on the way (the flow: whether the group had an offset committed),
-    /// returned with the store.
+    /// offsets and the stream time their commit carries, what else it learned on the way (the flow:
+    /// whether the group had an offset committed), returned with the store. `stream_time`: the fold
+    /// keeps timers on stream time, which every flush records.
     pub(crate) async fn take_over<T>(
         client: Client,
         snapshots: &SnapshotConfig,
         config: &PgStoreConfig,
         inputs: Vec<TopicPartition>,
+        stream_time: bool,
         metadata: Arc<dyn MetadataSource>,
-        start: impl Future<Output = Result<(Vec<i64>, T), SnapshotError>>,
+        start: impl Future<Output = Result<(Position, T), SnapshotError>>,
     ) -> Result<(Self, T), SnapshotError> {
         snapshots.validate()?;
         config.validate()?;
@@ -301,19 +363,21 @@ impl PgSnapshotStore {
             )
         };
         let row = FencingRow::of(&row).map_err(bad_row)?;
-        if inputs.len() > 1 && !row.has_input_offsets {
-            // A table made before flows had several inputs: the column is added once (this waits for
-            // flushes in flight on every partition, which hold the table's lock).
+        let extended = inputs.len() > 1 || stream_time;
+        if extended && !row.has_extended_columns {
+            // A table made before flows had several inputs and stream time: the columns are added once
+            // (this waits for flushes in flight on every partition, which hold the table's lock).
             if !config.create_tables {
                 return Err(bad_row(format!(
-                    "the fencing table has no input_offsets column, which a flow with several inputs                      needs; add it: {}",
-                    statements.add_input_offsets
+                    "the fencing table lacks the input_offsets and stream_time columns, which a flow \
+                     with several inputs or timers on stream time needs; add them: {}",
+                    statements.add_columns
                 )));
             }
             lane.pg
-                .batch_execute(&statements.add_input_offsets)
+                .batch_execute(&statements.add_columns)
                 .await
-                .map_err(|e| fail(&lane, "add the input_offsets column", e))?;
+                .map_err(|e| fail(&lane, "add the input_offsets and stream_time columns", e))?;
         }
         let owner_epoch = row.owner_epoch;
         let recorded: Option<PreparedTxn> = match &row.prepared_txn {
@@ -338,10 +402,10 @@ impl PgSnapshotStore {
             );
         }
         let (assigned, learned) = start.await?;
-        if assigned.len() != inputs.len() {
+        if assigned.offsets.len() != inputs.len() {
             return Err(SnapshotError::Config(format!(
                 "{} assigned offsets for {} inputs",
-                assigned.len(),
+                assigned.offsets.len(),
                 inputs.len()
             )));
         }
@@ -354,7 +418,7 @@ impl PgSnapshotStore {
             None => Vec::new(),
             Some((flush_id, _)) => {
                 let landed = kafka_flush_id(&client, &*metadata, &inputs[0]).await?;
-                if landed.as_deref() == Some(flush_id.as_str()) {
+                if landed.as_deref().map(flush_id_of) == Some(flush_id.as_str()) {
                     Vec::new()
                 } else {
                     crate::telemetry::outputs_resent(partition, stored.len());
@@ -386,6 +450,7 @@ impl PgSnapshotStore {
             metadata,
             owner_epoch,
             committed: Arc::new(Mutex::new(committed)),
+            extended,
             behind_at_takeover,
             resend: Arc::new(Mutex::new(resend)),
             outputs_stored: Arc::new(AtomicBool::new(outputs_stored)),
@@ -415,13 +480,20 @@ impl PgSnapshotStore {
     /// and the group's committed offset). With several inputs, the sum of
     /// [`committed_offsets`](Self::committed_offsets): the partition's coordinate on their merge.
     pub fn committed_offset(&self) -> i64 {
-        lock(&self.committed).iter().sum()
+        lock(&self.committed).offsets.iter().sum()
     }
 
     /// Every input's offset the last successful flush recorded, in the order the store was acquired
     /// with (at takeover: per input, the later of the fencing row's and the group's).
     pub fn committed_offsets(&self) -> Vec<i64> {
-        lock(&self.committed).clone()
+        lock(&self.committed).offsets.clone()
+    }
+
+    /// The stream time the last successful flush recorded with its offsets (at takeover: the one
+    /// that goes with where the partition starts). `None` unless the flow's fold keeps timers on
+    /// stream time.
+    pub(crate) fn committed_stream_time(&self) -> Option<i64> {
+        lock(&self.committed).stream_time
     }
 
     /// Whether the group's committed offset in Kafka was behind the offset PostgreSQL recorded when this
@@ -462,8 +534,8 @@ impl PgSnapshotStore {
         &self,
         writes: Vec<(Bytes, Option<Bytes>)>,
     ) -> Result<(), SnapshotError> {
-        self.flush(writes, Vec::new(), self.committed_offsets())
-            .await
+        let at = lock(&self.committed).clone();
+        self.flush(writes, Vec::new(), at).await
     }
 
     /// [`write_all`](Self::write_all) with outputs: they are produced in the flush's prepared Kafka
@@ -476,7 +548,8 @@ impl PgSnapshotStore {
         writes: Vec<(Bytes, Option<Bytes>)>,
         outputs: Vec<ProducerRecord>,
     ) -> Result<(), SnapshotError> {
-        self.flush(writes, outputs, self.committed_offsets()).await
+        let at = lock(&self.committed).clone();
+        self.flush(writes, outputs, at).await
     }
 
     /// Records `offset` as the input partition's committed offset (a flush without rows). A store of
@@ -485,7 +558,7 @@ impl PgSnapshotStore {
     ///
     /// Not cancel-safe in outcome, as [`write_all`](Self::write_all).
     pub async fn commit_offset(&self, offset: i64) -> Result<(), SnapshotError> {
-        self.flush(Vec::new(), Vec::new(), vec![offset]).await
+        self.commit_offsets(vec![offset]).await
     }
 
     /// Records `offsets` (one per input, in the store's order) as the inputs' committed offsets (a
@@ -493,7 +566,21 @@ impl PgSnapshotStore {
     ///
     /// Not cancel-safe in outcome, as [`write_all`](Self::write_all).
     pub async fn commit_offsets(&self, offsets: Vec<i64>) -> Result<(), SnapshotError> {
-        self.flush(Vec::new(), Vec::new(), offsets).await
+        self.commit_offsets_at(offsets, None).await
+    }
+
+    /// [`commit_offsets`](Self::commit_offsets) with the stream time just before them, which the
+    /// offset commit's metadata carries (`st=<ms>`, after the flush id) and the fencing row records.
+    pub(crate) async fn commit_offsets_at(
+        &self,
+        offsets: Vec<i64>,
+        stream_time: Option<i64>,
+    ) -> Result<(), SnapshotError> {
+        let at = Position {
+            offsets,
+            stream_time,
+        };
+        self.flush(Vec::new(), Vec::new(), at).await
     }
 
     /// A whole flush: its four steps one after the other.
@@ -501,9 +588,9 @@ impl PgSnapshotStore {
         &self,
         writes: Vec<(Bytes, Option<Bytes>)>,
         outputs: Vec<ProducerRecord>,
-        offsets: Vec<i64>,
+        at: Position,
     ) -> Result<(), SnapshotError> {
-        self.begin_flush_inputs(writes, outputs, offsets)
+        self.begin(writes, outputs, at)
             .await?
             .write_rows()
             .await?
@@ -553,7 +640,22 @@ impl PgSnapshotStore {
         outputs: Vec<ProducerRecord>,
         offsets: Vec<i64>,
     ) -> Result<KafkaPrepared, SnapshotError> {
+        let at = Position {
+            offsets,
+            stream_time: None,
+        };
+        self.begin(writes, outputs, at).await
+    }
+
+    /// Step 1 of a flush that leaves the partition at `at`.
+    async fn begin(
+        &self,
+        writes: Vec<(Bytes, Option<Bytes>)>,
+        outputs: Vec<ProducerRecord>,
+        at: Position,
+    ) -> Result<KafkaPrepared, SnapshotError> {
         let partition = self.partition;
+        let offsets = &at.offsets;
         if offsets.len() != self.inputs.len() {
             return Err(SnapshotError::Config(format!(
                 "a flush of partition {partition} carries {} offsets for {} inputs",
@@ -587,16 +689,21 @@ impl PgSnapshotStore {
         if let Err(e) = lane.producer.begin() {
             return Err(failed(&mut lane, e));
         }
-        // Every input's offset in one TxnOffsetCommit, each naming the flush.
+        // Every input's offset in one TxnOffsetCommit, each naming the flush (and the stream time
+        // before them, which a takeover reads back from the first input's).
+        let metadata = match at.stream_time {
+            Some(st) => format!("{flush_id} st={st}"),
+            None => flush_id.clone(),
+        };
         let commits: Vec<(TopicPartition, OffsetAndMetadata)> = self
             .inputs
             .iter()
-            .zip(&offsets)
+            .zip(offsets)
             .map(|(tp, offset)| {
                 let commit = OffsetAndMetadata {
                     offset: *offset,
                     leader_epoch: None,
-                    metadata: Some(flush_id.clone()),
+                    metadata: Some(metadata.clone()),
                 };
                 (tp.clone(), commit)
             })
@@ -629,13 +736,14 @@ impl PgSnapshotStore {
             writes,
             outputs: outputs_all,
             flush_id,
-            offsets,
+            at,
             prepared,
         }))
     }
 
     fn handle(&self) -> Handle {
         Handle {
+            extended: self.extended,
             partition: self.partition,
             prefix: self.prefix.clone(),
             statements: self.statements.clone(),
@@ -668,11 +776,13 @@ impl PgSnapshotStore {
 
 /// What the flush steps need of their store.
 struct Handle {
+    /// Flushes record `input_offsets` and `stream_time` (see [`PgSnapshotStore`]'s field).
+    extended: bool,
     partition: i32,
     prefix: Arc<str>,
     statements: Arc<Statements>,
     owner_epoch: i64,
-    committed: Arc<Mutex<Vec<i64>>>,
+    committed: Arc<Mutex<Position>>,
     resend: Arc<Mutex<Vec<ProducerRecord>>>,
     outputs_stored: Arc<AtomicBool>,
 }
@@ -688,8 +798,9 @@ struct Stage {
     outputs: Vec<ProducerRecord>,
     /// What the flush's offset commit carries as metadata.
     flush_id: String,
-    /// Every input's offset the flush commits, in the store's order.
-    offsets: Vec<i64>,
+    /// Where the flush leaves the partition: every input's offset, in the store's order, and the
+    /// stream time before them.
+    at: Position,
     prepared: PreparedTxn,
 }
 
@@ -792,8 +903,11 @@ impl KafkaPrepared {
         let KafkaPrepared(mut stage) = self;
         let s = &mut stage;
         let (partition, epoch) = (s.store.partition, s.store.owner_epoch);
-        let offsets = s.offsets.clone();
+        let offsets = s.at.offsets.clone();
+        let stream_time = s.at.stream_time;
+        let extended = s.store.extended;
         let first = offsets[0];
+        let several = (offsets.len() > 1).then_some(&offsets);
         let prefix = s.store.prefix.clone();
         let statements = s.store.statements.clone();
         let prepared = s.prepared.to_string();
@@ -802,11 +916,19 @@ impl KafkaPrepared {
         lane.pg_txn_open = true;
         let begun = lane.pg.batch_execute("BEGIN").await;
         let recorded = match begun {
-            Ok(()) if offsets.len() > 1 => {
+            Ok(()) if extended => {
                 lane.pg
                     .execute(
-                        &statements.record_inputs,
-                        &[&&*prefix, &partition, &epoch, &first, &prepared, &offsets],
+                        &statements.record_all,
+                        &[
+                            &&*prefix,
+                            &partition,
+                            &epoch,
+                            &first,
+                            &prepared,
+                            &several,
+                            &stream_time,
+                        ],
                     )
                     .await
             }
@@ -933,9 +1055,10 @@ impl RowsCommitted {
         {
             // Never backwards, input by input.
             let mut committed = lock(&s.store.committed);
-            for (c, o) in committed.iter_mut().zip(&s.offsets) {
+            for (c, o) in committed.offsets.iter_mut().zip(&s.at.offsets) {
                 *c = (*c).max(*o);
             }
+            committed.stream_time = committed.stream_time.max(s.at.stream_time);
         }
         let lane = s.lane();
         let outcome = lane.producer.complete(Some(prepared)).await;
@@ -1323,9 +1446,19 @@ mod tests {
             owner_epoch: 7,
             committed_offset: committed,
             prepared_txn: None,
-            has_input_offsets: true,
+            has_extended_columns: true,
             input_offsets: inputs,
+            stream_time: None,
         }
+    }
+
+    /// `resume_from` without stream time: the offsets and whether the group is behind.
+    fn resume(row: &FencingRow, assigned: &[i64]) -> Result<(Vec<i64>, bool), String> {
+        let at = Position {
+            offsets: assigned.to_vec(),
+            stream_time: None,
+        };
+        resume_from(row, &at).map(|(p, behind)| (p.offsets, behind))
     }
 
     /// A takeover starts every input at the later of the fencing row's offset and the group's, and
@@ -1336,52 +1469,82 @@ mod tests {
     #[test]
     fn a_takeover_resumes_each_input_at_the_later_of_row_and_group() {
         // Nothing recorded: the group's word.
-        assert_eq!(
-            resume_from(&row(None, None), &[5, 9]),
-            Ok((vec![5, 9], false))
-        );
+        assert_eq!(resume(&row(None, None), &[5, 9]), Ok((vec![5, 9], false)));
         // One input.
+        assert_eq!(resume(&row(Some(12), None), &[10]), Ok((vec![12], true)));
+        assert_eq!(resume(&row(Some(8), None), &[10]), Ok((vec![10], false)));
         assert_eq!(
-            resume_from(&row(Some(12), None), &[10]),
-            Ok((vec![12], true))
-        );
-        assert_eq!(
-            resume_from(&row(Some(8), None), &[10]),
-            Ok((vec![10], false))
-        );
-        assert_eq!(
-            resume_from(&row(Some(8), Some(vec![8, 3])), &[10]),
+            resume(&row(Some(8), Some(vec![8, 3])), &[10]),
             Ok((vec![10], false)),
             "one input ignores a vector"
         );
         // Several: a flush whose rows committed and whose Kafka side did not.
         assert_eq!(
-            resume_from(&row(Some(12), Some(vec![12, 40])), &[10, 31]),
+            resume(&row(Some(12), Some(vec![12, 40])), &[10, 31]),
             Ok((vec![12, 40], true))
         );
         // The row ahead on one input only (the other input had nothing new): still behind.
         assert_eq!(
-            resume_from(&row(Some(10), Some(vec![10, 40])), &[10, 31]),
+            resume(&row(Some(10), Some(vec![10, 40])), &[10, 31]),
             Ok((vec![10, 40], true))
         );
         // Row and group agree.
         assert_eq!(
-            resume_from(&row(Some(10), Some(vec![10, 31])), &[10, 31]),
+            resume(&row(Some(10), Some(vec![10, 31])), &[10, 31]),
             Ok((vec![10, 31], false))
         );
         // A stale vector (a one-input flush moved committed_offset on since): the first input only.
         assert_eq!(
-            resume_from(&row(Some(20), Some(vec![10, 40])), &[15, 31]),
+            resume(&row(Some(20), Some(vec![10, 40])), &[15, 31]),
             Ok((vec![20, 31], true))
         );
         // Written before the flow had several inputs: the first input only.
         assert_eq!(
-            resume_from(&row(Some(20), None), &[15, 31]),
+            resume(&row(Some(20), None), &[15, 31]),
             Ok((vec![20, 31], true))
         );
         // A current vector of another length: the inputs' number changed.
-        let e = resume_from(&row(Some(10), Some(vec![10, 40, 2])), &[10, 31]).unwrap_err();
+        let e = resume(&row(Some(10), Some(vec![10, 40, 2])), &[10, 31]).unwrap_err();
         assert!(e.contains("3 inputs") && e.contains("has 2"), "{e}");
+    }
+
+    /// The stream time goes with the offsets a takeover starts at: the row's when the row is ahead
+    /// (never below the group's), the group's otherwise, even when the row holds a later one (a
+    /// stale one from an earlier run, since the row is not ahead). A flush id is read back from the
+    /// metadata with or without a stream time after it.
+    #[test]
+    fn the_stream_time_goes_with_the_offsets_resumed_from() {
+        let at = |offset: i64, st: Option<i64>| Position {
+            offsets: vec![offset],
+            stream_time: st,
+        };
+        let mut ahead = row(Some(12), None);
+        ahead.stream_time = Some(5_000);
+        assert_eq!(
+            resume_from(&ahead, &at(10, Some(4_000))),
+            Ok((at(12, Some(5_000)), true))
+        );
+        assert_eq!(
+            resume_from(&ahead, &at(10, None)),
+            Ok((at(12, Some(5_000)), true))
+        );
+        // A row ahead whose stream time lags the group's (left by a run without stream time).
+        ahead.stream_time = Some(100);
+        assert_eq!(
+            resume_from(&ahead, &at(10, Some(4_000))),
+            Ok((at(12, Some(4_000)), true))
+        );
+        let mut level = row(Some(12), None);
+        level.stream_time = Some(9_000);
+        assert_eq!(
+            resume_from(&level, &at(12, Some(5_000))),
+            Ok((at(12, Some(5_000)), false))
+        );
+        assert_eq!(
+            flush_id_of("snapfence-flush 3.7 st=1700"),
+            "snapfence-flush 3.7"
+        );
+        assert_eq!(flush_id_of("snapfence-flush 3.7"), "snapfence-flush 3.7");
     }
 
     /// Stored output headers round-trip (null values and empty keys included), and bytes that are not
