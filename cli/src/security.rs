@@ -1,14 +1,16 @@
 //! The SASL and TLS command-line options, turned into the client's settings.
 //!
 //! The password never goes on the command line (where `ps` and shell history would show it): it comes from
-//! `SNAPFENCE_SASL_PASSWORD` or from the file named by `--sasl-password-file`.
+//! `SNAPFENCE_SASL_PASSWORD` or from the file named by `--sasl-password-file`. OAUTHBEARER's token comes
+//! from the file named by `--sasl-oauth-token-file`, read again whenever the token it held is due (its
+//! JWT `exp`), so a file another program refreshes is followed.
 //!
 //! # References
 //! - KIP-84 (SCRAM), RFC 4616 (PLAIN); Kafka's `security.protocol` SASL_PLAINTEXT / SSL / SASL_SSL
 
 use std::path::{Path, PathBuf};
 
-use snapfence::net::{ClientConfig, SaslConfig, SaslMechanism};
+use snapfence::net::{ClientConfig, OAuthBearer, SaslConfig, SaslMechanism};
 
 use crate::error::CliError;
 
@@ -26,6 +28,9 @@ pub enum Mechanism {
     /// SASL/SCRAM-SHA-512.
     #[value(name = "scram-sha-512")]
     ScramSha512,
+    /// SASL/OAUTHBEARER, with the token in --sasl-oauth-token-file.
+    #[value(name = "oauthbearer")]
+    OAuthBearer,
 }
 
 impl From<Mechanism> for SaslMechanism {
@@ -34,6 +39,7 @@ impl From<Mechanism> for SaslMechanism {
             Mechanism::Plain => SaslMechanism::Plain,
             Mechanism::ScramSha256 => SaslMechanism::ScramSha256,
             Mechanism::ScramSha512 => SaslMechanism::ScramSha512,
+            Mechanism::OAuthBearer => SaslMechanism::OAuthBearer,
         }
     }
 }
@@ -55,6 +61,14 @@ pub struct SecurityArgs {
     /// Read the SASL password from this file (one line) instead of SNAPFENCE_SASL_PASSWORD.
     #[arg(long, global = true, value_name = "FILE")]
     pub sasl_password_file: Option<PathBuf>,
+    /// OAUTHBEARER: the file holding the bearer token (a JWT), read again when the token is due.
+    #[arg(
+        long,
+        global = true,
+        env = "SNAPFENCE_SASL_OAUTH_TOKEN_FILE",
+        value_name = "FILE"
+    )]
+    pub sasl_oauth_token_file: Option<PathBuf>,
     /// Connect with TLS (implied by --tls-ca).
     #[cfg(feature = "tls")]
     #[arg(long, global = true)]
@@ -98,7 +112,32 @@ impl SecurityArgs {
         password_env: Option<String>,
     ) -> Result<ClientConfig, CliError> {
         let mut config = base;
+        if self.sasl_oauth_token_file.is_some()
+            && self.sasl_mechanism != Some(Mechanism::OAuthBearer)
+        {
+            return Err(usage(
+                "--sasl-oauth-token-file needs --sasl-mechanism oauthbearer",
+                "add --sasl-mechanism oauthbearer",
+            ));
+        }
         match (self.sasl_mechanism, &self.sasl_username) {
+            (Some(Mechanism::OAuthBearer), user) => {
+                if user.is_some() || self.sasl_password_file.is_some() {
+                    return Err(usage(
+                        "OAUTHBEARER logs in with a token, not a user name and password",
+                        "drop --sasl-username and --sasl-password-file; the token's subject is the principal",
+                    ));
+                }
+                let Some(file) = &self.sasl_oauth_token_file else {
+                    return Err(usage(
+                        "--sasl-mechanism oauthbearer needs a token",
+                        "pass --sasl-oauth-token-file FILE (or set SNAPFENCE_SASL_OAUTH_TOKEN_FILE)",
+                    ));
+                };
+                // Read once now, so a wrong path is a usage error before anything connects.
+                read(file, "OAUTHBEARER token")?;
+                config.sasl = Some(SaslConfig::oauthbearer(OAuthBearer::token_file(file)));
+            }
             (None, None) => {}
             (None, Some(_)) => {
                 return Err(usage(
@@ -184,6 +223,7 @@ impl SecurityArgs {
         self.sasl_mechanism.is_some()
             || self.sasl_username.is_some()
             || self.sasl_password_file.is_some()
+            || self.sasl_oauth_token_file.is_some()
     }
 
     /// These options as command-line arguments, for a child `snapfence` process that must connect the
@@ -200,6 +240,9 @@ impl SecurityArgs {
         }
         if let Some(file) = &self.sasl_password_file {
             out.extend(["--sasl-password-file".into(), file.into()]);
+        }
+        if let Some(file) = &self.sasl_oauth_token_file {
+            out.extend(["--sasl-oauth-token-file".into(), file.into()]);
         }
         #[cfg(feature = "tls")]
         {
@@ -286,6 +329,53 @@ mod tests {
             (sasl.username.as_str(), sasl.password.as_str()),
             ("u", "pw")
         );
+    }
+
+    /// OAUTHBEARER takes a token file and nothing else: no user name, no password, and no token file
+    /// with another mechanism. A missing file is a usage error before anything connects. The option
+    /// survives the trip to a child process.
+    #[test]
+    fn oauthbearer_takes_a_token_file_alone() {
+        use clap::Parser;
+        let dir = std::env::temp_dir().join(format!("snapfence-cli-oauth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhIn0.\n").unwrap();
+        let base = || ClientConfig::new("h:1");
+        let oauth = |user: Option<&str>, token: Option<&std::path::Path>| SecurityArgs {
+            sasl_oauth_token_file: token.map(std::path::Path::to_path_buf),
+            ..args(Some(Mechanism::OAuthBearer), user)
+        };
+        let sasl = oauth(None, Some(&file))
+            .apply(base(), None)
+            .unwrap()
+            .sasl
+            .unwrap();
+        assert_eq!(sasl.mechanism, SaslMechanism::OAuthBearer);
+        assert!(sasl.oauth_bearer.is_some());
+        for bad in [
+            oauth(None, None),
+            oauth(Some("u"), Some(&file)),
+            oauth(None, Some(&dir.join("missing"))),
+            SecurityArgs {
+                sasl_oauth_token_file: Some(file.clone()),
+                ..args(Some(Mechanism::Plain), Some("u"))
+            },
+        ] {
+            let err = bad.apply(base(), Some("pw".into())).unwrap_err();
+            assert_eq!(err.exit_code(), crate::error::EXIT_USAGE, "{err}");
+        }
+        #[derive(clap::Parser)]
+        struct Probe {
+            #[command(flatten)]
+            security: SecurityArgs,
+        }
+        let mut argv: Vec<std::ffi::OsString> = vec!["probe".into()];
+        argv.extend(oauth(None, Some(&file)).child_args());
+        let back = Probe::try_parse_from(argv).unwrap().security;
+        assert_eq!(back.sasl_mechanism, Some(Mechanism::OAuthBearer));
+        assert_eq!(back.sasl_oauth_token_file.as_deref(), Some(file.as_path()));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// A password file takes precedence over the environment, and its trailing newline is not part of

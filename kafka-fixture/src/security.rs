@@ -10,6 +10,12 @@
 //! and a PLAIN entry in the listener's JAAS configuration. Everything else needs ACLs, which tests create
 //! as a super user through the client under test (CreateAcls).
 //!
+//! The SASL listeners also offer OAUTHBEARER with Kafka's built-in unsecured JWS validator (the broker's
+//! default OAUTHBEARER server callback): a token is `base64url({"alg":"none"})` `.`
+//! `base64url({"sub":..., "iat":..., "exp":...})` `.` with an empty signature, its principal
+//! `User:<sub>`, and it is refused once `exp` (seconds) has passed. The validator accepts any SASL
+//! extension. Not for production: it checks no signature.
+//!
 //! # Broker facts proven by `tests/security.rs`
 //! - `--add-scram 'SCRAM-SHA-256=[name=U,password=P]'` at format time works on 4.4.0 and 3.9.2 with a
 //!   static quorum; the users can log in as soon as the broker is ready.
@@ -147,11 +153,16 @@ impl SecuritySpec {
                         "org.apache.kafka.common.security.scram.ScramLoginModule required;".into(),
                     );
                 }
+                set(
+                    format!("{prefix}.oauthbearer.sasl.jaas.config"),
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
+                        .into(),
+                );
             }
         }
         set(
             "sasl.enabled.mechanisms".into(),
-            "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512".into(),
+            "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,OAUTHBEARER".into(),
         );
         set(
             "authorizer.class.name".into(),

@@ -21,6 +21,7 @@ pub mod acl;
 pub mod campaign;
 mod group;
 pub mod member;
+pub mod oauth;
 pub mod raw;
 pub mod tally;
 

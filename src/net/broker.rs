@@ -18,7 +18,7 @@ use tokio::time::{timeout_at, Instant};
 
 use super::conn::{ConnOptions, Connection};
 use super::dial::{Dialer, Stream, TcpDialer};
-use super::sasl::{AuthFailure, Exchange, SaslConfig};
+use super::sasl::{AuthFailure, Exchange, SaslConfig, SaslMechanism};
 use super::{ClientConfig, NetError};
 use crate::telemetry::{self, AUTHENTICATION_FAILURES, CONNECTIONS_OPENED};
 use crate::wire::{self, ApiRequest, BrokerApiVersions, ErrorCode, Features};
@@ -204,7 +204,12 @@ async fn authenticate(
         }
     }
 
-    let mut exchange = Exchange::new(sasl).map_err(fail)?;
+    let token = match (sasl.mechanism, &sasl.oauth_bearer) {
+        (SaslMechanism::OAuthBearer, Some(oauth)) => Some(oauth_token(conn, oauth, timeout).await?),
+        (SaslMechanism::OAuthBearer, None) => return Err(fail(AuthFailure::NoTokenProvider)),
+        _ => None,
+    };
+    let mut exchange = Exchange::new(sasl, token.as_ref()).map_err(fail)?;
     let mut to_send = Some(exchange.first());
     let mut lifetime_ms = 0i64;
     while let Some(bytes) = to_send.take() {
@@ -212,19 +217,49 @@ async fn authenticate(
         let answer = conn.request(&request, auth_version, timeout).await?;
         let code = ErrorCode::from_code(answer.error_code);
         if code != ErrorCode::None {
-            return Err(fail(AuthFailure::Rejected {
-                code,
-                message: answer
-                    .error_message
-                    .map(|m| m.to_string())
-                    .unwrap_or_default(),
-            }));
+            let message = answer
+                .error_message
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            if let Some(refused) = exchange.refusal(&message) {
+                // Ask the provider again next time: the token may have expired or been revoked.
+                if let Some(oauth) = &sasl.oauth_bearer {
+                    oauth.forget();
+                }
+                return Err(fail(refused));
+            }
+            return Err(fail(AuthFailure::Rejected { code, message }));
         }
         lifetime_ms = answer.session_lifetime_ms;
         to_send = exchange.step(&answer.auth_bytes).map_err(fail)?;
     }
     tracing::debug!(addr = conn.addr(), mechanism = %sasl.mechanism, lifetime_ms, "authenticated");
     Ok((lifetime_ms > 0).then(|| Duration::from_millis(lifetime_ms as u64)))
+}
+
+/// The OAUTHBEARER token for a login on `conn`, within `timeout`: a provider that fails or takes too
+/// long is [`NetError::TokenProvider`] (retriable), a token that cannot be sent is an authentication
+/// failure.
+async fn oauth_token(
+    conn: &Connection,
+    oauth: &super::oauth::OAuthBearer,
+    timeout: Duration,
+) -> Result<super::oauth::OAuthBearerToken, NetError> {
+    use super::oauth::TokenFailure;
+    let provider = |message: String| NetError::TokenProvider {
+        addr: conn.addr().to_owned(),
+        message,
+    };
+    match tokio::time::timeout(timeout, oauth.token()).await {
+        Err(_) => Err(provider(format!("no token within {timeout:?}"))),
+        Ok(Err(TokenFailure::Provider(message))) => Err(provider(message)),
+        Ok(Err(TokenFailure::Refused(reason))) => Err(NetError::Authentication {
+            addr: conn.addr().to_owned(),
+            mechanism: SaslMechanism::OAuthBearer,
+            reason,
+        }),
+        Ok(Ok(token)) => Ok(token),
+    }
 }
 
 /// How often a connection looks for abandoned requests that are overdue: often enough to notice within

@@ -142,6 +142,16 @@ pub enum NetError {
         /// What the broker (or the SCRAM check) said.
         reason: AuthFailure,
     },
+    /// The application's OAUTHBEARER token provider failed, or gave no token within the connect
+    /// timeout; nothing was sent. Retriable: the routing loop tries again after a back-off, and the
+    /// provider is asked again.
+    #[error("no OAUTHBEARER token for {addr}: {message}")]
+    TokenProvider {
+        /// The broker's address the login was for.
+        addr: String,
+        /// The provider's error.
+        message: String,
+    },
     /// The TLS handshake failed for a reason retrying will not fix (the broker's certificate is not
     /// trusted or does not name it, the broker refused our client certificate, no common protocol).
     #[error("TLS handshake with {addr} failed: {message}")]
@@ -232,6 +242,8 @@ impl NetError {
             NetError::Broker { code, .. } => code.is_retriable(),
             // The metadata may simply be older than the broker list the caller got the id from.
             NetError::UnknownBroker(_) => true,
+            // An identity provider that was down may be back.
+            NetError::TokenProvider { .. } => true,
             _ => false,
         }
     }

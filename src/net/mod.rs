@@ -26,7 +26,8 @@
 //! - Kafka protocol guide: <https://kafka.apache.org/protocol.html>
 //! - KIP-35 / KIP-511 (ApiVersions), KIP-584 (features), KIP-320 (leader epochs), KIP-516 (topic ids),
 //!   KIP-699 (batched FindCoordinator), KIP-590 (admin request forwarding in KRaft), KIP-580 (back-off)
-//! - KIP-43/KIP-152 (SASL handshake and authenticate), KIP-84 (SCRAM), KIP-368 (SASL session lifetime);
+//! - KIP-43/KIP-152 (SASL handshake and authenticate), KIP-84 (SCRAM), KIP-255/RFC 7628 (OAUTHBEARER),
+//!   KIP-342 (SASL extensions), KIP-368 (SASL session lifetime);
 //!   TLS with rustls behind the `tls` feature
 
 mod broker;
@@ -36,6 +37,7 @@ mod conn;
 mod dial;
 mod error;
 mod metadata;
+mod oauth;
 mod retry;
 mod sasl;
 #[cfg(feature = "tls")]
@@ -59,8 +61,9 @@ pub use metadata::{
     BrokerInfo, ClusterMetadata, LeaderInfo, PartitionMetadata, TopicId, TopicMetadata,
     TopicPartition,
 };
+pub use oauth::{OAuthBearer, OAuthBearerToken, TokenError, TokenFuture, TokenProvider};
 pub use retry::Backoff;
-pub use sasl::{AuthFailure, SaslConfig, SaslMechanism};
+pub use sasl::{AuthFailure, SaslConfig, SaslMechanism, TokenRefusal};
 #[cfg(feature = "tls")]
 pub use tls::TlsConfig;
 

@@ -1,5 +1,5 @@
-//! SASL authentication of a new connection: PLAIN and SCRAM-SHA-256/512, the settings and the message
-//! exchange only. The round trips that carry the messages are `authenticate` in `broker.rs`, beside the
+//! SASL authentication of a new connection: PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER (its token cache
+//! and messages are in `oauth.rs`), the settings and the message exchange only. The round trips that carry the messages are `authenticate` in `broker.rs`, beside the
 //! rest of the connection handshake, so that this file does no I/O and needs nothing from `conn.rs`.
 //!
 //! Every connection the pool opens runs ApiVersions, then SaslHandshake v1 naming the mechanism, then one
@@ -32,6 +32,7 @@ use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256, Sha512};
 
+use super::oauth::{OAuthBearer, OAuthBearerToken, OAuthExchange};
 use crate::wire::ErrorCode;
 
 /// A SASL mechanism this client can log in with.
@@ -44,6 +45,9 @@ pub enum SaslMechanism {
     ScramSha256,
     /// `SCRAM-SHA-512`.
     ScramSha512,
+    /// `OAUTHBEARER` (RFC 7628, KIP-255): a bearer token from the application's
+    /// [`TokenProvider`](super::TokenProvider); see [`SaslConfig::oauthbearer`].
+    OAuthBearer,
 }
 
 impl SaslMechanism {
@@ -53,6 +57,7 @@ impl SaslMechanism {
             SaslMechanism::Plain => "PLAIN",
             SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
             SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+            SaslMechanism::OAuthBearer => "OAUTHBEARER",
         }
     }
 
@@ -62,6 +67,7 @@ impl SaslMechanism {
             SaslMechanism::Plain,
             SaslMechanism::ScramSha256,
             SaslMechanism::ScramSha512,
+            SaslMechanism::OAuthBearer,
         ]
         .into_iter()
         .find(|m| m.name().eq_ignore_ascii_case(name.trim()))
@@ -76,18 +82,21 @@ impl fmt::Display for SaslMechanism {
 
 /// SASL credentials for [`ClientConfig::sasl`](super::ClientConfig::sasl). `Debug` never shows the
 /// password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct SaslConfig {
     /// How to log in.
     pub mechanism: SaslMechanism,
-    /// The user name (the principal becomes `User:<username>`).
+    /// The user name (the principal becomes `User:<username>`). Unused by OAUTHBEARER.
     pub username: String,
-    /// The password.
+    /// The password. Unused by OAUTHBEARER.
     pub password: String,
+    /// Where OAUTHBEARER's tokens come from; required by that mechanism, unused by the others.
+    pub oauth_bearer: Option<OAuthBearer>,
 }
 
 impl SaslConfig {
-    /// Credentials for `mechanism`.
+    /// Credentials for `mechanism` (PLAIN or SCRAM; for OAUTHBEARER see
+    /// [`oauthbearer`](Self::oauthbearer)).
     pub fn new(
         mechanism: SaslMechanism,
         username: impl Into<String>,
@@ -97,9 +106,48 @@ impl SaslConfig {
             mechanism,
             username: username.into(),
             password: password.into(),
+            oauth_bearer: None,
+        }
+    }
+
+    /// OAUTHBEARER with tokens from `oauth` (its provider and cache; clones share both).
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use snapfence::net::{ClientConfig, OAuthBearer, OAuthBearerToken, SaslConfig};
+    ///
+    /// let oauth = OAuthBearer::new(|| async {
+    ///     // Ask the identity provider here (client credentials, a mounted token file, ...).
+    ///     let expires = SystemTime::now() + Duration::from_secs(3600);
+    ///     Ok(OAuthBearerToken::new("eyJhbGciOi...", expires).with_extension("logicalCluster", "lkc-1"))
+    /// });
+    /// let config = ClientConfig::new("broker:9093").with_sasl(SaslConfig::oauthbearer(oauth));
+    /// ```
+    pub fn oauthbearer(oauth: OAuthBearer) -> SaslConfig {
+        SaslConfig {
+            mechanism: SaslMechanism::OAuthBearer,
+            username: String::new(),
+            password: String::new(),
+            oauth_bearer: Some(oauth),
         }
     }
 }
+
+impl PartialEq for SaslConfig {
+    /// Equal when the mechanism and credentials are, and OAUTHBEARER settings share their provider.
+    fn eq(&self, other: &Self) -> bool {
+        self.mechanism == other.mechanism
+            && self.username == other.username
+            && self.password == other.password
+            && match (&self.oauth_bearer, &other.oauth_bearer) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.same(b),
+                _ => false,
+            }
+    }
+}
+
+impl Eq for SaslConfig {}
 
 impl fmt::Debug for SaslConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -107,6 +155,7 @@ impl fmt::Debug for SaslConfig {
             .field("mechanism", &self.mechanism)
             .field("username", &self.username)
             .field("password", &"<redacted>")
+            .field("oauth_bearer", &self.oauth_bearer)
             .finish()
     }
 }
@@ -149,6 +198,50 @@ pub enum AuthFailure {
     /// The server ended the SCRAM exchange with an error (`e=...`).
     #[error("the server reported a SCRAM error: {0}")]
     ServerError(String),
+    /// The broker refused the OAUTHBEARER token: it answered with an error challenge (RFC 7628 section
+    /// 3.2.2) and then SASL_AUTHENTICATION_FAILED. The token is forgotten, so the next login asks the
+    /// provider for a new one.
+    #[error("the broker refused the token: {0}")]
+    TokenRefused(Box<TokenRefusal>),
+    /// The provider's token is not an RFC 6750 `b64token`; nothing was sent.
+    #[error("the OAUTHBEARER token cannot be sent: {0}")]
+    BadToken(String),
+    /// A SASL extension of the provider's token breaks RFC 7628's grammar (or is the reserved `auth`);
+    /// nothing was sent.
+    #[error("SASL extension {key:?} cannot be sent: {reason}")]
+    BadExtension {
+        /// The extension's key.
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// OAUTHBEARER was chosen without a token provider ([`SaslConfig::oauthbearer`]).
+    #[error("OAUTHBEARER needs a token provider (SaslConfig::oauthbearer)")]
+    NoTokenProvider,
+}
+
+/// What the broker said when it refused an OAUTHBEARER token ([`AuthFailure::TokenRefused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TokenRefusal {
+    /// The error challenge's `status` (`invalid_token`, `invalid_scope`, ...), if it has one.
+    pub status: Option<String>,
+    /// The challenge as the broker sent it (a JSON object, RFC 7628 section 3.2.2).
+    pub challenge: String,
+    /// The broker's error message.
+    pub message: String,
+}
+
+impl fmt::Display for TokenRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "status {}: {}; challenge {}",
+            self.status.as_deref().unwrap_or("not given"),
+            self.message,
+            self.challenge
+        )
+    }
 }
 
 /// Kafka refuses SCRAM credentials below 4096 iterations (`ScramMechanism.minIterations`); so do we, so
@@ -392,11 +485,27 @@ pub(crate) enum Exchange {
     Plain { message: Vec<u8>, sent: bool },
     /// SCRAM: client-first, client-final, then the server's proof.
     Scram { client: ScramClient, round: u8 },
+    /// OAUTHBEARER: the token, then (only after an error challenge) a lone separator.
+    OAuth {
+        first: Vec<u8>,
+        exchange: OAuthExchange,
+    },
 }
 
 impl Exchange {
-    pub(crate) fn new(sasl: &SaslConfig) -> Result<Exchange, AuthFailure> {
+    /// The exchange of `sasl`'s mechanism; OAUTHBEARER needs the `token` its provider handed out.
+    pub(crate) fn new(
+        sasl: &SaslConfig,
+        token: Option<&OAuthBearerToken>,
+    ) -> Result<Exchange, AuthFailure> {
         let hash = match sasl.mechanism {
+            SaslMechanism::OAuthBearer => {
+                let token = token.ok_or(AuthFailure::NoTokenProvider)?;
+                return Ok(Exchange::OAuth {
+                    first: super::oauth::initial_response(token)?,
+                    exchange: OAuthExchange::default(),
+                });
+            }
             SaslMechanism::Plain => {
                 // RFC 4616: [authzid] NUL authcid NUL passwd; no authzid (act as ourselves).
                 let mut message = Vec::with_capacity(sasl.username.len() + sasl.password.len() + 2);
@@ -428,6 +537,16 @@ impl Exchange {
                 *round = 1;
                 client.client_first()
             }
+            Exchange::OAuth { first, .. } => std::mem::take(first),
+        }
+    }
+
+    /// What to report when the broker ends the exchange with an error: the OAUTHBEARER token refused
+    /// with its challenge, when one came.
+    pub(crate) fn refusal(&self, message: &str) -> Option<AuthFailure> {
+        match self {
+            Exchange::OAuth { exchange, .. } => exchange.refusal(message),
+            _ => None,
         }
     }
 
@@ -450,6 +569,7 @@ impl Exchange {
                     "server message after the exchange ended".into(),
                 )),
             },
+            Exchange::OAuth { exchange, .. } => exchange.step(server),
         }
     }
 }
@@ -603,8 +723,11 @@ mod tests {
     /// PLAIN sends one "\0user\0password" message and takes the server's empty answer as the end.
     #[test]
     fn plain_sends_one_message_and_accepts_the_empty_answer() {
-        let mut e =
-            Exchange::new(&SaslConfig::new(SaslMechanism::Plain, "alice", "s3cret")).unwrap();
+        let mut e = Exchange::new(
+            &SaslConfig::new(SaslMechanism::Plain, "alice", "s3cret"),
+            None,
+        )
+        .unwrap();
         assert_eq!(e.first(), b"\0alice\0s3cret");
         assert_eq!(e.step(b""), Ok(None));
     }
@@ -614,7 +737,7 @@ mod tests {
     #[test]
     fn scram_exchange_ends_after_the_server_proof() {
         let sasl = SaslConfig::new(SaslMechanism::ScramSha256, "user", "pencil");
-        let mut e = Exchange::new(&sasl).unwrap();
+        let mut e = Exchange::new(&sasl, None).unwrap();
         let first = e.first();
         assert!(first.starts_with(b"n,,n=user,r="));
         // A server-first whose nonce is not ours fails the exchange.
