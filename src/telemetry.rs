@@ -129,6 +129,13 @@ pub(crate) const RECEIVED_BYTES: Metric = Metric {
     help: "Response bytes read from brokers, size prefixes included",
 };
 
+pub(crate) const REAUTHENTICATIONS: Metric = Metric {
+    name: "snapfence_sasl_session_renewals_total",
+    kind: Kind::Counter,
+    labels: &["how"],
+    help: "SASL sessions renewed before the broker's session lifetime (KIP-368) ran out; how: in_place (re-authenticated on the same connection), reconnect (a new connection logged in)",
+};
+
 pub(crate) const AUTHENTICATION_FAILURES: Metric = Metric {
     name: "snapfence_authentication_failures_total",
     kind: Kind::Counter,
@@ -316,6 +323,7 @@ pub(crate) const ALL: &[Metric] = &[
     CONNECTIONS_POISONED,
     SENT_BYTES,
     RECEIVED_BYTES,
+    REAUTHENTICATIONS,
     AUTHENTICATION_FAILURES,
     CONCURRENT_TRANSACTIONS_RETRIES,
     TRANSACTION_DURATION,

@@ -3,7 +3,8 @@
 //! checked in the unit tests of `net/oauth.rs`): a provider's token logs in and the client produces and
 //! fetches; an expired token is refused with the broker's error challenge, typed, and the provider is
 //! asked again; and a flow folds through many token lifetimes, with `connections.max.reauth.ms` at 0
-//! and above 0, losing nothing.
+//! and above 0, losing nothing, its sessions renewed in place (KIP-368) on the connections it has.
+//! A SCRAM session is renewed in place the same way.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -19,8 +20,8 @@ use snapfence::consumer::{
     TopicPartition as ConsumerTp,
 };
 use snapfence::net::{
-    AuthFailure, Client, ClientConfig, NetError, OAuthBearer, OAuthBearerToken, SaslConfig,
-    TokenError,
+    AuthFailure, Client, ClientConfig, DialFuture, Dialer, NetError, OAuthBearer, OAuthBearerToken,
+    SaslConfig, SaslMechanism, Target, TcpDialer, TokenError,
 };
 use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
 use snapfence::snapshot::{Flow, FlowConfig, SnapshotConfig};
@@ -54,6 +55,17 @@ fn provider(lifetime: Duration) -> (OAuthBearer, Arc<AtomicU32>) {
 fn config(kafka: &KafkaCluster, oauth: OAuthBearer) -> ClientConfig {
     ClientConfig::new(kafka.listener_bootstrap(Listener::SaslPlaintext))
         .with_sasl(SaslConfig::oauthbearer(oauth))
+}
+
+/// The default TCP dialer, counting the connections it opens.
+#[derive(Debug, Default, Clone)]
+struct CountingDialer(Arc<AtomicU32>);
+
+impl Dialer for CountingDialer {
+    fn dial<'a>(&'a self, addr: &'a str, tcp: &'a TcpDialer) -> DialFuture<'a> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        tcp.dial(addr, tcp)
+    }
 }
 
 /// A token from the provider logs in (its extension passed through); the client creates a topic,
@@ -225,7 +237,10 @@ async fn flow_outlives_tokens(spec: ClusterSpec, reauth: &str) {
     let kafka = cluster(spec).await;
     let lifetime = Duration::from_secs(6);
     let (oauth, calls) = provider(lifetime);
-    let client = Client::connect(config(&kafka, oauth)).await.unwrap();
+    let dials = CountingDialer::default();
+    let client = Client::connect(config(&kafka, oauth).with_dialer(dials.clone()))
+        .await
+        .unwrap();
     let (input, snapshots) = protocol_tests::flow_topics(&client, "oauth-flow", 2).await;
     let mut group = GroupConfig::new(unique("oauth-group"));
     group.session_timeout = Duration::from_secs(10);
@@ -247,6 +262,9 @@ async fn flow_outlives_tokens(spec: ClusterSpec, reauth: &str) {
     let producer = Producer::new(plain, ProducerConfig::default())
         .await
         .unwrap();
+    flow.poll_once(Duration::from_millis(100)).await.unwrap();
+    // Every connection the flow uses is open now, well before the first session is due.
+    let at_start = dials.0.load(Ordering::SeqCst);
     let mut events: Vec<(Bytes, Bytes)> = Vec::new();
     let until = Instant::now() + lifetime * 3;
     let mut i = 0u32;
@@ -292,13 +310,47 @@ async fn flow_outlives_tokens(spec: ClusterSpec, reauth: &str) {
     flow.commit().await.unwrap();
     flow.close().await.unwrap();
     let asked = calls.load(Ordering::SeqCst);
+    let opened = dials.0.load(Ordering::SeqCst);
     eprintln!(
-        "connections.max.reauth.ms={reauth}: {} events over {:?}, the provider asked {asked} times",
+        "connections.max.reauth.ms={reauth}: {} events over {:?}, the provider asked {asked} times, {opened} connection(s) opened",
         events.len(),
         lifetime * 3
     );
     assert!(
         asked >= 3,
         "every login after a token's refresh point takes a new one: asked {asked} times"
+    );
+    // Each session was renewed on its connection with a fresh token, not replaced by a new one.
+    assert_eq!(opened, at_start, "sessions renewed in place");
+}
+
+/// A SCRAM session with `connections.max.reauth.ms` at 4 s is renewed in place twice or more while a
+/// client keeps sending over it: every request is answered and the client opens one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scram_session_is_renewed_in_place() {
+    let kafka = cluster(spec(Some("4000"))).await;
+    let dials = CountingDialer::default();
+    let config = ClientConfig::new(kafka.listener_bootstrap(Listener::SaslPlaintext))
+        .with_sasl(SaslConfig::new(
+            SaslMechanism::ScramSha512,
+            "admin",
+            "admin-secret",
+        ))
+        .with_dialer(dials.clone());
+    let client = Client::connect(config).await.unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut answered = 0;
+    while Instant::now() < until {
+        let metadata =
+            || kafka_protocol::messages::MetadataRequest::default().with_topics(Some(vec![]));
+        client.send(Target::Any, |_| metadata()).await.unwrap();
+        answered += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(answered > 100, "{answered}");
+    assert_eq!(
+        dials.0.load(Ordering::SeqCst),
+        1,
+        "one connection throughout"
     );
 }

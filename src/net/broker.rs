@@ -16,7 +16,7 @@ use kafka_protocol::messages::{ApiVersionsRequest, SaslAuthenticateRequest, Sasl
 use kafka_protocol::protocol::StrBytes;
 use tokio::time::{timeout_at, Instant};
 
-use super::conn::{ConnOptions, Connection};
+use super::conn::{ConnOptions, Connection, Exclusive};
 use super::dial::{Dialer, Stream, TcpDialer};
 use super::sasl::{AuthFailure, Exchange, SaslConfig, SaslMechanism};
 use super::{ClientConfig, NetError};
@@ -35,15 +35,125 @@ pub(crate) struct BrokerConn {
     pub node: i32,
     pub versions: Arc<BrokerApiVersions>,
     pub features: Features,
-    /// When the SASL session must be replaced (KIP-368): a little before the broker's announced session
-    /// lifetime runs out, so a request is never sent on a connection the broker is about to close.
+    /// When the SASL session must be renewed (KIP-368), by re-authenticating in place or by a new
+    /// connection: a little before the broker's announced session lifetime runs out, so a request is
+    /// never sent on a connection the broker is about to close.
     pub retire_at: Option<Instant>,
+    /// When the broker ends the session (`None`: it set no limit).
+    pub session_end: Option<Instant>,
 }
 
 impl BrokerConn {
     /// Whether requests may still be sent on this connection.
     pub(crate) fn usable(&self) -> bool {
         self.conn.is_usable() && self.retire_at.is_none_or(|at| Instant::now() < at)
+    }
+
+    /// Whether the connection is alive but its session is due for renewal: a candidate for
+    /// re-authentication in place.
+    pub(crate) fn renewable(&self) -> bool {
+        self.conn.is_usable()
+            && self.retire_at.is_some_and(|at| Instant::now() >= at)
+            && self.session_end.is_some_and(|end| Instant::now() < end)
+    }
+}
+
+/// The fraction of a SASL session (KIP-368) after which it is renewed: early enough that the requests in
+/// flight then (a fetch's long poll, 500 ms by default) are answered well before the session ends even
+/// when it is a few seconds long, as in the tests; on real clusters sessions last minutes to hours.
+const RENEW_AT: f64 = 0.75;
+
+/// The fraction of a session by which the requests in flight must have been answered for a renewal in
+/// place; the rest is left for the exchange itself.
+const DRAINED_BY: f64 = 0.95;
+
+/// Where a login's requests go: a connection nobody else uses yet, or one held exclusively.
+pub(crate) trait LoginChannel {
+    fn addr(&self) -> &str;
+    fn request<R: ApiRequest + Sync>(
+        &self,
+        request: &R,
+        version: i16,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<R::Response, NetError>> + Send;
+}
+
+impl LoginChannel for Connection {
+    fn addr(&self) -> &str {
+        Connection::addr(self)
+    }
+    async fn request<R: ApiRequest + Sync>(
+        &self,
+        request: &R,
+        version: i16,
+        timeout: Duration,
+    ) -> Result<R::Response, NetError> {
+        Connection::request(self, request, version, timeout).await
+    }
+}
+
+impl LoginChannel for Exclusive {
+    fn addr(&self) -> &str {
+        Exclusive::addr(self)
+    }
+    async fn request<R: ApiRequest + Sync>(
+        &self,
+        request: &R,
+        version: i16,
+        timeout: Duration,
+    ) -> Result<R::Response, NetError> {
+        Exclusive::request(self, request, version, timeout).await
+    }
+}
+
+/// Why a session was not renewed in place; the pool then opens a new connection (retire and
+/// reconnect).
+#[derive(Debug)]
+pub(crate) enum Renewal {
+    /// Requests in flight were not all answered before the session's last safe moment (a JoinGroup
+    /// waiting out a rebalance, say). Nothing was sent.
+    Busy,
+    /// The broker did not re-authenticate the connection (it refuses re-authentication on this
+    /// listener, or the login failed); the pool stops trying in place on this broker.
+    Failed(NetError),
+}
+
+/// Re-authenticates `existing` in place (KIP-368): takes every in-flight slot, which waits until the
+/// requests in flight are answered and holds back new ones, then runs the SASL handshake and exchange
+/// on the connection again, and returns it with its new session's deadlines. The requests in flight
+/// must be answered before 95% of the session has passed, or it gives up ([`Renewal::Busy`]).
+///
+/// Cancel-safe: dropped while waiting for the slots, nothing was sent; dropped during the exchange, the
+/// connection is left with a half-finished login, which the broker ends by closing it at the session's
+/// end at the latest (and the pool, seeing the session past, opens a new one).
+pub(crate) async fn reauthenticate(
+    existing: &BrokerConn,
+    config: &ClientConfig,
+) -> Result<BrokerConn, Renewal> {
+    let (Some(sasl), Some(renew), Some(end)) =
+        (&config.sasl, existing.retire_at, existing.session_end)
+    else {
+        return Err(Renewal::Busy);
+    };
+    // The session began at `end - lifetime`, and `renew` is RENEW_AT of the way through it.
+    let lifetime = end.saturating_duration_since(renew).div_f64(1.0 - RENEW_AT);
+    let drained_by = end
+        .checked_sub(lifetime.mul_f64(1.0 - DRAINED_BY))
+        .unwrap_or(renew);
+    let Some(held) = existing.conn.exclusive(drained_by).await else {
+        return Err(Renewal::Busy);
+    };
+    let started = Instant::now();
+    let timeout = end
+        .saturating_duration_since(started)
+        .min(config.connect_timeout);
+    match authenticate(&held, &existing.versions, sasl, timeout).await {
+        Ok(lifetime) => Ok(BrokerConn {
+            retire_at: lifetime.map(|l| started + l.mul_f64(RENEW_AT)),
+            session_end: lifetime.map(|l| started + l),
+            ..existing.clone()
+        }),
+        Err(e) => Err(Renewal::Failed(e)),
     }
 }
 
@@ -131,7 +241,7 @@ async fn finish(
                 },
                 other => other,
             })?;
-    let mut retire_at = None;
+    let (mut retire_at, mut session_end) = (None, None);
     if let Some(sasl) = &config.sasl {
         let started = Instant::now();
         let remaining = deadline.saturating_duration_since(started);
@@ -149,8 +259,8 @@ async fn finish(
                     other
                 }
             })?;
-        // 85% of the lifetime, as the Java client does at the earliest: room for requests in flight.
-        retire_at = lifetime.map(|l| started + l.mul_f64(0.85));
+        retire_at = lifetime.map(|l| started + l.mul_f64(RENEW_AT));
+        session_end = lifetime.map(|l| started + l);
     }
     tracing::debug!(%addr, node, tv = features.transaction_version, gv = features.group_version, "connected");
     telemetry::count(&CONNECTIONS_OPENED, None);
@@ -160,6 +270,7 @@ async fn finish(
         versions: Arc::new(versions),
         features,
         retire_at,
+        session_end,
     })
 }
 
@@ -169,7 +280,7 @@ async fn finish(
 /// Cancel-safe: dropping it drops the half-authenticated connection with it (the caller owns it and has
 /// not handed it out).
 async fn authenticate(
-    conn: &Connection,
+    conn: &impl LoginChannel,
     versions: &BrokerApiVersions,
     sasl: &SaslConfig,
     timeout: Duration,
@@ -241,7 +352,7 @@ async fn authenticate(
 /// long is [`NetError::TokenProvider`] (retriable), a token that cannot be sent is an authentication
 /// failure.
 async fn oauth_token(
-    conn: &Connection,
+    conn: &impl LoginChannel,
     oauth: &super::oauth::OAuthBearer,
     timeout: Duration,
 ) -> Result<super::oauth::OAuthBearerToken, NetError> {

@@ -18,7 +18,7 @@ use super::broker::{self, BrokerConn};
 use super::metadata::{BrokerInfo, ClusterMetadata, LeaderInfo};
 use super::retry::{Backoff, Verdict};
 use super::{ClientConfig, NetError};
-use crate::telemetry::{self, RECONNECTS, REQUEST_RETRIES};
+use crate::telemetry::{self, REAUTHENTICATIONS, RECONNECTS, REQUEST_RETRIES};
 use crate::wire::{client_versions_of, ApiRequest, BrokerApiVersions, ErrorCode, Features};
 
 /// Which coordinator a key belongs to.
@@ -157,6 +157,9 @@ struct Inner {
     coordinators: Mutex<HashMap<(CoordinatorKind, String), i32>>,
     /// Rotates the starting broker for [`Target::Any`] so that load and failures spread.
     next_any: AtomicUsize,
+    /// Brokers on which a re-authentication in place failed once: their sessions are renewed by a new
+    /// connection from then on.
+    renew_by_reconnect: Mutex<std::collections::HashSet<i32>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -194,6 +197,7 @@ impl Client {
                 metadata: Mutex::default(),
                 coordinators: Mutex::default(),
                 next_any: AtomicUsize::new(0),
+                renew_by_reconnect: Mutex::default(),
             }),
         };
         client.bootstrap_connection().await?;
@@ -386,6 +390,37 @@ impl Client {
         if let Some(existing) = held.as_ref() {
             if existing.usable() {
                 return Ok(existing.clone());
+            }
+            if existing.renewable() && !lock(&self.inner.renew_by_reconnect).contains(&node) {
+                // The slot's lock is held throughout: callers of this broker wait for the renewal.
+                match broker::reauthenticate(existing, &self.inner.config).await {
+                    Ok(renewed) => {
+                        telemetry::count(&REAUTHENTICATIONS, Some("in_place"));
+                        tracing::debug!(node, "SASL session renewed in place");
+                        *held = Some(renewed.clone());
+                        return Ok(renewed);
+                    }
+                    Err(broker::Renewal::Busy) => {
+                        tracing::debug!(
+                            node,
+                            "requests in flight outlasted the session's renewal window; reconnecting"
+                        );
+                    }
+                    Err(broker::Renewal::Failed(e)) => {
+                        tracing::info!(
+                            node,
+                            error = %e,
+                            "re-authentication in place failed; this broker's sessions are renewed by reconnecting from now on"
+                        );
+                        lock(&self.inner.renew_by_reconnect).insert(node);
+                    }
+                }
+            }
+            if existing
+                .retire_at
+                .is_some_and(|at| tokio::time::Instant::now() >= at)
+            {
+                telemetry::count(&REAUTHENTICATIONS, Some("reconnect"));
             }
         }
         let replacing = held.take().is_some();
@@ -1036,6 +1071,7 @@ mod tests {
             versions: Arc::new(BrokerApiVersions::from_response(&response)),
             features: Features::default(),
             retire_at: None,
+            session_end: None,
         }
     }
 

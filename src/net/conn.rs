@@ -54,6 +54,8 @@ struct Inner {
     shared: Arc<Shared>,
     writer: mpsc::Sender<Bytes>,
     in_flight: Arc<Semaphore>,
+    /// The semaphore's permits: all of them make the connection [`Exclusive`].
+    slots: u32,
 }
 
 impl Drop for Inner {
@@ -99,9 +101,10 @@ enum Pending {
     },
 }
 
-/// An in-flight slot, counted in the in-flight gauge for exactly as long as it is held.
+/// An in-flight slot, counted in the in-flight gauge for exactly as long as it is held. A request of an
+/// [`Exclusive`] holder takes no permit of its own: the holder has them all.
 struct Slot {
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
     _counted: InFlight,
 }
 
@@ -169,6 +172,31 @@ impl Shared {
     }
 }
 
+/// The connection with every in-flight slot held ([`Connection::exclusive`]): only its holder sends,
+/// one request at a time, until it is dropped. What a SASL re-authentication (KIP-368) needs: no other
+/// request between its handshake and its last authenticate.
+pub(crate) struct Exclusive {
+    conn: Connection,
+    _all: OwnedSemaphorePermit,
+}
+
+impl Exclusive {
+    /// [`Connection::request`], sent while every other request waits.
+    pub(crate) async fn request<R: ApiRequest>(
+        &self,
+        request: &R,
+        version: i16,
+        timeout: Duration,
+    ) -> Result<R::Response, NetError> {
+        self.conn.request_in(request, version, timeout, true).await
+    }
+
+    /// The peer's address.
+    pub(crate) fn addr(&self) -> &str {
+        self.conn.addr()
+    }
+}
+
 /// Removes (or marks abandoned) the correlation entry of a request whose future ends early.
 struct PendingGuard {
     shared: Arc<Shared>,
@@ -209,7 +237,9 @@ impl Connection {
         Rd: AsyncRead + Send + Unpin + 'static,
         Wr: AsyncWrite + Send + Unpin + 'static,
     {
-        let max_in_flight = opts.max_in_flight.max(1);
+        let max_in_flight = opts
+            .max_in_flight
+            .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
         let (writer, queue) = mpsc::channel(max_in_flight);
         let (closed, _) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -241,7 +271,29 @@ impl Connection {
                 shared,
                 writer,
                 in_flight: Arc::new(Semaphore::new(max_in_flight)),
+                slots: u32::try_from(max_in_flight).unwrap_or(u32::MAX),
             }),
+        }
+    }
+
+    /// Takes every in-flight slot: waits until each request in flight is answered (or abandoned and
+    /// answered), and holds back every later request until the returned holder is dropped. Requests
+    /// queued before this call go first (the semaphore is fair). `None` when that did not happen by
+    /// `deadline` (nothing is then held).
+    ///
+    /// Cancel-safe: dropped while waiting, it holds nothing.
+    pub(crate) async fn exclusive(&self, deadline: Instant) -> Option<Exclusive> {
+        let all = self
+            .inner
+            .in_flight
+            .clone()
+            .acquire_many_owned(self.inner.slots);
+        match timeout_at(deadline, all).await {
+            Ok(Ok(permits)) => Some(Exclusive {
+                conn: self.clone(),
+                _all: permits,
+            }),
+            _ => None,
         }
     }
 
@@ -266,9 +318,20 @@ impl Connection {
         version: i16,
         timeout: Duration,
     ) -> Result<R::Response, NetError> {
+        self.request_in(request, version, timeout, false).await
+    }
+
+    /// [`request`](Self::request); `exclusive`: sent by the [`Exclusive`] holder, without a slot.
+    async fn request_in<R: ApiRequest>(
+        &self,
+        request: &R,
+        version: i16,
+        timeout: Duration,
+        exclusive: bool,
+    ) -> Result<R::Response, NetError> {
         let opts = &self.inner.shared.opts;
         let frame = self
-            .round_trip(timeout, |correlation_id| {
+            .round_trip_in(timeout, exclusive, |correlation_id| {
                 wire::encode_request(
                     request,
                     version,
@@ -290,9 +353,25 @@ impl Connection {
         timeout: Duration,
         encode: impl FnOnce(i32) -> Result<Bytes, WireError>,
     ) -> Result<Bytes, NetError> {
+        self.round_trip_in(timeout, false, encode).await
+    }
+
+    async fn round_trip_in(
+        &self,
+        timeout: Duration,
+        exclusive: bool,
+        encode: impl FnOnce(i32) -> Result<Bytes, WireError>,
+    ) -> Result<Bytes, NetError> {
         let shared = &self.inner.shared;
         let deadline = Instant::now() + timeout;
-        let slot = match timeout_at(deadline, self.inner.in_flight.clone().acquire_owned()).await {
+        let permit = if exclusive {
+            Ok(Ok(None))
+        } else {
+            timeout_at(deadline, self.inner.in_flight.clone().acquire_owned())
+                .await
+                .map(|p| p.map(Some))
+        };
+        let slot = match permit {
             Ok(Ok(permit)) => Slot {
                 _permit: permit,
                 _counted: shared.metrics.in_flight(),

@@ -563,3 +563,67 @@ async fn a_panicked_writer_poisons_the_connection() {
     }
     assert!(!conn.is_usable());
 }
+
+/// An exclusive hold waits for the requests in flight to be answered, sends its own while later
+/// requests wait, and lets those go once dropped; the peer sees exactly that order. A hold that cannot
+/// be had by its deadline holds nothing.
+#[tokio::test]
+async fn an_exclusive_hold_waits_for_requests_in_flight_and_holds_back_later_ones() {
+    let (conn, mut peer) = pair(4096, options());
+    let early = spawn_request(&conn, topics_request(&["early".into()]), LONG);
+    let first = peer.next_request().await.unwrap();
+
+    // Not while `early` is in flight.
+    let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+    assert!(conn.exclusive(soon).await.is_none());
+    let holder = {
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            conn.exclusive(tokio::time::Instant::now() + LONG)
+                .await
+                .expect("held once early is answered")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Asked for after the hold: waits behind it.
+    let late = spawn_request(&conn, topics_request(&["late".into()]), LONG);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!holder.is_finished(), "early is still in flight");
+    peer.respond(
+        first.header.correlation_id,
+        &MetadataResponse::default(),
+        12,
+    )
+    .await;
+    early.await.unwrap().unwrap();
+    let held = holder.await.unwrap();
+
+    let own = {
+        let request = topics_request(&["own".into()]);
+        async move { held.request(&request, 12, LONG).await.map(|r| (r, held)) }
+    };
+    let own = tokio::spawn(own);
+    let got = peer.next_request().await.unwrap();
+    let mut body = got.body;
+    assert_eq!(
+        first_topic(&MetadataRequest::decode(&mut body, 12).unwrap()),
+        "own",
+        "the holder's request goes before the one that waits"
+    );
+    peer.respond(got.header.correlation_id, &MetadataResponse::default(), 12)
+        .await;
+    let (_, held) = own.await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!late.is_finished(), "held back while the hold lasts");
+    drop(held);
+    let got = peer.next_request().await.unwrap();
+    let mut body = got.body;
+    assert_eq!(
+        first_topic(&MetadataRequest::decode(&mut body, 12).unwrap()),
+        "late"
+    );
+    peer.respond(got.header.correlation_id, &MetadataResponse::default(), 12)
+        .await;
+    late.await.unwrap().unwrap();
+    assert_eq!(conn.pending_len(), 0);
+}

@@ -18,7 +18,8 @@
 //!
 //! # When a new token is asked for
 //! The provider is called for the first connection, and again once the cached token has lived
-//! [`OAuthBearer::refresh_after`] of its lifetime (80% by default): every connection opened or
+//! [`OAuthBearer::refresh_after`] of its lifetime (70% by default, before a session bounded by the
+//! token is renewed at 75% of it): every connection opened or
 //! re-authenticated after that gets the new one. The broker bounds a session by the token's remaining
 //! lifetime (KIP-368) and the client retires or re-authenticates a connection before its session ends
 //! (`broker.rs`), so a connection never carries requests on an expired token. A token the broker refused
@@ -126,9 +127,9 @@ struct Cached {
 }
 
 impl OAuthBearer {
-    /// Tokens from `provider`, asked for again after 80% of each one's lifetime.
+    /// Tokens from `provider`, asked for again after 70% of each one's lifetime.
     pub fn new(provider: impl TokenProvider) -> Self {
-        Self::with_refresh(Arc::new(provider), 0.8)
+        Self::with_refresh(Arc::new(provider), 0.7)
     }
 
     /// Tokens from `provider`, asked for again once `fraction` (clamped to 0.5..=0.95) of each one's
@@ -139,7 +140,7 @@ impl OAuthBearer {
 
     fn with_refresh(provider: Arc<dyn TokenProvider>, fraction: f64) -> Self {
         let fraction = if fraction.is_nan() {
-            0.8
+            0.7
         } else {
             fraction.clamp(0.5, 0.95)
         };

@@ -6,8 +6,10 @@
 //! SaslAuthenticate round trip per SASL message, before any other request can be sent on it (the pool only
 //! hands out a connection once the login finished). A reconnect is a new connection, so it
 //! authenticates again. When the broker announces a session lifetime (KIP-368,
-//! `connections.max.reauth.ms`), the connection is retired shortly before it ends and the next request
-//! opens (and authenticates) a fresh one, instead of re-authenticating in place.
+//! `connections.max.reauth.ms`, or an OAUTHBEARER token's remaining life), the session is renewed at
+//! 75% of it: in place (`broker::reauthenticate`, the same exchange on the same connection while it
+//! is held exclusively), or, when the requests in flight do not drain in time or the broker fails the
+//! renewal, by retiring the connection and logging in on a new one (docs/security.md).
 //!
 //! The SCRAM exchange itself is [`ScramClient`], a sans-IO state machine: bytes from the server in, bytes
 //! to send out, so it is tested against the RFC's example exchange without a socket.
