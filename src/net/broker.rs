@@ -67,6 +67,11 @@ const RENEW_AT: f64 = 0.75;
 /// place; the rest is left for the exchange itself.
 const DRAINED_BY: f64 = 0.95;
 
+/// The longest a renewal in place waits for the requests in flight, holding every later request of the
+/// broker back meanwhile: twice a fetch's default long poll. A request that takes longer (a JoinGroup
+/// waiting out a rebalance) makes the renewal reconnect instead of stalling the broker's other callers.
+const MAX_DRAIN: Duration = Duration::from_secs(1);
+
 /// Where a login's requests go: a connection nobody else uses yet, or one held exclusively.
 pub(crate) trait LoginChannel {
     fn addr(&self) -> &str;
@@ -121,7 +126,8 @@ pub(crate) enum Renewal {
 /// Re-authenticates `existing` in place (KIP-368): takes every in-flight slot, which waits until the
 /// requests in flight are answered and holds back new ones, then runs the SASL handshake and exchange
 /// on the connection again, and returns it with its new session's deadlines. The requests in flight
-/// must be answered before 95% of the session has passed, or it gives up ([`Renewal::Busy`]).
+/// must be answered within [`MAX_DRAIN`] and before 95% of the session has passed, or it gives up
+/// ([`Renewal::Busy`]).
 ///
 /// Cancel-safe: dropped while waiting for the slots, nothing was sent; dropped during the exchange, the
 /// connection is left with a half-finished login, which the broker ends by closing it at the session's
@@ -139,7 +145,8 @@ pub(crate) async fn reauthenticate(
     let lifetime = end.saturating_duration_since(renew).div_f64(1.0 - RENEW_AT);
     let drained_by = end
         .checked_sub(lifetime.mul_f64(1.0 - DRAINED_BY))
-        .unwrap_or(renew);
+        .unwrap_or(renew)
+        .min(Instant::now() + MAX_DRAIN);
     let Some(held) = existing.conn.exclusive(drained_by).await else {
         return Err(Renewal::Busy);
     };
