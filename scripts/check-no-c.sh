@@ -20,3 +20,12 @@ if [ -n "$bad" ]; then
   exit 1
 fi
 echo "no-C check, --features postgres: $(printf '%s\n' "$pg_tree" | sort -u | wc -l) crates, none build C"
+# And `aws-msk-iam`, which signs with the RustCrypto crates already in the tree.
+iam_tree=$(cargo tree -e normal,build --prefix none -p snapfence --features aws-msk-iam)
+bad=$(printf '%s\n' "$iam_tree" | grep -E '^([A-Za-z0-9_-]+-sys|cc|cmake|bindgen|pkg-config) v' | sort -u || true)
+if [ -n "$bad" ]; then
+  echo "C-building crates under the aws-msk-iam feature:" >&2
+  printf '  %s\n' $bad >&2
+  exit 1
+fi
+echo "no-C check, --features aws-msk-iam: $(printf '%s\n' "$iam_tree" | sort -u | wc -l) crates, none build C"

@@ -31,6 +31,11 @@ pub enum Mechanism {
     /// SASL/OAUTHBEARER, with the token in --sasl-oauth-token-file.
     #[value(name = "oauthbearer")]
     OAuthBearer,
+    /// AWS MSK IAM (OAUTHBEARER with a SigV4-signed token), for --aws-region, with credentials from
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN.
+    #[cfg(feature = "aws-msk-iam")]
+    #[value(name = "aws-msk-iam")]
+    AwsMskIam,
 }
 
 impl From<Mechanism> for SaslMechanism {
@@ -40,6 +45,8 @@ impl From<Mechanism> for SaslMechanism {
             Mechanism::ScramSha256 => SaslMechanism::ScramSha256,
             Mechanism::ScramSha512 => SaslMechanism::ScramSha512,
             Mechanism::OAuthBearer => SaslMechanism::OAuthBearer,
+            #[cfg(feature = "aws-msk-iam")]
+            Mechanism::AwsMskIam => SaslMechanism::OAuthBearer,
         }
     }
 }
@@ -69,6 +76,10 @@ pub struct SecurityArgs {
         value_name = "FILE"
     )]
     pub sasl_oauth_token_file: Option<PathBuf>,
+    /// AWS MSK IAM: the cluster's region (us-east-1, ...).
+    #[cfg(feature = "aws-msk-iam")]
+    #[arg(long, global = true, env = "AWS_REGION", value_name = "REGION")]
+    pub aws_region: Option<String>,
     /// Connect with TLS (implied by --tls-ca).
     #[cfg(feature = "tls")]
     #[arg(long, global = true)]
@@ -121,6 +132,25 @@ impl SecurityArgs {
             ));
         }
         match (self.sasl_mechanism, &self.sasl_username) {
+            #[cfg(feature = "aws-msk-iam")]
+            (Some(Mechanism::AwsMskIam), user) => {
+                if user.is_some() || self.sasl_password_file.is_some() {
+                    return Err(usage(
+                        "AWS MSK IAM signs with AWS credentials, not a user name and password",
+                        "drop --sasl-username and --sasl-password-file; set AWS_ACCESS_KEY_ID and \
+                         AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials)",
+                    ));
+                }
+                let Some(region) = &self.aws_region else {
+                    return Err(usage(
+                        "--sasl-mechanism aws-msk-iam needs the cluster's region",
+                        "pass --aws-region REGION (or set AWS_REGION)",
+                    ));
+                };
+                let oauth = OAuthBearer::aws_msk_iam_from_env(region.clone())
+                    .map_err(|e| usage(e.to_string(), "pass --aws-region like us-east-1"))?;
+                config.sasl = Some(SaslConfig::oauthbearer(oauth));
+            }
             (Some(Mechanism::OAuthBearer), user) => {
                 if user.is_some() || self.sasl_password_file.is_some() {
                     return Err(usage(
@@ -243,6 +273,10 @@ impl SecurityArgs {
         }
         if let Some(file) = &self.sasl_oauth_token_file {
             out.extend(["--sasl-oauth-token-file".into(), file.into()]);
+        }
+        #[cfg(feature = "aws-msk-iam")]
+        if let Some(region) = &self.aws_region {
+            out.extend(["--aws-region".into(), region.into()]);
         }
         #[cfg(feature = "tls")]
         {
@@ -376,6 +410,33 @@ mod tests {
         assert_eq!(back.sasl_mechanism, Some(Mechanism::OAuthBearer));
         assert_eq!(back.sasl_oauth_token_file.as_deref(), Some(file.as_path()));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// AWS MSK IAM needs a region and no user name or password; a region that is no AWS region name is
+    /// a usage error before anything connects.
+    #[cfg(feature = "aws-msk-iam")]
+    #[test]
+    fn aws_msk_iam_needs_a_region_alone() {
+        let base = || ClientConfig::new("h:1");
+        let iam = |user: Option<&str>, region: Option<&str>| SecurityArgs {
+            aws_region: region.map(str::to_owned),
+            ..args(Some(Mechanism::AwsMskIam), user)
+        };
+        let sasl = iam(None, Some("eu-central-1"))
+            .apply(base(), None)
+            .unwrap()
+            .sasl
+            .unwrap();
+        assert_eq!(sasl.mechanism, SaslMechanism::OAuthBearer);
+        assert!(sasl.oauth_bearer.is_some());
+        for bad in [
+            iam(None, None),
+            iam(Some("u"), Some("eu-central-1")),
+            iam(None, Some("EU Central")),
+        ] {
+            let err = bad.apply(base(), Some("pw".into())).unwrap_err();
+            assert_eq!(err.exit_code(), crate::error::EXIT_USAGE, "{err}");
+        }
     }
 
     /// A password file takes precedence over the environment, and its trailing newline is not part of

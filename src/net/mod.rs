@@ -37,6 +37,8 @@ mod conn;
 mod dial;
 mod error;
 mod metadata;
+#[cfg(feature = "aws-msk-iam")]
+mod msk_iam;
 mod oauth;
 mod retry;
 mod sasl;
@@ -60,6 +62,11 @@ pub use error::{ConnectionFailure, NetError};
 pub use metadata::{
     BrokerInfo, ClusterMetadata, LeaderInfo, PartitionMetadata, TopicId, TopicMetadata,
     TopicPartition,
+};
+#[cfg(feature = "aws-msk-iam")]
+pub use msk_iam::{
+    msk_iam_token, user_agent as msk_iam_user_agent, AwsCredentials, AwsCredentialsProvider,
+    CredentialsFuture, TOKEN_LIFETIME as MSK_IAM_TOKEN_LIFETIME,
 };
 pub use oauth::{OAuthBearer, OAuthBearerToken, TokenError, TokenFuture, TokenProvider};
 pub use retry::Backoff;
