@@ -682,4 +682,136 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
     }
+
+    /// OAUTHBEARER against a scripted broker: a broker without the mechanism is told apart from one
+    /// that refuses the token. The refusal runs as RFC 7628 says: the error challenge, the client's lone
+    /// `0x01`, then the broker's error; the token is forgotten. A provider that fails is retriable.
+    #[tokio::test]
+    async fn oauthbearer_refusals_are_told_apart() {
+        use crate::net::oauth::{OAuthBearer, OAuthBearerToken};
+        use crate::net::testing::{options, pair};
+        use kafka_protocol::messages::{SaslAuthenticateResponse, SaslHandshakeResponse};
+        use kafka_protocol::protocol::Decodable;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let calls = std::sync::Arc::new(AtomicU32::new(0));
+        let counted = calls.clone();
+        let oauth = OAuthBearer::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok(OAuthBearerToken::new(
+                    "tok.en",
+                    std::time::SystemTime::now() + Duration::from_secs(600),
+                )
+                .with_extension("traceId", "t1"))
+            }
+        });
+        let sasl = SaslConfig::oauthbearer(oauth);
+
+        // Not offered.
+        let (conn, mut peer) = pair(4096, options());
+        let s = sasl.clone();
+        let client = tokio::spawn(async move {
+            authenticate(&conn, &sasl_versions(), &s, Duration::from_secs(5)).await
+        });
+        let hs = peer.next_request().await.unwrap();
+        let mut body = hs.body;
+        assert_eq!(
+            SaslHandshakeRequest::decode(&mut body, 1)
+                .unwrap()
+                .mechanism
+                .as_str(),
+            "OAUTHBEARER"
+        );
+        let answer = SaslHandshakeResponse::default()
+            .with_error_code(ErrorCode::UnsupportedSaslMechanism.code())
+            .with_mechanisms(vec!["PLAIN".into()]);
+        peer.respond(hs.header.correlation_id, &answer, 1).await;
+        assert!(matches!(
+            client.await.unwrap(),
+            Err(NetError::Authentication {
+                reason: AuthFailure::UnsupportedMechanism { .. },
+                mechanism: SaslMechanism::OAuthBearer,
+                ..
+            })
+        ));
+
+        // Offered, the token refused.
+        let (conn, mut peer) = pair(4096, options());
+        let s = sasl.clone();
+        let client = tokio::spawn(async move {
+            authenticate(&conn, &sasl_versions(), &s, Duration::from_secs(5)).await
+        });
+        let hs = peer.next_request().await.unwrap();
+        peer.respond(
+            hs.header.correlation_id,
+            &SaslHandshakeResponse::default(),
+            1,
+        )
+        .await;
+        let first = peer.next_request().await.unwrap();
+        let v = first.header.request_api_version;
+        let mut body = first.body;
+        let sent = SaslAuthenticateRequest::decode(&mut body, v).unwrap();
+        assert_eq!(
+            &sent.auth_bytes[..],
+            b"n,,\x01auth=Bearer tok.en\x01traceId=t1\x01\x01"
+        );
+        let challenge = SaslAuthenticateResponse::default()
+            .with_auth_bytes(bytes::Bytes::from_static(br#"{"status":"invalid_token"}"#));
+        peer.respond(first.header.correlation_id, &challenge, v)
+            .await;
+        let second = peer.next_request().await.unwrap();
+        let mut body = second.body;
+        let sent = SaslAuthenticateRequest::decode(&mut body, v).unwrap();
+        assert_eq!(
+            &sent.auth_bytes[..],
+            b"\x01",
+            "the challenge is answered with 0x01"
+        );
+        let refusal = SaslAuthenticateResponse::default()
+            .with_error_code(ErrorCode::SaslAuthenticationFailed.code())
+            .with_error_message(Some("Authentication failed".into()));
+        peer.respond(second.header.correlation_id, &refusal, v)
+            .await;
+        match client.await.unwrap() {
+            Err(NetError::Authentication {
+                reason: AuthFailure::TokenRefused(r),
+                ..
+            }) => {
+                assert_eq!(r.status.as_deref(), Some("invalid_token"));
+                assert_eq!(r.message, "Authentication failed");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // Forgotten: the next login asks the provider again (here: a provider failing, retriable).
+        let failing = SaslConfig::oauthbearer(OAuthBearer::new(|| async {
+            Err::<OAuthBearerToken, _>("idp down".into())
+        }));
+        let (conn, _peer) = pair(4096, options());
+        let err = oauth_token(
+            &conn,
+            failing.oauth_bearer.as_ref().unwrap(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, NetError::TokenProvider { .. }) && err.is_retriable(),
+            "{err:?}"
+        );
+        let (conn, _peer) = pair(4096, options());
+        oauth_token(
+            &conn,
+            sasl.oauth_bearer.as_ref().unwrap(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "the refused token was forgotten"
+        );
+    }
 }
