@@ -347,7 +347,8 @@ impl LocalCluster {
             set("broker.session.timeout.ms", "3000");
         }
         for (k, v) in &self.spec.broker_props {
-            set(k, v);
+            // `{node}` in a value is the node's id: per-node settings such as `broker.rack`.
+            set(k, &v.replace("{node}", &node.id.to_string()));
         }
         let mut out = String::from("# written by the snapfence kafka-fixture\n");
         for (k, v) in props {

@@ -269,7 +269,8 @@ pub struct ClusterSpec {
     pub transaction_version: Option<i16>,
     /// `--feature group.version=N` at format time (4.x: 0 or 1). None = the release's default (1 on 4.x).
     pub group_version: Option<i16>,
-    /// Extra `server.properties` lines, overriding the fixture's defaults.
+    /// Extra `server.properties` lines, overriding the fixture's defaults. `{node}` in a value is replaced
+    /// by each node's id (`broker.rack=rack-{node}`).
     pub broker_props: Vec<(String, String)>,
     /// Secured client listeners, users and ACL enforcement (see [`SecuritySpec`]). None = the plain
     /// fixture: one PLAINTEXT listener, no authorizer.

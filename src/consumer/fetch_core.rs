@@ -23,13 +23,20 @@
 //!   can report a log that diverged (truncated) after a leader change, and the position moves back to
 //!   the end of the diverging epoch;
 //! - a partition whose leader errored backs off and asks for a metadata refresh, without holding up
-//!   the other partitions.
+//!   the other partitions;
+//! - fetch from follower (KIP-392): when the leader names a preferred read replica (the reader sent
+//!   its rack), the partition is fetched from it from then on. The leader stays the judge: a follower's
+//!   error (OFFSET_OUT_OF_RANGE included, which the reset policy must not act on until the leader
+//!   confirms it), a failed request to it, or a follower that delivers nothing for
+//!   [`FollowerLimits::idle`] sends the partition back to the leader, whose choice is then ignored for
+//!   [`FollowerLimits::cooldown`]. ListOffsets always go to the leader.
 //!
 //! # References
 //! - Fetch v4+ (v4 isolation level and aborted transactions, KIP-98; v9 current leader epoch,
 //!   KIP-320; v12 last fetched epoch and diverging epoch, KIP-595; v13 topic ids, KIP-516:
 //!   UNKNOWN_TOPIC_ID and INCONSISTENT_TOPIC_ID refresh metadata, and persist into an error)
 //! - ListOffsets v2+ (isolation level: latest is the LSO under read_committed), v4 current leader epoch
+//! - KIP-392 (Fetch v11+ `rack_id` and `preferred_read_replica`)
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -88,6 +95,41 @@ struct PartitionState {
     backoff_until: Option<Instant>,
     /// Topic-id errors in a row (see [`TOPIC_ID_ERROR_LIMIT`]).
     topic_id_errors: u32,
+    /// The replica the leader named for this reader's rack (KIP-392), fetched from instead of it.
+    read_replica: Option<ReadReplica>,
+    /// Until then the leader's choice of a replica is not followed (a follower failed or stalled).
+    leader_only_until: Option<Instant>,
+    /// The follower the fetch in flight went to (`None`: the leader).
+    fetching_from: Option<i32>,
+}
+
+/// A follower a partition is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ReadReplica {
+    node: i32,
+    /// When it last delivered progress (or was chosen).
+    progress_at: Instant,
+}
+
+/// How long a partition follows a leader's choice of follower (KIP-392) without progress, and how long
+/// it then stays with the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FollowerLimits {
+    /// A follower that delivers nothing for this long sends the partition back to the leader: it may
+    /// have fallen behind the leader's high watermark (or the partition is quiet; the leader then
+    /// answers as little).
+    pub idle: Duration,
+    /// How long the leader's choice of follower is then ignored.
+    pub cooldown: Duration,
+}
+
+impl Default for FollowerLimits {
+    fn default() -> Self {
+        FollowerLimits {
+            idle: Duration::from_secs(5),
+            cooldown: Duration::from_secs(60),
+        }
+    }
 }
 
 impl PartitionState {
@@ -109,7 +151,16 @@ impl PartitionState {
             inflight: false,
             backoff_until: None,
             topic_id_errors: 0,
+            read_replica: None,
+            leader_only_until: None,
+            fetching_from: None,
         }
+    }
+
+    /// Back to the leader: the follower is forgotten and the leader's choices ignored for `cooldown`.
+    fn back_to_leader(&mut self, now: Instant, cooldown: Duration) {
+        self.read_replica = None;
+        self.leader_only_until = Some(now + cooldown);
     }
 }
 
@@ -157,6 +208,8 @@ pub(crate) struct Fetched {
     pub last_batch_epoch: Option<i32>,
     /// Fetch v12+: the leader's log diverged from what this reader consumed; (epoch, end offset).
     pub diverging: Option<(i32, i64)>,
+    /// Fetch v11+: the replica the leader wants this reader to fetch from (-1: none, or itself).
+    pub preferred_read_replica: i32,
 }
 
 /// What the driver must do after a partition's answer.
@@ -186,6 +239,7 @@ pub(crate) enum Outcome {
 pub(crate) struct Fetcher {
     reset: OffsetReset,
     retry_backoff: Duration,
+    follower: FollowerLimits,
     partitions: BTreeMap<TopicPartition, PartitionState>,
 }
 
@@ -194,8 +248,21 @@ impl Fetcher {
         Fetcher {
             reset,
             retry_backoff,
+            follower: FollowerLimits::default(),
             partitions: BTreeMap::new(),
         }
+    }
+
+    /// The fetcher with other limits on following a leader's choice of replica.
+    #[cfg(test)]
+    pub(crate) fn with_follower_limits(mut self, limits: FollowerLimits) -> Self {
+        self.follower = limits;
+        self
+    }
+
+    /// The follower `tp` is read from, if it is read from one (KIP-392).
+    pub(crate) fn read_replica(&self, tp: &TopicPartition) -> Option<i32> {
+        self.partitions.get(tp)?.read_replica.map(|r| r.node)
     }
 
     /// Starts (or restarts) reading `tp` at `start`.
@@ -254,35 +321,55 @@ impl Fetcher {
             if p.inflight || p.paused || p.failed || p.backoff_until.is_some_and(|t| now < t) {
                 continue;
             }
-            let Some((node, epoch)) = leader(tp) else {
+            let Some((leader_node, epoch)) = leader(tp) else {
                 plan.leaderless.push(tp.clone());
                 continue;
             };
             p.inflight = true;
+            let node = match p.read_replica {
+                Some(r) if r.node != leader_node => r.node,
+                _ => leader_node,
+            };
+            p.fetching_from = None;
             match (p.position, p.reset_to) {
-                (Some(offset), _) => plan.fetch.entry(node).or_default().push(FetchPartition {
-                    tp: tp.clone(),
-                    topic_id: TopicId::default(),
-                    fetch_offset: offset,
-                    current_leader_epoch: epoch,
-                    last_fetched_epoch: p.last_fetched_epoch.unwrap_or(-1),
-                    log_start_offset: -1,
-                }),
-                (None, Some(timestamp)) => plan.list.entry(node).or_default().push(ListPartition {
-                    tp: tp.clone(),
-                    timestamp,
-                    current_leader_epoch: epoch,
-                }),
+                (Some(offset), _) => {
+                    p.fetching_from = (node != leader_node).then_some(node);
+                    plan.fetch.entry(node).or_default().push(FetchPartition {
+                        tp: tp.clone(),
+                        topic_id: TopicId::default(),
+                        fetch_offset: offset,
+                        current_leader_epoch: epoch,
+                        last_fetched_epoch: p.last_fetched_epoch.unwrap_or(-1),
+                        log_start_offset: -1,
+                    })
+                }
+                (None, Some(timestamp)) => {
+                    plan.list
+                        .entry(leader_node)
+                        .or_default()
+                        .push(ListPartition {
+                            tp: tp.clone(),
+                            timestamp,
+                            current_leader_epoch: epoch,
+                        })
+                }
                 (None, None) => p.inflight = false,
             }
         }
         plan
     }
 
-    /// A Fetch or ListOffsets that included `tp` failed as a whole (transport): retry after backoff.
+    /// A Fetch or ListOffsets that included `tp` failed as a whole (transport): retry after backoff,
+    /// or at once from the leader when the request went to a follower.
     pub(crate) fn handle_failed(&mut self, now: Instant, tp: &TopicPartition) {
+        let cooldown = self.follower.cooldown;
         if let Some(p) = self.partitions.get_mut(tp) {
             p.inflight = false;
+            if let Some(node) = p.fetching_from.take() {
+                tracing::debug!(%tp, node, "fetch from follower failed; back to the leader");
+                p.back_to_leader(now, cooldown);
+                return;
+            }
             p.backoff_until = Some(now + self.retry_backoff);
         }
     }
@@ -291,6 +378,7 @@ impl Fetcher {
     pub(crate) fn handle_unplanned(&mut self, tp: &TopicPartition) {
         if let Some(p) = self.partitions.get_mut(tp) {
             p.inflight = false;
+            p.fetching_from = None;
         }
     }
 
@@ -304,12 +392,41 @@ impl Fetcher {
     ) -> Outcome {
         let reset = self.reset;
         let backoff = self.retry_backoff;
+        let limits = self.follower;
         let Some(p) = self.partitions.get_mut(tp) else {
             return Outcome::Stale;
         };
         p.inflight = false;
+        let follower = p.fetching_from.take();
         if p.position != Some(fetch_offset) {
             return Outcome::Stale;
+        }
+        if let Some(node) = follower {
+            if !f.error.is_ok() {
+                // The leader judges: an out-of-range offset (or any error) from a follower is asked of
+                // it before the reset policy acts.
+                tracing::debug!(%tp, node, error = %f.error, "follower refused the fetch; back to the leader");
+                p.back_to_leader(now, limits.cooldown);
+                return Outcome::Retry;
+            }
+            let progressed = f.next_offset > fetch_offset || f.diverging.is_some();
+            if let Some(r) = p.read_replica.as_mut() {
+                if progressed {
+                    r.progress_at = now;
+                } else if now.duration_since(r.progress_at) >= limits.idle {
+                    tracing::debug!(%tp, node, "follower delivered nothing for a while; back to the leader");
+                    p.back_to_leader(now, limits.cooldown);
+                }
+            }
+        } else if f.error.is_ok() && f.preferred_read_replica >= 0 {
+            let cooling = p.leader_only_until.is_some_and(|t| now < t);
+            if !cooling && p.read_replica.map(|r| r.node) != Some(f.preferred_read_replica) {
+                tracing::debug!(%tp, node = f.preferred_read_replica, "the leader names a replica in this rack; fetching from it");
+                p.read_replica = Some(ReadReplica {
+                    node: f.preferred_read_replica,
+                    progress_at: now,
+                });
+            }
         }
         match f.error {
             ErrorCode::None => {}
@@ -464,6 +581,7 @@ mod tests {
             next_offset: next,
             last_batch_epoch: Some(3),
             diverging: None,
+            preferred_read_replica: -1,
         }
     }
 
@@ -700,5 +818,97 @@ mod tests {
             f.poll_plan(now, |_| Some((1, 0))).fetch[&1][0].fetch_offset,
             5
         );
+    }
+
+    /// KIP-392: the leader's named replica is fetched from (ListOffsets still go to the leader); a
+    /// follower's out-of-range answer goes back to the leader before the reset policy acts; a failed
+    /// request to a follower and a follower idle past the limit go back too; and the leader's choice is
+    /// ignored until the cooldown ends.
+    #[test]
+    fn a_named_follower_is_followed_while_it_behaves() {
+        let limits = FollowerLimits {
+            idle: Duration::from_secs(5),
+            cooldown: Duration::from_secs(60),
+        };
+        let mut f = Fetcher::new(OffsetReset::Earliest, Duration::from_millis(100))
+            .with_follower_limits(limits);
+        let t0 = Instant::now();
+        let leader = |_: &TopicPartition| Some((1, 7));
+        f.assign(tp(0), StartAt::Offset(10));
+        assert!(f.poll_plan(t0, leader).fetch.contains_key(&1));
+        // The leader answers with no records and names broker 2.
+        let named = Fetched {
+            preferred_read_replica: 2,
+            ..ok(10, 50)
+        };
+        assert_eq!(f.handle_fetched(t0, &tp(0), 10, &named), Outcome::Deliver);
+        assert_eq!(f.read_replica(&tp(0)), Some(2));
+        let plan = f.poll_plan(t0, leader);
+        let sent = &plan.fetch[&2][0];
+        assert_eq!(
+            (sent.fetch_offset, sent.current_leader_epoch),
+            (10, 7),
+            "to the follower, with the leader's epoch"
+        );
+        assert_eq!(
+            f.handle_fetched(t0, &tp(0), 10, &ok(20, 50)),
+            Outcome::Deliver
+        );
+        assert_eq!(f.position(&tp(0)), Some(20));
+
+        // Out of range from the follower: no reset, the leader is asked.
+        f.poll_plan(t0, leader);
+        let oor = Fetched {
+            error: ErrorCode::OffsetOutOfRange,
+            ..ok(20, 50)
+        };
+        assert_eq!(f.handle_fetched(t0, &tp(0), 20, &oor), Outcome::Retry);
+        assert_eq!(f.position(&tp(0)), Some(20), "the position stands");
+        assert_eq!(f.read_replica(&tp(0)), None);
+        let plan = f.poll_plan(t0, leader);
+        assert!(
+            plan.fetch.contains_key(&1) && plan.list.is_empty(),
+            "{plan:?}"
+        );
+        // During the cooldown the leader's choice is not followed.
+        assert_eq!(f.handle_fetched(t0, &tp(0), 20, &named), Outcome::Deliver);
+        assert_eq!(f.read_replica(&tp(0)), None);
+        // After it, it is.
+        let later = t0 + Duration::from_secs(61);
+        f.poll_plan(later, leader);
+        f.handle_fetched(later, &tp(0), 20, &named);
+        assert_eq!(f.read_replica(&tp(0)), Some(2));
+
+        // A failed request to the follower: back to the leader at once, no back-off.
+        let plan = f.poll_plan(later, leader);
+        assert!(plan.fetch.contains_key(&2));
+        f.handle_failed(later, &tp(0));
+        assert_eq!(f.read_replica(&tp(0)), None);
+        assert!(
+            f.poll_plan(later, leader).fetch.contains_key(&1),
+            "no back-off"
+        );
+
+        // A follower that delivers nothing past the idle limit.
+        let again = later + Duration::from_secs(61);
+        f.handle_fetched(again, &tp(0), 20, &named);
+        assert_eq!(f.read_replica(&tp(0)), Some(2));
+        f.poll_plan(again, leader);
+        assert_eq!(
+            f.handle_fetched(again + Duration::from_secs(4), &tp(0), 20, &ok(20, 50)),
+            Outcome::Deliver
+        );
+        assert_eq!(f.read_replica(&tp(0)), Some(2), "idle, not for long yet");
+        f.poll_plan(again, leader);
+        f.handle_fetched(again + Duration::from_secs(6), &tp(0), 20, &ok(20, 50));
+        assert_eq!(f.read_replica(&tp(0)), None, "idle past the limit");
+
+        // A reset goes to the leader even while a follower is named.
+        let mut g = Fetcher::new(OffsetReset::Earliest, Duration::from_millis(100));
+        g.assign(tp(1), StartAt::Offset(0));
+        g.poll_plan(t0, leader);
+        g.handle_fetched(t0, &tp(1), 0, &named);
+        g.seek(&tp(1), StartAt::Earliest);
+        assert_eq!(g.read_replica(&tp(1)), None, "a seek starts over");
     }
 }

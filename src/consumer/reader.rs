@@ -44,6 +44,9 @@ use crate::wire::{
 /// The Fetch API key.
 const FETCH: i16 = 1;
 
+/// The first Fetch version with `rack_id` and `preferred_read_replica` (KIP-392).
+const FETCH_MIN_RACK: i16 = 11;
+
 /// Partition reader settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -65,6 +68,12 @@ pub struct ReaderConfig {
     pub min_bytes: i32,
     /// Pause for a partition after a retriable error. Default 100 ms.
     pub retry_backoff: Duration,
+    /// The rack (availability zone) this reader runs in, Kafka's `client.rack` (KIP-392), sent in every
+    /// Fetch. A leader configured with `replica.selector.class=RackAwareReplicaSelector` then names an
+    /// in-sync replica in the same rack, and the reader fetches from it: reads stay in the zone. The
+    /// leader stays the judge (see the fetcher's rules in `consumer::fetch_core`). Default `None`:
+    /// always the leader.
+    pub client_rack: Option<String>,
 }
 
 impl Default for ReaderConfig {
@@ -77,6 +86,7 @@ impl Default for ReaderConfig {
             max_wait: Duration::from_millis(500),
             min_bytes: 1,
             retry_backoff: Duration::from_millis(100),
+            client_rack: None,
         }
     }
 }
@@ -195,6 +205,8 @@ pub struct PartitionReader {
     /// save it nothing and would take one of the broker's session slots from readers it helps.
     use_sessions: bool,
     stats: FetchStats,
+    /// Record bytes each broker's Fetch answers carried, by node id.
+    bytes_by_node: BTreeMap<i32, u64>,
     lag: crate::telemetry::LagGauges,
     /// Points inside the per-leader tasks that a test can make panic (nothing outside tests).
     pub(crate) faults: TaskFaults,
@@ -211,6 +223,7 @@ impl PartitionReader {
             sessions: BTreeMap::new(),
             use_sessions: true,
             stats: FetchStats::default(),
+            bytes_by_node: BTreeMap::new(),
             lag: Default::default(),
             faults: Default::default(),
         }
@@ -235,6 +248,18 @@ impl PartitionReader {
     /// What this reader's Fetch requests carried so far.
     pub fn fetch_stats(&self) -> FetchStats {
         self.stats
+    }
+
+    /// The record bytes each broker's Fetch answers carried so far, by node id: where this reader's
+    /// reads went (with [`ReaderConfig::client_rack`], a same-rack follower's node instead of the
+    /// leader's).
+    pub fn fetched_bytes_by_node(&self) -> BTreeMap<i32, u64> {
+        self.bytes_by_node.clone()
+    }
+
+    /// The follower `partition` is read from (KIP-392), while it is read from one.
+    pub fn read_replica(&self, partition: &TopicPartition) -> Option<i32> {
+        self.fetcher.read_replica(partition)
     }
 
     /// The fetch session established with each broker, by node id: the id the broker gave it.
@@ -438,6 +463,11 @@ impl PartitionReader {
             };
             let verdict = session.handle_response(answered.error, answered.session_id);
             self.stats.count(&request, &answered);
+            *self.bytes_by_node.entry(node).or_default() += answered
+                .partitions
+                .values()
+                .map(|p| p.records.len() as u64)
+                .sum::<u64>();
             tracing::debug!(
                 node,
                 version = answered.version,
@@ -910,6 +940,8 @@ async fn list_offsets_at(
 /// One partition's raw Fetch answer.
 struct RawFetched {
     error: ErrorCode,
+    /// KIP-392: the replica the leader names for this reader (-1: none).
+    preferred_read_replica: i32,
     high_watermark: i64,
     last_stable_offset: i64,
     log_start_offset: i64,
@@ -1007,8 +1039,14 @@ async fn fetch_at(
                 max_retries: Some(0),
             },
             |v| {
+                let mut body = body.clone();
+                if v >= FETCH_MIN_RACK {
+                    if let Some(rack) = &config.client_rack {
+                        body = body.with_rack_id(StrBytes::from_string(rack.clone()));
+                    }
+                }
                 request_bytes = body.compute_size(v).unwrap_or(0) as u64;
-                body.clone()
+                body
             },
             |r, v| Verdict::Done((r, v)),
         )
@@ -1036,6 +1074,7 @@ async fn fetch_at(
                 TopicPartition::new(topic.clone(), p.partition_index),
                 RawFetched {
                     error: ErrorCode::from_code(p.error_code),
+                    preferred_read_replica: p.preferred_read_replica.0,
                     high_watermark: p.high_watermark,
                     last_stable_offset: p.last_stable_offset,
                     log_start_offset: p.log_start_offset,
@@ -1083,6 +1122,7 @@ fn decode(
         next_offset: fetch_offset,
         last_batch_epoch: None,
         diverging: raw.diverging,
+        preferred_read_replica: raw.preferred_read_replica,
     };
     if !raw.error.is_ok() || raw.diverging.is_some() {
         return Ok(Decoded {

@@ -178,6 +178,16 @@ impl FlowConfig {
             .collect()
     }
 
+    /// Places the flow in `rack` (an availability zone): its input fetches and recovery reads go to
+    /// the same-rack replica the leader names (KIP-392, `ReaderConfig::client_rack`), and the group
+    /// learns the rack for rack-aware assignment (`GroupConfig::rack_id`).
+    pub fn set_rack(&mut self, rack: impl Into<String>) {
+        let rack = rack.into();
+        self.consumer.reader.client_rack = Some(rack.clone());
+        self.recovery_reader.client_rack = Some(rack.clone());
+        self.consumer.group.rack_id = Some(rack);
+    }
+
     /// Defaults for a flow over `input_topic` in `consumer`'s group, persisting to `snapshots`.
     pub fn new(
         consumer: GroupConsumerConfig,
