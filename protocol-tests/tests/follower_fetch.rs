@@ -1,7 +1,8 @@
 //! Fetch from follower (KIP-392) on three Kafka 4.4 nodes in three racks (`broker.rack=rack-<node>`)
 //! with `replica.selector.class=RackAwareReplicaSelector`: a reader in a follower's rack reads a
-//! partition's bytes from that follower, and gets exactly what a leader read gets; the recovery read
-//! does too; and a follower stopped in the middle of a read hands it back to the leader, which
+//! partition's bytes from that follower (an aborted and a committed transaction among them, so the
+//! read_committed rules run on the follower's LSO and aborted list), and gets exactly what a leader read
+//! gets; the recovery read does too; and a follower stopped in the middle of a read hands it back to the leader, which
 //! finishes it.
 
 use std::collections::BTreeMap;
@@ -9,9 +10,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster};
-use snapfence::consumer::{PartitionReader, ReaderConfig, StartAt, TopicPartition};
+use snapfence::consumer::{
+    list_offsets, OffsetSpec, PartitionReader, ReaderConfig, StartAt, TopicPartition,
+};
 use snapfence::net::{Client, ClientConfig};
-use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
+use snapfence::producer::{
+    Producer, ProducerConfig, ProducerRecord, TransactionalConfig, TransactionalProducer,
+};
 use snapfence::records::IsolationLevel;
 use snapfence::snapshot::{recover, PartitionLog, RecoveryConfig};
 
@@ -82,6 +87,30 @@ async fn setup(kafka: &KafkaCluster) -> (Client, TopicPartition, i32, i32, i64) 
         d.await.unwrap();
     }
     producer.close().await;
+    // An aborted transaction, then a committed one: a read_committed reader keeps only the second.
+    let mut txn =
+        TransactionalProducer::init(client.clone(), TransactionalConfig::new(unique("rack-txn")))
+            .await
+            .unwrap();
+    for (outcome, tag) in [("abort", "aborted"), ("commit", "committed")] {
+        txn.begin().unwrap();
+        let mut deliveries = Vec::new();
+        for i in 0..10 {
+            let r = ProducerRecord::new(topic.as_str(), Some(Bytes::from(tag)))
+                .key(format!("t{i}"))
+                .partition(0);
+            deliveries.push(txn.send(r).await.unwrap());
+        }
+        if outcome == "abort" {
+            txn.abort().await.unwrap();
+        } else {
+            txn.commit().await.unwrap();
+        }
+        for d in deliveries {
+            let _ = d.await;
+        }
+    }
+    txn.close().await;
     let leader = client.leader(&topic, 0).await.unwrap().node;
     let follower = client
         .cached_metadata()
@@ -91,7 +120,27 @@ async fn setup(kafka: &KafkaCluster) -> (Client, TopicPartition, i32, i32, i64) 
         .find(|n| *n != leader)
         .unwrap();
     let tp = TopicPartition::new(topic.as_str(), 0);
-    (client, tp, leader, follower, RECORDS as i64)
+    // The end once the commit's marker is written (a commit returns before the markers are): the LSO
+    // has caught up with the high watermark.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let end = loop {
+        let at = |isolation| {
+            list_offsets(
+                &client,
+                std::slice::from_ref(&tp),
+                OffsetSpec::Latest,
+                isolation,
+            )
+        };
+        let lso = at(IsolationLevel::ReadCommitted).await.unwrap()[&tp];
+        let hw = at(IsolationLevel::ReadUncommitted).await.unwrap()[&tp];
+        if lso == hw {
+            break hw;
+        }
+        assert!(Instant::now() < deadline, "the LSO never reached {hw}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    (client, tp, leader, follower, end)
 }
 
 /// A reader in a follower's rack reads from that follower: its bytes come from the follower's node,
@@ -105,7 +154,12 @@ async fn a_reader_in_a_followers_rack_reads_from_it_and_falls_back_to_the_leader
 
     let mut from_leader = PartitionReader::new(client.clone(), reader_config(None));
     let expected = read_all(&mut from_leader, &tp, end, |_| {}).await;
-    assert_eq!(expected.len(), RECORDS);
+    assert_eq!(
+        expected.len(),
+        RECORDS + 10,
+        "the aborted transaction is not read"
+    );
+    assert!(expected.iter().all(|(_, v)| v != "aborted"));
     assert_eq!(
         from_leader
             .fetched_bytes_by_node()
