@@ -873,6 +873,28 @@ pub async fn cluster(spec: ClusterSpec) -> Arc<KafkaCluster> {
     result.unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A private PostgreSQL server ([`PostgresServer::start`], off the async runtime), or the external one
+/// `SNAPFENCE_POSTGRES_URL` names. Panics with the reason when it cannot be started.
+pub async fn postgres_server() -> PostgresServer {
+    off_runtime(PostgresServer::start)
+        .await
+        .unwrap_or_else(|e| panic!("start PostgreSQL: {e}"))
+}
+
+/// The shared cluster of `spec` and, when `with_postgres`, a PostgreSQL server beside it; the cluster
+/// then has two-phase commit on, as the fenced PostgreSQL store needs
+/// ([`ClusterSpec::with_two_phase_commit`]).
+pub async fn cluster_and_postgres(
+    spec: ClusterSpec,
+    with_postgres: bool,
+) -> (Arc<KafkaCluster>, Option<PostgresServer>) {
+    if !with_postgres {
+        return (cluster(spec).await, None);
+    }
+    let kafka = cluster(spec.with_two_phase_commit()).await;
+    (kafka, Some(postgres_server().await))
+}
+
 /// A cluster for the caller alone, for tests that kill, pause or restart nodes. It is stopped (SIGKILL) and
 /// its data deleted when dropped. Panics when it cannot be started. With `SNAPFENCE_BOOTSTRAP` set it is the
 /// external cluster, on which the node faults panic (see [`KafkaCluster::is_external`]).

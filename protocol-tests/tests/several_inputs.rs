@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol_tests::{cluster, unique, ClusterSpec, PostgresServer};
+use protocol_tests::{cluster, cluster_and_postgres, unique, ClusterSpec};
 use snapfence::consumer::{
     committed_offsets, Assignor, GroupConfig, GroupConsumerConfig, GroupProtocol, TopicPartition,
 };
@@ -278,22 +278,7 @@ async fn two_inputs_fold_in_merged_order_on_postgres_unfenced() {
 }
 
 async fn two_inputs_through_a_crash(protocol: GroupProtocol, mode: PersistenceMode, on_pg: bool) {
-    let kafka = cluster(if on_pg {
-        ClusterSpec::kafka4().with_two_phase_commit()
-    } else {
-        ClusterSpec::kafka4()
-    })
-    .await;
-    let pg = if on_pg {
-        Some(
-            tokio::task::spawn_blocking(PostgresServer::start)
-                .await
-                .unwrap()
-                .expect("start PostgreSQL"),
-        )
-    } else {
-        None
-    };
+    let (kafka, pg) = cluster_and_postgres(ClusterSpec::kafka4(), on_pg).await;
     let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
         .await
         .unwrap();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use protocol_tests::campaign::read_topic;
-use protocol_tests::{cluster, unique, ClusterSpec, PostgresServer};
+use protocol_tests::{cluster_and_postgres, unique, ClusterSpec};
 use snapfence::consumer::{
     committed_offsets_and_metadata, GroupConfig, GroupConsumerConfig, OffsetReset,
 };
@@ -237,22 +237,7 @@ async fn a_day_replayed_through_a_crash_on_postgres_fires_the_timers_the_live_ru
 }
 
 async fn a_day_replayed(on_pg: bool) {
-    let kafka = cluster(if on_pg {
-        ClusterSpec::kafka4().with_two_phase_commit()
-    } else {
-        ClusterSpec::kafka4()
-    })
-    .await;
-    let pg = if on_pg {
-        Some(
-            tokio::task::spawn_blocking(PostgresServer::start)
-                .await
-                .unwrap()
-                .expect("start PostgreSQL"),
-        )
-    } else {
-        None
-    };
+    let (kafka, pg) = cluster_and_postgres(ClusterSpec::kafka4(), on_pg).await;
     let store = pg.as_ref().map(|pg| {
         let mut c = PgStoreConfig::new(pg.url());
         c.table_prefix = "sf_stream_time".into();
