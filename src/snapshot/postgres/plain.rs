@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use super::sql::Statements;
-use super::store::{connect, read_rows, upsert_rows};
+use super::store::{connect, create_tables, read_rows, upsert_rows};
 use super::{PgError, PgStoreConfig};
 use crate::snapshot::error::{FailureKind, SnapshotError};
 use crate::snapshot::RecoveredState;
@@ -39,14 +39,9 @@ impl PgPlainWriter {
             partition,
         };
         if config.create_tables {
-            if let Err(e) = w.pg.batch_execute(&w.statements.create).await {
-                // Partitions acquired together create the tables at once and may race on the
-                // catalog (a duplicate type name); one retry settles it, as for the fenced store.
-                tracing::debug!(error = %e, "creating the snapshot tables; once more");
-                w.pg.batch_execute(&w.statements.create)
-                    .await
-                    .map_err(|e| w.failed("create tables", e))?;
-            }
+            create_tables(&w.pg, &w.statements)
+                .await
+                .map_err(|e| w.failed("create tables", e))?;
         }
         Ok(w)
     }

@@ -340,14 +340,9 @@ impl PgSnapshotStore {
             store_error(partition, FailureKind::Fatal, lane.statement_error(step, e))
         };
         if config.create_tables {
-            if let Err(e) = lane.pg.batch_execute(&statements.create).await {
-                // Two stores creating the tables at once may race on the catalog; one retry settles it.
-                tracing::debug!(error = %e, "creating the snapshot tables; once more");
-                lane.pg
-                    .batch_execute(&statements.create)
-                    .await
-                    .map_err(|e| fail(&lane, "create tables", e))?;
-            }
+            create_tables(&lane.pg, &statements)
+                .await
+                .map_err(|e| fail(&lane, "create tables", e))?;
         }
         let prefix: Arc<str> = Arc::from(snapshots.transactional_id_prefix.as_str());
         let row = lane
@@ -1228,6 +1223,19 @@ async fn two_phase_producer(
         }
         Err(e) => Err(acquire(e)),
     }
+}
+
+/// `CREATE TABLE IF NOT EXISTS` of the store's tables. Stores of partitions acquired together create
+/// them at once and may race on the catalog (a duplicate `pg_type` name); one retry settles it.
+pub(crate) async fn create_tables(
+    pg: &tokio_postgres::Client,
+    statements: &Statements,
+) -> Result<(), tokio_postgres::Error> {
+    if let Err(e) = pg.batch_execute(&statements.create).await {
+        tracing::debug!(error = %e, "creating the snapshot tables; once more");
+        pg.batch_execute(&statements.create).await?;
+    }
+    Ok(())
 }
 
 /// Every row of `partition`, streamed into a [`RecoveredState`].
