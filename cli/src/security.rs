@@ -301,15 +301,24 @@ impl SecurityArgs {
 mod tests {
     use super::*;
 
+    #[derive(clap::Parser)]
+    struct Probe {
+        #[command(flatten)]
+        security: SecurityArgs,
+    }
+
+    /// `given` as a child process parses its `child_args`.
+    fn parsed_back(given: &SecurityArgs) -> SecurityArgs {
+        use clap::Parser;
+        let mut argv: Vec<std::ffi::OsString> = vec!["probe".into()];
+        argv.extend(given.child_args());
+        Probe::try_parse_from(argv).unwrap().security
+    }
+
     /// A child process given `child_args` must connect exactly as its parent does.
     #[test]
     fn child_args_parse_back_to_the_same_options() {
         use clap::Parser;
-        #[derive(clap::Parser)]
-        struct Probe {
-            #[command(flatten)]
-            security: SecurityArgs,
-        }
         let given = Probe::try_parse_from([
             "probe",
             "--sasl-mechanism",
@@ -321,9 +330,7 @@ mod tests {
         ])
         .unwrap()
         .security;
-        let mut argv: Vec<std::ffi::OsString> = vec!["probe".into()];
-        argv.extend(given.child_args());
-        let back = Probe::try_parse_from(argv).unwrap().security;
+        let back = parsed_back(&given);
         assert!(back.is_set());
         assert_eq!(back.sasl_mechanism, Some(Mechanism::ScramSha256));
         assert_eq!(back.sasl_username.as_deref(), Some("alice"));
@@ -370,7 +377,6 @@ mod tests {
     /// survives the trip to a child process.
     #[test]
     fn oauthbearer_takes_a_token_file_alone() {
-        use clap::Parser;
         let dir = std::env::temp_dir().join(format!("snapfence-cli-oauth-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("token");
@@ -399,14 +405,7 @@ mod tests {
             let err = bad.apply(base(), Some("pw".into())).unwrap_err();
             assert_eq!(err.exit_code(), crate::error::EXIT_USAGE, "{err}");
         }
-        #[derive(clap::Parser)]
-        struct Probe {
-            #[command(flatten)]
-            security: SecurityArgs,
-        }
-        let mut argv: Vec<std::ffi::OsString> = vec!["probe".into()];
-        argv.extend(oauth(None, Some(&file)).child_args());
-        let back = Probe::try_parse_from(argv).unwrap().security;
+        let back = parsed_back(&oauth(None, Some(&file)));
         assert_eq!(back.sasl_mechanism, Some(Mechanism::OAuthBearer));
         assert_eq!(back.sasl_oauth_token_file.as_deref(), Some(file.as_path()));
         let _ = std::fs::remove_dir_all(dir);

@@ -29,12 +29,18 @@ pub fn unsecured_token(sub: &str, lifetime: Duration) -> OAuthBearerToken {
         .expect("after 1970")
         .as_secs();
     let exp = now + lifetime.as_secs();
-    let header = base64url(br#"{"alg":"none"}"#);
-    let claims = base64url(format!(r#"{{"sub":"{sub}","iat":{now},"exp":{exp}}}"#).as_bytes());
     OAuthBearerToken::new(
-        format!("{header}.{claims}."),
+        unsecured_jwt(sub, now, exp),
         UNIX_EPOCH + Duration::from_secs(exp),
     )
+}
+
+/// The unsecured JWT for `sub` issued at `iat` and expiring at `exp` (seconds since the epoch):
+/// `base64url({"alg":"none"})`, `.`, the claims, `.`, no signature.
+pub fn unsecured_jwt(sub: &str, iat: u64, exp: u64) -> String {
+    let header = base64url(br#"{"alg":"none"}"#);
+    let claims = base64url(format!(r#"{{"sub":"{sub}","iat":{iat},"exp":{exp}}}"#).as_bytes());
+    format!("{header}.{claims}.")
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use protocol_tests::oauth::unsecured_token;
+use protocol_tests::oauth::{unsecured_jwt, unsecured_token};
 use protocol_tests::tally::{fold_all, Counter, Tally};
 use protocol_tests::{cluster, unique, ClusterSpec, KafkaCluster, Listener, SecuritySpec};
 use snapfence::consumer::{
@@ -165,9 +165,14 @@ async fn an_expired_token_is_refused_typed_and_asked_for_again() {
         async move {
             let token = if n == 0 {
                 // Expired a minute ago: the validator refuses it.
-                let mut t = unsecured_token(SUB, Duration::ZERO);
-                t.value = expired_jwt();
-                t
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs();
+                OAuthBearerToken::new(
+                    unsecured_jwt(SUB, now - 120, now - 60),
+                    std::time::SystemTime::now(),
+                )
             } else {
                 unsecured_token(SUB, Duration::from_secs(600))
             };
@@ -198,25 +203,6 @@ async fn an_expired_token_is_refused_typed_and_asked_for_again() {
         2,
         "the refused token was forgotten"
     );
-}
-
-/// An unsecured JWT whose `exp` lies a minute in the past.
-fn expired_jwt() -> String {
-    use protocol_tests::oauth::base64url;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let claims = format!(
-        r#"{{"sub":"{SUB}","iat":{},"exp":{}}}"#,
-        now - 120,
-        now - 60
-    );
-    format!(
-        "{}.{}.",
-        base64url(br#"{"alg":"none"}"#),
-        base64url(claims.as_bytes())
-    )
 }
 
 /// A flow folds a steady input for several lifetimes of its 6-second tokens: nothing is lost, no poll
