@@ -33,7 +33,7 @@ use super::fetch_core::{
 };
 use super::session_core::{FetchSession, SessionRequest, SessionVerdict};
 use super::{ConsumerError, OffsetReset, StartAt, TopicId, TopicPartition};
-use crate::net::{CallOptions, Client, Target, Verdict};
+use crate::net::{connection_of_partition, CallOptions, Client, Target, Verdict};
 use crate::records::{
     decode_batches, visible, AbortedTransaction, IsolationLevel, Record, RecordBatch,
 };
@@ -58,7 +58,9 @@ pub struct ReaderConfig {
     /// or replay.
     pub reset: OffsetReset,
     /// Upper bound on the bytes one Fetch response may carry (all partitions together). The broker
-    /// may exceed it only to return one batch larger than the bound. Default 50 MiB.
+    /// may exceed it only to return one batch larger than the bound. Default 50 MiB. With several
+    /// [`connections_per_broker`](crate::net::ClientConfig::connections_per_broker), a round that
+    /// fetches from one broker on several connections splits this bound between their requests.
     pub max_bytes: i32,
     /// Upper bound per partition per Fetch (same exception). Default 1 MiB.
     pub partition_max_bytes: i32,
@@ -196,11 +198,13 @@ pub struct PartitionReader {
     client: Client,
     config: ReaderConfig,
     fetcher: Fetcher,
-    /// One fetch session per leader contacted, by node id. Shared with the leader's fetch task, which
+    /// One fetch session per connection a Fetch went on, by node id and lane (a partition's lane is
+    /// [`connection_of_partition`], so a session and its partitions stay on one connection). Shared with the
+    /// connection's fetch task, which
     /// builds the request once it knows the broker's versions; never locked across an await. A task
     /// that dies or is dropped after building leaves its session waiting for an outcome, and the next
     /// request to that leader starts over in full.
-    sessions: BTreeMap<i32, Arc<Mutex<FetchSession>>>,
+    sessions: BTreeMap<(i32, usize), Arc<Mutex<FetchSession>>>,
     /// Off for a reader of one partition that is read to an end (the recovery read): a session would
     /// save it nothing and would take one of the broker's session slots from readers it helps.
     use_sessions: bool,
@@ -262,11 +266,23 @@ impl PartitionReader {
         self.fetcher.read_replica(partition)
     }
 
-    /// The fetch session established with each broker, by node id: the id the broker gave it.
+    /// The fetch session established with each broker, by node id: the id the broker gave it. With
+    /// several [`connections_per_broker`](crate::net::ClientConfig::connections_per_broker) this is
+    /// the session of each broker's lowest connection that has one; see
+    /// [`fetch_sessions_by_connection`](Self::fetch_sessions_by_connection) for all of them.
     pub fn fetch_sessions(&self) -> BTreeMap<i32, i32> {
+        let mut by_node = BTreeMap::new();
+        for ((node, _), id) in self.fetch_sessions_by_connection() {
+            by_node.entry(node).or_insert(id);
+        }
+        by_node
+    }
+
+    /// Every fetch session established, by node id and connection (lane): the id the broker gave it.
+    pub fn fetch_sessions_by_connection(&self) -> BTreeMap<(i32, usize), i32> {
         self.sessions
             .iter()
-            .filter_map(|(node, s)| lock(s).open().map(|(id, _)| (*node, id)))
+            .filter_map(|(conn, s)| lock(s).open().map(|(id, _)| (*conn, id)))
             .collect()
     }
 
@@ -278,12 +294,12 @@ impl PartitionReader {
     /// Cancel-safe: a dropped call leaves sessions the brokers evict in time, and the next fetch opens
     /// new ones.
     pub async fn close(&mut self) {
-        let closes: Vec<(i32, i32, i32)> = self
+        let closes: Vec<((i32, usize), i32, i32)> = self
             .sessions
             .iter_mut()
-            .filter_map(|(node, s)| lock(s).close().map(|(id, epoch)| (*node, id, epoch)))
+            .filter_map(|(conn, s)| lock(s).close().map(|(id, epoch)| (*conn, id, epoch)))
             .collect();
-        for (node, id, epoch) in closes {
+        for ((node, lane), id, epoch) in closes {
             let request = FetchRequest::default()
                 .with_replica_id(BrokerId(-1))
                 .with_max_wait_ms(0)
@@ -299,6 +315,7 @@ impl PartitionReader {
                     &CallOptions {
                         min_version: Some(FETCH_MIN_SESSIONS),
                         max_retries: Some(0),
+                        connection: Some(lane),
                         ..CallOptions::default()
                     },
                     |_| request.clone(),
@@ -447,8 +464,8 @@ impl PartitionReader {
         for (parts, result) in listed {
             round.listed(&parts, result);
         }
-        for (node, parts, request, result) in fetched {
-            let Some(session) = self.sessions.get(&node) else {
+        for ((node, lane), parts, request, result) in fetched {
+            let Some(session) = self.sessions.get(&(node, lane)) else {
                 continue;
             };
             let mut session = lock(session);
@@ -470,6 +487,7 @@ impl PartitionReader {
                 .sum::<u64>();
             tracing::debug!(
                 node,
+                lane,
                 version = answered.version,
                 session = request.session_id,
                 epoch = request.epoch,
@@ -552,9 +570,10 @@ type ListedBy = (
     Result<Vec<(ErrorCode, i64, i32)>, crate::net::NetError>,
 );
 
-/// What a leader's Fetch task yields: the leader, its partitions, the request sent, the answer.
+/// What a connection's Fetch task yields: the leader and lane, its partitions, the request sent, the
+/// answer.
 type FetchedBy = (
-    i32,
+    (i32, usize),
     Vec<FetchPartition>,
     SessionRequest,
     Result<Answered, crate::net::NetError>,
@@ -564,13 +583,16 @@ type FetchedBy = (
 struct FetchTasks<'a> {
     client: &'a Client,
     config: &'a ReaderConfig,
-    sessions: &'a mut BTreeMap<i32, Arc<Mutex<FetchSession>>>,
+    sessions: &'a mut BTreeMap<(i32, usize), Arc<Mutex<FetchSession>>>,
     use_sessions: bool,
     faults: &'a TaskFaults,
 }
 
 impl FetchTasks<'_> {
-    /// One Fetch task per leader, in that leader's fetch session (made on first contact).
+    /// One Fetch task per connection of a leader that carries a planned partition, in that
+    /// connection's fetch session (made on first contact). A leader's partitions are split by their
+    /// lane, and so is [`ReaderConfig::max_bytes`], so that the requests of one round together ask a
+    /// broker for no more than one request did on one connection.
     fn spawn(
         self,
         fetch: BTreeMap<i32, Vec<FetchPartition>>,
@@ -578,18 +600,29 @@ impl FetchTasks<'_> {
         max_wait: Duration,
     ) -> tokio::task::JoinSet<FetchedBy> {
         let mut fetches = tokio::task::JoinSet::new();
-        for (node, mut parts) in fetch {
-            for p in &mut parts {
+        let lanes = self.client.connections_per_broker();
+        let mut by_lane: BTreeMap<(i32, usize), Vec<FetchPartition>> = BTreeMap::new();
+        for (node, parts) in fetch {
+            for mut p in parts {
                 p.topic_id = metadata
                     .topics
                     .get(&*p.tp.topic)
                     .map(|t| t.id)
                     .unwrap_or_default();
+                let lane = connection_of_partition(&p.tp.topic, p.tp.partition, lanes);
+                by_lane.entry((node, lane)).or_default().push(p);
             }
+        }
+        let mut lanes_of: BTreeMap<i32, i32> = BTreeMap::new();
+        for (node, _) in by_lane.keys() {
+            *lanes_of.entry(*node).or_default() += 1;
+        }
+        for ((node, lane), parts) in by_lane {
+            let max_bytes = (self.config.max_bytes / lanes_of[&node]).max(1);
             let use_sessions = self.use_sessions;
             let session = self
                 .sessions
-                .entry(node)
+                .entry((node, lane))
                 .or_insert_with(|| Arc::new(Mutex::new(FetchSession::new(use_sessions))))
                 .clone();
             let client = self.client.clone();
@@ -606,8 +639,14 @@ impl FetchTasks<'_> {
                 };
                 let uses_ids = speaks_ids && parts.iter().all(|p| !p.topic_id.is_zero());
                 let request = lock(&session).poll_request(&parts, uses_ids);
-                let r = fetch_at(&client, node, &parts, &request, &config, max_wait).await;
-                (node, parts, request, r)
+                let to = FetchTo {
+                    node,
+                    lane,
+                    max_bytes,
+                    max_wait,
+                };
+                let r = fetch_at(&client, to, &parts, &request, &config).await;
+                ((node, lane), parts, request, r)
             });
         }
         fetches
@@ -959,16 +998,32 @@ struct Answered {
     partitions: BTreeMap<TopicPartition, RawFetched>,
 }
 
-/// The Fetch `request` describes, to `node`. `parts` are every partition planned for it (an incremental
+/// Where a Fetch goes and how much it asks for.
+struct FetchTo {
+    node: i32,
+    /// The connection of `node` it goes on.
+    lane: usize,
+    /// The request's `max_bytes`: [`ReaderConfig::max_bytes`], split over the connections a round
+    /// fetches from the broker on.
+    max_bytes: i32,
+    max_wait: Duration,
+}
+
+/// The Fetch `request` describes, to `to`. `parts` are every partition planned for it (an incremental
 /// request sends fewer); their topic ids name the topics of an answer that goes by id.
 async fn fetch_at(
     client: &Client,
-    node: i32,
+    to: FetchTo,
     parts: &[FetchPartition],
     request: &SessionRequest,
     config: &ReaderConfig,
-    max_wait: Duration,
 ) -> Result<Answered, crate::net::NetError> {
+    let FetchTo {
+        node,
+        lane,
+        max_bytes,
+        max_wait,
+    } = to;
     let mut topics: BTreeMap<(&str, TopicId), Vec<KpFetchPartition>> = BTreeMap::new();
     for p in &request.send {
         topics.entry((&p.tp.topic, p.topic_id)).or_default().push(
@@ -993,7 +1048,7 @@ async fn fetch_at(
         .with_replica_id(BrokerId(-1))
         .with_max_wait_ms(max_wait.as_millis().min(i32::MAX as u128) as i32)
         .with_min_bytes(config.min_bytes)
-        .with_max_bytes(config.max_bytes)
+        .with_max_bytes(max_bytes)
         .with_isolation_level(config.isolation.as_i8())
         .with_session_id(request.session_id)
         .with_session_epoch(request.epoch)
@@ -1037,6 +1092,7 @@ async fn fetch_at(
                 min_version: Some(min_version),
                 max_version,
                 max_retries: Some(0),
+                connection: Some(lane),
             },
             |v| {
                 let mut body = body.clone();

@@ -101,6 +101,39 @@ pub struct CallOptions {
     pub max_version: Option<i16>,
     /// Replaces [`ClientConfig::max_retries`] for this call; `Some(0)` sends exactly once.
     pub max_retries: Option<u32>,
+    /// Which of the broker's [`ClientConfig::connections_per_broker`] connections carries the call
+    /// (taken modulo their number). `None` lets the target choose: a partition's leader by
+    /// [`connection_of_partition`], a coordinator by [`connection_of_key`] of its group or
+    /// transactional id, any other target the first connection.
+    pub connection: Option<usize>,
+}
+
+/// The connection of a broker that carries `topic`/`partition`'s requests when a broker has `lanes`
+/// connections: the same one for as long as the client lives, so a partition's requests stay in the
+/// order they were sent, and consecutive partitions of one topic on different connections.
+pub fn connection_of_partition(topic: &str, partition: i32, lanes: usize) -> usize {
+    if lanes <= 1 {
+        return 0;
+    }
+    let spread = u64::from(fnv1a(topic.as_bytes())) + u64::from(partition.unsigned_abs());
+    (spread % lanes as u64) as usize
+}
+
+/// The connection of a coordinator that carries the requests of group or transactional id `key` when
+/// a broker has `lanes` connections: always the same one, so that id's requests stay in order.
+pub fn connection_of_key(key: &str, lanes: usize) -> usize {
+    if lanes <= 1 {
+        return 0;
+    }
+    (fnv1a(key.as_bytes()) as u64 % lanes as u64) as usize
+}
+
+/// 32-bit FNV-1a: a fixed hash (not `std`'s seeded one), so a key's connection is the same in every
+/// process and every run, which keeps benchmarks and traces comparable.
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |h: u32, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// A connection to a Kafka cluster. Cheap to clone; clones share connections and caches.
@@ -126,7 +159,7 @@ pub struct Client {
 
 /// The connection pool, the routing state and the caches that every clone of a [`Client`] shares.
 ///
-/// Which lock guards what. The pool: `slots` guards only the map from node id to slot, held just long
+/// Which lock guards what. The pool: `slots` guards only the map from (node id, lane) to slot, held just long
 /// enough to find or add one; each slot's own async lock guards that node's connection and is held
 /// across a connect, so that callers arriving meanwhile wait for that attempt instead of opening a
 /// connection each; `bootstrap` does the same for a bootstrap connection no node id matched. Routing
@@ -138,8 +171,9 @@ pub struct Client {
 /// `bootstrap`) held while taking a std lock or `try_lock`ing a slot, which cannot wait in a circle.
 struct Inner {
     config: ClientConfig,
-    /// One slot per broker; the async lock makes concurrent callers share one connect attempt.
-    slots: Mutex<HashMap<i32, Arc<tokio::sync::Mutex<Option<BrokerConn>>>>>,
+    /// One slot per connection, keyed by node id and lane (`0..connections_per_broker`); the async
+    /// lock makes concurrent callers of a connection share one connect attempt.
+    slots: Mutex<HashMap<(i32, usize), Arc<tokio::sync::Mutex<Option<BrokerConn>>>>>,
     /// The connection made to a bootstrap address whose node id could not be matched; used only when
     /// no known broker is reachable.
     bootstrap: tokio::sync::Mutex<Option<BrokerConn>>,
@@ -186,6 +220,11 @@ impl Client {
     pub async fn connect(config: ClientConfig) -> Result<Client, NetError> {
         if config.bootstrap.is_empty() {
             return Err(NetError::Config("no bootstrap address".into()));
+        }
+        if config.connections_per_broker == 0 {
+            return Err(NetError::Config(
+                "connections_per_broker must be at least 1".into(),
+            ));
         }
         let client = Client {
             inner: Arc::new(Inner {
@@ -346,7 +385,7 @@ impl Client {
         options: &CallOptions,
         build: &mut impl FnMut(i16) -> R,
     ) -> Result<(R::Response, i16), NetError> {
-        let broker = self.resolve(target).await?;
+        let broker = self.resolve(target, options.connection).await?;
         let version = pick_version::<R>(&broker, options)?;
         let request = build(version);
         let timeout = options.timeout.unwrap_or(self.inner.config.request_timeout);
@@ -354,19 +393,28 @@ impl Client {
         Ok((response, version))
     }
 
-    async fn resolve(&self, target: &Target) -> Result<BrokerConn, NetError> {
+    async fn resolve(&self, target: &Target, lane: Option<usize>) -> Result<BrokerConn, NetError> {
+        let lanes = self.inner.config.connections_per_broker;
         match target {
             Target::Any => self.any_broker().await,
-            Target::Broker(node) => self.broker(*node).await,
+            Target::Broker(node) => self.broker(*node, lane.unwrap_or(0) % lanes).await,
             Target::Leader { topic, partition } => {
                 let leader = self.leader_once(topic, *partition).await?;
-                self.broker(leader.node).await
+                let lane =
+                    lane.unwrap_or_else(|| connection_of_partition(topic, *partition, lanes));
+                self.broker(leader.node, lane % lanes).await
             }
             Target::Coordinator { kind, key } => {
                 let node = self.coordinator_once(*kind, key).await?;
-                self.broker(node).await
+                let lane = lane.unwrap_or_else(|| connection_of_key(key, lanes));
+                self.broker(node, lane % lanes).await
             }
         }
+    }
+
+    /// How many connections this client keeps to each broker (at least 1).
+    pub fn connections_per_broker(&self) -> usize {
+        self.inner.config.connections_per_broker
     }
 
     fn forget_route(&self, target: &Target) {
@@ -379,13 +427,17 @@ impl Client {
 
     // ---- connections -------------------------------------------------------------------------------
 
-    fn slot(&self, node: i32) -> Arc<tokio::sync::Mutex<Option<BrokerConn>>> {
-        lock(&self.inner.slots).entry(node).or_default().clone()
+    fn slot(&self, node: i32, lane: usize) -> Arc<tokio::sync::Mutex<Option<BrokerConn>>> {
+        lock(&self.inner.slots)
+            .entry((node, lane))
+            .or_default()
+            .clone()
     }
 
-    /// The connection to broker `node`, opened (or reopened after a failure) on demand.
-    async fn broker(&self, node: i32) -> Result<BrokerConn, NetError> {
-        let slot = self.slot(node);
+    /// Connection `lane` to broker `node`, opened (or reopened after a failure) on demand. Each of a
+    /// broker's connections logs in, renews its session and reconnects on its own.
+    async fn broker(&self, node: i32, lane: usize) -> Result<BrokerConn, NetError> {
+        let slot = self.slot(node, lane);
         let mut held = slot.lock().await;
         if let Some(existing) = held.as_ref() {
             if existing.usable() {
@@ -454,7 +506,7 @@ impl Client {
         if !nodes.is_empty() {
             let start = self.inner.next_any.fetch_add(1, Ordering::Relaxed) % nodes.len();
             for i in 0..nodes.len() {
-                match self.broker(nodes[(start + i) % nodes.len()]).await {
+                match self.broker(nodes[(start + i) % nodes.len()], 0).await {
                     Ok(c) => return Ok(c),
                     // Every broker checks the same credentials and certificates: trying the next
                     // one would only repeat the refusal.
@@ -513,7 +565,7 @@ impl Client {
                     ..opened.clone()
                 };
                 self.record_handshake(&filed);
-                let slot = self.slot(node);
+                let slot = self.slot(node, 0);
                 if let Ok(mut s) = slot.try_lock() {
                     if !s.as_ref().is_some_and(|c| c.usable()) {
                         *s = Some(filed.clone());
@@ -591,7 +643,7 @@ impl Client {
             if let Some(v) = lock(&self.inner.versions).get(&broker) {
                 return Ok(v.clone());
             }
-            Ok(self.broker(broker).await?.versions)
+            Ok(self.broker(broker, 0).await?.versions)
         }
     }
 

@@ -39,6 +39,12 @@ pub struct ClientConfig {
     pub max_retries: u32,
     /// Requests in flight at once on one connection; further requests wait for a slot.
     pub max_in_flight_per_connection: usize,
+    /// Connections kept to each broker (at least 1). A broker reads each connection's requests one at a
+    /// time, so with more than one its network and request threads can work on several of this
+    /// client's requests at once. Requests are spread so that every ordering rule holds: a partition's
+    /// requests (its Produce batches in sequence order, its fetch session) always use the same
+    /// connection, and so do a group's and a transactional id's. Each connection opens on first use.
+    pub connections_per_broker: usize,
     /// `SO_SNDBUF`; `None` keeps the operating system's default (and its auto-tuning).
     pub socket_send_buffer: Option<usize>,
     /// `SO_RCVBUF`; `None` keeps the operating system's default (and its auto-tuning).
@@ -73,6 +79,7 @@ impl Default for ClientConfig {
             // notice a dead broker (broker.session.timeout.ms defaults to 9 s) and move its leaderships.
             max_retries: 20,
             max_in_flight_per_connection: 64,
+            connections_per_broker: 1,
             socket_send_buffer: None,
             socket_receive_buffer: None,
             tcp_keepalive: Some(Duration::from_secs(60)),

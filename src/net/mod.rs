@@ -82,7 +82,7 @@ unstable_pub! {
 }
 unstable_pub! {
     /// Routing targets and per-call options of [`Client::call`] (unstable: `unstable-protocol`).
-    pub use client::{CallOptions, Target};
+    pub use client::{connection_of_key, connection_of_partition, CallOptions, Target};
 }
 unstable_pub! {
     /// How a response handler tells the routing loop to finish, re-route or retry (unstable:

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use kafka_protocol::messages::{MetadataRequest, MetadataResponse, ResponseHeader};
-use kafka_protocol::protocol::{Encodable, HeaderVersion};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
 
 use super::testing::{api_versions, loopback, one_node_metadata, Peer};
 use super::{Client, ClientConfig, ConnectionFailure, NetError, Target};
@@ -306,4 +306,206 @@ async fn a_dial_that_never_finishes_times_out_as_a_connect_error() {
     let text = err.to_string();
     assert_eq!(text.matches("127.0.0.1:9").count(), 1, "{text}");
     assert!(text.contains("timed out after 3s"), "{text}");
+}
+
+/// With several connections per broker, every request of a partition goes on its
+/// [`connection_of_partition`](super::connection_of_partition) connection and every request of a coordinator key
+/// on its [`connection_of_key`](super::connection_of_key) one, the same connection each time; a request to a
+/// broker by id goes on the first connection unless it names a lane. The stub tags each answer with
+/// the connection (accept order) it came in on, and each Metadata request carries the test's label as
+/// its one topic name.
+#[tokio::test]
+async fn requests_keep_to_their_lane_of_the_broker() {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::protocol::StrBytes;
+    use std::sync::Mutex;
+
+    type Seen = Arc<Mutex<Vec<(String, usize)>>>;
+    let seen: Seen = Arc::default();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (record, counter) = (seen.clone(), accepted.clone());
+    let (addr, task) = loopback(move |mut peer: Peer, addr| {
+        let conn = counter.fetch_add(1, Ordering::SeqCst);
+        let record = record.clone();
+        async move {
+            while let Some(request) = peer.next_request().await {
+                let id = request.header.correlation_id;
+                let version = request.header.request_api_version;
+                match request.header.request_api_key {
+                    18 => {
+                        let answer = api_versions(&[(18, 0, 3), (3, 0, 12), (10, 0, 4)]);
+                        peer.respond(id, &answer, version.min(3)).await;
+                    }
+                    10 => {
+                        let mut body = request.body.clone();
+                        let asked = kafka_protocol::messages::FindCoordinatorRequest::decode(
+                            &mut body, version,
+                        )
+                        .unwrap();
+                        let key = asked
+                            .coordinator_keys
+                            .first()
+                            .map_or_else(|| asked.key.to_string(), |k| k.to_string());
+                        let answer = super::testing::coordinator_is_self(addr, &key, version);
+                        peer.respond(id, &answer, version).await;
+                    }
+                    3 => {
+                        let mut body = request.body.clone();
+                        let asked = MetadataRequest::decode(&mut body, version);
+                        let label = asked
+                            .ok()
+                            .and_then(|m| m.topics)
+                            .and_then(|t| t.first().and_then(|t| t.name.clone()))
+                            .map(|n| n.0.to_string());
+                        if let Some(label) = label.filter(|l| l.starts_with("label-")) {
+                            record.lock().unwrap().push((label, conn));
+                        }
+                        peer.respond(id, &one_node_metadata(addr, &[("t", 6)]), version)
+                            .await;
+                    }
+                    other => panic!("unexpected api key {other}"),
+                }
+            }
+        }
+    })
+    .await;
+    let _stop = AbortOnDrop(task);
+    let lanes = 3;
+    let client = Client::connect(ClientConfig {
+        connections_per_broker: lanes,
+        ..config(addr)
+    })
+    .await
+    .unwrap();
+    client.metadata(&["t"]).await.unwrap();
+    let labelled = |label: String| {
+        move |_| {
+            MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_string(label.clone()))))]))
+        }
+    };
+    for round in 0..2 {
+        for p in 0..6 {
+            client
+                .send(Target::leader("t", p), labelled(format!("label-p{p}")))
+                .await
+                .unwrap();
+        }
+        for key in ["g", "h", "i"] {
+            client
+                .send(
+                    Target::group(key.to_string()),
+                    labelled(format!("label-k{key}")),
+                )
+                .await
+                .unwrap();
+        }
+        client
+            .send(Target::Broker(1), labelled("label-broker".into()))
+            .await
+            .unwrap();
+        let named = super::CallOptions {
+            connection: Some(lanes + 2),
+            ..super::CallOptions::default()
+        };
+        client
+            .call(
+                Target::Broker(1),
+                &named,
+                labelled("label-lane2".into()),
+                |r, _| super::Verdict::Done(r),
+            )
+            .await
+            .unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 11 * (round + 1));
+    }
+    let seen = seen.lock().unwrap().clone();
+    // Lane of each label, through the connection it came in on; the first connection is lane 0
+    // (it is the bootstrap one, filed under node 1's first lane).
+    let mut conn_of: std::collections::HashMap<String, usize> = Default::default();
+    for (label, conn) in &seen {
+        let first = *conn_of.entry(label.clone()).or_insert(*conn);
+        assert_eq!(first, *conn, "{label} changed connection: {seen:?}");
+    }
+    let lane_conn = |label: &str| conn_of[label];
+    let conns: std::collections::HashSet<usize> = conn_of.values().copied().collect();
+    assert_eq!(conns.len(), lanes, "every lane used, none more: {seen:?}");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        lanes,
+        "one connection per lane"
+    );
+    for p in 0..6 {
+        for q in 0..6 {
+            let same_lane = super::connection_of_partition("t", p, lanes)
+                == super::connection_of_partition("t", q, lanes);
+            let same_conn = lane_conn(&format!("label-p{p}")) == lane_conn(&format!("label-p{q}"));
+            assert_eq!(same_lane, same_conn, "partitions {p} and {q}: {seen:?}");
+        }
+    }
+    for key in ["g", "h", "i"] {
+        let p = (0..6)
+            .find(|p| {
+                super::connection_of_partition("t", *p, lanes)
+                    == super::connection_of_key(key, lanes)
+            })
+            .unwrap();
+        assert_eq!(
+            lane_conn(&format!("label-k{key}")),
+            lane_conn(&format!("label-p{p}")),
+            "{key}"
+        );
+    }
+    let lane0 = (0..6)
+        .find(|p| super::connection_of_partition("t", *p, lanes) == 0)
+        .unwrap();
+    let lane2 = (0..6)
+        .find(|p| super::connection_of_partition("t", *p, lanes) == 2)
+        .unwrap();
+    assert_eq!(
+        lane_conn("label-broker"),
+        lane_conn(&format!("label-p{lane0}"))
+    );
+    assert_eq!(
+        lane_conn("label-lane2"),
+        lane_conn(&format!("label-p{lane2}"))
+    );
+}
+
+/// Aborts a stub's accept loop when the test ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Consecutive partitions of a topic fall on consecutive lanes (so a topic spreads evenly), a key's
+/// lane is fixed, and one lane is always lane 0.
+#[test]
+fn lanes_spread_partitions_evenly_and_fix_keys() {
+    for lanes in [2, 3, 4] {
+        let mut count = vec![0; lanes];
+        for p in 0..(4 * lanes as i32) {
+            let lane = super::connection_of_partition("events", p, lanes);
+            assert_eq!(
+                lane,
+                (super::connection_of_partition("events", 0, lanes) + p as usize) % lanes
+            );
+            count[lane] += 1;
+        }
+        assert!(count.iter().all(|c| *c == 4), "{count:?}");
+        assert_eq!(
+            super::connection_of_key("g", lanes),
+            super::connection_of_key("g", lanes)
+        );
+    }
+    assert_eq!(super::connection_of_partition("events", 7, 1), 0);
+    assert_eq!(super::connection_of_key("snapfence-7", 1), 0);
+    let spread: std::collections::HashSet<usize> = (0..64)
+        .map(|p| super::connection_of_key(&format!("tx-{p}"), 4))
+        .collect();
+    assert_eq!(spread.len(), 4, "64 transactional ids reach every lane");
 }

@@ -11,33 +11,34 @@
 //! fit.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 
 use super::TopicPartition;
 
-/// One pass's budget per broker (see the module docs).
+/// One pass's budget per connection `C` (a broker's, or one of its lanes; see the module docs).
 #[derive(Debug)]
-pub(crate) struct SendBudget {
+pub(crate) struct SendBudget<C> {
     /// `max_in_flight`: the room of a broker that has no sender yet.
     cap: usize,
     /// `max_request_size`: the bytes one request's worth of room stands for.
     max_request_bytes: usize,
     /// Requests each broker with a sender can still take: `cap` less what it has queued or on the wire.
-    room: HashMap<i32, usize>,
+    room: HashMap<C, usize>,
     /// Batches let out this pass, by partition.
     given: HashMap<TopicPartition, usize>,
     /// Bytes let out this pass, by broker.
-    bytes_given: HashMap<i32, usize>,
+    bytes_given: HashMap<C, usize>,
     /// Whether a batch was held back for want of room.
     held: bool,
 }
 
-impl SendBudget {
+impl<C: Copy + Eq + Hash> SendBudget<C> {
     /// A pass's budget: `busy` gives, for each broker with a sender, how many requests it has queued or
     /// unanswered.
     pub(crate) fn new(
         max_in_flight: usize,
         max_request_bytes: usize,
-        busy: impl IntoIterator<Item = (i32, usize)>,
+        busy: impl IntoIterator<Item = (C, usize)>,
     ) -> Self {
         SendBudget {
             cap: max_in_flight,
@@ -52,11 +53,12 @@ impl SendBudget {
         }
     }
 
-    /// Whether a batch of `bytes` of `tp`, whose leader is `node`, may go now; if so, it is counted.
-    pub(crate) fn allow(&mut self, tp: &TopicPartition, node: i32, bytes: usize) -> bool {
-        let room = self.room.get(&node).copied().unwrap_or(self.cap);
+    /// Whether a batch of `bytes` of `tp`, which goes on connection `conn`, may go now; if so, it is
+    /// counted.
+    pub(crate) fn allow(&mut self, tp: &TopicPartition, conn: C, bytes: usize) -> bool {
+        let room = self.room.get(&conn).copied().unwrap_or(self.cap);
         let given = self.given.entry(tp.clone()).or_insert(0);
-        let bytes_given = self.bytes_given.entry(node).or_insert(0);
+        let bytes_given = self.bytes_given.entry(conn).or_insert(0);
         if *given >= room || *bytes_given + bytes > room * self.max_request_bytes {
             self.held = true;
             return false;

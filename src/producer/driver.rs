@@ -61,7 +61,9 @@ use super::{
     messages, ErrorClass, ProducerConfig, ProducerError, ProducerIdEpoch, ProducerRecord,
     RecordMetadata, TopicPartition,
 };
-use crate::net::{CallOptions, Client, ClusterMetadata, NetError, Target, Verdict};
+use crate::net::{
+    connection_of_partition, CallOptions, Client, ClusterMetadata, NetError, Target, Verdict,
+};
 use crate::wire::{
     ErrorCode, PRODUCE_MAX, PRODUCE_MAX_BY_NAME, PRODUCE_MAX_TV1, PRODUCE_MIN_IDEMPOTENT,
     PRODUCE_MIN_TV2,
@@ -147,8 +149,9 @@ impl Mode {
 pub(crate) struct Shared {
     pub(crate) core: ProducerCore<Reply>,
     pub(crate) mode: Mode,
-    /// Brokers with a sender task running, by node id, with the requests it has yet to start.
-    senders: HashMap<i32, SenderSlot>,
+    /// Connections with a sender task running, by node id and lane, with the requests it has yet to
+    /// start.
+    senders: HashMap<Lane, SenderSlot>,
     /// Topic names as the wire carries them, made once per topic rather than once per request.
     topic_names: HashMap<Arc<str>, TopicName>,
     /// A metadata refresh for partitions whose leader is not cached is under way.
@@ -175,7 +178,12 @@ pub(crate) struct Inner {
     pub(crate) faults: crate::supervise::Faults,
 }
 
-/// A broker's sender task: the requests it has yet to start, and how to tell it there are more.
+/// One of a broker's connections: its node id and lane (see
+/// [`ClientConfig::connections_per_broker`](crate::net::ClientConfig::connections_per_broker)). A
+/// partition's batches always take the lane [`connection_of_partition`] gives it.
+type Lane = (i32, usize);
+
+/// A connection's sender task: the requests it has yet to start, and how to tell it there are more.
 struct SenderSlot {
     queue: VecDeque<ProduceJob>,
     wake: Arc<Notify>,
@@ -183,9 +191,11 @@ struct SenderSlot {
     on_wire: usize,
 }
 
-/// One Produce request: at most one batch per partition, every partition led by `node`.
+/// One Produce request: at most one batch per partition, every partition led by `node` and sent on
+/// its connection `lane`.
 struct ProduceJob {
     node: i32,
+    lane: usize,
     batches: Vec<ToSend>,
     /// Each batch's topic name as the wire carries it (parallel to `batches`).
     names: Vec<TopicName>,
@@ -210,7 +220,7 @@ struct Pass {
 /// request.
 #[derive(Default)]
 struct Tasks {
-    senders: Vec<(i32, Arc<Notify>)>,
+    senders: Vec<(Lane, Arc<Notify>)>,
     refresh: Option<Vec<String>>,
     add: Option<TxnRequest>,
     new_id: bool,
@@ -221,8 +231,8 @@ struct Tasks {
 enum Task {
     /// The background task itself ([`Inner::run`]).
     Driver,
-    /// The task that sends Produce requests to one broker.
-    Sender(i32),
+    /// The task that sends Produce requests on one connection of a broker.
+    Sender(Lane),
     /// The metadata refresh for partitions whose leader is not cached.
     Leaders,
     /// A TV1 AddPartitionsToTxn.
@@ -235,7 +245,8 @@ impl std::fmt::Display for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Task::Driver => f.write_str("driver"),
-            Task::Sender(node) => write!(f, "sender to broker {node}"),
+            Task::Sender((node, 0)) => write!(f, "sender to broker {node}"),
+            Task::Sender((node, lane)) => write!(f, "sender to broker {node} (connection {lane})"),
             Task::Leaders => f.write_str("leader lookup"),
             Task::AddPartitions => f.write_str("add partitions"),
             Task::ProducerId => f.write_str("producer id"),
@@ -334,11 +345,11 @@ impl Inner {
             let mut s = self.lock();
             let mut fx = match task {
                 Task::Driver => s.core.abandon(&err, None),
-                Task::Sender(node) => {
+                Task::Sender(lane) => {
                     // Which of the requests out were this sender's no longer matters: the producer is
                     // fatal, so every batch with a request out fails now (an answer still arriving on
                     // another sender finds no batch and is ignored).
-                    s.senders.remove(node);
+                    s.senders.remove(lane);
                     s.core.abandon(&err, None)
                 }
                 Task::Leaders => {
@@ -666,8 +677,9 @@ impl Inner {
             self.config.max_request_size,
             s.senders
                 .iter()
-                .map(|(node, slot)| (*node, slot.queue.len() + slot.on_wire)),
+                .map(|(lane, slot)| (*lane, slot.queue.len() + slot.on_wire)),
         );
+        let lanes = self.client.connections_per_broker();
         let Shared { core, mode, .. } = &mut *s;
         let mut allow = |tp: &TopicPartition, bytes: usize| {
             if !mode.machine().is_none_or(|t| t.can_produce(tp)) {
@@ -678,7 +690,14 @@ impl Inner {
                     leaderless.insert(tp.topic.clone());
                     false
                 }
-                Some(leader) => budget.allow(tp, leader.node, bytes),
+                Some(leader) => budget.allow(
+                    tp,
+                    (
+                        leader.node,
+                        connection_of_partition(&tp.topic, tp.partition, lanes),
+                    ),
+                    bytes,
+                ),
             }
         };
         let mut encoder = RecordsEncoder {
@@ -695,11 +714,12 @@ impl Inner {
             out,
             versions,
             self.config.max_request_size,
+            lanes,
             &mut s.topic_names,
         ) {
-            let slot = s.senders.entry(job.node).or_insert_with(|| {
+            let slot = s.senders.entry((job.node, job.lane)).or_insert_with(|| {
                 let wake = Arc::new(Notify::new());
-                tasks.senders.push((job.node, wake.clone()));
+                tasks.senders.push(((job.node, job.lane), wake.clone()));
                 SenderSlot {
                     queue: VecDeque::new(),
                     wake,
@@ -720,11 +740,11 @@ impl Inner {
 
     /// Starts, each under supervision, the tasks a pass decided on.
     fn start_tasks(self: &Arc<Self>, tasks: Tasks) {
-        for (node, wake) in tasks.senders {
+        for (lane, wake) in tasks.senders {
             let inner = self.clone();
             self.supervise(
-                Task::Sender(node),
-                async move { inner.sender(node, wake).await },
+                Task::Sender(lane),
+                async move { inner.sender(lane, wake).await },
             );
         }
         if let Some(topics) = tasks.refresh {
@@ -776,7 +796,7 @@ impl Inner {
         }
     }
 
-    /// One broker's sender: starts its requests in the order they were queued and feeds each answer
+    /// One connection's sender: starts its requests in the order they were queued and feeds each answer
     /// to the core. Ends once it has nothing queued and nothing out.
     ///
     /// Every started request stays in `out`, and `out` is polled front to back, so a request is polled
@@ -784,16 +804,16 @@ impl Inner {
     /// broker's connection at its first poll unless a first-come first-served wait (the connection slot,
     /// an in-flight permit, writer queue space) holds it, and then it waits behind the earlier ones. That
     /// is what keeps a partition's requests on the wire in sequence order.
-    async fn sender(self: Arc<Self>, node: i32, wake: Arc<Notify>) {
+    async fn sender(self: Arc<Self>, lane: Lane, wake: Arc<Notify>) {
         let mut out: Vec<Pin<Box<InFlightProduce>>> = Vec::new();
         loop {
             let jobs = {
                 let mut s = self.lock();
                 // At most `max_in_flight` requests on the wire; the rest wait here, in order.
                 let room = self.config.max_in_flight.saturating_sub(out.len());
-                let slot = s.senders.get_mut(&node);
+                let slot = s.senders.get_mut(&lane);
                 if slot.as_ref().is_none_or(|slot| slot.queue.is_empty()) && out.is_empty() {
-                    s.senders.remove(&node);
+                    s.senders.remove(&lane);
                     break;
                 }
                 slot.map_or_else(Vec::new, |slot| {
@@ -822,7 +842,7 @@ impl Inner {
                 let mut s = self.lock();
                 let now = crate::clock::now();
                 let mut replies = Vec::new();
-                if let Some(slot) = s.senders.get_mut(&node) {
+                if let Some(slot) = s.senders.get_mut(&lane) {
                     slot.on_wire = out.len();
                 }
                 for (job, answers) in answered {
@@ -871,6 +891,7 @@ impl Inner {
             min_version: Some(min_version),
             max_version: Some(max_version),
             max_retries: Some(0),
+            connection: Some(job.lane),
         };
         let timeout_ms = i32::try_from(self.config.request_timeout.as_millis()).unwrap_or(i32::MAX);
         let make = |version: i16| {
@@ -1057,8 +1078,9 @@ impl Inner {
 /// again, at the latest.
 const HELD_RECHECK: Duration = Duration::from_millis(10);
 
-/// Groups the batches the core let out into Produce requests: per leader, requests of at most one
-/// batch per partition and at most `max_bytes` of record batches (a batch larger than that goes alone).
+/// Groups the batches the core let out into Produce requests: per leader and lane (each partition's
+/// [`connection_of_partition`] of `lanes`), requests of at most one batch per partition and at most
+/// `max_bytes` of record batches (a batch larger than that goes alone).
 /// Each batch goes into the leader's first request after the one holding its partition's previous
 /// batch that has room, so a partition's requests are queued in sequence order. Every batch's leader is
 /// in `meta` (the driver lets out only partitions whose leader is cached).
@@ -1072,18 +1094,20 @@ fn requests_by_leader(
     batches: Vec<ToSend>,
     versions: (i16, i16),
     max_bytes: usize,
+    lanes: usize,
     names: &mut HashMap<Arc<str>, TopicName>,
 ) -> Vec<ProduceJob> {
-    // Per leader, its requests in order with their record bytes; per partition, the first request its
-    // next batch may join.
-    let mut jobs: BTreeMap<i32, Vec<(ProduceJob, usize)>> = BTreeMap::new();
+    // Per leader and lane, its requests in order with their record bytes; per partition, the first
+    // request its next batch may join.
+    let mut jobs: BTreeMap<Lane, Vec<(ProduceJob, usize)>> = BTreeMap::new();
     let mut next: HashMap<TopicPartition, usize> = HashMap::new();
     for b in batches {
         let node = meta
             .leader(&b.partition.topic, b.partition.partition)
             .map_or(-1, |l| l.node);
+        let lane = connection_of_partition(&b.partition.topic, b.partition.partition, lanes);
         let from = next.entry(b.partition.clone()).or_insert(0);
-        let requests = jobs.entry(node).or_default();
+        let requests = jobs.entry((node, lane)).or_default();
         let len = b.records.len();
         let room = requests
             .iter()
@@ -1095,6 +1119,7 @@ fn requests_by_leader(
             requests.push((
                 ProduceJob {
                     node,
+                    lane,
                     batches: Vec::new(),
                     names: Vec::new(),
                     topic_ids: Vec::new(),

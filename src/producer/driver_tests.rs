@@ -297,7 +297,7 @@ fn requests_keep_to_the_byte_budget_and_each_partitions_order() {
         batch(5, 0, 400),
         batch(6, 3, 100),
     ];
-    let jobs = requests_by_leader(&meta, out, (3, 12), 1000, &mut HashMap::new());
+    let jobs = requests_by_leader(&meta, out.clone(), (3, 12), 1000, 1, &mut HashMap::new());
     let layout: Vec<Vec<(i32, u64)>> = jobs
         .iter()
         .map(|j| {
@@ -325,4 +325,28 @@ fn requests_keep_to_the_byte_budget_and_each_partitions_order() {
         );
         assert_eq!(job.names.len(), job.batches.len());
     }
+    // Two connections: each request carries only partitions of its lane, and a partition's batches
+    // still go in strictly later requests of that lane.
+    let jobs = requests_by_leader(&meta, out, (3, 12), 1000, 2, &mut HashMap::new());
+    let lane = |p: i32| crate::net::connection_of_partition("t", p, 2);
+    let mut last: HashMap<i32, usize> = HashMap::new();
+    for (i, job) in jobs.iter().enumerate() {
+        assert!(job
+            .batches
+            .iter()
+            .all(|b| lane(b.partition.partition) == job.lane));
+        for b in &job.batches {
+            if let Some(before) = last.insert(b.partition.partition, i) {
+                assert!(
+                    before < i,
+                    "partition {} out of order",
+                    b.partition.partition
+                );
+            }
+        }
+    }
+    let lanes: std::collections::HashSet<usize> = jobs.iter().map(|j| j.lane).collect();
+    assert_eq!(lanes.len(), 2, "both lanes carry requests");
+    let batches: usize = jobs.iter().map(|j| j.batches.len()).sum();
+    assert_eq!(batches, 6);
 }
