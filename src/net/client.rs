@@ -173,7 +173,7 @@ struct Inner {
     config: ClientConfig,
     /// One slot per connection, keyed by node id and lane (`0..connections_per_broker`); the async
     /// lock makes concurrent callers of a connection share one connect attempt.
-    slots: Mutex<HashMap<(i32, usize), Arc<tokio::sync::Mutex<Option<BrokerConn>>>>>,
+    slots: Mutex<HashMap<(i32, usize), Slot>>,
     /// The connection made to a bootstrap address whose node id could not be matched; used only when
     /// no known broker is reachable.
     bootstrap: tokio::sync::Mutex<Option<BrokerConn>>,
@@ -195,6 +195,9 @@ struct Inner {
     /// connection from then on.
     renew_by_reconnect: Mutex<std::collections::HashSet<i32>>,
 }
+
+/// One connection of the pool: empty until first used, and after a failed reconnect.
+type Slot = Arc<tokio::sync::Mutex<Option<BrokerConn>>>;
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -427,7 +430,7 @@ impl Client {
 
     // ---- connections -------------------------------------------------------------------------------
 
-    fn slot(&self, node: i32, lane: usize) -> Arc<tokio::sync::Mutex<Option<BrokerConn>>> {
+    fn slot(&self, node: i32, lane: usize) -> Slot {
         lock(&self.inner.slots)
             .entry((node, lane))
             .or_default()
