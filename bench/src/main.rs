@@ -29,6 +29,7 @@
 //! # References
 //! - Seed 000 (experiments A and B), KIP-447 (fenced TxnOffsetCommit), KIP-98 (transactions)
 
+mod ceiling;
 mod job;
 mod job_child;
 mod ours;
@@ -83,6 +84,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match args.first().map(String::as_str) {
         Some("peer") => peer(&args[1..]),
+        Some("ceiling") => ceiling::main(&args[1..]),
         Some("run") => run(&args[1..]),
         Some("scale") => {
             init_tracing();
@@ -184,6 +186,11 @@ struct Options {
     child_timeout: Duration,
     broker: Vec<(String, String)>,
     transaction_version: Option<i16>,
+    /// `--connections`: snapfence again with each of these `connections_per_broker`, as clients of
+    /// their own (`snapfence 2 conns`, ...).
+    connections: Vec<usize>,
+    /// `--ceiling`: Kafka's `kafka-producer-perf-test` as a client of B' (plain-burst only).
+    ceiling: bool,
 }
 
 impl Options {
@@ -211,6 +218,8 @@ fn options(args: &[String]) -> Result<Options, String> {
         child_timeout: CHILD_TIMEOUT,
         broker: Vec::new(),
         transaction_version: None,
+        connections: Vec::new(),
+        ceiling: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -241,6 +250,19 @@ fn options(args: &[String]) -> Result<Options, String> {
                 o.workloads = Some(w);
             }
             "--clients" => o.clients = Some(list(value()?)),
+            "--connections" => {
+                o.connections = value()?
+                    .split(',')
+                    .map(|n| {
+                        n.trim()
+                            .parse()
+                            .ok()
+                            .filter(|&n| n > 0)
+                            .ok_or(format!("bad --connections {n}"))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--ceiling" => o.ceiling = true,
             "--repeat" => {
                 o.repeat = value()?
                     .parse()
@@ -273,6 +295,15 @@ fn options(args: &[String]) -> Result<Options, String> {
             }
             other => return Err(format!("unknown option {other}")),
         }
+    }
+    // The ceiling client runs plain bursts only; every other row would make its setup (topics, a
+    // crashed owner) for nothing.
+    let bursts_only = o
+        .workloads
+        .as_ref()
+        .is_some_and(|w| w.iter().all(|k| k == "b-spread" || k == "b-base"));
+    if o.ceiling && !bursts_only {
+        return Err("--ceiling wants --workloads b-spread (or b-base)".into());
     }
     Ok(o)
 }
@@ -336,13 +367,23 @@ struct Contender {
     name: &'static str,
     program: PathBuf,
     prefix: Vec<String>,
+    /// Environment the process gets on top of the runner's.
+    env: Vec<(String, String)>,
+    /// The one workload (its first argument) this client runs; `None`: every workload.
+    only: Option<&'static str>,
 }
 
 impl Contender {
     fn command(&self, work: &[String]) -> Command {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.prefix).args(work);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
+    }
+
+    fn runs(&self, work: &[String]) -> bool {
+        self.only
+            .is_none_or(|only| work.first().is_some_and(|w| w == only))
     }
 }
 
@@ -356,7 +397,33 @@ fn contenders(
         name: report::OURS,
         program: std::env::current_exe()?,
         prefix: vec!["peer".into()],
+        env: Vec::new(),
+        only: None,
     }];
+    for &n in &options.connections {
+        let name: &'static str = Box::leak(
+            format!("snapfence {n} conn{}", if n == 1 { "" } else { "s" }).into_boxed_str(),
+        );
+        list.push(Contender {
+            name,
+            program: std::env::current_exe()?,
+            prefix: vec!["peer".into()],
+            env: vec![(ours::CONNECTIONS_ENV.into(), n.to_string())],
+            only: None,
+        });
+    }
+    if options.ceiling {
+        match ceiling::classpath(&kafka.libs_dir()) {
+            Ok(classpath) => list.push(Contender {
+                name: report::CEILING,
+                program: std::env::current_exe()?,
+                prefix: vec!["ceiling".into(), classpath],
+                env: Vec::new(),
+                only: Some("plain-burst"),
+            }),
+            Err(e) => notes.push(format!("{}: not run: {e}", report::CEILING)),
+        }
+    }
     // The Java program is compiled once against the broker's own kafka-clients jar.
     let java_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("java/BenchPeer.java");
     let classes = std::env::temp_dir().join(unique("snapfence-bench-java"));
@@ -381,6 +448,8 @@ fn contenders(
                 format!("{classpath}:{}", classes.display()),
                 "BenchPeer".into(),
             ],
+            env: Vec::new(),
+            only: None,
         }),
         Ok(out) => notes.push(format!(
             "Java: BenchPeer.java did not compile: {}",
@@ -397,6 +466,8 @@ fn contenders(
                 name,
                 program: path,
                 prefix: Vec::new(),
+                env: Vec::new(),
+                only: None,
             }),
             Some(path) => notes.push(format!("{name}: not built ({} missing)", path.display())),
             None => notes.push(format!(
@@ -846,6 +917,10 @@ impl Bench<'_> {
                     continue;
                 }
                 let args = setup(contender).await?;
+                if !contender.runs(&args) {
+                    runs[i].push(Cell::Missing);
+                    continue;
+                }
                 eprintln!("   {:<16} {}", contender.name, args.join(" "));
                 let cmd = contender.command(&args);
                 let timeout = self.child_timeout;

@@ -147,8 +147,19 @@ pub async fn run(work: Work) -> Result<Outcome, Error> {
     }
 }
 
+/// The variable the runner sets to run snapfence with another `connections_per_broker` (its
+/// `--connections` clients); unset, the default.
+pub const CONNECTIONS_ENV: &str = "SNAPFENCE_BENCH_CONNECTIONS";
+
 async fn connect(bootstrap: &str) -> Result<Client, Error> {
-    Ok(Client::connect(ClientConfig::new(bootstrap)).await?)
+    let mut config = ClientConfig::new(bootstrap);
+    if let Some(n) = std::env::var(CONNECTIONS_ENV)
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        config.connections_per_broker = n;
+    }
+    Ok(Client::connect(config).await?)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -178,6 +189,7 @@ async fn plain(
     partitions: usize,
 ) -> Result<Outcome, Error> {
     let client = connect(bootstrap).await?;
+    let lanes = client.connections_per_broker();
     let mut config = ProducerConfig::default();
     config.linger = Duration::from_millis(linger_ms);
     let producer = Producer::new(client, config).await?;
@@ -186,8 +198,11 @@ async fn plain(
             .key(key(i))
             .partition((i % partitions) as i32)
     };
-    // Warm-up: metadata, the producer id and the connection, before the clock starts.
-    producer.send(record(n)).await?.await?;
+    // Warm-up: metadata, the producer id and the connections, before the clock starts: one record on
+    // each connection (consecutive partitions take consecutive connections).
+    for i in 0..lanes.min(partitions).max(1) {
+        producer.send(record(n + i)).await?.await?;
+    }
     let began = Instant::now();
     if burst {
         let mut deliveries = Vec::with_capacity(n);

@@ -10,6 +10,8 @@ pub const OURS: &str = "snapfence";
 pub const JAVA: &str = "Java";
 pub const CONFLUENT: &str = "confluent-kafka";
 pub const RDKAFKA: &str = "rust-rdkafka";
+/// Kafka's own `kafka-producer-perf-test` at its steady rate: the broker's ceiling for B'.
+pub const CEILING: &str = "perf-test ceiling";
 
 /// One client's result for one workload.
 #[derive(Debug, Clone)]
@@ -204,6 +206,18 @@ impl Section {
                     if let Some(r) = vs(peer) {
                         parts.push(format!("<=0.8x {name}: {}", mark(r <= 0.8)));
                     }
+                }
+                // Issue 35: within 10% of the broker's ceiling, and faster than every peer.
+                if let Some(r) = vs(CEILING) {
+                    parts.push(format!("<=1.10x ceiling: {}", mark(r <= 1.10)));
+                }
+                let peers: Vec<f64> = [JAVA, CONFLUENT, RDKAFKA]
+                    .iter()
+                    .filter_map(|p| vs(p))
+                    .collect();
+                if self.index(CEILING).is_some() && !peers.is_empty() {
+                    let below = peers.iter().all(|r| *r < 1.0);
+                    parts.push(format!("below every peer: {}", mark(below)));
                 }
                 parts.join("; ")
             }

@@ -19,6 +19,12 @@
 //!
 //! Per key count K: one snapshot partition of K keys x 100 B, recovered by a child process
 //! (`snapfence-bench peer recover`), which reports its time and peak resident set.
+//!
+//! With `--series R [--connections 1,2,4]` it measures takeovers only, as a statistic: per partition
+//! count N, member A folds and persists once, then members take all N over again and again, R rounds
+//! of every variant (each of the `connections_per_broker` settings, and a connection set per
+//! partition), the variants in a rotating order within each round so that a slow spell of the machine
+//! is shared out. Each variant's row is its median takeover with the range of all its runs.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -55,6 +61,10 @@ struct Options {
     svg: Option<PathBuf>,
     /// 1, or 3 (replication factor 3, `min.insync.replicas` 2).
     nodes: usize,
+    /// `--series`: takeovers only, this many rounds of every variant.
+    series: Option<usize>,
+    /// `--connections`: the `connections_per_broker` settings a series compares.
+    connections: Vec<usize>,
 }
 
 fn options(args: &[String]) -> Result<Options, String> {
@@ -64,6 +74,8 @@ fn options(args: &[String]) -> Result<Options, String> {
         out: None,
         svg: None,
         nodes: 1,
+        series: None,
+        connections: vec![1, 2, 4],
     };
     let nums = |v: &str| -> Result<Vec<usize>, String> {
         v.split(',')
@@ -83,6 +95,16 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--keys" => o.keys = nums(value)?,
             "--out" => o.out = Some(PathBuf::from(value)),
             "--svg" => o.svg = Some(PathBuf::from(value)),
+            "--series" => {
+                o.series = Some(
+                    value
+                        .parse()
+                        .ok()
+                        .filter(|&r: &usize| r > 0)
+                        .ok_or(format!("bad --series {value}"))?,
+                )
+            }
+            "--connections" => o.connections = nums(value)?,
             "--nodes" => {
                 o.nodes = match value.as_str() {
                     "1" => 1,
@@ -139,6 +161,32 @@ async fn run(options: &Options) -> Result<String, Error> {
     };
     let kafka = dedicated(spec).await;
     let client = Client::connect(ClientConfig::new(kafka.bootstrap())).await?;
+    if let Some(rounds) = options.series {
+        let mut s = format!(
+            "Kafka {}, {} node{}. `snapfence-bench scale --series {rounds}`: median takeover of {rounds} \
+             interleaved runs per variant, [range].\n\n\
+             | partitions | member B | takeover (join + all recovered) | sockets to the brokers |\n\
+             |---:|---|---:|---:|\n",
+            kafka.version(),
+            options.nodes,
+            if options.nodes == 1 { "" } else { "s" },
+        );
+        for &n in &options.partitions {
+            eprintln!("== takeover series of {n} partition(s)");
+            let rows = takeover_series(&kafka, &client, n, rounds, &options.connections).await?;
+            for (variant, mut times, sockets) in rows {
+                times.sort_by(f64::total_cmp);
+                let _ = writeln!(
+                    s,
+                    "| {n} | {variant} | {:.0} ms [{:.0}-{:.0}] | {sockets} |",
+                    times[times.len() / 2],
+                    times[0],
+                    times[times.len() - 1],
+                );
+            }
+        }
+        return Ok(s);
+    }
     let mut takeovers = Vec::new();
     for &n in &options.partitions {
         eprintln!("== takeover of {n} partition(s)");
@@ -208,22 +256,7 @@ async fn takeover_rows(
     let input = unique("scale-input");
     snapfence::admin::create_topic(client, &input, partitions, -1, &[]).await?;
     ready(client, &input, partitions).await?;
-    let producer = Producer::new(client.clone(), ProducerConfig::default()).await?;
-    let mut deliveries = Vec::new();
-    for p in 0..partitions {
-        for k in 0..KEYS_PER_PARTITION {
-            let key = Bytes::from(format!("p{p}-k{k}"));
-            let value = Bytes::from(format!("p{p}-k{k}-event"));
-            let record = ProducerRecord::new(input.as_str(), Some(value))
-                .key(key)
-                .partition(p);
-            deliveries.push(producer.send(record).await?);
-        }
-    }
-    for d in deliveries {
-        d.await?;
-    }
-    producer.close().await;
+    fill_input(client, &input, partitions).await?;
     let events = n * KEYS_PER_PARTITION;
 
     let mut rows = Vec::new();
@@ -306,6 +339,109 @@ async fn takeover_rows(
         });
     }
     Ok(rows)
+}
+
+/// Writes `KEYS_PER_PARTITION` events to each of `input`'s `partitions`.
+async fn fill_input(client: &Client, input: &str, partitions: i32) -> Result<(), Error> {
+    let producer = Producer::new(client.clone(), ProducerConfig::default()).await?;
+    let mut deliveries = Vec::new();
+    for p in 0..partitions {
+        for k in 0..KEYS_PER_PARTITION {
+            let key = Bytes::from(format!("p{p}-k{k}"));
+            let value = Bytes::from(format!("p{p}-k{k}-event"));
+            let record = ProducerRecord::new(input, Some(value))
+                .key(key)
+                .partition(p);
+            deliveries.push(producer.send(record).await?);
+        }
+    }
+    for d in deliveries {
+        d.await?;
+    }
+    producer.close().await;
+    Ok(())
+}
+
+/// The takeover series (see the module docs): one variant per `connections` setting and one with a
+/// connection set per partition; per variant its takeover times and the sockets of its last run.
+async fn takeover_series(
+    kafka: &KafkaCluster,
+    client: &Client,
+    n: usize,
+    rounds: usize,
+    connections: &[usize],
+) -> Result<Vec<(String, Vec<f64>, usize)>, Error> {
+    let partitions = i32::try_from(n)?;
+    let input = unique("scale-input");
+    snapfence::admin::create_topic(client, &input, partitions, -1, &[]).await?;
+    ready(client, &input, partitions).await?;
+    fill_input(client, &input, partitions).await?;
+    let snapshots = unique("scale-snapshots");
+    snapfence::admin::create_topic(
+        client,
+        &snapshots,
+        partitions,
+        -1,
+        &[("cleanup.policy", "compact")],
+    )
+    .await?;
+    ready(client, &snapshots, partitions).await?;
+    let group = unique("scale-group");
+    let prefix = unique("scale-txn");
+    let config = || flow_config(&input, &snapshots, &group, &prefix);
+    // A: fold everything and persist it once; every takeover after recovers the same snapshots.
+    let began = Instant::now();
+    let mut a = Flow::start(client.clone(), config(), Counter).await?;
+    let (_, mut folded) = hold_all(&mut a, n, began).await?;
+    while folded < n * KEYS_PER_PARTITION {
+        if began.elapsed() > HOLD_DEADLINE {
+            return Err(format!("folded {folded} events").into());
+        }
+        folded += a.poll_once(Duration::from_millis(50)).await?;
+    }
+    a.persist().await?;
+    a.close().await?;
+
+    // (label, connections per broker, a connection set per partition)
+    let mut variants: Vec<(String, usize, bool)> = connections
+        .iter()
+        .map(|&c| {
+            let label = format!("{c} connection{} per broker", if c == 1 { "" } else { "s" });
+            (label, c, false)
+        })
+        .collect();
+    variants.push(("a connection set per partition".into(), 1, true));
+    let mut times = vec![Vec::new(); variants.len()];
+    let mut sockets = vec![0; variants.len()];
+    for round in 0..rounds {
+        for k in 0..variants.len() {
+            let i = (round + k) % variants.len();
+            let (label, conns, per_partition) = &variants[i];
+            let mut config = config();
+            config.partition_client_ids = *per_partition;
+            let began = Instant::now();
+            let b_client = Client::connect(ClientConfig {
+                connections_per_broker: *conns,
+                ..ClientConfig::new(kafka.bootstrap())
+            })
+            .await?;
+            let mut b = Flow::start(b_client, config, Counter).await?;
+            let (took, _) = hold_all(&mut b, n, began).await?;
+            sockets[i] = broker_sockets(kafka);
+            b.close().await?;
+            eprintln!(
+                "   {n} partitions, {label}: takeover {took:.0} ms, {} sockets",
+                sockets[i]
+            );
+            times[i].push(took);
+        }
+    }
+    Ok(variants
+        .into_iter()
+        .zip(times)
+        .zip(sockets)
+        .map(|(((label, _, _), t), s)| (label, t, s))
+        .collect())
 }
 
 /// Runs member C (`snapfence-bench scale-hold`) and returns its resident set's growth from connected
