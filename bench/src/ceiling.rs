@@ -9,7 +9,7 @@
 //! inside the clock, where every other client warms up first. So it writes [`STEADY`] times the burst's
 //! records and the ceiling is its steady rate: the time the burst's `N` records take at the rate the
 //! tool reports for all of them. Its records go where its default partitioner puts them (a batch at a
-//! time to each partition in turn), not record `i` to partition `i % PARTITIONS`; over five bursts'
+//! time to each partition in turn), not record `i` to partition `i % PARTITIONS`; over twenty bursts'
 //! worth that spreads them evenly, which is what B' measures.
 
 use std::path::Path;
@@ -17,8 +17,11 @@ use std::process::Command;
 
 use crate::workload::Outcome;
 
-/// How many bursts' worth of records the tool writes, so that its cold start weighs little.
-const STEADY: usize = 5;
+/// How many bursts' worth of records the tool writes, so that its cold start weighs little (B' on one
+/// node: 1 burst 683 ms, 5 bursts 366 ms, 20 bursts 181 ms; but 20 bursts, 640 MB a run, filled the
+/// broker's disk and slowed every client of the run after it). `SNAPFENCE_BENCH_CEILING_BURSTS`
+/// overrides it. The tool's topic is deleted after each run.
+const STEADY: usize = 10;
 
 pub fn main(args: &[String]) -> i32 {
     match run(args) {
@@ -83,7 +86,19 @@ fn run(args: &[String]) -> Result<Outcome, String> {
         return Err(format!("the ceiling runs plain-burst only, not {work}"));
     }
     let n: usize = n.parse().map_err(|_| format!("bad N {n}"))?;
-    let records = n * STEADY;
+    let bursts = std::env::var("SNAPFENCE_BENCH_CEILING_BURSTS")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(STEADY);
+    let records = n * bursts;
+    // The tool's records have no key, which a compacted topic refuses: it writes to a topic of the same
+    // partitions with the default policy.
+    let partitions: i32 = args
+        .get(7)
+        .map_or(Ok(1), |p| p.parse())
+        .map_err(|_| "bad PARTITIONS".to_string())?;
+    let topic = plain_topic(bootstrap, topic, partitions)?;
+    let topic = &topic;
     let java = std::env::var_os("JAVA_HOME")
         .map(|h| std::path::PathBuf::from(h).join("bin/java"))
         .unwrap_or_else(|| "java".into());
@@ -102,6 +117,14 @@ fn run(args: &[String]) -> Result<Outcome, String> {
         .arg(format!("batch.size={}", 256 * 1024))
         .output()
         .map_err(|e| format!("java did not start: {e}"))?;
+    // The topic goes now, whatever the run's outcome, so its bytes do not weigh on the runs after it.
+    let deleted = admin(bootstrap, |client| async move {
+        snapfence::admin::delete_topic(&client, topic).await?;
+        Ok(())
+    });
+    if let Err(e) = deleted {
+        eprintln!("deleting {topic} failed: {e}");
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         return Err(format!(
@@ -113,13 +136,50 @@ fn run(args: &[String]) -> Result<Outcome, String> {
                 .unwrap_or_default()
         ));
     }
-    let rate = summary_rate(&stdout, records)
-        .ok_or_else(|| format!("no summary line for {records} records in: {stdout}"))?;
+    let rate = summary_rate(&stdout, records).ok_or_else(|| {
+        format!(
+            "no summary line for {records} records in: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
     Ok(Outcome {
         ms: n as f64 / rate * 1e3,
         records: n as u64,
         ..Outcome::default()
     })
+}
+
+/// Makes `<topic>-plain` with `partitions` partitions and waits until each answers at its leader.
+fn plain_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<String, String> {
+    let name = format!("{topic}-plain");
+    let made = name.clone();
+    admin(bootstrap, |client| async move {
+        snapfence::admin::create_topic(&client, &made, partitions, -1, &[]).await?;
+        crate::scale::ready(&client, &made, partitions).await
+    })?;
+    Ok(name)
+}
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs `work` with a client of `bootstrap` on a runtime of its own.
+fn admin<F, Fut>(bootstrap: &str, work: F) -> Result<(), String>
+where
+    F: FnOnce(snapfence::net::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<(), Error>>,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime
+        .block_on(async {
+            let client =
+                snapfence::net::Client::connect(snapfence::net::ClientConfig::new(bootstrap))
+                    .await?;
+            work(client).await
+        })
+        .map_err(|e| e.to_string())
 }
 
 /// The records per second of the tool's final summary line, `N records sent, R records/sec (...)`.
