@@ -9,7 +9,8 @@
 # Environment: BENCH_NODES (default "1,3"), BENCH_ROUNDS (default "2,1": two rounds on one node, one on
 # three, whose round takes ~40 min), BENCH_REPEAT (default 5: runs per client of the ~100 ms rows, the
 # median is reported), BENCH_ARGS (more runner options, e.g. "--clients snapfence,java"), BENCH_SCALE_ARGS (options of `snapfence-bench scale`, e.g. "--partitions 1,8,64"), BENCH_STORES_ARGS (options of
-# `snapfence-bench stores`, e.g. "--keys 100 --waves 10"), BENCH_JOB (default 1; 0 skips the whole job against
+# `snapfence-bench stores`, e.g. "--keys 100 --waves 10"), BENCH_POOL (default 1; 0 skips the connections-per-broker
+# rows of issue 35, ~5 min), BENCH_JOB (default 1; 0 skips the whole job against
 # Kafka Streams, whose jars Maven fetches on first use), BENCH_JOB_ARGS (options of `snapfence-bench job`,
 # default "--output --takeover"), DECODE_RUNS (default 15),
 # BENCH_PEERS_TARGET (the peers' cargo target dir, default $CARGO_TARGET_DIR/bench-peers),
@@ -60,6 +61,19 @@ SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
   --repeat "${BENCH_REPEAT:-5}" --peers "$peers_target/release" "${note_args[@]}" ${BENCH_ARGS:-} \
   --out "$broker_runs"
 
+echo "== connections per broker (issue 35: B and B' against kafka-producer-perf-test and a connection per partition; 64 takeovers on three nodes)"
+pool_runs=$(mktemp)
+pool_scale=$(mktemp)
+if [ "${BENCH_POOL:-1}" != 0 ]; then
+  SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
+    "$target/release/snapfence-bench" run --nodes 1,3 --rounds 1 --workloads b-base,b-spread --repeat 7 \
+    --clients snapfence,java,confluent,rdkafka,perf-test --connections 2,4,16 --ceiling \
+    --peers "$peers_target/release" --out "$pool_runs"
+  SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
+    "$target/release/snapfence-bench" scale --nodes 3 --partitions 64 --series 7 --connections 1,2,4 \
+    --out "$pool_scale"
+fi
+
 echo "== scale (snapfence only: takeover of 1-1024 partitions, recovery of 10^4-10^6 keys)"
 scale_runs=$(mktemp)
 SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
@@ -89,6 +103,14 @@ cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
   echo
   cat "$broker_runs"
   echo
+  if [ -s "$pool_runs" ]; then
+    echo "### Connections per broker (\`snapfence-bench run --connections 2,4,16 --ceiling\`, \`scale --series 7\`)"
+    echo
+    cat "$pool_runs"
+    echo
+    cat "$pool_scale"
+    echo
+  fi
   echo "### Scale (\`snapfence-bench scale\`; plot: docs/scaling.svg)"
   echo
   cat "$scale_runs"
@@ -109,5 +131,5 @@ cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
   cat "$decode_runs"
   echo '```'
 } >"$out"
-rm -f "$broker_runs" "$scale_runs" "$stores_runs" "$job_runs" "$decode_runs"
+rm -f "$broker_runs" "$pool_runs" "$pool_scale" "$scale_runs" "$stores_runs" "$job_runs" "$decode_runs"
 echo "wrote $out"

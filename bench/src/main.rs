@@ -5,7 +5,9 @@
 //! snapfence-bench run [--nodes 1,3] [--rounds 2|2,1] [--peers DIR] [--note TEXT]... [--out FILE]
 //!                     [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS]
 //!                     [--broker KEY=VALUE]... [--transaction-version 1|2]
+//!                     [--connections LIST] [--ceiling] [--before PATH]
 //! snapfence-bench scale [--partitions LIST] [--keys LIST] [--out FILE] [--svg FILE]   (see scale.rs)
+//!                       [--series R [--connections LIST]]
 //! snapfence-bench stores [--keys LIST] [--waves N] [--out FILE]              (see stores.rs)
 //! snapfence-bench job [--events N] [--keys K] [--partitions P] [--runs R] [--output] [--takeover] [--out FILE]
 //!                     the whole job against Kafka Streams 4.4 (see job.rs)
@@ -20,6 +22,12 @@
 //! shared 2-core machine moves by 2x between runs. `--broker` sets a broker property and
 //! `--transaction-version` the cluster's finalised transaction.version (default 2), to show what a
 //! broker-side wait costs.
+//!
+//! Issue 35's rows: `--connections 2,4,16` runs snapfence again as one client per
+//! `connections_per_broker` setting (`snapfence 2 conns`, ...; 16 is a connection per partition of
+//! B'); `--ceiling` adds Kafka's `kafka-producer-perf-test` as the client `perf-test ceiling` (B and
+//! B' only, see ceiling.rs); `--before PATH` runs another build of this runner as `snapfence before`,
+//! to compare two commits in one run.
 //!
 //! `run` starts each cluster with the protocol-tests fixture, and per round runs every workload once per
 //! client, each client in its own process with the same arguments (bench/src/workload.rs), rotating which
@@ -104,7 +112,7 @@ fn main() {
             job_child::main(&args[1..])
         }
         _ => {
-            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n       snapfence-bench scale [--nodes 1|3] [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE]
+            eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n                           [--connections LIST] [--ceiling] [--before PATH]\n       snapfence-bench scale [--nodes 1|3] [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE] [--series R] [--connections LIST]
        snapfence-bench stores [--keys 1,100,1000,10000] [--waves N] [--out FILE]
        snapfence-bench job [--events N] [--keys K] [--partitions P] [--runs R] [--output] [--takeover] [--out FILE]
        snapfence-bench peer WORKLOAD ARGS...");
@@ -191,6 +199,9 @@ struct Options {
     connections: Vec<usize>,
     /// `--ceiling`: Kafka's `kafka-producer-perf-test` as a client of B' (plain-burst only).
     ceiling: bool,
+    /// `--before PATH`: another build of this runner (an earlier commit's), whose `peer` runs as the
+    /// client `snapfence before`, for a before/after comparison in one run.
+    before: Option<PathBuf>,
 }
 
 impl Options {
@@ -220,6 +231,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         transaction_version: None,
         connections: Vec::new(),
         ceiling: false,
+        before: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -263,6 +275,7 @@ fn options(args: &[String]) -> Result<Options, String> {
                     .collect::<Result<_, _>>()?
             }
             "--ceiling" => o.ceiling = true,
+            "--before" => o.before = Some(PathBuf::from(value()?)),
             "--repeat" => {
                 o.repeat = value()?
                     .parse()
@@ -409,6 +422,15 @@ fn contenders(
             program: std::env::current_exe()?,
             prefix: vec!["peer".into()],
             env: vec![(ours::CONNECTIONS_ENV.into(), n.to_string())],
+            only: None,
+        });
+    }
+    if let Some(before) = &options.before {
+        list.push(Contender {
+            name: report::BEFORE,
+            program: before.clone(),
+            prefix: vec!["peer".into()],
+            env: Vec::new(),
             only: None,
         });
     }
@@ -1051,6 +1073,26 @@ mod tests {
             "--transaction-version 3",
             "--broker novalue",
             "--nodes",
+        ] {
+            assert!(parse(bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    /// Issue 35's options: connection counts, the ceiling (plain bursts only, since its setup would
+    /// be wasted on any other row) and a build to compare against.
+    #[test]
+    fn options_add_connection_counts_the_ceiling_and_a_before_build() {
+        let o =
+            parse("--workloads b-spread --connections 2,16 --ceiling --before /x/bench").unwrap();
+        assert_eq!(o.connections, vec![2, 16]);
+        assert!(o.ceiling);
+        assert_eq!(o.before, Some(PathBuf::from("/x/bench")));
+        assert!(parse("").unwrap().connections.is_empty());
+        for bad in [
+            "--ceiling",
+            "--workloads b-spread,a-a --ceiling",
+            "--connections 0",
+            "--connections 2,x",
         ] {
             assert!(parse(bad).is_err(), "{bad} was accepted");
         }

@@ -10,6 +10,8 @@ pub const OURS: &str = "snapfence";
 pub const JAVA: &str = "Java";
 pub const CONFLUENT: &str = "confluent-kafka";
 pub const RDKAFKA: &str = "rust-rdkafka";
+/// snapfence as built by another commit (`--before`).
+pub const BEFORE: &str = "snapfence before";
 /// Kafka's own `kafka-producer-perf-test` at its steady rate: the broker's ceiling for B'.
 pub const CEILING: &str = "perf-test ceiling";
 

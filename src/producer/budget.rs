@@ -1,6 +1,7 @@
-//! How much one pass of the producer's send loop may let out to each broker. No I/O and no clock: the
-//! driver builds a budget from what its senders have queued and on the wire, then asks it about every
-//! batch the core offers.
+//! How much one pass of the producer's send loop may let out to each connection (a broker's only one,
+//! or one of its `connections_per_broker`; "broker" below). No I/O and no clock: the driver builds a
+//! budget from what its senders have queued and on the wire, then asks it about every batch the core
+//! offers.
 //!
 //! A broker gets no more requests than it has room for under `max_in_flight` unanswered ones. A
 //! request carries one batch per partition and at most `max_request_size` bytes, so a pass gives a
@@ -15,7 +16,7 @@ use std::hash::Hash;
 
 use super::TopicPartition;
 
-/// One pass's budget per connection `C` (a broker's, or one of its lanes; see the module docs).
+/// One pass's budget per connection `C` (see the module docs).
 #[derive(Debug)]
 pub(crate) struct SendBudget<C> {
     /// `max_in_flight`: the room of a broker that has no sender yet.

@@ -25,8 +25,10 @@ pub struct ProducerConfig {
     /// default `message.max.bytes` is a little above).
     pub max_request_size: usize,
     /// Batches in flight per partition, at most 5 (what the broker's duplicate detection covers), and
-    /// Produce requests in flight per broker (the Java client's `max.in.flight.requests.per.connection`):
-    /// batches for a broker with that many requests unanswered wait in the buffer and go on filling.
+    /// Produce requests in flight per connection (the Java client's
+    /// `max.in.flight.requests.per.connection`; a broker has
+    /// [`connections_per_broker`](crate::net::ClientConfig::connections_per_broker) of them): batches
+    /// for a connection with that many requests unanswered wait in the buffer and go on filling.
     pub max_in_flight: usize,
     /// How long a record may take from `send` to its final answer, retries included. Default 120 s.
     pub delivery_timeout: Duration,

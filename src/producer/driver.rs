@@ -1,10 +1,11 @@
 //! The async driver shared by both producers: one background task that owns the timers and hands
-//! Produce requests to one sender task per broker, over the sans-IO [`ProducerCore`] and [`TxnMachine`].
+//! Produce requests to one sender task per connection of a broker, over the sans-IO [`ProducerCore`]
+//! and [`TxnMachine`].
 //!
 //! Locking: one `std::sync::Mutex` around the cores, never held across an await. Record outcomes are
 //! delivered after the lock is released.
 //!
-//! Supervision: every task this driver spawns (itself, the per-broker senders, the leader lookup, an
+//! Supervision: every task this driver spawns (itself, the per-connection senders, the leader lookup, an
 //! enrolment, an id fetch) runs under [`crate::supervise`]. When one panics or is cancelled, [`Inner::task_failed`] releases what it held
 //! (the sender slot, the in-flight flag), fails the records it carried and everything unsent with
 //! [`ProducerError::TaskFailed`], and makes the producer fatal, so every waiter (a `Delivery`, a flush,
@@ -12,16 +13,19 @@
 //!
 //! Requests: each pass of the background task takes every batch the core lets out (up to
 //! `max_in_flight` per partition, retries first, starting after the partition the last pass took from;
-//! for a broker that already has requests unanswered, no more than the room left under `max_in_flight`
-//! per broker, counted in requests and in `max_request_size` bytes per request) and groups them by the
-//! partition leader in the cached metadata: one Produce per broker carries one batch of every partition
-//! led there, across topics, up to `max_request_size` bytes of batches (a partition with several batches
+//! for a connection that already has requests unanswered, no more than the room left under
+//! `max_in_flight` per connection, counted in requests and in `max_request_size` bytes per request) and
+//! groups them by the partition leader in the cached metadata and the partition's connection of it
+//! ([`connection_of_partition`] of `ClientConfig::connections_per_broker`, 1 by default): one Produce
+//! per connection carries one batch of every partition led there on it, across topics, up to
+//! `max_request_size` bytes of batches (a partition with several batches
 //! ready goes into that many requests, one batch each, in sequence order, as Produce v3+ allows one
 //! batch per partition per request). A partition whose leader is not cached is held back while one metadata refresh looks it up.
 //!
 //! Ordering: Kafka answers the requests of one connection in the order it received them, and appends
-//! a partition's batches in sequence order only. Each broker has one *sender* task that puts its
-//! requests on the broker's pooled connection in the order the core handed them out: it keeps every
+//! a partition's batches in sequence order only. A partition always goes on the same connection of its
+//! leader, and each connection has one *sender* task that puts its requests on that pooled connection
+//! in the order the core handed them out: it keeps every
 //! request it has started in one list and polls them in that order, so each request queues its frame
 //! (the connection's slot lock, in-flight permit and writer queue are all first-come first-served)
 //! before the next one starts, and keeps at most `max_in_flight` of them on the wire (the broker takes
@@ -216,7 +220,7 @@ struct Pass {
     next: Option<Instant>,
 }
 
-/// The tasks a pass starts: a sender per broker that has none yet, a leader refresh, the mode's side
+/// The tasks a pass starts: a sender per connection that has none yet, a leader refresh, the mode's side
 /// request.
 #[derive(Default)]
 struct Tasks {
