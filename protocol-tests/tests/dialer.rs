@@ -9,13 +9,13 @@
 //! # References
 //! - KIP-98 (idempotent producer: sequence numbers let the broker drop a retried batch it already has)
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::messages::MetadataRequest;
 use protocol_tests::{cluster, unique, ClusterSpec, Fault, FaultProxy, KafkaCluster, Requests};
-use snapfence::consumer::committed_offsets;
+use snapfence::consumer::{committed_offsets, PartitionReader, ReaderConfig, StartAt};
 use snapfence::net::{
     CallOptions, Client, ClientConfig, ConnectionFailure, DialFuture, Dialer, NetError, Target,
     TcpDialer, Verdict,
@@ -58,6 +58,15 @@ struct Setup {
 /// A proxy in front of every node of `kafka`, and a client that dials only through it. `None` for an
 /// external cluster (its node addresses are not known here).
 async fn through_proxy(kafka: &KafkaCluster, request_timeout: Duration) -> Option<Setup> {
+    through_proxy_with(kafka, request_timeout, 1).await
+}
+
+/// [`through_proxy`] with `connections` connections per broker.
+async fn through_proxy_with(
+    kafka: &KafkaCluster,
+    request_timeout: Duration,
+    connections: usize,
+) -> Option<Setup> {
     if kafka.is_external() {
         return None;
     }
@@ -76,6 +85,7 @@ async fn through_proxy(kafka: &KafkaCluster, request_timeout: Duration) -> Optio
         request_timeout,
         connect_timeout: Duration::from_secs(10),
         max_retries: 3,
+        connections_per_broker: connections,
         ..ClientConfig::new(kafka.bootstrap()).with_dialer(ViaProxy(routes))
     };
     let client = Client::connect(config)
@@ -341,6 +351,81 @@ async fn lost_produce_answer_is_retried_without_a_duplicate_on(spec: ClusterSpec
         ["once"],
         "one copy in the log"
     );
+    s.proxy.check().expect("no proxy failure");
+}
+
+/// With three connections per broker, Produce answers are cut mid-frame on the connections of a burst
+/// over six partitions (at least three cuts, each a dead connection with its requests of unknown
+/// outcome): every record is delivered, and each partition holds its records once and in the order
+/// sent, as the sequencer resends each connection's unanswered batches and the broker drops what it
+/// already had.
+#[tokio::test]
+async fn cut_answers_on_several_connections_leave_each_partition_once_and_in_order() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let Some(s) = through_proxy_with(&kafka, Duration::from_secs(30), 3).await else {
+        return;
+    };
+    let partitions = 6;
+    let per_partition = 200;
+    let topic = unique("dial-pool");
+    snapfence::admin::create_topic(&s.client, &topic, partitions, -1, &[])
+        .await
+        .expect("create topic");
+    let producer = Producer::new(
+        s.client.clone(),
+        producer_config(Duration::from_secs(2), Duration::from_secs(120)),
+    )
+    .await
+    .expect("producer");
+    let value = |p: i32, i: usize| Bytes::from(format!("{p}-{i}"));
+    let send =
+        |p: i32, i: usize| ProducerRecord::new(topic.as_str(), Some(value(p, i))).partition(p);
+    // One record per partition first, so that all three connections are open before the cuts.
+    for p in 0..partitions {
+        producer
+            .send(send(p, 0))
+            .await
+            .expect("send")
+            .await
+            .expect("warm-up");
+    }
+    s.proxy
+        .set(
+            &s.broker,
+            Fault::ResetMidResponse(Requests::ApiKeys(vec![PRODUCE])),
+        )
+        .expect("set");
+    let mut deliveries = Vec::new();
+    for i in 1..per_partition {
+        for p in 0..partitions {
+            deliveries.push(producer.send(send(p, i)).await.expect("send"));
+        }
+    }
+    until(|| s.proxy.stats(&s.broker).is_ok_and(|st| st.resets >= 3)).await;
+    s.proxy.heal();
+    for d in deliveries {
+        d.await.expect("delivered after the resends");
+    }
+    producer.close().await;
+    let mut config = ReaderConfig::default();
+    config.max_wait = Duration::from_millis(100);
+    let mut reader = PartitionReader::new(s.client.clone(), config);
+    for p in 0..partitions {
+        reader.assign(TopicPartition::new(topic.as_str(), p), StartAt::Earliest);
+    }
+    let mut read: BTreeMap<i32, Vec<Bytes>> = BTreeMap::new();
+    while read.values().map(Vec::len).sum::<usize>() < partitions as usize * per_partition {
+        for part in reader.fetch().await.expect("fetch") {
+            read.entry(part.partition.partition)
+                .or_default()
+                .extend(part.records.into_iter().filter_map(|r| r.value));
+        }
+    }
+    for p in 0..partitions {
+        let expected: Vec<Bytes> = (0..per_partition).map(|i| value(p, i)).collect();
+        assert!(read[&p] == expected, "partition {p}: {:?}", read[&p]);
+    }
+    assert!(s.proxy.stats(&s.broker).expect("stats").resets >= 3);
     s.proxy.check().expect("no proxy failure");
 }
 
