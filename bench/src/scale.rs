@@ -271,16 +271,7 @@ async fn takeover_rows(
     };
     for (i, &variant) in variants.iter().enumerate() {
         // Each variant folds the same input from scratch into a snapshot topic of its own.
-        let snapshots = unique("scale-snapshots");
-        snapfence::admin::create_topic(
-            client,
-            &snapshots,
-            partitions,
-            -1,
-            &[("cleanup.policy", "compact")],
-        )
-        .await?;
-        ready(client, &snapshots, partitions).await?;
+        let snapshots = snapshot_topic(client, partitions).await?;
         let group = unique("scale-group");
         let prefix = unique("scale-txn");
         let config = || flow_config(&input, &snapshots, &group, &prefix);
@@ -341,6 +332,21 @@ async fn takeover_rows(
     Ok(rows)
 }
 
+/// A fresh compacted snapshot topic of `partitions` partitions, every one online.
+async fn snapshot_topic(client: &Client, partitions: i32) -> Result<String, Error> {
+    let snapshots = unique("scale-snapshots");
+    snapfence::admin::create_topic(
+        client,
+        &snapshots,
+        partitions,
+        -1,
+        &[("cleanup.policy", "compact")],
+    )
+    .await?;
+    ready(client, &snapshots, partitions).await?;
+    Ok(snapshots)
+}
+
 /// Writes `KEYS_PER_PARTITION` events to each of `input`'s `partitions`.
 async fn fill_input(client: &Client, input: &str, partitions: i32) -> Result<(), Error> {
     let producer = Producer::new(client.clone(), ProducerConfig::default()).await?;
@@ -376,16 +382,7 @@ async fn takeover_series(
     snapfence::admin::create_topic(client, &input, partitions, -1, &[]).await?;
     ready(client, &input, partitions).await?;
     fill_input(client, &input, partitions).await?;
-    let snapshots = unique("scale-snapshots");
-    snapfence::admin::create_topic(
-        client,
-        &snapshots,
-        partitions,
-        -1,
-        &[("cleanup.policy", "compact")],
-    )
-    .await?;
-    ready(client, &snapshots, partitions).await?;
+    let snapshots = snapshot_topic(client, partitions).await?;
     let group = unique("scale-group");
     let prefix = unique("scale-txn");
     let config = || flow_config(&input, &snapshots, &group, &prefix);

@@ -84,26 +84,13 @@ async fn a_wide_burst_spreads_over_the_connections_and_keeps_each_partitions_ord
         "one connection per lane and broker"
     );
 
-    let mut config = ReaderConfig::default();
-    config.isolation = IsolationLevel::ReadCommitted;
-    config.max_wait = Duration::from_millis(100);
-    let mut reader = PartitionReader::new(client.clone(), config);
-    for p in 0..PARTITIONS {
-        reader.assign(TopicPartition::new(topic.as_str(), p), StartAt::Earliest);
-    }
-    let mut read: BTreeMap<i32, Vec<Bytes>> = BTreeMap::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while read.values().map(Vec::len).sum::<usize>() < PARTITIONS as usize * PER_PARTITION {
-        for part in reader.fetch().await.unwrap() {
-            let got = read.entry(part.partition.partition).or_default();
-            got.extend(part.records.into_iter().map(|r| r.value.unwrap()));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "read stalled: {:?}",
-            counts(&read)
-        );
-    }
+    let mut reader = committed_reader(&client, &topic, PARTITIONS);
+    let read = read_values(
+        &mut reader,
+        PARTITIONS as usize * PER_PARTITION,
+        Duration::ZERO,
+    )
+    .await;
     for p in 0..PARTITIONS {
         let expected: Vec<Bytes> = (0..PER_PARTITION).map(|i| value(p, i)).collect();
         assert!(read[&p] == expected, "partition {p} read back differently");
@@ -123,8 +110,39 @@ async fn a_wide_burst_spreads_over_the_connections_and_keeps_each_partitions_ord
     reader.close().await;
 }
 
-fn counts(read: &BTreeMap<i32, Vec<Bytes>>) -> BTreeMap<i32, usize> {
-    read.iter().map(|(p, v)| (*p, v.len())).collect()
+/// A read_committed reader of every partition of `topic` from the start.
+fn committed_reader(client: &Client, topic: &str, partitions: i32) -> PartitionReader {
+    let mut config = ReaderConfig::default();
+    config.isolation = IsolationLevel::ReadCommitted;
+    config.max_wait = Duration::from_millis(100);
+    let mut reader = PartitionReader::new(client.clone(), config);
+    for p in 0..partitions {
+        reader.assign(TopicPartition::new(topic, p), StartAt::Earliest);
+    }
+    reader
+}
+
+/// Each partition's values, read until `want` in all and then for `more`; fails after 60 s.
+async fn read_values(
+    reader: &mut PartitionReader,
+    want: usize,
+    more: Duration,
+) -> BTreeMap<i32, Vec<Bytes>> {
+    let mut read: BTreeMap<i32, Vec<Bytes>> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut settled: Option<Instant> = None;
+    while settled.is_none_or(|at| Instant::now() < at) {
+        for part in reader.fetch().await.unwrap() {
+            let got = read.entry(part.partition.partition).or_default();
+            got.extend(part.records.into_iter().map(|r| r.value.unwrap()));
+        }
+        let counts: BTreeMap<i32, usize> = read.iter().map(|(p, v)| (*p, v.len())).collect();
+        assert!(Instant::now() < deadline, "read stalled: {counts:?}");
+        if settled.is_none() && counts.values().sum::<usize>() >= want {
+            settled = Some(Instant::now() + more);
+        }
+    }
+    read
 }
 
 /// Twelve transactional producers, each on its own partition, share one client with three connections
@@ -188,32 +206,10 @@ async fn transactional_ids_spread_over_connections_still_fence() {
     for (_, txn) in new {
         txn.close().await;
     }
-    let mut config = ReaderConfig::default();
-    config.isolation = IsolationLevel::ReadCommitted;
-    config.max_wait = Duration::from_millis(100);
-    let mut reader = PartitionReader::new(client.clone(), config);
-    for p in 0..n {
-        reader.assign(TopicPartition::new(topic.as_str(), p), StartAt::Earliest);
-    }
-    let mut read: BTreeMap<i32, Vec<Bytes>> = BTreeMap::new();
-    // Until both generations are read, and then a further second, in which a committed zombie record
-    // (there must be none) would show up.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut settled: Option<Instant> = None;
-    while settled.is_none_or(|at| Instant::now() < at) {
-        if settled.is_none() && read.values().map(Vec::len).sum::<usize>() >= 2 * n as usize {
-            settled = Some(Instant::now() + Duration::from_secs(1));
-        }
-        for part in reader.fetch().await.unwrap() {
-            let got = read.entry(part.partition.partition).or_default();
-            got.extend(part.records.into_iter().map(|r| r.value.unwrap()));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "read stalled: {:?}",
-            counts(&read)
-        );
-    }
+    // Both generations, and then a further second, in which a committed zombie record (there must be
+    // none) would show up.
+    let mut reader = committed_reader(&client, &topic, n);
+    let read = read_values(&mut reader, 2 * n as usize, Duration::from_secs(1)).await;
     for p in 0..n {
         assert_eq!(
             read[&p],
