@@ -18,6 +18,7 @@
 //! - KIP-98 (transactions), KIP-447 (generation-fenced TxnOffsetCommit), KIP-848 (member epoch),
 //!   KIP-664 (hanging transactions), KIP-890 (transaction server-side defence)
 
+mod checkpoint;
 mod error;
 mod fence_core;
 mod flow;
