@@ -54,7 +54,8 @@ pub use membership::LostReason;
 pub(crate) use offsets::commit_offsets_with_metadata;
 pub use offsets::{commit_offsets, committed_offsets, committed_offsets_and_metadata};
 pub use reader::{
-    list_offsets, FetchStats, OffsetSpec, PartitionReader, PartitionRecords, ReaderConfig,
+    epoch_end_offset, list_offsets, FetchStats, OffsetSpec, PartitionReader, PartitionRecords,
+    ReaderConfig,
 };
 pub use types::{TopicId, TopicPartition};
 

@@ -911,6 +911,65 @@ pub async fn list_offsets(
     Ok(out)
 }
 
+/// The end offset of leader epoch `epoch` in `partition`'s log as its leader has it (OffsetForLeaderEpoch,
+/// KIP-320): `(epoch, end)` where `epoch` is the largest epoch at or below the one asked that the log
+/// holds and `end` the offset where it ends (the next epoch's first offset, or the log end for the
+/// current one). `(-1, -1)` when the leader knows no such epoch. A truncation below a position shows
+/// here even after new writes bring the log end back above it: the epoch's end moves below it, or the
+/// epoch is gone. Retried on leader changes.
+///
+/// Cancel-safe: it only reads.
+pub async fn epoch_end_offset(
+    client: &Client,
+    partition: &TopicPartition,
+    epoch: i32,
+) -> Result<(i32, i64), ConsumerError> {
+    use kafka_protocol::messages::offset_for_leader_epoch_request::{
+        OffsetForLeaderPartition, OffsetForLeaderTopic,
+    };
+    use kafka_protocol::messages::OffsetForLeaderEpochRequest;
+    let tp = partition;
+    let request = || {
+        OffsetForLeaderEpochRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_topics(vec![OffsetForLeaderTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(tp.topic.to_string())))
+                .with_partitions(vec![OffsetForLeaderPartition::default()
+                    .with_partition(tp.partition)
+                    .with_current_leader_epoch(-1)
+                    .with_leader_epoch(epoch)])])
+    };
+    client
+        .call(
+            Target::leader(tp.topic.clone(), tp.partition),
+            &CallOptions {
+                min_version: Some(crate::wire::OFFSET_FOR_LEADER_EPOCH_MIN),
+                ..CallOptions::default()
+            },
+            |_| request(),
+            |r, _| {
+                let p = r
+                    .topics
+                    .iter()
+                    .filter(|t| *t.topic.0 == *tp.topic)
+                    .flat_map(|t| t.partitions.iter())
+                    .find(|p| p.partition == tp.partition);
+                match p {
+                    Some(p) if p.error_code != 0 => {
+                        Verdict::from_code(p.error_code, Err(p.error_code))
+                    }
+                    Some(p) => Verdict::Done(Ok((p.leader_epoch, p.end_offset))),
+                    None => Verdict::Done(Err(ErrorCode::UnknownTopicOrPartition.code())),
+                }
+            },
+        )
+        .await?
+        .map_err(|code| ConsumerError::Partition {
+            partition: tp.clone(),
+            code: ErrorCode::from_code(code),
+        })
+}
+
 fn list_request(
     parts: &[(&TopicPartition, i64, i32)],
     isolation: IsolationLevel,

@@ -63,6 +63,10 @@ pub(crate) const FETCH_MAX_BY_NAME: i16 = FETCH_MIN_BY_ID - 1;
 /// `Latest` under read_committed means the last stable offset.
 pub(crate) const LIST_OFFSETS_MIN: i16 = 2;
 
+/// The oldest OffsetForLeaderEpoch a consumer sends: v3 is the first that carries a replica id, which a
+/// consumer sets to -1 so that the leader answers from its own log (KIP-320).
+pub(crate) const OFFSET_FOR_LEADER_EPOCH_MIN: i16 = 3;
+
 /// The oldest OffsetCommit this client sends: v2 is the first that leaves retention to the broker
 /// (retention time -1) instead of stamping each partition with a commit time.
 pub(crate) const OFFSET_COMMIT_MIN: i16 = 2;
