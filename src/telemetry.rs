@@ -248,6 +248,20 @@ pub(crate) const RECOVERY_STALLS: Metric = Metric {
     help: "Times a recovery read made no progress for its progress interval (5 s by default), counted once per stall",
 };
 
+pub(crate) const STATE_FALLBACKS: Metric = Metric {
+    name: "snapfence_state_fallbacks_total",
+    kind: Kind::Counter,
+    labels: &["partition", "reason"],
+    help: "Acquisitions that did not use a partition's on-disk state and read the snapshot partition whole, by reason (no_checkpoint, corrupt, identity, ahead_of_log, log_start_passed, diverged, too_old)",
+};
+
+/// Counts an acquisition that read the partition whole instead of using its on-disk state.
+#[cfg(feature = "disk-state")]
+pub(crate) fn state_fallback(partition: i32, reason: &'static str) {
+    metrics::counter!(STATE_FALLBACKS.name, "partition" => partition.to_string(), "reason" => reason)
+        .increment(1);
+}
+
 pub(crate) const OUTPUTS_RESENT: Metric = Metric {
     name: "snapfence_outputs_resent_total",
     kind: Kind::Counter,
@@ -339,6 +353,7 @@ pub(crate) const ALL: &[Metric] = &[
     RECOVERY_WAITED,
     RECOVERY_LSO_GAP,
     RECOVERY_STALLS,
+    STATE_FALLBACKS,
     OUTPUTS_RESENT,
     CONSUMER_LAG,
     REBALANCES,

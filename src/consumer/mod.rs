@@ -33,7 +33,7 @@ mod live;
 mod membership;
 mod offsets;
 mod protocol;
-mod reader;
+pub(crate) mod reader;
 mod rebalance;
 mod session_core;
 mod types;

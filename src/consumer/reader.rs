@@ -872,43 +872,56 @@ pub async fn list_offsets(
     spec: OffsetSpec,
     isolation: IsolationLevel,
 ) -> Result<BTreeMap<TopicPartition, i64>, ConsumerError> {
+    let mut out = BTreeMap::new();
+    for tp in partitions {
+        let (offset, _) = offset_and_epoch(client, tp, spec, isolation).await?;
+        out.insert(tp.clone(), offset);
+    }
+    Ok(out)
+}
+
+/// ListOffsets for one partition, with the leader epoch the answer carries (for the latest offset, the
+/// leader's current epoch). Retried on leader changes.
+///
+/// Cancel-safe: it only reads.
+pub(crate) async fn offset_and_epoch(
+    client: &Client,
+    tp: &TopicPartition,
+    spec: OffsetSpec,
+    isolation: IsolationLevel,
+) -> Result<(i64, i32), ConsumerError> {
     let timestamp = match spec {
         OffsetSpec::Earliest => EARLIEST_TIMESTAMP,
         OffsetSpec::Latest => LATEST_TIMESTAMP,
     };
-    let mut out = BTreeMap::new();
-    for tp in partitions {
-        let (offset, _) = client
-            .call(
-                Target::leader(tp.topic.clone(), tp.partition),
-                &CallOptions {
-                    min_version: Some(LIST_OFFSETS_MIN),
-                    ..CallOptions::default()
-                },
-                |_| list_request(&[(tp, timestamp, -1)], isolation),
-                |r, _| {
-                    let p = r
-                        .topics
-                        .iter()
-                        .flat_map(|t| t.partitions.iter())
-                        .find(|p| p.partition_index == tp.partition);
-                    match p {
-                        Some(p) if p.error_code != 0 => {
-                            Verdict::from_code(p.error_code, Err(p.error_code))
-                        }
-                        Some(p) => Verdict::Done(Ok((p.offset, p.leader_epoch))),
-                        None => Verdict::Done(Err(ErrorCode::UnknownTopicOrPartition.code())),
+    client
+        .call(
+            Target::leader(tp.topic.clone(), tp.partition),
+            &CallOptions {
+                min_version: Some(LIST_OFFSETS_MIN),
+                ..CallOptions::default()
+            },
+            |_| list_request(&[(tp, timestamp, -1)], isolation),
+            |r, _| {
+                let p = r
+                    .topics
+                    .iter()
+                    .flat_map(|t| t.partitions.iter())
+                    .find(|p| p.partition_index == tp.partition);
+                match p {
+                    Some(p) if p.error_code != 0 => {
+                        Verdict::from_code(p.error_code, Err(p.error_code))
                     }
-                },
-            )
-            .await?
-            .map_err(|code| ConsumerError::Partition {
-                partition: tp.clone(),
-                code: ErrorCode::from_code(code),
-            })?;
-        out.insert(tp.clone(), offset);
-    }
-    Ok(out)
+                    Some(p) => Verdict::Done(Ok((p.offset, p.leader_epoch))),
+                    None => Verdict::Done(Err(ErrorCode::UnknownTopicOrPartition.code())),
+                }
+            },
+        )
+        .await?
+        .map_err(|code| ConsumerError::Partition {
+            partition: tp.clone(),
+            code: ErrorCode::from_code(code),
+        })
 }
 
 /// The end offset of leader epoch `epoch` in `partition`'s log as its leader has it (OffsetForLeaderEpoch,

@@ -20,11 +20,13 @@
 //!    an end below the checkpoint, means the log was truncated below it, even if new writes have since
 //!    brought the high watermark back above it (which check 2 alone would miss). An undefined answer
 //!    (the broker no longer knows the epoch) is a divergence too.
-//! 5. **Too old.** The checkpoint's broker time is at least `delete.retention.ms` ago on the broker's
-//!    clock: the cleaner may have removed a tombstone written after the checkpoint, and the deleted key
-//!    would come back from the image. A tombstone is removed no sooner than `delete.retention.ms` after
-//!    the broker first cleans it, which is after it was written, which is after the checkpoint's broker
-//!    time; so a younger checkpoint cannot have lost one.
+//! 5. **Too old.** The checkpoint's time is at least `delete.retention.ms` ago: the cleaner may have
+//!    removed a tombstone written after the checkpoint, and the deleted key would come back from the
+//!    image. A tombstone is removed no sooner than `delete.retention.ms` after the broker first cleans
+//!    it, which is after it was committed, which is after the checkpoint's time (taken before the read
+//!    that ended at the checkpoint captured its target); so a younger checkpoint cannot have lost one.
+//!    Both times are read on the member's wall clock (the broker's would be better: see
+//!    docs/fencing.md); a clock that went back since the checkpoint is a doubt, so a full read.
 //!
 //! # References
 //! - KIP-320 (OffsetForLeaderEpoch for consumers), KIP-534 (tombstone removal after
@@ -32,7 +34,6 @@
 
 // The on-disk state that reads and writes checkpoints is being built (issue 36); until it lands only
 // the tests use this module.
-#![cfg_attr(not(test), allow(dead_code))]
 
 /// What a checkpoint belongs to. Every field must equal the acquisition's for the image to be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +59,10 @@ pub(crate) struct Checkpoint {
     pub offset: i64,
     /// The leader epoch of the record at `offset - 1`; -1 when `offset` is 0.
     pub leader_epoch: i32,
-    /// When the image was last brought up to `offset`, in milliseconds on the broker's clock (a broker
-    /// timestamp taken at or before that time: never the client's clock).
-    pub broker_time_ms: i64,
+    /// A time, in milliseconds on the member's wall clock, before which every record at or past
+    /// `offset` was still uncommitted: taken before the read that ended at `offset` captured its
+    /// target.
+    pub time_ms: i64,
 }
 
 /// What the acquisition learned from the cluster, to judge a checkpoint by.
@@ -75,8 +77,8 @@ pub(crate) struct Observed {
     /// at or below it that the log has, and that epoch's end offset; `(-1, -1)` is undefined. Not asked
     /// (`None`) when the checkpoint is at offset 0.
     pub epoch_end: Option<(i32, i64)>,
-    /// The broker's clock now, milliseconds.
-    pub broker_now_ms: i64,
+    /// The member's wall clock now, milliseconds.
+    pub now_ms: i64,
     /// The snapshot topic's `delete.retention.ms`, read at this acquisition.
     pub delete_retention_ms: i64,
 }
@@ -84,8 +86,10 @@ pub(crate) struct Observed {
 /// Why the local image is not used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Fallback {
-    /// No checkpoint, or one that could not be read.
+    /// No checkpoint.
     NoCheckpoint,
+    /// The store, or its checkpoint, failed a checksum or did not decode.
+    Corrupt(String),
     /// A recorded field differs; names the field.
     Identity(&'static str),
     AheadOfLog {
@@ -112,6 +116,7 @@ impl Fallback {
     pub(crate) fn label(&self) -> &'static str {
         match self {
             Fallback::NoCheckpoint => "no_checkpoint",
+            Fallback::Corrupt(_) => "corrupt",
             Fallback::Identity(_) => "identity",
             Fallback::AheadOfLog { .. } => "ahead_of_log",
             Fallback::LogStartPassed { .. } => "log_start_passed",
@@ -162,8 +167,8 @@ pub(crate) fn judge(checkpoint: Option<&Checkpoint>, seen: &Observed) -> Judgeme
             });
         }
     }
-    let age_ms = seen.broker_now_ms.saturating_sub(c.broker_time_ms).max(0);
-    if age_ms >= seen.delete_retention_ms {
+    let age_ms = seen.now_ms.saturating_sub(c.time_ms);
+    if age_ms >= seen.delete_retention_ms || age_ms < 0 {
         return Judgement::FullRead(Fallback::TooOld {
             age_ms,
             delete_retention_ms: seen.delete_retention_ms,
@@ -236,7 +241,7 @@ impl Checkpoint {
         out.extend_from_slice(&id.state_version.to_be_bytes());
         out.extend_from_slice(&self.offset.to_be_bytes());
         out.extend_from_slice(&self.leader_epoch.to_be_bytes());
-        out.extend_from_slice(&self.broker_time_ms.to_be_bytes());
+        out.extend_from_slice(&self.time_ms.to_be_bytes());
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_be_bytes());
         out
@@ -273,7 +278,7 @@ impl Checkpoint {
             identity,
             offset: i64::from_be_bytes(r.array("offset")?),
             leader_epoch: i32::from_be_bytes(r.array("leader_epoch")?),
-            broker_time_ms: i64::from_be_bytes(r.array("broker_time_ms")?),
+            time_ms: i64::from_be_bytes(r.array("time_ms")?),
         };
         if !r.rest.is_empty() {
             return Err(CheckpointError::Trailing(r.rest.len()));
@@ -343,7 +348,7 @@ mod tests {
             identity: identity(),
             offset: 1_000,
             leader_epoch: 4,
-            broker_time_ms: 1_700_000_000_000,
+            time_ms: 1_700_000_000_000,
         }
     }
 
@@ -355,7 +360,7 @@ mod tests {
             log_start: 10,
             high_watermark: 1_500,
             epoch_end: Some((4, 1_200)),
-            broker_now_ms: 1_700_000_000_000 + 3_600_000,
+            now_ms: 1_700_000_000_000 + 3_600_000,
             delete_retention_ms: 86_400_000,
         }
     }
@@ -379,7 +384,7 @@ mod tests {
             log_start: 1_000,
             high_watermark: 1_000,
             epoch_end: Some((4, 1_000)),
-            broker_now_ms: 1_700_000_000_000 + 86_400_000 - 1,
+            now_ms: 1_700_000_000_000 + 86_400_000 - 1,
             ..observed()
         };
         assert_eq!(
@@ -485,12 +490,12 @@ mod tests {
         assert_eq!(judge(Some(&empty), &seen), Judgement::Resume { from: 0 });
     }
 
-    /// At `delete.retention.ms` or older on the broker's clock a tombstone written after the checkpoint
-    /// may be gone; a clock that went back counts as no age.
+    /// At `delete.retention.ms` or older a tombstone written after the checkpoint may be gone; a clock
+    /// that went back since cannot say how old the checkpoint is.
     #[test]
     fn a_checkpoint_as_old_as_the_tombstone_retention_is_a_full_read() {
         let seen = Observed {
-            broker_now_ms: 1_700_000_000_000 + 86_400_000,
+            now_ms: 1_700_000_000_000 + 86_400_000,
             ..observed()
         };
         assert_eq!(
@@ -501,12 +506,15 @@ mod tests {
             }
         );
         let back = Observed {
-            broker_now_ms: 1_600_000_000_000,
+            now_ms: 1_600_000_000_000,
             ..observed()
         };
         assert_eq!(
-            judge(Some(&checkpoint()), &back),
-            Judgement::Resume { from: 1_000 }
+            full_read(&back),
+            Fallback::TooOld {
+                age_ms: -100_000_000_000,
+                delete_retention_ms: 86_400_000
+            }
         );
     }
 
@@ -522,7 +530,7 @@ mod tests {
             },
             offset: i64::MAX,
             leader_epoch: -1,
-            broker_time_ms: i64::MIN,
+            time_ms: i64::MIN,
         };
         assert_eq!(Checkpoint::decode(&odd.encode()), Ok(odd));
     }

@@ -18,7 +18,10 @@
 //! - KIP-98 (transactions), KIP-447 (generation-fenced TxnOffsetCommit), KIP-848 (member epoch),
 //!   KIP-664 (hanging transactions), KIP-890 (transaction server-side defence)
 
+#[cfg(feature = "disk-state")]
 mod checkpoint;
+#[cfg(feature = "disk-state")]
+mod disk;
 mod error;
 mod fence_core;
 mod flow;
@@ -38,11 +41,14 @@ mod state;
 mod store;
 mod topic;
 
+#[cfg(feature = "disk-state")]
+#[cfg_attr(docsrs, doc(cfg(feature = "disk-state")))]
+pub use disk::StateError;
 pub use error::{FailureKind, Response, SnapshotError, StallDiagnosis, TxnFailure};
 pub use fence_core::{FencePolicy, FlowStats};
 pub use flow::{
-    Flow, FlowClosed, FlowConfig, FlowError, FlowHandle, Lookup, LookupError, PartitionReadiness,
-    PersistenceMode, Readiness, StatsHandle,
+    DiskState, DiskStats, Flow, FlowClosed, FlowConfig, FlowError, FlowHandle, Lookup, LookupError,
+    PartitionReadiness, PersistenceMode, Readiness, StateConfig, StatsHandle,
 };
 pub use fold::{BoxError, Change, Clock, Fold, Outputs, SystemClock, TimerClock};
 pub use fold_core::{open_snapshot_value, ForeignSnapshotValue, InputOffsets, SnapshotValue};

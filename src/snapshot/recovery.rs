@@ -99,7 +99,7 @@ impl Default for RecoveryConfig {
 /// What a completed recovery read did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoveryStats {
-    /// Where the read started (the log start).
+    /// Where the read started: the log start, or the checkpoint an on-disk state resumed from.
     pub start: i64,
     /// The captured high watermark the read drained to.
     pub target: i64,
@@ -161,14 +161,42 @@ pub async fn read_to_target<L: SnapshotLog>(
         target = tracing::field::Empty,
         start = tracing::field::Empty,
     );
-    read(log, partition, config, fold).instrument(span).await
+    read(log, partition, config, None, fold, |_| Ok(()))
+        .instrument(span)
+        .await
+}
+
+/// [`read_to_target`] from `from` (or the log start, when that is later) instead of the log start,
+/// calling `chunk` with the position after each fetch's records were handed to `fold`: the on-disk
+/// state applies them there and moves its checkpoint (an error from `chunk` ends the read).
+#[cfg(feature = "disk-state")]
+pub(crate) async fn read_from<L: SnapshotLog>(
+    log: &mut L,
+    partition: i32,
+    config: &RecoveryConfig,
+    from: i64,
+    fold: impl FnMut(&[u8], Option<&[u8]>),
+    chunk: impl FnMut(i64) -> Result<(), SnapshotError>,
+) -> Result<RecoveryStats, SnapshotError> {
+    let span = tracing::info_span!(
+        "recovery_read",
+        partition,
+        from,
+        target = tracing::field::Empty,
+        start = tracing::field::Empty,
+    );
+    read(log, partition, config, Some(from), fold, chunk)
+        .instrument(span)
+        .await
 }
 
 async fn read<L: SnapshotLog>(
     log: &mut L,
     partition: i32,
     config: &RecoveryConfig,
+    from: Option<i64>,
     mut fold: impl FnMut(&[u8], Option<&[u8]>),
+    mut chunk_done: impl FnMut(i64) -> Result<(), SnapshotError>,
 ) -> Result<RecoveryStats, SnapshotError> {
     let io = |e: LogError| SnapshotError::Read {
         partition,
@@ -177,7 +205,8 @@ async fn read<L: SnapshotLog>(
     let metrics = RecoveryMetrics::new(partition);
     let began = Instant::now();
     let target = log.high_watermark().await.map_err(io)?;
-    let start = log.log_start().await.map_err(io)?;
+    let log_start = log.log_start().await.map_err(io)?;
+    let start = from.map_or(log_start, |from| from.max(log_start));
     let span = tracing::Span::current();
     span.record("target", target);
     span.record("start", start);
@@ -216,6 +245,7 @@ async fn read<L: SnapshotLog>(
         }
         // A broker never moves a consumer backwards; a fetch answer that claims to is ignored.
         position = position.max(chunk.next_offset);
+        chunk_done(position)?;
         match watch.observe(position, Instant::now()) {
             Watch::Advanced => reported_this_stall = false,
             Watch::Waiting {

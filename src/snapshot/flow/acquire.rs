@@ -339,6 +339,13 @@ impl<F: Fold> Shared<F> {
             Writer::Pg(store) => store.read_state().await?,
             #[cfg(feature = "postgres")]
             Writer::PgPlain(rows, _) => rows.read_state().await?,
+            #[cfg(feature = "disk-state")]
+            _ if matches!(self.config.state, super::StateConfig::Disk(_)) => {
+                let super::StateConfig::Disk(disk) = &self.config.state else {
+                    unreachable!("matched above")
+                };
+                super::local::open_partition_image(self, disk, tp).await?
+            }
             _ => self.read_snapshot_log(tp).await?,
         };
         let mut core = if offsets.len() > 1 {

@@ -17,6 +17,7 @@
 mod acquire;
 mod handle;
 mod lane;
+mod local;
 mod merge;
 mod shared;
 mod writer;
@@ -32,6 +33,7 @@ pub use self::handle::{
     FlowClosed, FlowHandle, Lookup, LookupError, PartitionReadiness, Readiness,
 };
 use self::lane::{commit_lane, each_lane, emit_immediate, persist_lane, CommitWhen, FlowLane};
+pub use self::local::{DiskState, DiskStats, StateConfig};
 use self::merge::Step;
 use self::shared::{Listener, MarkClosed, ReadyState, Shared};
 use self::writer::Sink;
@@ -108,6 +110,13 @@ pub struct FlowConfig {
     pub snapshots: SnapshotConfig,
     /// Fenced or not.
     pub mode: PersistenceMode,
+    /// Where the per-key state lives: in memory, read whole from the snapshot partition at every
+    /// acquisition (the default), or with the `disk-state` feature in an image per partition on local
+    /// disk whose checkpoint lets an acquisition read only what was written since
+    /// ([`StateConfig::Disk`], docs/fencing.md "On-disk state"). The snapshot topic stays the truth
+    /// either way: an image that cannot be trusted is discarded and the partition read whole. Not
+    /// available on the PostgreSQL store.
+    pub state: StateConfig,
     /// Where a partition the group has never committed starts: `Earliest` (the default: every input
     /// event is folded), `Latest` (only events written after the partition is first assigned), or
     /// `Fail` (assignment fails with [`ConsumerError::NoCommittedOffset`]: an operator must commit a
@@ -200,6 +209,7 @@ impl FlowConfig {
             more_input_topics: Vec::new(),
             snapshots,
             mode: PersistenceMode::Transactional,
+            state: StateConfig::Memory,
             initial_offset: OffsetReset::Earliest,
             missing_snapshot_topic: MissingSnapshotTopic::Fail,
             persist_every: Duration::from_secs(1),
@@ -278,6 +288,17 @@ pub enum FlowError {
     /// change. Returned by [`Flow::start`] before it joins the group.
     #[error(transparent)]
     SnapshotTopic(#[from] SnapshotTopicError),
+    /// The on-disk state of a partition could not be read or written (the `disk-state` feature). A
+    /// corrupt image never gets here: it is discarded and the partition read whole.
+    #[cfg(feature = "disk-state")]
+    #[error("partition {partition}: {source}")]
+    State {
+        /// The partition.
+        partition: i32,
+        /// What failed.
+        #[source]
+        source: Arc<crate::snapshot::disk::StateError>,
+    },
     /// A snapshot could not be decoded.
     #[error("partition {partition}: snapshot of key {key:?} is not decodable: {reason}")]
     BadSnapshot {
@@ -478,6 +499,7 @@ impl<F: Fold> Flow<F> {
             ready: tokio::sync::watch::Sender::new(ReadyState::Unready),
             ready_partitions: AtomicUsize::new(0),
             input_partitions: AtomicI32::new(input_partitions),
+            disk_stats: Mutex::new(DiskStats::default()),
         });
         crate::telemetry::flow_readiness(&config.consumer.group.group_id, false, 0);
         let consumer = GroupConsumer::subscribe(
@@ -569,6 +591,17 @@ impl<F: Fold> Flow<F> {
     /// refused revoke-time flushes (see [`FencePolicy`]).
     pub fn stats(&self) -> FlowStats {
         self.shared.fence().stats()
+    }
+
+    /// What the on-disk state's acquisitions did: how many resumed from a checkpoint, how many read
+    /// the partition whole and why, and how many snapshot records were read into images. All zero with
+    /// [`StateConfig::Memory`].
+    pub fn disk_stats(&self) -> DiskStats {
+        self.shared
+            .disk_stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// A handle that reads [`stats`](Self::stats) from anywhere, also while [`run`](Self::run) owns

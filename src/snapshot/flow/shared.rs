@@ -48,6 +48,8 @@ pub(super) struct Shared<F: Fold> {
     pub(super) ready_partitions: AtomicUsize,
     /// The input topic's partition count at start, for a key's default partition in lookups.
     pub(super) input_partitions: AtomicI32,
+    /// What the on-disk state did (`StateConfig::Disk`).
+    pub(super) disk_stats: Mutex<super::DiskStats>,
 }
 
 /// The flow's readiness as published to handles.
@@ -272,6 +274,11 @@ impl<F: Fold> Shared<F> {
             }
         }
         close_lanes(lanes).await;
+        #[cfg(feature = "disk-state")]
+        if let (true, super::StateConfig::Disk(disk)) = (flush, &self.config.state) {
+            let released: Vec<i32> = partitions.iter().map(|tp| tp.partition).collect();
+            super::local::catch_up_images(self, disk, &released).await;
+        }
     }
 }
 

@@ -1,0 +1,448 @@
+//! Where a flow keeps its state ([`StateConfig`]), and with the `disk-state` feature the acquisition of a
+//! partition from its on-disk image: the checkpoint judged against the cluster, the recovery read from
+//! the checkpoint (or, on any doubt, from the log start into a fresh image), and the image brought to
+//! the high watermark under a new checkpoint.
+//!
+//! The image is written only from read_committed reads of the snapshot partition, never from this
+//! member's own writes: what it holds is what the log committed, and the checkpoint is where that read
+//! stands, so it never passes the last stable offset and never covers a transaction of unknown outcome
+//! (docs/fencing.md, "On-disk state").
+
+use std::path::PathBuf;
+
+/// Where a flow keeps its per-key state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StateConfig {
+    /// Every key in memory, recovered by reading the whole snapshot partition at each acquisition (the
+    /// default).
+    #[default]
+    Memory,
+    /// An image of each partition on local disk with a checkpoint, so an acquisition reads only what
+    /// was written since (the `disk-state` feature).
+    #[cfg(feature = "disk-state")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "disk-state")))]
+    Disk(DiskState),
+}
+
+/// The on-disk state's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DiskState {
+    /// The directory the images live under, one subdirectory per snapshot partition
+    /// (`<snapshot topic>-<partition>`). One member per directory: a second process opening the same
+    /// partition's image is refused by the store's lock.
+    pub dir: PathBuf,
+    /// The version of the fold's state encoding. Change it whenever [`Fold::decode`](crate::snapshot::Fold::decode)
+    /// would read old bytes differently: an image written under another version is not used.
+    pub state_version: u32,
+    /// The block cache of each partition's store, bytes. Default 8 MiB.
+    pub cache_bytes: u64,
+}
+
+impl DiskState {
+    /// Images under `dir`, state encoding version `state_version`, defaults otherwise.
+    pub fn new(dir: impl Into<PathBuf>, state_version: u32) -> Self {
+        DiskState {
+            dir: dir.into(),
+            state_version,
+            cache_bytes: 8 << 20,
+        }
+    }
+}
+
+/// What the on-disk state's acquisitions and catch-ups did, since the flow started
+/// ([`Flow::disk_stats`](super::Flow::disk_stats)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DiskStats {
+    /// Reads that resumed from an image's checkpoint.
+    pub resumed: u64,
+    /// Reads that discarded the image and read the partition whole, by reason (the labels of
+    /// `snapfence_state_fallbacks_total`: `no_checkpoint`, `corrupt`, `identity`, `ahead_of_log`,
+    /// `log_start_passed`, `diverged`, `too_old`).
+    pub fallbacks: std::collections::BTreeMap<&'static str, u64>,
+    /// Snapshot records read into images.
+    pub records_read: u64,
+}
+
+#[cfg(feature = "disk-state")]
+pub(super) use self::disk::{catch_up_images, open_partition_image};
+
+#[cfg(feature = "disk-state")]
+mod disk {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
+    use super::super::shared::Shared;
+    use super::super::FlowError;
+    use super::DiskState;
+    use crate::consumer::reader::offset_and_epoch;
+    use crate::consumer::{epoch_end_offset, OffsetSpec, TopicPartition};
+    use crate::records::IsolationLevel;
+    use crate::snapshot::checkpoint::{judge, Checkpoint, Fallback, Identity, Judgement, Observed};
+    use crate::snapshot::disk::{remove_image, PartitionImage, Put, StateError, NO_DEADLINE};
+    use crate::snapshot::error::SnapshotError;
+    use crate::snapshot::fold::Fold;
+    use crate::snapshot::fold_core::{open_envelope, Opened};
+    use crate::snapshot::recovery::{read_from, RecoveryConfig};
+    use crate::snapshot::state::RecoveredState;
+
+    /// The topic's `delete.retention.ms` when the broker reports none: Kafka's default, one day.
+    const DEFAULT_DELETE_RETENTION_MS: i64 = 86_400_000;
+
+    /// The partition's directory under `dir`.
+    fn partition_dir(disk: &DiskState, topic: &str, partition: i32) -> std::path::PathBuf {
+        disk.dir.join(format!("{topic}-{partition}"))
+    }
+
+    /// Brings `tp`'s image up to the snapshot partition's high watermark (see [`bring_up_to_date`])
+    /// and returns its keys.
+    pub(in super::super) async fn open_partition_image<F: Fold>(
+        shared: &Shared<F>,
+        disk: &DiskState,
+        tp: &TopicPartition,
+    ) -> Result<RecoveredState, FlowError> {
+        let partition = tp.partition;
+        let dir = partition_dir(disk, &shared.config.snapshots.snapshot_topic, partition);
+        let read = |shared, disk| async move {
+            let image = bring_up_to_date(shared, disk, partition).await?;
+            image.entries().map_err(|e| FlowError::State {
+                partition,
+                source: Arc::new(e),
+            })
+        };
+        let corrupt = match read(shared, disk).await {
+            Ok(entries) => return Ok(entries.into_iter().collect()),
+            Err(FlowError::State { source, .. }) if source.is_corrupt() => source,
+            Err(e) => return Err(e),
+        };
+        // A block that failed its checksum while the image was read or written: the image is
+        // discarded and the partition read whole into a fresh one, once.
+        fell_back(
+            shared,
+            partition,
+            &dir,
+            &Fallback::Corrupt(corrupt.to_string()),
+        );
+        remove_image(&dir).map_err(|e| FlowError::State {
+            partition,
+            source: Arc::new(e),
+        })?;
+        let entries = read(shared, disk).await?;
+        Ok(entries.into_iter().collect())
+    }
+
+    /// Reports a fall-back to a full read: the metric, the flow's [`DiskStats`](super::DiskStats),
+    /// and (except for a partition that never had an image) a log line naming why.
+    fn fell_back<F: Fold>(
+        shared: &Shared<F>,
+        partition: i32,
+        dir: &std::path::Path,
+        why: &Fallback,
+    ) {
+        crate::telemetry::state_fallback(partition, why.label());
+        *disk_stats(shared).fallbacks.entry(why.label()).or_default() += 1;
+        if *why != Fallback::NoCheckpoint {
+            tracing::warn!(
+                partition,
+                dir = %dir.display(),
+                reason = why.label(),
+                detail = ?why,
+                "the on-disk state is not used: reading the snapshot partition whole"
+            );
+        }
+    }
+
+    /// After `partitions` were released with a flush: brings their images up to the high watermark,
+    /// so that this member, acquiring one again (a restart on the same directory, or the partition
+    /// moving back), reads only what was written after now. A failure is logged, not returned: the
+    /// image stays at its previous checkpoint, which the next acquisition reads on from.
+    pub(in super::super) async fn catch_up_images<F: Fold>(
+        shared: &Shared<F>,
+        disk: &DiskState,
+        partitions: &[i32],
+    ) {
+        for &partition in partitions {
+            if let Err(e) = bring_up_to_date(shared, disk, partition).await {
+                tracing::warn!(partition, error = %e, "the on-disk state was not brought up to date on release");
+            }
+        }
+    }
+
+    /// Brings the image of snapshot partition `partition` to the high watermark: reading from its
+    /// checkpoint when the checkpoint holds, else, after a log line and a metric naming why, from the
+    /// log start into a fresh image. Ends with a new checkpoint where the read ended.
+    async fn bring_up_to_date<F: Fold>(
+        shared: &Shared<F>,
+        disk: &DiskState,
+        partition: i32,
+    ) -> Result<PartitionImage, FlowError> {
+        let topic = shared.config.snapshots.snapshot_topic.clone();
+        let snapshot_tp = TopicPartition::new(topic.clone(), partition);
+        let dir = partition_dir(disk, &topic, partition);
+        let state_err = |e: StateError| FlowError::State {
+            partition,
+            source: Arc::new(e),
+        };
+        let consumer_err = |e: crate::consumer::ConsumerError| SnapshotError::Consumer {
+            partition,
+            source: Arc::new(e),
+        };
+        // The clock the checkpoint's age is measured on, read before the high watermark the read
+        // drains to: every record past the checkpoint this read ends at was committed after it
+        // (docs/fencing.md, "On-disk state").
+        let read_began_ms = wall_clock_ms();
+        let identity = identity_of(shared, disk, &topic, partition).await?;
+        let (image, checkpoint) = match PartitionImage::open(&dir, disk.cache_bytes) {
+            Ok(image) => match image.checkpoint() {
+                Ok(c) => (Some(image), Ok(c)),
+                Err(e) => (Some(image), Err(e)),
+            },
+            Err(e) => (None, Err(e)),
+        };
+        let judgement = match checkpoint {
+            Err(e) if e.is_corrupt() => Judgement::FullRead(Fallback::Corrupt(e.to_string())),
+            Err(e) => return Err(state_err(e)),
+            Ok(checkpoint) => {
+                let seen =
+                    observe(shared, &snapshot_tp, identity.clone(), checkpoint.as_ref()).await?;
+                judge(checkpoint.as_ref(), &seen)
+            }
+        };
+        let (image, from) = match judgement {
+            Judgement::Resume { from } => match image {
+                Some(image) => {
+                    disk_stats(shared).resumed += 1;
+                    (image, from)
+                }
+                None => unreachable_image(&dir)?,
+            },
+            Judgement::FullRead(why) => {
+                fell_back(shared, partition, &dir, &why);
+                drop(image);
+                remove_image(&dir).map_err(state_err)?;
+                let fresh = PartitionImage::open(&dir, disk.cache_bytes).map_err(state_err)?;
+                (fresh, 0)
+            }
+        };
+        let began = std::time::Instant::now();
+        let mut log = shared.recovery_reads.log(partition);
+        let recovery = RecoveryConfig {
+            stall_timeout: if shared.sink.fenced() {
+                shared.config.snapshots.recovery_stall_timeout
+            } else {
+                None
+            },
+            fetch_wait: shared.config.recovery_fetch_wait,
+            progress_every: shared.config.recovery_progress_every,
+        };
+        let fold = &*shared.fold;
+        // Each fetch's records are applied as one batch once the fetch is handed over; the checkpoint
+        // moves only at the end, so a crash mid-read resumes from the previous one and applies the
+        // same records again, which leaves each key as the log has it.
+        let puts: std::sync::Mutex<Vec<Put>> = Default::default();
+        let mut failed: Option<StateError> = None;
+        let stats = {
+            let image = &image;
+            let failed = &mut failed;
+            let puts = &puts;
+            read_from(
+                &mut log,
+                partition,
+                &recovery,
+                from,
+                |key, value| lock(puts).push(put_of(fold, key, value)),
+                |_position| {
+                    let batch = std::mem::take(&mut *lock(puts));
+                    match image.apply(&batch, None, false) {
+                        Ok(()) => Ok(()),
+                        Err(e) => {
+                            *failed = Some(e);
+                            Err(SnapshotError::Config(
+                                "the on-disk state could not be written".into(),
+                            ))
+                        }
+                    }
+                },
+            )
+            .await
+        };
+        let stats = match (stats, failed) {
+            (_, Some(e)) => return Err(state_err(e)),
+            (stats, None) => stats?,
+        };
+        disk_stats(shared).records_read += stats.records;
+        // The checkpoint: where the read ended, under the leader epoch now (at or above the epoch of
+        // every record read), and the clock read before the read's target was taken.
+        let (_, epoch) = offset_and_epoch(
+            &shared.client,
+            &snapshot_tp,
+            OffsetSpec::Latest,
+            IsolationLevel::ReadCommitted,
+        )
+        .await
+        .map_err(consumer_err)?;
+        let checkpoint = Checkpoint {
+            identity,
+            offset: stats.end,
+            leader_epoch: epoch,
+            time_ms: read_began_ms,
+        };
+        image
+            .apply(&[], Some(&checkpoint), true)
+            .map_err(state_err)?;
+        image.flush().map_err(state_err)?;
+        tracing::info!(
+            partition,
+            from,
+            end = stats.end,
+            records = stats.records,
+            elapsed = ?began.elapsed(),
+            "on-disk state brought to the high watermark"
+        );
+        Ok(image)
+    }
+
+    fn unreachable_image(dir: &std::path::Path) -> Result<(PartitionImage, i64), FlowError> {
+        // `judge` resumes only from a checkpoint, which only an open image yields.
+        Err(FlowError::State {
+            partition: -1,
+            source: Arc::new(StateError::Io {
+                dir: dir.to_path_buf(),
+                detail: "resumed without an open image".into(),
+            }),
+        })
+    }
+
+    /// One record of the snapshot partition as a change of the image, with the deadline of its state
+    /// (none when the state does not decode: the final value is decoded again, and refused, when the
+    /// partition is restored).
+    fn put_of<F: Fold>(fold: &F, key: &[u8], value: Option<&[u8]>) -> Put {
+        let key = Bytes::copy_from_slice(key);
+        let Some(value) = value else {
+            return Put::Remove { key };
+        };
+        let deadline = match open_envelope(value) {
+            Ok(Opened::Live(_, payload)) | Ok(Opened::LiveInputs(_, payload)) => fold
+                .decode(payload)
+                .ok()
+                .and_then(|state| fold.deadline(&key, &state))
+                .unwrap_or(NO_DEADLINE),
+            _ => NO_DEADLINE,
+        };
+        Put::Value {
+            key,
+            value: Bytes::copy_from_slice(value),
+            deadline,
+        }
+    }
+
+    /// What this acquisition's checkpoint must belong to.
+    async fn identity_of<F: Fold>(
+        shared: &Shared<F>,
+        disk: &DiskState,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Identity, FlowError> {
+        let metadata = shared
+            .client
+            .metadata(&[topic])
+            .await
+            .map_err(|e| SnapshotError::Net {
+                partition,
+                source: Arc::new(e),
+            })?;
+        let (topic_id, partition_count) = metadata
+            .topics
+            .get(topic)
+            .map(|t| {
+                (
+                    t.id.0,
+                    i32::try_from(t.partitions.len()).unwrap_or(i32::MAX),
+                )
+            })
+            .unwrap_or(([0; 16], 0));
+        Ok(Identity {
+            cluster_id: metadata.cluster_id.clone().unwrap_or_default(),
+            topic_id,
+            partition,
+            partition_count,
+            transactional_prefix: shared.config.snapshots.transactional_id_prefix.clone(),
+            group: shared.config.consumer.group.group_id.clone(),
+            state_version: disk.state_version,
+        })
+    }
+
+    /// What the checkpoint is judged by: the log's start and end, the checkpoint epoch's end on the
+    /// leader, the topic's `delete.retention.ms` now, and the clock.
+    async fn observe<F: Fold>(
+        shared: &Shared<F>,
+        tp: &TopicPartition,
+        identity: Identity,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<Observed, FlowError> {
+        let partition = tp.partition;
+        let consumer_err = |e: crate::consumer::ConsumerError| SnapshotError::Consumer {
+            partition,
+            source: Arc::new(e),
+        };
+        let client = &shared.client;
+        let (log_start, _) = offset_and_epoch(
+            client,
+            tp,
+            OffsetSpec::Earliest,
+            IsolationLevel::ReadUncommitted,
+        )
+        .await
+        .map_err(consumer_err)?;
+        let (high_watermark, _) = offset_and_epoch(
+            client,
+            tp,
+            OffsetSpec::Latest,
+            IsolationLevel::ReadUncommitted,
+        )
+        .await
+        .map_err(consumer_err)?;
+        let epoch_end = match checkpoint {
+            Some(c) if c.offset > 0 => Some(
+                epoch_end_offset(client, tp, c.leader_epoch)
+                    .await
+                    .map_err(consumer_err)?,
+            ),
+            _ => None,
+        };
+        let retention = crate::admin::topic_config(client, &tp.topic, "delete.retention.ms")
+            .await
+            .map_err(|e| SnapshotError::Net {
+                partition,
+                source: Arc::new(e),
+            })?;
+        let delete_retention_ms = retention
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap_or(DEFAULT_DELETE_RETENTION_MS);
+        Ok(Observed {
+            identity,
+            log_start,
+            high_watermark,
+            epoch_end,
+            now_ms: wall_clock_ms(),
+            delete_retention_ms,
+        })
+    }
+
+    fn disk_stats<F: Fold>(shared: &Shared<F>) -> std::sync::MutexGuard<'_, super::DiskStats> {
+        lock(&shared.disk_stats)
+    }
+
+    fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn wall_clock_ms() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+}
