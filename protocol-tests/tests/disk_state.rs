@@ -49,6 +49,16 @@ impl World {
         partitions: i32,
         snapshot_configs: &[(&str, &str)],
     ) -> World {
+        World::with_replicas(kafka, partitions, -1, snapshot_configs).await
+    }
+
+    /// A world whose snapshot topic has `replicas` replicas (-1: the broker's default).
+    async fn with_replicas(
+        kafka: &KafkaCluster,
+        partitions: i32,
+        replicas: i16,
+        snapshot_configs: &[(&str, &str)],
+    ) -> World {
         let client = Client::connect(ClientConfig::new(kafka.bootstrap()))
             .await
             .unwrap();
@@ -61,7 +71,7 @@ impl World {
         if !configs.iter().any(|(k, _)| *k == "cleanup.policy") {
             configs.push(("cleanup.policy", "compact"));
         }
-        snapfence::admin::create_topic(&client, &snapshots, partitions, -1, &configs)
+        snapfence::admin::create_topic(&client, &snapshots, partitions, replicas, &configs)
             .await
             .unwrap();
         let producer = Producer::new(client.clone(), ProducerConfig::default())
@@ -506,4 +516,108 @@ fn table_files(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The log truncated below the checkpoint and then written past it again: an unclean election makes a
+/// replica that lacks the image's last records the leader, and new writes bring the high watermark back
+/// above the checkpoint (so the high watermark alone sees nothing wrong). OffsetForLeaderEpoch for the
+/// checkpoint's epoch ends below the checkpoint, and the partition is read whole for `diverged`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncation_followed_by_new_writes_is_read_whole() {
+    use protocol_tests::dedicated;
+    // Its own cluster: nodes stop. The snapshot topic has two replicas and accepts writes on one, so
+    // one replica can hold records the other never got; unclean elections are allowed on it.
+    let kafka = dedicated(ClusterSpec::three_nodes()).await;
+    let mut w = World::with_replicas(
+        &kafka,
+        1,
+        2,
+        &[
+            ("min.insync.replicas", "1"),
+            ("unclean.leader.election.enable", "true"),
+        ],
+    )
+    .await;
+    let dir = w.dir("truncated");
+    w.emit(0..20, 2, "a").await;
+    let (_, _) = w.run_member(&dir, 1).await;
+
+    // The replica that is not the leader stops; the member writes 20 more snapshots on the leader
+    // alone, and its close brings the image past them.
+    let metadata = w.client.metadata(&[w.snapshots.as_str()]).await.unwrap();
+    let partition = &metadata.topics[&w.snapshots].partitions[&0];
+    let leader = partition.leader;
+    let follower = *partition.replicas.iter().find(|r| **r != leader).unwrap();
+    let before = w.high_watermark(0).await;
+    assert!(tokio::task::block_in_place(|| kafka.stop(follower)));
+    w.emit(0..20, 1, "b").await;
+    let (_, _) = w.run_member(&dir, 1).await;
+    let checkpoint = w.high_watermark(0).await;
+    assert!(checkpoint > before + 20, "{before} -> {checkpoint}");
+
+    // The leader dies; the stale replica comes back and is elected uncleanly, its log ending at
+    // `before`. (Both down at once loses the controller quorum until the follower is back.)
+    kafka.kill(leader);
+    kafka.restart(follower).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        elect_unclean(&w, 0).await;
+        w.client.invalidate_leader(&w.snapshots, 0);
+        if let Ok(l) = w.client.leader(&w.snapshots, 0).await {
+            if l.node == follower {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the stale replica never led");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(w.high_watermark(0).await, before, "the new leader's log");
+    // Another member writes past the checkpoint again, under the new leader.
+    let elsewhere = w.dir("elsewhere");
+    let mut round = 0;
+    while w.high_watermark(0).await <= checkpoint + 5 {
+        round += 1;
+        assert!(round < 10, "the log never grew past the checkpoint again");
+        w.emit(0..20, 1, &format!("c{round}")).await;
+        let (_, _) = w.run_member(&elsewhere, 1).await;
+    }
+    kafka.restart(leader).await;
+
+    let (_, stats) = w.run_member(&dir, 1).await;
+    assert_eq!(fallbacks(&stats, "diverged"), 1, "{stats:?}");
+    assert_eq!(stats.resumed, 0, "{stats:?}");
+}
+
+/// ElectLeaders, unclean, for `partition` of the snapshot topic. Its answer is printed, not judged:
+/// the caller waits for the leader it wants (the controller may have elected already).
+async fn elect_unclean(w: &World, partition: i32) {
+    use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
+    use kafka_protocol::messages::{ElectLeadersRequest, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    use snapfence::net::{CallOptions, Target, Verdict};
+    let request = ElectLeadersRequest::default()
+        .with_election_type(1)
+        .with_timeout_ms(10_000)
+        .with_topic_partitions(Some(vec![TopicPartitions::default()
+            .with_topic(TopicName(StrBytes::from_string(w.snapshots.clone())))
+            .with_partitions(vec![partition])]));
+    let code = w
+        .client
+        .call(
+            Target::Any,
+            &CallOptions::default(),
+            |_| request.clone(),
+            |r, _| {
+                let code = r
+                    .replica_election_results
+                    .iter()
+                    .flat_map(|t| t.partition_result.iter())
+                    .map(|p| p.error_code)
+                    .next()
+                    .unwrap_or(r.error_code);
+                Verdict::Done(code)
+            },
+        )
+        .await;
+    eprintln!("unclean election of {}-{partition}: {code:?}", w.snapshots);
 }
