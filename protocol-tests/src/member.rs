@@ -88,6 +88,8 @@ pub struct MemberArgs {
     /// the member when it reads that line then always stops it before the flush's writes leave, where a
     /// store whose writes go out at once (the PostgreSQL store) would otherwise often finish first.
     pub flush_pause: Duration,
+    /// Keep the state on disk under this directory (`StateConfig::Disk`, state version 1).
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Dials each broker address through its route, and refuses addresses without one.
@@ -127,6 +129,7 @@ impl MemberArgs {
             postgres: None,
             output: None,
             flush_pause: Duration::ZERO,
+            state_dir: None,
         }
     }
 
@@ -170,6 +173,13 @@ impl MemberArgs {
             ),
             ("--postgres", self.postgres.clone().unwrap_or_default()),
             ("--output", self.output.clone().unwrap_or_default()),
+            (
+                "--state-dir",
+                self.state_dir
+                    .as_ref()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
+            ),
             (
                 "--routes",
                 self.routes
@@ -235,6 +245,10 @@ impl MemberArgs {
         };
         a.postgres = map.get("postgres").filter(|u| !u.is_empty()).cloned();
         a.output = map.get("output").filter(|t| !t.is_empty()).cloned();
+        a.state_dir = map
+            .get("state-dir")
+            .filter(|d| !d.is_empty())
+            .map(std::path::PathBuf::from);
         for route in map
             .get("routes")
             .map(String::as_str)
@@ -291,6 +305,10 @@ impl MemberArgs {
             .postgres
             .as_deref()
             .map(snapfence::snapshot::postgres::PgStoreConfig::new);
+        if let Some(dir) = &self.state_dir {
+            c.state =
+                snapfence::snapshot::StateConfig::Disk(snapfence::snapshot::DiskState::new(dir, 1));
+        }
         if !self.routes.is_empty() {
             // Through the fault proxy a lost answer is resent after the request timeout: keep it short
             // enough that a round sees the resend.
@@ -798,6 +816,7 @@ mod tests {
         a.session_timeout = Duration::from_millis(3500);
         a.recover = true;
         a.routes = vec![("127.0.0.1:9092".into(), "127.0.0.1:40001".into())];
+        a.state_dir = Some("/var/lib/member".into());
         let b = MemberArgs::parse(&a.to_args()).unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         let mut eager = a.clone();

@@ -621,3 +621,116 @@ async fn elect_unclean(w: &World, partition: i32) {
         .await;
     eprintln!("unclean election of {}-{partition}: {code:?}", w.snapshots);
 }
+
+/// A member process on its data directory, killed (SIGKILL) while one of its transactions is open: the
+/// outcome is unknown to it, and its image holds only what read_committed reads returned, so the
+/// open transaction's snapshots never entered it. Restarted on the directory, the member's state is the
+/// fold of all input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_in_a_transaction_restarts_on_its_directory_to_the_right_state() {
+    use protocol_tests::member::{MemberArgs, MemberProcess};
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::new(&kafka, 1, &[]).await;
+    let dir = w.dir("killed");
+    w.emit(0..50, 2, "a").await;
+    let (held, _) = w.run_member(&dir, 1).await;
+    w.assert_folds_all(&held);
+
+    let mut args = MemberArgs::new(
+        &kafka.bootstrap(),
+        &w.group,
+        &w.input,
+        &w.snapshots,
+        &w.txn_prefix,
+    );
+    args.state_dir = Some(dir.clone());
+    let program = Path::new(env!("CARGO_BIN_EXE_flow-member"));
+    for round in 0..3 {
+        let mut member = MemberProcess::spawn(program, &args).unwrap();
+        member.freeze_in_next_flush(Duration::from_millis(3));
+        w.emit(0..50, 1, &format!("r{round}")).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !member.frozen_in_flush() {
+            assert!(Instant::now() < deadline, "the member never flushed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        member.kill();
+        let (held, stats) = w.run_member(&dir, 1).await;
+        w.assert_folds_all(&held);
+        assert_eq!(stats.resumed, 1, "round {round}: {stats:?}");
+    }
+}
+
+/// A member process killed while it brings its image up to date: the records of the fetches it read
+/// are in the image, the checkpoint has not moved. The next member on the directory resumes from the old
+/// checkpoint, reads everything past it again, and ends with the fold of all input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_while_its_image_is_written_restarts_to_the_right_state() {
+    use protocol_tests::member::{MemberArgs, MemberProcess};
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::new(&kafka, 1, &[]).await;
+    let warm = w.dir("warm");
+    w.emit(0..10, 1, "a").await;
+    let (_, _) = w.run_member(&warm, 1).await;
+    // 100 000 snapshots written past the warm image's checkpoint by another member.
+    const KEYS: usize = 100_000;
+    w.emit(0..KEYS, 1, "big").await;
+    let elsewhere = w.dir("elsewhere");
+    let (_, _) = w.run_member(&elsewhere, 1).await;
+
+    let mut args = MemberArgs::new(
+        &kafka.bootstrap(),
+        &w.group,
+        &w.input,
+        &w.snapshots,
+        &w.txn_prefix,
+    );
+    let program = Path::new(env!("CARGO_BIN_EXE_flow-member"));
+    for round in 0..2 {
+        let dir = w.dir(&format!("copy{round}"));
+        copy_dir(&warm, &dir);
+        let copied = dir_bytes(&dir);
+        args.state_dir = Some(dir.clone());
+        let mut member = MemberProcess::spawn(program, &args).unwrap();
+        // Killed once the image has taken a good part of the records past its checkpoint in.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while dir_bytes(&dir) < copied + 1_000_000 {
+            assert!(
+                Instant::now() < deadline,
+                "the member never wrote its image"
+            );
+            assert!(member.is_running(), "the member ended");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        member.kill();
+        w.emit(0..10, 1, &format!("r{round}")).await;
+        let (held, stats) = w.run_member(&dir, 1).await;
+        w.assert_folds_all(&held);
+        // Resumed from the warm checkpoint, and read every snapshot past it again: the killed
+        // member's checkpoint never moved.
+        assert_eq!(stats.resumed, 1, "round {round}: {stats:?}");
+        assert!(
+            stats.records_read >= KEYS as u64,
+            "round {round}: the killed member had finished: {stats:?}"
+        );
+    }
+}
+
+/// Bytes of every file below `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => stack.push(entry.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
