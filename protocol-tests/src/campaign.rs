@@ -181,6 +181,10 @@ pub struct CampaignConfig {
     /// ([`MemberArgs::flush_pause`]), so a zombie frozen on the announcement is frozen before its
     /// writes leave even where they would leave at once.
     pub flush_pause: Duration,
+    /// Members keep their state on disk (`StateConfig::Disk`) in a directory of their own under this
+    /// one; a member the supervisor restarts, or a restart fault replaces, takes its predecessor's
+    /// directory, as a pod restarted on its volume does. `None`: state in memory.
+    pub state_dirs: Option<std::path::PathBuf>,
 }
 
 impl CampaignConfig {
@@ -196,6 +200,7 @@ impl CampaignConfig {
             finder,
             postgres: None,
             flush_pause: Duration::ZERO,
+            state_dirs: None,
         }
     }
 }
@@ -414,6 +419,11 @@ pub struct RoundReport {
     pub fences_recovered: u64,
     /// Times a member rejoined as a new one (evicted, or its producer fenced), summed.
     pub rejoins: u64,
+    /// Acquisitions that resumed from an on-disk image's checkpoint ([`CampaignConfig::state_dirs`]),
+    /// summed over the members.
+    pub disk_resumed: u64,
+    /// Acquisitions that discarded an existing image and read the partition whole, summed.
+    pub disk_fallbacks: u64,
     /// Compaction faults that saw the cleaner remove records from the snapshot topic before the kills.
     pub compacted: usize,
     /// Invariant violations.
@@ -433,8 +443,8 @@ impl fmt::Display for RoundReport {
             f,
             "seed={:#018x} kafka={} tv={} {} {} {} faults=[{}] events={} snapshots={} outputs={} \
              outputs-lost={} outputs-duplicated={} reported={} restarts={} \
-             exits={} fence-exits={} rebalances={} recovered-in-place={} rejoins={} anomalies={} \
-             infra={} {:.1}s",
+             exits={} fence-exits={} rebalances={} recovered-in-place={} rejoins={} disk-resumed={} \
+             disk-fallbacks={} anomalies={} infra={} {:.1}s",
             self.plan.seed,
             self.broker,
             self.transaction_version,
@@ -464,6 +474,8 @@ impl fmt::Display for RoundReport {
             self.rebalances,
             self.fences_recovered,
             self.rejoins,
+            self.disk_resumed,
+            self.disk_fallbacks,
             self.anomalies.len(),
             self.infra.len(),
             self.elapsed.as_secs_f64()
@@ -584,6 +596,8 @@ pub async fn run_round(
         rebalances: 0,
         fences_recovered: 0,
         rejoins: 0,
+        disk_resumed: 0,
+        disk_fallbacks: 0,
         compacted: 0,
         anomalies: Vec::new(),
         infra: Vec::new(),
@@ -634,6 +648,10 @@ struct Round<'a> {
     /// Members that exited on their own, and those that exited on a fence.
     exits: usize,
     fence_exits: Vec<String>,
+    /// Each member's data directory, by pid ([`CampaignConfig::state_dirs`]).
+    dirs: HashMap<u32, std::path::PathBuf>,
+    /// This round's directory under [`CampaignConfig::state_dirs`].
+    round_dir: Option<std::path::PathBuf>,
 }
 
 impl<'a> Round<'a> {
@@ -713,17 +731,31 @@ impl<'a> Round<'a> {
             killed: HashSet::new(),
             exits: 0,
             fence_exits: Vec::new(),
+            dirs: HashMap::new(),
+            round_dir: cfg.state_dirs.as_ref().map(|d| d.join(unique("round"))),
         })
     }
 
     /// Starts a member with a fault proxy of its own in front of every broker.
     async fn spawn_member(&mut self) -> Result<(), String> {
-        self.spawn_member_via(None).await
+        self.spawn_member_via(None, None).await
     }
 
     /// Starts a member through `proxy` (a new one when `None`).
-    async fn spawn_member_via(&mut self, proxy: Option<Arc<FaultProxy>>) -> Result<(), String> {
+    /// On `dir` (a gone member's) when given, else on a new directory when the round keeps state on
+    /// disk.
+    async fn spawn_member_via(
+        &mut self,
+        proxy: Option<Arc<FaultProxy>>,
+        dir: Option<std::path::PathBuf>,
+    ) -> Result<(), String> {
         let mut args = self.args.clone();
+        let dir = match (&self.round_dir, dir) {
+            (Some(_), Some(dir)) => Some(dir),
+            (Some(round), None) => Some(round.join(format!("m{}", self.spawned))),
+            (None, _) => None,
+        };
+        args.state_dir = dir.clone();
         let proxy = match proxy {
             Some(p) => Some(p),
             None if self.brokers.is_empty() => None,
@@ -753,6 +785,9 @@ impl<'a> Round<'a> {
             .map_err(|e| format!("start member: {e}"))?;
         if let Some(p) = proxy {
             self.proxies.insert(m.pid(), p);
+        }
+        if let Some(dir) = dir {
+            self.dirs.insert(m.pid(), dir);
         }
         self.members.push(m);
         self.spawned += 1;
@@ -784,7 +819,8 @@ impl<'a> Round<'a> {
                 self.gone.push(log);
                 self.members.swap_remove(i);
                 let proxy = self.proxies.get(&pid).cloned();
-                if let Err(e) = self.spawn_member_via(proxy).await {
+                let dir = self.dirs.remove(&pid);
+                if let Err(e) = self.spawn_member_via(proxy, dir).await {
                     notes.push(e);
                 }
                 continue;
@@ -1234,7 +1270,8 @@ impl<'a> Round<'a> {
                     let m = self.members.swap_remove(i);
                     let proxy = self.proxy_of(pid);
                     self.gone.push(close_member(m));
-                    if let Err(e) = self.spawn_member_via(proxy).await {
+                    let dir = self.dirs.remove(&pid);
+                    if let Err(e) = self.spawn_member_via(proxy, dir).await {
                         notes.push(e);
                     }
                 }
@@ -1413,6 +1450,8 @@ impl<'a> Round<'a> {
             report.fences_recovered += log.stats[0];
             report.rejoins += log.stats[2];
             report.rebalances += log.stats[3];
+            report.disk_resumed += log.disk[0];
+            report.disk_fallbacks += log.disk[1];
         }
         for (pid, p) in &self.proxies {
             if let Err(e) = p.check() {
@@ -1721,6 +1760,9 @@ impl<'a> Round<'a> {
         }
         for t in [&self.args.input, &self.args.snapshots] {
             let _ = snapfence::admin::delete_topic(&self.client, t).await;
+        }
+        if let Some(dir) = &self.round_dir {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
@@ -2256,6 +2298,8 @@ mod tests {
             rebalances: 0,
             fences_recovered: 0,
             rejoins: 0,
+            disk_resumed: 0,
+            disk_fallbacks: 0,
             compacted: 0,
             anomalies: vec![],
             infra: vec![],

@@ -13,6 +13,7 @@
 //! | `persisted MICROS` | that flush succeeded after MICROS microseconds |
 //! | `committed KEY COUNT HASH` | that key's snapshot with this tally was committed by the flush |
 //! | `stats FENCES REACQUIRED REJOINS REBALANCES` | its [`FlowStats`] changed to these |
+//! | `disk RESUMED FALLBACKS READ` | its on-disk state's acquisitions changed: resumed from a checkpoint, read whole for a reason other than a missing image, records read |
 //! | `failed fenced=B producer_fenced=B ERROR` | persist, commit or poll failed; the process exits with status 2 |
 //! | `stopped` | its stdin closed; it flushed, committed and exits with status 0 |
 //! | `tasks N` | every 5 s: the tasks alive on its runtime (for the soak's leak check) |
@@ -405,6 +406,7 @@ async fn drive<F: Fold<State = Tally>>(
     let mut last_persist = Instant::now();
     let mut last_commit = Instant::now();
     let mut stats = FlowStats::default();
+    let mut disk = snapfence::snapshot::DiskStats::default();
     let mut last_tasks: Option<Instant> = None;
     loop {
         let stopping = stop.load(Ordering::SeqCst);
@@ -480,6 +482,20 @@ async fn drive<F: Fold<State = Tally>>(
                 stats.fences_recovered, stats.reacquisitions, stats.rejoins, stats.rebalance_events
             ));
         }
+        let now_disk = flow.disk_stats();
+        if now_disk != disk {
+            disk = now_disk;
+            let fallbacks: u64 = disk
+                .fallbacks
+                .iter()
+                .filter(|(why, _)| **why != "no_checkpoint")
+                .map(|(_, n)| n)
+                .sum();
+            say(format!(
+                "disk {} {} {}",
+                disk.resumed, fallbacks, disk.records_read
+            ));
+        }
         let now_held = flow.partitions();
         if now_held != held {
             held = now_held;
@@ -545,6 +561,9 @@ pub struct MemberLog {
     pub failure: Option<String>,
     /// Its last `stats` line: fences recovered in place, reacquisitions, rejoins, rebalance events.
     pub stats: [u64; 4],
+    /// Its last `disk` line: acquisitions resumed from a checkpoint, fall-backs other than a missing
+    /// image, records read into images.
+    pub disk: [u64; 3],
     /// Said `stopped`.
     pub stopped: bool,
     /// Its stdout closed (it exited or was killed).
@@ -585,6 +604,11 @@ impl MemberLog {
             Some("failed") => self.failure = Some(line.to_owned()),
             Some("stats") => {
                 for (slot, w) in self.stats.iter_mut().zip(words) {
+                    *slot = w.parse().unwrap_or(*slot);
+                }
+            }
+            Some("disk") => {
+                for (slot, w) in self.disk.iter_mut().zip(words) {
                     *slot = w.parse().unwrap_or(*slot);
                 }
             }

@@ -244,3 +244,47 @@ async fn postgres_store_rounds_are_clean() {
         "unfenced, the row checker must catch the zombie's stale rows"
     );
 }
+
+/// Members keep their state on disk and restart on their data directories (a supervisor's restart, a
+/// restart storm, a kill inside a transaction), under the faults that threaten a local image: unknown
+/// outcomes, leader restarts, compaction that removes tombstones, zombies. Every round is checked against
+/// a fold of all input like any other: no anomaly, no harness trouble, and images were resumed from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_state_rounds_are_clean() {
+    use FaultKind::*;
+    let mut cfg = config(true);
+    let dirs = std::env::temp_dir().join(protocol_tests::unique("campaign-state"));
+    cfg.state_dirs = Some(dirs.clone());
+    let kafka = dedicated(campaign_spec(2)).await;
+    let mut resumed = 0;
+    for p in [
+        plan(
+            0xd15c_0001,
+            false,
+            true,
+            &[RestartStorm, KillMidTxn, Compaction, UnknownOutcome],
+        ),
+        plan(
+            0xd15c_0002,
+            true,
+            false,
+            &[Zombie, LeaderRestart, RestartStorm, Rebalance],
+        ),
+    ] {
+        let r = run_round(&kafka, &cfg, &p).await;
+        show(&r);
+        assert!(
+            r.anomalies.is_empty() && r.infra.is_empty(),
+            "disk-state round {r}: {:?} {:?}",
+            r.anomalies,
+            r.infra
+        );
+        assert!(
+            r.events > 0 && r.snapshots_read > 0,
+            "round {r} did nothing"
+        );
+        resumed += r.disk_resumed;
+    }
+    let _ = std::fs::remove_dir_all(&dirs);
+    assert!(resumed >= 1, "no member resumed from its image");
+}
