@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p protocol-tests --example fault-campaign -- --rounds 200 [--seed N] [--tv 2|1|both]
 //! [--legs 4.4-tv2,4.4-tv1,4.2,3.9] [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,KIND]
-//! [--postgres] [--verbose]`
+//! [--postgres] [--disk-state] [--verbose]`
 //!
 //! Starts a three-node cluster per transaction version (`--tv both`, the default, alternates rounds between
 //! a TV2 and a TV1 cluster of Kafka 4.4) or per leg named by `--legs` (Kafka 4.4 at either transaction
@@ -18,6 +18,8 @@
 //! PostgreSQL server, turns two-phase commit on in the clusters, allows only the 4.4-tv2 leg (2PC needs
 //! InitProducerId v6 and transaction version 2), and by default draws every fault kind but the two that
 //! act on the snapshot topic (foreign-txn, compaction).
+//! `--disk-state` runs the members with their state on disk (`StateConfig::Disk`), each in a directory
+//! of its own under the temporary directory, taken over by whoever restarts in its place.
 //! Members are this same executable run as `fault-campaign member ...` (examples have no sibling binaries).
 
 use std::io::Write as _;
@@ -43,6 +45,7 @@ fn main() {
     let mut parallel = 1u64;
     let mut kinds = Vec::new();
     let mut postgres = false;
+    let mut disk_state = false;
     let mut it = argv.iter();
     while let Some(a) = it.next() {
         let mut value = || {
@@ -76,6 +79,7 @@ fn main() {
             "--unfenced" => transactional = false,
             "--verbose" => verbose = true,
             "--postgres" => postgres = true,
+            "--disk-state" => disk_state = true,
             "--faults" => {
                 for name in value().split(',') {
                     kinds.push(
@@ -142,6 +146,9 @@ fn main() {
     );
     cfg.transactional = transactional;
     cfg.postgres = pg_server.as_ref().map(|s| s.url());
+    let state_dirs =
+        disk_state.then(|| std::env::temp_dir().join(protocol_tests::unique("campaign-state")));
+    cfg.state_dirs = state_dirs.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -238,6 +245,14 @@ fn main() {
             }
         }
     });
+    if let Some(dir) = &state_dirs {
+        let _ = std::fs::remove_dir_all(dir);
+        let resumed: u64 = reports.iter().map(|r| r.disk_resumed).sum();
+        let fell_back: u64 = reports.iter().map(|r| r.disk_fallbacks).sum();
+        println!(
+            "disk state: {resumed} acquisitions resumed from an image, {fell_back} read whole"
+        );
+    }
     println!(
         "\ncampaign seed={seed} done in {:.0}s\n{}",
         began.elapsed().as_secs_f64(),
@@ -266,7 +281,7 @@ fn number(text: &str) -> u64 {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "fault-campaign: {problem}\nusage: fault-campaign [--rounds N] [--seed N] [--tv 2|1|both] [--legs LIST] \
-         [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,...] [--postgres] [--verbose]"
+         [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,...] [--postgres] [--disk-state] [--verbose]"
     );
     std::process::exit(2)
 }
