@@ -734,3 +734,104 @@ fn dir_bytes(dir: &Path) -> u64 {
     }
     total
 }
+
+/// Warm takeovers: a member that gives a partition up keeps following its snapshots into its image
+/// (`DiskState::warm_for`), so when the partition comes back (the other member leaves, as in a rolling
+/// deploy) it reads almost nothing: what the other member wrote was followed while it was away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_that_comes_back_is_taken_over_from_the_tail() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::new(&kafka, 2, &[]).await;
+    let (dir_a, dir_b) = (w.dir("warm-a"), w.dir("warm-b"));
+    w.emit(0..40, 2, "a").await;
+    let warm = |dir: &Path| {
+        let mut c = w.config(&w.group, dir, 1);
+        let mut disk = DiskState::new(dir, 1);
+        disk.warm_for = Duration::from_secs(120);
+        disk.warm_every = Duration::from_millis(200);
+        c.state = StateConfig::Disk(disk);
+        c
+    };
+    let caught_up = |w: &World, flow: &Flow<Counter>, partitions: &[i32]| {
+        partitions.iter().all(|p| {
+            let end = w.per_partition.get(p).copied().unwrap_or(0);
+            flow.position(*p).is_some_and(|at| at >= end)
+        })
+    };
+
+    let mut a = Flow::start(w.client.clone(), warm(&dir_a), Counter)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(a.partitions() == [0, 1] && caught_up(&w, &a, &[0, 1])) {
+        assert!(
+            Instant::now() < deadline,
+            "the first member never caught up"
+        );
+        a.poll_once(Duration::from_millis(100)).await.unwrap();
+    }
+    a.persist().await.unwrap();
+    a.commit().await.unwrap();
+    // The first member runs on its own from here, persisting and committing as it goes.
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            while !stop.load(Ordering::SeqCst) {
+                a.poll_once(Duration::from_millis(100)).await.unwrap();
+                a.persist().await.unwrap();
+                a.commit().await.unwrap();
+            }
+            a
+        }
+    });
+
+    // A second member joins and takes one partition over; it folds a thousand keys' events there.
+    let mut b = Flow::start(w.client.clone(), warm(&dir_b), Counter)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.partitions().len() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the second member never got a partition"
+        );
+        b.poll_once(Duration::from_millis(100)).await.unwrap();
+    }
+    let moved = b.partitions()[0];
+    w.emit(1_000..3_000, 1, "b").await;
+    while !caught_up(&w, &b, &[moved]) {
+        assert!(
+            Instant::now() < deadline,
+            "the second member never caught up"
+        );
+        b.poll_once(Duration::from_millis(100)).await.unwrap();
+    }
+    b.persist().await.unwrap();
+    b.commit().await.unwrap();
+    // The first member's follower reads those snapshots while the second member still holds them.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.close().await.unwrap();
+
+    // The partition comes back to the first member.
+    stop.store(true, Ordering::SeqCst);
+    let mut a = running.await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(a.partitions() == [0, 1] && caught_up(&w, &a, &[0, 1])) {
+        assert!(Instant::now() < deadline, "the partition never came back");
+        a.poll_once(Duration::from_millis(100)).await.unwrap();
+    }
+    let stats = a.disk_stats();
+    let held: Held = [0, 1]
+        .into_iter()
+        .map(|p| (p, a.state(p).unwrap_or_default()))
+        .collect();
+    w.assert_folds_all(&held);
+    // The thousand snapshots of the moved partition were followed, not read at the takeover.
+    assert!(stats.followed_records >= 1_000, "{stats:?}");
+    assert!(stats.records_read < 100, "{stats:?}");
+    assert_eq!(stats.follow_failures, 0, "{stats:?}");
+    a.close().await.unwrap();
+}

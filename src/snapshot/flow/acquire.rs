@@ -344,6 +344,7 @@ impl<F: Fold> Shared<F> {
                 let super::StateConfig::Disk(disk) = &self.config.state else {
                     unreachable!("matched above")
                 };
+                super::local::stop_following(self, tp.partition).await;
                 super::local::open_partition_image(self, disk, tp).await?
             }
             _ => self.read_snapshot_log(tp).await?,

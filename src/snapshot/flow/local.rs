@@ -38,6 +38,14 @@ pub struct DiskState {
     pub state_version: u32,
     /// The block cache of each partition's store, bytes. Default 8 MiB.
     pub cache_bytes: u64,
+    /// Warm takeovers: for this long after the member gives a partition up (revoked or lost), it keeps
+    /// following the partition's snapshots, read_committed, into its image, so that the partition,
+    /// should it come back (a rolling deploy moves partitions away and back), is taken over from near
+    /// the tail. Zero (the default) follows no partition; the image is then brought up to date once,
+    /// when the partition is released with a flush.
+    pub warm_for: std::time::Duration,
+    /// How often a followed partition's image is brought up to date. Default 1 s.
+    pub warm_every: std::time::Duration,
 }
 
 impl DiskState {
@@ -47,6 +55,8 @@ impl DiskState {
             dir: dir.into(),
             state_version,
             cache_bytes: 8 << 20,
+            warm_for: std::time::Duration::ZERO,
+            warm_every: std::time::Duration::from_secs(1),
         }
     }
 }
@@ -62,12 +72,20 @@ pub struct DiskStats {
     /// `snapfence_state_fallbacks_total`: `no_checkpoint`, `corrupt`, `identity`, `ahead_of_log`,
     /// `log_start_passed`, `diverged`, `too_old`).
     pub fallbacks: std::collections::BTreeMap<&'static str, u64>,
-    /// Snapshot records read into images.
+    /// Snapshot records read into images at acquisitions.
     pub records_read: u64,
+    /// Snapshot records read into the images of partitions this member gave up: at their release, and
+    /// by warm followers ([`DiskState::warm_for`]).
+    pub followed_records: u64,
+    /// Times a followed partition's image could not be brought up to date (the next try, or the next
+    /// acquisition, reads on from its checkpoint).
+    pub follow_failures: u64,
 }
 
 #[cfg(feature = "disk-state")]
-pub(super) use self::disk::{catch_up_images, open_partition_image};
+pub(super) use self::disk::{
+    catch_up_images, follow_released, open_partition_image, stop_following, stop_following_all,
+};
 
 #[cfg(feature = "disk-state")]
 mod disk {
@@ -92,6 +110,79 @@ mod disk {
     /// The topic's `delete.retention.ms` when the broker reports none: Kafka's default, one day.
     const DEFAULT_DELETE_RETENTION_MS: i64 = 86_400_000;
 
+    /// Why an image is brought up to date.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Read {
+        /// The partition is being taken over.
+        Acquire,
+        /// The member gave the partition up and follows it.
+        Follow,
+    }
+
+    /// Starts following `partitions`, just released, for [`DiskState::warm_for`]: a task per partition
+    /// brings its image up to date at once and then every [`DiskState::warm_every`]. An acquisition of
+    /// the partition stops its task first ([`stop_following`]), and so does the flow's end. A failed
+    /// catch-up is logged and counted (`DiskStats::follow_failures`) and the task goes on; a task that
+    /// panics or is cancelled is logged and counted the same way, and the partition is simply no longer
+    /// followed: nothing waits on these tasks.
+    pub(in super::super) fn follow_released<F: Fold>(
+        shared: &Arc<Shared<F>>,
+        disk: &DiskState,
+        partitions: &[i32],
+    ) {
+        let until = tokio::time::Instant::now() + disk.warm_for;
+        let mut warm = lock(&shared.warm);
+        for &partition in partitions {
+            let task = {
+                let shared = Arc::clone(shared);
+                let disk = disk.clone();
+                async move {
+                    loop {
+                        catch_up_images(&shared, &disk, &[partition]).await;
+                        if tokio::time::Instant::now() + disk.warm_every >= until {
+                            break;
+                        }
+                        tokio::time::sleep(disk.warm_every).await;
+                    }
+                }
+            };
+            let report = {
+                let shared = Arc::downgrade(shared);
+                move |failure: crate::supervise::Failure| {
+                    if failure == crate::supervise::Failure::Cancelled {
+                        // Stopped for an acquisition or the flow's end: what it is for.
+                        return;
+                    }
+                    tracing::warn!(partition, %failure, "a warm follower of a released partition ended");
+                    if let Some(shared) = shared.upgrade() {
+                        disk_stats(&shared).follow_failures += 1;
+                    }
+                }
+            };
+            if let Some(old) = warm.insert(partition, crate::supervise::spawn(task, report)) {
+                old.abort();
+            }
+        }
+    }
+
+    /// Stops following `partition` (before it is acquired: its image is then free to open) and waits
+    /// until the follower has let go of the image.
+    pub(in super::super) async fn stop_following<F: Fold>(shared: &Shared<F>, partition: i32) {
+        let task = lock(&shared.warm).remove(&partition);
+        if let Some(task) = task {
+            task.abort();
+            // Aborted or finished; either way the image is closed once the task is gone.
+            let _ = task.await;
+        }
+    }
+
+    /// Stops every follower (the flow ends), without waiting.
+    pub(in super::super) fn stop_following_all<F: Fold>(shared: &Shared<F>) {
+        for (_, task) in lock(&shared.warm).drain() {
+            task.abort();
+        }
+    }
+
     /// The partition's directory under `dir`.
     fn partition_dir(disk: &DiskState, topic: &str, partition: i32) -> std::path::PathBuf {
         disk.dir.join(format!("{topic}-{partition}"))
@@ -107,7 +198,7 @@ mod disk {
         let partition = tp.partition;
         let dir = partition_dir(disk, &shared.config.snapshots.snapshot_topic, partition);
         let read = |shared, disk| async move {
-            let image = bring_up_to_date(shared, disk, partition).await?;
+            let image = bring_up_to_date(shared, disk, partition, Read::Acquire).await?;
             image.entries().map_err(|e| FlowError::State {
                 partition,
                 source: Arc::new(e),
@@ -165,7 +256,8 @@ mod disk {
         partitions: &[i32],
     ) {
         for &partition in partitions {
-            if let Err(e) = bring_up_to_date(shared, disk, partition).await {
+            if let Err(e) = bring_up_to_date(shared, disk, partition, Read::Follow).await {
+                disk_stats(shared).follow_failures += 1;
                 tracing::warn!(partition, error = %e, "the on-disk state was not brought up to date on release");
             }
         }
@@ -178,6 +270,7 @@ mod disk {
         shared: &Shared<F>,
         disk: &DiskState,
         partition: i32,
+        read: Read,
     ) -> Result<PartitionImage, FlowError> {
         let topic = shared.config.snapshots.snapshot_topic.clone();
         let snapshot_tp = TopicPartition::new(topic.clone(), partition);
@@ -273,7 +366,10 @@ mod disk {
             (_, Some(e)) => return Err(state_err(e)),
             (stats, None) => stats?,
         };
-        disk_stats(shared).records_read += stats.records;
+        match read {
+            Read::Acquire => disk_stats(shared).records_read += stats.records,
+            Read::Follow => disk_stats(shared).followed_records += stats.records,
+        }
         // The checkpoint: where the read ended, under the leader epoch now (at or above the epoch of
         // every record read), and the clock read before the read's target was taken.
         let (_, epoch) = offset_and_epoch(

@@ -500,6 +500,8 @@ impl<F: Fold> Flow<F> {
             ready_partitions: AtomicUsize::new(0),
             input_partitions: AtomicI32::new(input_partitions),
             disk_stats: Mutex::new(DiskStats::default()),
+            #[cfg(feature = "disk-state")]
+            warm: Mutex::new(HashMap::new()),
         });
         crate::telemetry::flow_readiness(&config.consumer.group.group_id, false, 0);
         let consumer = GroupConsumer::subscribe(

@@ -50,6 +50,9 @@ pub(super) struct Shared<F: Fold> {
     pub(super) input_partitions: AtomicI32,
     /// What the on-disk state did (`StateConfig::Disk`).
     pub(super) disk_stats: Mutex<super::DiskStats>,
+    /// The warm followers of released partitions, by partition (`DiskState::warm_for`).
+    #[cfg(feature = "disk-state")]
+    pub(super) warm: Mutex<HashMap<i32, tokio::task::JoinHandle<()>>>,
 }
 
 /// The flow's readiness as published to handles.
@@ -67,6 +70,8 @@ pub(super) struct MarkClosed<F: Fold>(pub(super) Arc<Shared<F>>);
 
 impl<F: Fold> Drop for MarkClosed<F> {
     fn drop(&mut self) {
+        #[cfg(feature = "disk-state")]
+        super::local::stop_following_all(&self.0);
         self.0.ready.send_replace(ReadyState::Closed);
         crate::telemetry::flow_readiness(&self.0.config.consumer.group.group_id, false, 0);
     }
@@ -276,8 +281,11 @@ impl<F: Fold> Shared<F> {
         close_lanes(lanes).await;
         #[cfg(feature = "disk-state")]
         if let (true, super::StateConfig::Disk(disk)) = (flush, &self.config.state) {
-            let released: Vec<i32> = partitions.iter().map(|tp| tp.partition).collect();
-            super::local::catch_up_images(self, disk, &released).await;
+            // Warm followers bring the images up to date on their own, right away.
+            if disk.warm_for.is_zero() {
+                let released: Vec<i32> = partitions.iter().map(|tp| tp.partition).collect();
+                super::local::catch_up_images(self, disk, &released).await;
+            }
         }
     }
 }
@@ -418,6 +426,7 @@ impl<F: Fold> RebalanceListener for Listener<F> {
         self.0.fence().handle_rebalance();
         self.0.unassign(partitions);
         self.0.release(partitions, true).await;
+        self.follow(partitions);
     }
 
     /// Lost (evicted or fenced): another member may own these already; writing would be fenced (or, in the
@@ -431,5 +440,21 @@ impl<F: Fold> RebalanceListener for Listener<F> {
         self.0.fence().handle_rebalance();
         self.0.unassign(partitions);
         self.0.release(partitions, false).await;
+        self.follow(partitions);
+    }
+}
+
+impl<F: Fold> Listener<F> {
+    /// Warm takeovers: keeps following the partitions just given up (`DiskState::warm_for`).
+    fn follow(&self, partitions: &[TopicPartition]) {
+        #[cfg(feature = "disk-state")]
+        if let super::StateConfig::Disk(disk) = &self.0.config.state {
+            if !disk.warm_for.is_zero() {
+                let released: Vec<i32> = partitions.iter().map(|tp| tp.partition).collect();
+                super::local::follow_released(&self.0, disk, &released);
+            }
+        }
+        #[cfg(not(feature = "disk-state"))]
+        let _ = partitions;
     }
 }
