@@ -835,3 +835,129 @@ async fn a_partition_that_comes_back_is_taken_over_from_the_tail() {
     assert_eq!(stats.follow_failures, 0, "{stats:?}");
     a.close().await.unwrap();
 }
+
+/// A member driven on its own task: polls, persists and commits until told to stop, then hands the
+/// flow back.
+struct Running {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Flow<Counter>>,
+}
+
+impl Running {
+    async fn start(w: &World, config: FlowConfig) -> Running {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mut flow = Flow::start(w.client.clone(), config, Counter)
+            .await
+            .unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let stop = std::sync::Arc::clone(&stop);
+            async move {
+                while !stop.load(Ordering::SeqCst) {
+                    flow.poll_once(Duration::from_millis(100)).await.unwrap();
+                    flow.persist().await.unwrap();
+                    flow.commit().await.unwrap();
+                }
+                flow
+            }
+        });
+        Running { stop, task }
+    }
+
+    async fn stop(self) -> Flow<Counter> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await.unwrap()
+    }
+}
+
+/// A rolling restart of three members on their data directories, with warm takeovers and events
+/// flowing: each member in turn closes and starts again on its directory. Every member resumes
+/// partitions from its images, followed partitions are read while away, nothing is read whole for a
+/// reason other than a missing image, and at the end the members' states are the fold of all input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_three_members_with_warm_takeovers() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::new(&kafka, 6, &[]).await;
+    let dirs: Vec<PathBuf> = (0..3).map(|i| w.dir(&format!("rolling{i}"))).collect();
+    let config = |w: &World, dir: &Path| {
+        let mut c = w.config(&w.group, dir, 1);
+        let mut disk = DiskState::new(dir, 1);
+        disk.warm_for = Duration::from_secs(300);
+        disk.warm_every = Duration::from_millis(300);
+        c.state = StateConfig::Disk(disk);
+        c
+    };
+    w.emit(0..120, 2, "a").await;
+    let mut members = Vec::new();
+    for dir in &dirs {
+        members.push(Some(Running::start(&w, config(&w, dir)).await));
+        w.emit(0..120, 1, "join").await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let mut totals = DiskStats::default();
+    let mut add = |s: &DiskStats| {
+        totals.resumed += s.resumed;
+        totals.records_read += s.records_read;
+        totals.followed_records += s.followed_records;
+        totals.follow_failures += s.follow_failures;
+        for (why, n) in &s.fallbacks {
+            *totals.fallbacks.entry(why).or_default() += n;
+        }
+    };
+    for round in 0..1 {
+        for i in 0..3 {
+            let flow = members[i].take().unwrap().stop().await;
+            add(&flow.disk_stats());
+            flow.close().await.unwrap();
+            w.emit(0..120, 1, &format!("away{round}-{i}")).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            members[i] = Some(Running::start(&w, config(&w, &dirs[i])).await);
+            w.emit(0..120, 1, &format!("back{round}-{i}")).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+    // Settle: every partition held by someone and caught up; then stop everyone.
+    let mut flows = Vec::new();
+    for m in members.iter_mut() {
+        flows.push(m.take().unwrap().stop().await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for f in flows.iter_mut() {
+            f.poll_once(Duration::from_millis(50)).await.unwrap();
+        }
+        let held: Vec<i32> = flows.iter().flat_map(|f| f.partitions()).collect();
+        let settled = (0..6).all(|p| {
+            let end = w.per_partition.get(&p).copied().unwrap_or(0);
+            flows
+                .iter()
+                .any(|f| f.position(p).is_some_and(|at| at >= end))
+        });
+        if held.len() == 6 && settled {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the members never settled: {held:?}"
+        );
+    }
+    let mut held: Held = HashMap::new();
+    for f in &flows {
+        for p in f.partitions() {
+            held.insert(p, f.state(p).unwrap_or_default());
+        }
+        add(&f.disk_stats());
+    }
+    w.assert_folds_all(&held);
+    for f in flows {
+        f.close().await.unwrap();
+    }
+    eprintln!("rolling restart: {totals:?}");
+    assert!(totals.resumed >= 6, "{totals:?}");
+    assert!(totals.followed_records > 0, "{totals:?}");
+    assert_eq!(totals.follow_failures, 0, "{totals:?}");
+    assert!(
+        totals.fallbacks.keys().all(|why| *why == "no_checkpoint"),
+        "{totals:?}"
+    );
+}
