@@ -421,7 +421,15 @@ impl<F: Fold> Shared<F> {
     /// The recovery read of the partition's snapshot topic partition, through the flow's shared reader.
     async fn read_snapshot_log(&self, tp: &TopicPartition) -> Result<RecoveredState, FlowError> {
         let mut log = self.recovery_reads.log(tp.partition);
-        let recovery = RecoveryConfig {
+        let recovery = self.recovery_config();
+        let (recovered, _stats) = recover(&mut log, tp.partition, &recovery).await?;
+        Ok(recovered)
+    }
+
+    /// How the flow's recovery reads behave: the stall deadline only in the fenced modes (see
+    /// [`RecoveryConfig::stall_timeout`]).
+    pub(super) fn recovery_config(&self) -> RecoveryConfig {
+        RecoveryConfig {
             stall_timeout: if self.sink.fenced() {
                 self.config.snapshots.recovery_stall_timeout
             } else {
@@ -429,8 +437,6 @@ impl<F: Fold> Shared<F> {
             },
             fetch_wait: self.config.recovery_fetch_wait,
             progress_every: self.config.recovery_progress_every,
-        };
-        let (recovered, _stats) = recover(&mut log, tp.partition, &recovery).await?;
-        Ok(recovered)
+        }
     }
 }

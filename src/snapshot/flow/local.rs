@@ -104,7 +104,7 @@ mod disk {
     use crate::snapshot::error::SnapshotError;
     use crate::snapshot::fold::Fold;
     use crate::snapshot::fold_core::{open_envelope, Opened};
-    use crate::snapshot::recovery::{read_from, RecoveryConfig};
+    use crate::snapshot::recovery::read_from;
     use crate::snapshot::state::RecoveredState;
 
     /// The topic's `delete.retention.ms` when the broker reports none: Kafka's default, one day.
@@ -322,15 +322,7 @@ mod disk {
         };
         let began = std::time::Instant::now();
         let mut log = shared.recovery_reads.log(partition);
-        let recovery = RecoveryConfig {
-            stall_timeout: if shared.sink.fenced() {
-                shared.config.snapshots.recovery_stall_timeout
-            } else {
-                None
-            },
-            fetch_wait: shared.config.recovery_fetch_wait,
-            progress_every: shared.config.recovery_progress_every,
-        };
+        let recovery = shared.recovery_config();
         let fold = &*shared.fold;
         // Each fetch's records are applied as one batch once the fetch is handed over; the checkpoint
         // moves only at the end, so a crash mid-read resumes from the previous one and applies the
