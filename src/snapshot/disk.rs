@@ -29,6 +29,7 @@ use bytes::Bytes;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use super::checkpoint::Checkpoint;
+use super::state::RecoveredState;
 
 /// The deadline stored for a key whose state has none.
 pub(crate) const NO_DEADLINE: i64 = i64::MIN;
@@ -151,8 +152,13 @@ impl PartitionImage {
         Ok(Some(Bytes::copy_from_slice(value)))
     }
 
-    /// Applies `puts` in order and, when given, moves the checkpoint, as one atomic batch, then syncs
-    /// the journal. A key put twice ends as its last put, as in the log.
+    /// Applies `puts` in order and, when given, moves the checkpoint, as one atomic batch; with `sync`,
+    /// then syncs the journal. A key put twice ends as its last put, as in the log.
+    ///
+    /// Writes only, no reads: a key's old entry in the deadline index is not looked up and removed
+    /// here (a point read per record would cost more than the read from the broker). An index entry
+    /// counts only while the key's stored deadline still equals it; [`due_by`](Self::due_by) and
+    /// [`next_deadline`](Self::next_deadline) skip the others and remove them as they pass.
     pub(crate) fn apply(
         &self,
         puts: &[Put],
@@ -160,20 +166,7 @@ impl PartitionImage {
         sync: bool,
     ) -> Result<(), StateError> {
         let mut batch = self.db.batch();
-        // A key's deadline may change several times in one batch: the index entry to remove is the
-        // one on disk before the batch, or the one this batch put last.
-        let mut latest: std::collections::HashMap<&[u8], i64> = Default::default();
         for put in puts {
-            let key = match put {
-                Put::Value { key, .. } | Put::Remove { key } => key,
-            };
-            let before = match latest.get(&key[..]) {
-                Some(d) => *d,
-                None => self.deadline_of(key)?,
-            };
-            if before != NO_DEADLINE {
-                batch.remove(&self.due, due_key(before, key));
-            }
             match put {
                 Put::Value {
                     key,
@@ -187,12 +180,8 @@ impl PartitionImage {
                     if *deadline != NO_DEADLINE {
                         batch.insert(&self.due, due_key(*deadline, key), b"");
                     }
-                    latest.insert(&key[..], *deadline);
                 }
-                Put::Remove { key } => {
-                    batch.remove(&self.snap, &key[..]);
-                    latest.insert(&key[..], NO_DEADLINE);
-                }
+                Put::Remove { key } => batch.remove(&self.snap, &key[..]),
             }
         }
         if let Some(c) = checkpoint {
@@ -210,7 +199,7 @@ impl PartitionImage {
     // Lazy loading and the timers of keys not in memory read these (issue 36, next step).
     #[cfg_attr(not(test), allow(dead_code))]
     /// The keys whose deadline is at or before `now`, earliest first, at most `limit` of them, with
-    /// their deadlines.
+    /// their deadlines. Index entries a later put superseded are skipped and removed.
     pub(crate) fn due_by(&self, now: i64, limit: usize) -> Result<Vec<(i64, Bytes)>, StateError> {
         let mut out = Vec::new();
         let end = order(now).checked_add(1);
@@ -218,30 +207,54 @@ impl PartitionImage {
             Some(end) => self.due.range(..end.to_be_bytes().to_vec()),
             None => self.due.iter(),
         };
+        let mut stale = self.db.batch();
         for guard in range {
             if out.len() == limit {
                 break;
             }
-            let key = guard.key().map_err(|e| self.failed(e))?;
-            let Some((deadline, k)) = split_due_key(&key) else {
-                return Err(self.corrupt("a deadline index entry shorter than its deadline"));
-            };
-            out.push((deadline, Bytes::copy_from_slice(k)));
+            let entry = guard.key().map_err(|e| self.failed(e))?;
+            match self.current(&entry)? {
+                Some((deadline, key)) => out.push((deadline, key)),
+                None => stale.remove(&self.due, entry),
+            }
         }
+        stale.commit().map_err(|e| self.failed(e))?;
         Ok(out)
     }
 
     // Lazy loading and the timers of keys not in memory read these (issue 36, next step).
     #[cfg_attr(not(test), allow(dead_code))]
-    /// The earliest deadline in the index.
+    /// The earliest deadline in the index. Index entries a later put superseded are skipped and
+    /// removed.
     pub(crate) fn next_deadline(&self) -> Result<Option<i64>, StateError> {
-        let Some(guard) = self.due.first_key_value() else {
-            return Ok(None);
+        let mut stale = self.db.batch();
+        let mut found = None;
+        for guard in self.due.iter() {
+            let entry = guard.key().map_err(|e| self.failed(e))?;
+            match self.current(&entry)? {
+                Some((deadline, _)) => {
+                    found = Some(deadline);
+                    break;
+                }
+                None => stale.remove(&self.due, entry),
+            }
+        }
+        stale.commit().map_err(|e| self.failed(e))?;
+        Ok(found)
+    }
+
+    /// A deadline index entry's deadline and key, when the key's stored deadline still equals it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    fn current(&self, entry: &[u8]) -> Result<Option<(i64, Bytes)>, StateError> {
+        let Some((deadline, key)) = split_due_key(entry) else {
+            return Err(self.corrupt("a deadline index entry shorter than its deadline"));
         };
-        let key = guard.key().map_err(|e| self.failed(e))?;
-        match split_due_key(&key) {
-            Some((deadline, _)) => Ok(Some(deadline)),
-            None => Err(self.corrupt("a deadline index entry shorter than its deadline")),
+        let stored = self.snap.get(key).map_err(|e| self.failed(e))?;
+        match stored {
+            Some(stored) if self.split(key, &stored)?.0 == deadline => {
+                Ok(Some((deadline, Bytes::copy_from_slice(key))))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -256,22 +269,15 @@ impl PartitionImage {
         Ok(())
     }
 
-    /// Every key with its snapshot value, in key order (a full scan: tests and tools).
-    pub(crate) fn entries(&self) -> Result<Vec<(Bytes, Bytes)>, StateError> {
-        let mut out = Vec::new();
+    /// Every key with its snapshot value (a full scan), copied once, into the recovered state's arena.
+    pub(crate) fn load_all(&self) -> Result<RecoveredState, StateError> {
+        let mut out = RecoveredState::new();
         for guard in self.snap.iter() {
             let (key, stored) = guard.into_inner().map_err(|e| self.failed(e))?;
             let (_, value) = self.split(&key, &stored)?;
-            out.push((Bytes::copy_from_slice(&key), Bytes::copy_from_slice(value)));
+            out.insert(&key[..], value);
         }
         Ok(out)
-    }
-
-    fn deadline_of(&self, key: &[u8]) -> Result<i64, StateError> {
-        match self.snap.get(key).map_err(|e| self.failed(e))? {
-            Some(stored) => Ok(self.split(key, &stored)?.0),
-            None => Ok(NO_DEADLINE),
-        }
     }
 
     fn split<'a>(&self, key: &[u8], stored: &'a [u8]) -> Result<(i64, &'a [u8]), StateError> {
@@ -422,11 +428,10 @@ mod tests {
         assert_eq!(image.get(b"a").unwrap().as_deref(), Some(&b"4"[..]));
         assert_eq!(image.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
         assert_eq!(image.get(b"zz").unwrap(), None);
-        let keys: Vec<Bytes> = image.entries().unwrap().into_iter().map(|e| e.0).collect();
-        assert_eq!(
-            keys,
-            ["a", "b", "c"].map(|k| Bytes::copy_from_slice(k.as_bytes()))
-        );
+        let all = image.load_all().unwrap();
+        let mut keys: Vec<&[u8]> = all.iter().map(|(k, _)| k).collect();
+        keys.sort();
+        assert_eq!(keys, [&b"a"[..], b"b", b"c"]);
         drop(image);
         remove_image(&dir).unwrap();
         assert!(!dir.exists());

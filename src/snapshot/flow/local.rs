@@ -199,13 +199,13 @@ mod disk {
         let dir = partition_dir(disk, &shared.config.snapshots.snapshot_topic, partition);
         let read = |shared, disk| async move {
             let image = bring_up_to_date(shared, disk, partition, Read::Acquire).await?;
-            image.entries().map_err(|e| FlowError::State {
+            image.load_all().map_err(|e| FlowError::State {
                 partition,
                 source: Arc::new(e),
             })
         };
         let corrupt = match read(shared, disk).await {
-            Ok(entries) => return Ok(entries.into_iter().collect()),
+            Ok(entries) => return Ok(entries),
             Err(FlowError::State { source, .. }) if source.is_corrupt() => source,
             Err(e) => return Err(e),
         };
@@ -221,8 +221,7 @@ mod disk {
             partition,
             source: Arc::new(e),
         })?;
-        let entries = read(shared, disk).await?;
-        Ok(entries.into_iter().collect())
+        read(shared, disk).await
     }
 
     /// Reports a fall-back to a full read: the metric, the flow's [`DiskStats`](super::DiskStats),
