@@ -113,7 +113,7 @@ pub struct FlowConfig {
     /// Where the per-key state lives: in memory, read whole from the snapshot partition at every
     /// acquisition (the default), or with the `disk-state` feature in an image per partition on local
     /// disk whose checkpoint lets an acquisition read only what was written since
-    /// ([`StateConfig::Disk`], docs/fencing.md "On-disk state"). The snapshot topic stays the truth
+    /// (`StateConfig::Disk`, docs/fencing.md "On-disk state"). The snapshot topic stays the truth
     /// either way: an image that cannot be trusted is discarded and the partition read whole. Not
     /// available on the PostgreSQL store.
     pub state: StateConfig,
