@@ -250,7 +250,7 @@ fn main() {
         let resumed: u64 = reports.iter().map(|r| r.disk_resumed).sum();
         let fell_back: u64 = reports.iter().map(|r| r.disk_fallbacks).sum();
         println!(
-            "disk state: {resumed} acquisitions resumed from an image, {fell_back} read whole"
+            "disk state: {resumed} image reads resumed from a checkpoint, {fell_back} read whole"
         );
     }
     println!(

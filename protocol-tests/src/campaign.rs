@@ -419,10 +419,10 @@ pub struct RoundReport {
     pub fences_recovered: u64,
     /// Times a member rejoined as a new one (evicted, or its producer fenced), summed.
     pub rejoins: u64,
-    /// Acquisitions that resumed from an on-disk image's checkpoint ([`CampaignConfig::state_dirs`]),
-    /// summed over the members.
+    /// Reads of an on-disk image that resumed from its checkpoint ([`CampaignConfig::state_dirs`]; at
+    /// acquisitions and at releases), summed over the members.
     pub disk_resumed: u64,
-    /// Acquisitions that discarded an existing image and read the partition whole, summed.
+    /// Reads that discarded an existing image and read the partition whole, summed.
     pub disk_fallbacks: u64,
     /// Compaction faults that saw the cleaner remove records from the snapshot topic before the kills.
     pub compacted: usize,

@@ -13,7 +13,7 @@
 //! | `persisted MICROS` | that flush succeeded after MICROS microseconds |
 //! | `committed KEY COUNT HASH` | that key's snapshot with this tally was committed by the flush |
 //! | `stats FENCES REACQUIRED REJOINS REBALANCES` | its [`FlowStats`] changed to these |
-//! | `disk RESUMED FALLBACKS READ` | its on-disk state's acquisitions changed: resumed from a checkpoint, read whole for a reason other than a missing image, records read |
+//! | `disk RESUMED FALLBACKS READ` | its on-disk state's [`DiskStats`](snapfence::snapshot::DiskStats) changed: image reads resumed from a checkpoint, images read whole for a reason other than a missing image, records read at acquisitions |
 //! | `failed fenced=B producer_fenced=B ERROR` | persist, commit or poll failed; the process exits with status 2 |
 //! | `stopped` | its stdin closed; it flushed, committed and exits with status 0 |
 //! | `tasks N` | every 5 s: the tasks alive on its runtime (for the soak's leak check) |
@@ -561,8 +561,8 @@ pub struct MemberLog {
     pub failure: Option<String>,
     /// Its last `stats` line: fences recovered in place, reacquisitions, rejoins, rebalance events.
     pub stats: [u64; 4],
-    /// Its last `disk` line: acquisitions resumed from a checkpoint, fall-backs other than a missing
-    /// image, records read into images.
+    /// Its last `disk` line: image reads resumed from a checkpoint, fall-backs other than a missing
+    /// image, records read at acquisitions.
     pub disk: [u64; 3],
     /// Said `stopped`.
     pub stopped: bool,

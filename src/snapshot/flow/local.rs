@@ -66,9 +66,11 @@ impl DiskState {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DiskStats {
-    /// Reads that resumed from an image's checkpoint.
+    /// Reads of an image that resumed from its checkpoint: at acquisitions, and when a partition given
+    /// up is brought up to date (at its release, and by warm followers).
     pub resumed: u64,
-    /// Reads that discarded the image and read the partition whole, by reason (the labels of
+    /// Reads of an image that discarded it and read the partition whole, at the same moments, by
+    /// reason (the labels of
     /// `snapfence_state_fallbacks_total`: `no_checkpoint`, `corrupt`, `identity`, `ahead_of_log`,
     /// `log_start_passed`, `diverged`, `too_old`).
     pub fallbacks: std::collections::BTreeMap<&'static str, u64>,
@@ -309,7 +311,7 @@ mod disk {
                     disk_stats(shared).resumed += 1;
                     (image, from)
                 }
-                None => unreachable_image(&dir)?,
+                None => return Err(unreachable_image(&dir, partition)),
             },
             Judgement::FullRead(why) => {
                 fell_back(shared, partition, &dir, &why);
@@ -392,15 +394,16 @@ mod disk {
         Ok(image)
     }
 
-    fn unreachable_image(dir: &std::path::Path) -> Result<(PartitionImage, i64), FlowError> {
-        // `judge` resumes only from a checkpoint, which only an open image yields.
-        Err(FlowError::State {
-            partition: -1,
+    /// `judge` resumes only from a checkpoint, which only an open image yields; should that ever not
+    /// hold, the acquisition fails rather than read from nowhere.
+    fn unreachable_image(dir: &std::path::Path, partition: i32) -> FlowError {
+        FlowError::State {
+            partition,
             source: Arc::new(StateError::Io {
                 dir: dir.to_path_buf(),
-                detail: "resumed without an open image".into(),
+                detail: "a checkpoint was judged without an open image".into(),
             }),
-        })
+        }
     }
 
     /// One record of the snapshot partition as a change of the image, with the deadline of its state
