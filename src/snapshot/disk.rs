@@ -66,17 +66,28 @@ impl StateError {
 }
 
 /// One change to the image: a key's committed snapshot (with the deadline of its state), or its
-/// removal (a tombstone).
+/// removal (a tombstone). A value is kept as it is stored ([`Put::value`]), so applying it copies
+/// nothing more.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Put {
     Value {
         key: Bytes,
-        value: Bytes,
-        deadline: i64,
+        /// The deadline (8 bytes), then the snapshot value.
+        stored: Vec<u8>,
     },
     Remove {
         key: Bytes,
     },
+}
+
+impl Put {
+    /// `key`'s committed snapshot `value`, whose state's deadline is `deadline` ([`NO_DEADLINE`]: none).
+    pub(crate) fn value(key: Bytes, value: &[u8], deadline: i64) -> Put {
+        let mut stored = Vec::with_capacity(8 + value.len());
+        stored.extend_from_slice(&deadline.to_be_bytes());
+        stored.extend_from_slice(value);
+        Put::Value { key, stored }
+    }
 }
 
 /// A partition's image, open.
@@ -161,25 +172,19 @@ impl PartitionImage {
     /// [`next_deadline`](Self::next_deadline) skip the others and remove them as they pass.
     pub(crate) fn apply(
         &self,
-        puts: &[Put],
+        puts: Vec<Put>,
         checkpoint: Option<&Checkpoint>,
         sync: bool,
     ) -> Result<(), StateError> {
         let mut batch = self.db.batch();
         for put in puts {
             match put {
-                Put::Value {
-                    key,
-                    value,
-                    deadline,
-                } => {
-                    let mut stored = Vec::with_capacity(8 + value.len());
-                    stored.extend_from_slice(&deadline.to_be_bytes());
-                    stored.extend_from_slice(value);
-                    batch.insert(&self.snap, &key[..], stored);
-                    if *deadline != NO_DEADLINE {
-                        batch.insert(&self.due, due_key(*deadline, key), b"");
+                Put::Value { key, stored } => {
+                    let deadline = self.split(&key, &stored)?.0;
+                    if deadline != NO_DEADLINE {
+                        batch.insert(&self.due, due_key(deadline, &key), b"");
                     }
+                    batch.insert(&self.snap, &key[..], stored);
                 }
                 Put::Remove { key } => batch.remove(&self.snap, &key[..]),
             }
@@ -378,11 +383,11 @@ mod tests {
     }
 
     fn value(key: &str, v: &str, deadline: i64) -> Put {
-        Put::Value {
-            key: Bytes::copy_from_slice(key.as_bytes()),
-            value: Bytes::copy_from_slice(v.as_bytes()),
+        Put::value(
+            Bytes::copy_from_slice(key.as_bytes()),
+            v.as_bytes(),
             deadline,
-        }
+        )
     }
 
     fn remove(key: &str) -> Put {
@@ -406,7 +411,7 @@ mod tests {
             assert_eq!(image.checkpoint().unwrap(), None);
             image
                 .apply(
-                    &[
+                    vec![
                         value("a", "1", NO_DEADLINE),
                         value("b", "2", 50),
                         remove("a"),
@@ -417,7 +422,7 @@ mod tests {
                 .unwrap();
             image
                 .apply(
-                    &[value("c", "3", 20), value("a", "4", NO_DEADLINE)],
+                    vec![value("c", "3", 20), value("a", "4", NO_DEADLINE)],
                     None,
                     true,
                 )
@@ -444,7 +449,7 @@ mod tests {
         // Negative deadlines sort before positive ones; a key's deadline moves twice in one batch.
         image
             .apply(
-                &[
+                vec![
                     value("late", "x", 900),
                     value("early", "x", -5),
                     value("moved", "x", 10),
@@ -457,7 +462,7 @@ mod tests {
             .unwrap();
         image
             .apply(
-                &[remove("gone"), value("late", "z", NO_DEADLINE)],
+                vec![remove("gone"), value("late", "z", NO_DEADLINE)],
                 None,
                 true,
             )
@@ -478,7 +483,7 @@ mod tests {
         assert_eq!(due(700, 1), [(-5, "early".to_string())]);
         assert_eq!(image.next_deadline().unwrap(), Some(-5));
         image
-            .apply(&[remove("early"), remove("moved")], None, true)
+            .apply(vec![remove("early"), remove("moved")], None, true)
             .unwrap();
         assert_eq!(image.next_deadline().unwrap(), None);
         drop(image);
@@ -502,7 +507,7 @@ mod tests {
                     )
                 })
                 .collect();
-            image.apply(&puts, Some(&checkpoint(keys)), true).unwrap();
+            image.apply(puts, Some(&checkpoint(keys)), true).unwrap();
             image.snap.rotate_memtable_and_wait().unwrap();
         }
         let tables = table_files(&dir);

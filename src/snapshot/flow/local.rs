@@ -342,7 +342,7 @@ mod disk {
                 |key, value| lock(puts).push(put_of(fold, key, value)),
                 |_position| {
                     let batch = std::mem::take(&mut *lock(puts));
-                    match image.apply(&batch, None, false) {
+                    match image.apply(batch, None, false) {
                         Ok(()) => Ok(()),
                         Err(e) => {
                             *failed = Some(e);
@@ -380,7 +380,7 @@ mod disk {
             time_ms: read_began_ms,
         };
         image
-            .apply(&[], Some(&checkpoint), true)
+            .apply(Vec::new(), Some(&checkpoint), true)
             .map_err(state_err)?;
         image.flush().map_err(state_err)?;
         tracing::info!(
@@ -422,11 +422,7 @@ mod disk {
                 .unwrap_or(NO_DEADLINE),
             _ => NO_DEADLINE,
         };
-        Put::Value {
-            key,
-            value: Bytes::copy_from_slice(value),
-            deadline,
-        }
+        Put::value(key, value, deadline)
     }
 
     /// What this acquisition's checkpoint must belong to.
