@@ -190,40 +190,55 @@ mod disk {
         disk.dir.join(format!("{topic}-{partition}"))
     }
 
-    /// Brings `tp`'s image up to the snapshot partition's high watermark (see [`bring_up_to_date`])
-    /// and returns its keys.
+    /// Brings `tp`'s image up to the snapshot partition's high watermark and returns its keys (see
+    /// [`bring_up_to_date`]).
     pub(in super::super) async fn open_partition_image<F: Fold>(
         shared: &Shared<F>,
         disk: &DiskState,
         tp: &TopicPartition,
     ) -> Result<RecoveredState, FlowError> {
-        let partition = tp.partition;
-        let dir = partition_dir(disk, &shared.config.snapshots.snapshot_topic, partition);
-        let read = |shared, disk| async move {
-            let image = bring_up_to_date(shared, disk, partition, Read::Acquire).await?;
-            image.load_all().map_err(|e| FlowError::State {
-                partition,
-                source: Arc::new(e),
-            })
+        bring_up_to_date(
+            shared,
+            disk,
+            tp.partition,
+            Read::Acquire,
+            PartitionImage::load_all,
+        )
+        .await
+    }
+
+    /// Brings the image of `partition` to the high watermark ([`read_into_image`]) and hands it to
+    /// `then`. A block that fails its checksum on the way, in the read or in `then`, discards the image
+    /// and reads the partition whole into a fresh one, once: at acquisitions and for partitions given
+    /// up alike.
+    async fn bring_up_to_date<F: Fold, T>(
+        shared: &Shared<F>,
+        disk: &DiskState,
+        partition: i32,
+        read: Read,
+        then: impl Fn(&PartitionImage) -> Result<T, StateError>,
+    ) -> Result<T, FlowError> {
+        let state_err = |e: StateError| FlowError::State {
+            partition,
+            source: Arc::new(e),
         };
-        let corrupt = match read(shared, disk).await {
-            Ok(entries) => return Ok(entries),
+        let attempt = || async {
+            let image = read_into_image(shared, disk, partition, read).await?;
+            then(&image).map_err(state_err)
+        };
+        let corrupt = match attempt().await {
             Err(FlowError::State { source, .. }) if source.is_corrupt() => source,
-            Err(e) => return Err(e),
+            done => return done,
         };
-        // A block that failed its checksum while the image was read or written: the image is
-        // discarded and the partition read whole into a fresh one, once.
+        let dir = partition_dir(disk, &shared.config.snapshots.snapshot_topic, partition);
         fell_back(
             shared,
             partition,
             &dir,
             &Fallback::Corrupt(corrupt.to_string()),
         );
-        remove_image(&dir).map_err(|e| FlowError::State {
-            partition,
-            source: Arc::new(e),
-        })?;
-        read(shared, disk).await
+        remove_image(&dir).map_err(state_err)?;
+        attempt().await
     }
 
     /// Reports a fall-back to a full read: the metric, the flow's [`DiskStats`](super::DiskStats),
@@ -257,7 +272,9 @@ mod disk {
         partitions: &[i32],
     ) {
         for &partition in partitions {
-            if let Err(e) = bring_up_to_date(shared, disk, partition, Read::Follow).await {
+            if let Err(e) =
+                bring_up_to_date(shared, disk, partition, Read::Follow, |_| Ok(())).await
+            {
                 disk_stats(shared).follow_failures += 1;
                 tracing::warn!(partition, error = %e, "the on-disk state was not brought up to date on release");
             }
@@ -267,7 +284,7 @@ mod disk {
     /// Brings the image of snapshot partition `partition` to the high watermark: reading from its
     /// checkpoint when the checkpoint holds, else, after a log line and a metric naming why, from the
     /// log start into a fresh image. Ends with a new checkpoint where the read ended.
-    async fn bring_up_to_date<F: Fold>(
+    async fn read_into_image<F: Fold>(
         shared: &Shared<F>,
         disk: &DiskState,
         partition: i32,
