@@ -161,20 +161,22 @@ pub async fn read_to_target<L: SnapshotLog>(
         target = tracing::field::Empty,
         start = tracing::field::Empty,
     );
-    read(log, partition, config, None, fold, |_| Ok(()))
+    read(log, partition, config, None, None, fold, |_| Ok(()))
         .instrument(span)
         .await
 }
 
 /// [`read_to_target`] from `from` (or the log start, when that is later) instead of the log start,
 /// calling `chunk` with the position after each fetch's records were handed to `fold`: the on-disk
-/// state applies them there and moves its checkpoint (an error from `chunk` ends the read).
+/// state applies them there (an error from `chunk` ends the read). `bounds`, when the caller has just
+/// read them, are the log start and the high watermark (the target), which are then not asked again.
 #[cfg(feature = "disk-state")]
 pub(crate) async fn read_from<L: SnapshotLog>(
     log: &mut L,
     partition: i32,
     config: &RecoveryConfig,
     from: i64,
+    bounds: Option<(i64, i64)>,
     fold: impl FnMut(&[u8], Option<&[u8]>),
     chunk: impl FnMut(i64) -> Result<(), SnapshotError>,
 ) -> Result<RecoveryStats, SnapshotError> {
@@ -185,7 +187,7 @@ pub(crate) async fn read_from<L: SnapshotLog>(
         target = tracing::field::Empty,
         start = tracing::field::Empty,
     );
-    read(log, partition, config, Some(from), fold, chunk)
+    read(log, partition, config, Some(from), bounds, fold, chunk)
         .instrument(span)
         .await
 }
@@ -195,6 +197,7 @@ async fn read<L: SnapshotLog>(
     partition: i32,
     config: &RecoveryConfig,
     from: Option<i64>,
+    bounds: Option<(i64, i64)>,
     mut fold: impl FnMut(&[u8], Option<&[u8]>),
     mut chunk_done: impl FnMut(i64) -> Result<(), SnapshotError>,
 ) -> Result<RecoveryStats, SnapshotError> {
@@ -204,8 +207,13 @@ async fn read<L: SnapshotLog>(
     };
     let metrics = RecoveryMetrics::new(partition);
     let began = Instant::now();
-    let target = log.high_watermark().await.map_err(io)?;
-    let log_start = log.log_start().await.map_err(io)?;
+    let (log_start, target) = match bounds {
+        Some(bounds) => bounds,
+        None => {
+            let target = log.high_watermark().await.map_err(io)?;
+            (log.log_start().await.map_err(io)?, target)
+        }
+    };
     let start = from.map_or(log_start, |from| from.max(log_start));
     let span = tracing::Span::current();
     span.record("target", target);

@@ -313,13 +313,18 @@ mod disk {
             },
             Err(e) => (None, Err(e)),
         };
-        let judgement = match checkpoint {
-            Err(e) if e.is_corrupt() => Judgement::FullRead(Fallback::Corrupt(e.to_string())),
+        // The log's bounds the judgement read are the read's too: its start, and the high watermark
+        // it drains to.
+        let (judgement, bounds) = match checkpoint {
+            Err(e) if e.is_corrupt() => {
+                (Judgement::FullRead(Fallback::Corrupt(e.to_string())), None)
+            }
             Err(e) => return Err(state_err(e)),
             Ok(checkpoint) => {
                 let seen =
                     observe(shared, &snapshot_tp, identity.clone(), checkpoint.as_ref()).await?;
-                judge(checkpoint.as_ref(), &seen)
+                let bounds = Some((seen.log_start, seen.high_watermark));
+                (judge(checkpoint.as_ref(), &seen), bounds)
             }
         };
         let (image, from) = match judgement {
@@ -356,6 +361,7 @@ mod disk {
                 partition,
                 &recovery,
                 from,
+                bounds,
                 |key, value| lock(puts).push(put_of(fold, key, value)),
                 |_position| {
                     let batch = std::mem::take(&mut *lock(puts));
