@@ -3,25 +3,29 @@
 //! snapshot-topic offset the image equals the committed log.
 //!
 //! # The store
-//! Each partition is a fjall database of its own, in its own directory, with three keyspaces:
-//! - `snap`: key → the deadline the fold gave the key's state (8 bytes, see [`NO_DEADLINE`]) followed
-//!   by the snapshot value exactly as committed in the topic;
+//! Each partition is a fjall database of its own, in its own directory, with four keyspaces:
+//! - `snap`: key → the deadline the fold gave the key's state (8 bytes, see [`NO_DEADLINE`]; a grave
+//!   stores [`GRAVE`]) followed by the snapshot value exactly as committed in the topic;
 //! - `due`: the deadline (8 bytes, ordered) followed by the key → nothing, so the keys due by a time are
-//!   one range scan, and a restart need not read every key to find them;
-//! - `meta`: the checkpoint's bytes ([`Checkpoint::encode`]).
+//!   one range scan, and a restart need not read every key to find them (nor the graves);
+//! - `meta`: the checkpoint's bytes ([`Checkpoint::encode`]);
+//! - `work`: the overlay of this owner's landed writes, cleared at every opening (below).
 //!
 //! fjall checks a checksum on every block it reads from disk (XXH3-128, before decompressing), and only
 //! the blocks a read touches: a bad block is found when it is read, not by scanning the store at open.
 //! Any such failure is [`StateError::Corrupt`], and the partition is read whole again.
 //!
 //! # What the image holds
-//! Only committed snapshots, and every change is one atomic batch: the keys, their deadlines and the
-//! new checkpoint go together, then the journal is synced. There is no working state on disk: what a
-//! fold changed lives in memory until its transaction commits, so opening a store has nothing to
-//! discard, and a crash between a batch and its sync leaves the previous batch's image and checkpoint,
-//! which agree with each other.
-
-// The flow's on-disk state is being built on this (issue 36); until it is wired in, the tests use it.
+//! Only snapshots read back, read_committed, from the topic, and every change is one atomic batch: the
+//! keys, their deadlines and the new checkpoint go together, then the journal is synced. A crash
+//! between a batch and its sync leaves the previous batch's image and checkpoint, which agree with each
+//! other.
+//!
+//! The working state is apart from it. While an owner loads keys lazily under a memory budget, a key
+//! it evicts may have changed since the image was read; its last landed write (committed, but past the
+//! checkpoint) goes to the `work` overlay, which a lookup reads before the image. The overlay is never
+//! the image: it is cleared whenever the store is opened, and what it held is read again from the log,
+//! from the checkpoint, where the log (not this member's memory of it) says what committed.
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +37,14 @@ use super::state::RecoveredState;
 
 /// The deadline stored for a key whose state has none.
 pub(crate) const NO_DEADLINE: i64 = i64::MIN;
+
+/// The deadline stored for a grave (a deleted key whose tombstone is not written yet): indexed like a
+/// deadline, below every real one, so an owner that loads keys lazily finds the graves it must write
+/// tombstones for without reading every key ([`PartitionImage::graves`]).
+pub(crate) const GRAVE: i64 = i64::MIN + 1;
+
+/// Deadlines of timers lie above this (a wall clock or an event time in milliseconds).
+const FIRST_DEADLINE: i64 = GRAVE + 1;
 
 /// Why the on-disk state failed.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +109,10 @@ pub(crate) struct PartitionImage {
     snap: Keyspace,
     due: Keyspace,
     meta: Keyspace,
+    /// This owner's writes that landed since the image was opened, by key (an empty entry: removed).
+    /// They are committed, but the image's checkpoint does not cover them, so they are not the image:
+    /// the overlay a lazily loaded key is read through first, cleared whenever the store is opened.
+    work: Keyspace,
 }
 
 impl std::fmt::Debug for PartitionImage {
@@ -108,6 +124,8 @@ impl std::fmt::Debug for PartitionImage {
 }
 
 const CHECKPOINT_KEY: &[u8] = b"checkpoint";
+/// Set when a read found the image corrupt while it was in use: the next opening reads whole.
+const CONDEMNED_KEY: &[u8] = b"condemned";
 
 impl PartitionImage {
     /// Opens (or creates) the image in `dir`, with a block cache of `cache_bytes`.
@@ -130,13 +148,93 @@ impl PartitionImage {
                 .map_err(failed)
         };
         let (snap, due, meta) = (keyspace("snap")?, keyspace("due")?, keyspace("meta")?);
+        let work = keyspace("work")?;
+        // Whatever a previous owner's overlay held is not the image: the image is what its checkpoint
+        // covers, and the read from there brings it up to date.
+        work.clear().map_err(failed)?;
         Ok(PartitionImage {
             dir: dir.to_path_buf(),
             db,
             snap,
             due,
             meta,
+            work,
         })
+    }
+
+    /// Why the image was condemned while in use ([`condemn`](Self::condemn)), if it was.
+    pub(crate) fn condemned(&self) -> Result<Option<String>, StateError> {
+        let found = self.meta.get(CONDEMNED_KEY).map_err(|e| self.failed(e))?;
+        Ok(found.map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Marks the image as not to be trusted (a read failed its checksum while the partition was held),
+    /// durably, so that the next opening reads the partition whole instead of resuming.
+    pub(crate) fn condemn(&self, why: &str) -> Result<(), StateError> {
+        self.meta
+            .insert(CONDEMNED_KEY, why.as_bytes())
+            .map_err(|e| self.failed(e))?;
+        self.db
+            .persist(PersistMode::SyncData)
+            .map_err(|e| self.failed(e))
+    }
+
+    /// Keeps `writes` (key, then its snapshot value or `None` for a tombstone), which committed in this
+    /// owner's transactions, in the overlay that [`lookup`](Self::lookup) reads first. Not synced: the
+    /// overlay is cleared at the next opening anyway.
+    pub(crate) fn put_landed(
+        &self,
+        writes: impl IntoIterator<Item = (Bytes, Option<Bytes>)>,
+    ) -> Result<(), StateError> {
+        let mut batch = self.db.batch();
+        for (key, value) in writes {
+            let value = value.map_or_else(Vec::new, |v| v.to_vec());
+            batch.insert(&self.work, &key[..], value);
+        }
+        batch.commit().map_err(|e| self.failed(e))
+    }
+
+    /// A key's snapshot value as it stands now: this owner's landed write when there is one, else the
+    /// image's. `None` when the key does not exist.
+    pub(crate) fn lookup(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
+        match self.work.get(key).map_err(|e| self.failed(e))? {
+            Some(v) if v.is_empty() => Ok(None),
+            Some(v) => Ok(Some(Bytes::copy_from_slice(&v))),
+            None => self.get(key),
+        }
+    }
+
+    /// Every key with its snapshot value as it stands now (the image under the overlay): a full scan.
+    pub(crate) fn scan_current(&self) -> Result<Vec<(Bytes, Bytes)>, StateError> {
+        let mut over = std::collections::HashMap::new();
+        for guard in self.work.iter() {
+            let (key, value) = guard.into_inner().map_err(|e| self.failed(e))?;
+            over.insert(Bytes::copy_from_slice(&key), value);
+        }
+        let mut out = Vec::new();
+        for guard in self.snap.iter() {
+            let (key, stored) = guard.into_inner().map_err(|e| self.failed(e))?;
+            if over.contains_key(&key[..]) {
+                continue;
+            }
+            let (_, value) = self.split(&key, &stored)?;
+            out.push((Bytes::copy_from_slice(&key), Bytes::copy_from_slice(value)));
+        }
+        for (key, value) in over {
+            if !value.is_empty() {
+                out.push((key, Bytes::copy_from_slice(&value)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The keys the image holds a grave for (their tombstones are due once a commit passes them).
+    pub(crate) fn graves(&self) -> Result<Vec<Bytes>, StateError> {
+        Ok(self
+            .indexed(GRAVE, GRAVE, usize::MAX)?
+            .into_iter()
+            .map(|(_, k)| k)
+            .collect())
     }
 
     /// The checkpoint, `None` when there is none. One that does not decode is corruption.
@@ -152,9 +250,7 @@ impl PartitionImage {
             })
     }
 
-    // Lazy loading and the timers of keys not in memory read these (issue 36, next step).
-    #[cfg_attr(not(test), allow(dead_code))]
-    /// A key's committed snapshot value, `None` when the image has no such key.
+    /// A key's committed snapshot value in the image, `None` when the image has no such key.
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
         let Some(stored) = self.snap.get(key).map_err(|e| self.failed(e))? else {
             return Ok(None);
@@ -168,8 +264,8 @@ impl PartitionImage {
     ///
     /// Writes only, no reads: a key's old entry in the deadline index is not looked up and removed
     /// here (a point read per record would cost more than the read from the broker). An index entry
-    /// counts only while the key's stored deadline still equals it; [`due_by`](Self::due_by) and
-    /// [`next_deadline`](Self::next_deadline) skip the others and remove them as they pass.
+    /// counts only while the key's stored deadline still equals it; [`due_between`](Self::due_between) and
+    /// [`graves`](Self::graves) skip the others and remove them as they pass.
     pub(crate) fn apply(
         &self,
         puts: Vec<Put>,
@@ -201,16 +297,39 @@ impl PartitionImage {
             .map_err(|e| self.failed(e))
     }
 
-    // Lazy loading and the timers of keys not in memory read these (issue 36, next step).
-    #[cfg_attr(not(test), allow(dead_code))]
-    /// The keys whose deadline is at or before `now`, earliest first, at most `limit` of them, with
-    /// their deadlines. Index entries a later put superseded are skipped and removed.
-    pub(crate) fn due_by(&self, now: i64, limit: usize) -> Result<Vec<(i64, Bytes)>, StateError> {
+    /// The keys whose deadline lies after `after` and at or before `upto`, earliest first, at most
+    /// `limit` of them, with their deadlines. Index entries a later put superseded are skipped and
+    /// removed. Graves are not timers: they are never among them.
+    pub(crate) fn due_between(
+        &self,
+        after: i64,
+        upto: i64,
+        limit: usize,
+    ) -> Result<Vec<(i64, Bytes)>, StateError> {
+        let from = after.saturating_add(1).max(FIRST_DEADLINE);
+        if from > upto {
+            return Ok(Vec::new());
+        }
+        self.indexed(from, upto, limit)
+    }
+
+    /// The earliest deadline after `after` in the index. Index entries a later put superseded are
+    /// skipped and removed.
+    pub(crate) fn next_due_after(&self, after: i64) -> Result<Option<i64>, StateError> {
+        Ok(self
+            .due_between(after, i64::MAX, 1)?
+            .first()
+            .map(|(d, _)| *d))
+    }
+
+    /// The index entries from `from` through `upto` that are current, at most `limit`; stale ones met
+    /// on the way are removed.
+    fn indexed(&self, from: i64, upto: i64, limit: usize) -> Result<Vec<(i64, Bytes)>, StateError> {
         let mut out = Vec::new();
-        let end = order(now).checked_add(1);
-        let range = match end {
-            Some(end) => self.due.range(..end.to_be_bytes().to_vec()),
-            None => self.due.iter(),
+        let start = order(from).to_be_bytes().to_vec();
+        let range = match order(upto).checked_add(1) {
+            Some(end) => self.due.range(start..end.to_be_bytes().to_vec()),
+            None => self.due.range(start..),
         };
         let mut stale = self.db.batch();
         for guard in range {
@@ -227,29 +346,7 @@ impl PartitionImage {
         Ok(out)
     }
 
-    // Lazy loading and the timers of keys not in memory read these (issue 36, next step).
-    #[cfg_attr(not(test), allow(dead_code))]
-    /// The earliest deadline in the index. Index entries a later put superseded are skipped and
-    /// removed.
-    pub(crate) fn next_deadline(&self) -> Result<Option<i64>, StateError> {
-        let mut stale = self.db.batch();
-        let mut found = None;
-        for guard in self.due.iter() {
-            let entry = guard.key().map_err(|e| self.failed(e))?;
-            match self.current(&entry)? {
-                Some((deadline, _)) => {
-                    found = Some(deadline);
-                    break;
-                }
-                None => stale.remove(&self.due, entry),
-            }
-        }
-        stale.commit().map_err(|e| self.failed(e))?;
-        Ok(found)
-    }
-
     /// A deadline index entry's deadline and key, when the key's stored deadline still equals it.
-    #[cfg_attr(not(test), allow(dead_code))]
     fn current(&self, entry: &[u8]) -> Result<Option<(i64, Bytes)>, StateError> {
         let Some((deadline, key)) = split_due_key(entry) else {
             return Err(self.corrupt("a deadline index entry shorter than its deadline"));
@@ -333,7 +430,6 @@ fn due_key(deadline: i64, key: &[u8]) -> Vec<u8> {
     out
 }
 
-#[cfg_attr(not(test), allow(dead_code))]
 fn split_due_key(stored: &[u8]) -> Option<(i64, &[u8])> {
     let (deadline, key) = stored.split_first_chunk::<8>()?;
     Some(((u64::from_be_bytes(*deadline) ^ (1 << 63)) as i64, key))
@@ -469,7 +565,7 @@ mod tests {
             .unwrap();
         let due = |now, limit| -> Vec<(i64, String)> {
             image
-                .due_by(now, limit)
+                .due_between(i64::MIN, now, limit)
                 .unwrap()
                 .into_iter()
                 .map(|(d, k)| (d, String::from_utf8(k.to_vec()).unwrap()))
@@ -481,11 +577,75 @@ mod tests {
         );
         assert_eq!(due(699, 10), [(-5, "early".to_string())]);
         assert_eq!(due(700, 1), [(-5, "early".to_string())]);
-        assert_eq!(image.next_deadline().unwrap(), Some(-5));
+        assert_eq!(image.next_due_after(i64::MIN).unwrap(), Some(-5));
+        assert_eq!(image.next_due_after(-5).unwrap(), Some(700));
+        assert_eq!(
+            image
+                .due_between(-5, 700, 10)
+                .unwrap()
+                .into_iter()
+                .map(|(d, _)| d)
+                .collect::<Vec<_>>(),
+            [700],
+            "after is exclusive, upto inclusive"
+        );
         image
             .apply(vec![remove("early"), remove("moved")], None, true)
             .unwrap();
-        assert_eq!(image.next_deadline().unwrap(), None);
+        assert_eq!(image.next_due_after(i64::MIN).unwrap(), None);
+        drop(image);
+        remove_image(&dir).unwrap();
+    }
+
+    /// Graves are found through the index without being timers; the overlay of landed writes is read
+    /// before the image and is gone after a reopen; a condemned image says so after a reopen.
+    #[test]
+    fn graves_the_overlay_and_condemnation() {
+        let dir = scratch("overlay");
+        {
+            let image = PartitionImage::open(&dir, 1 << 20).unwrap();
+            image
+                .apply(
+                    vec![
+                        value("dead", "grave", GRAVE),
+                        value("alive", "v1", 50),
+                        value("revived", "grave", GRAVE),
+                        value("revived", "v", NO_DEADLINE),
+                    ],
+                    None,
+                    true,
+                )
+                .unwrap();
+            assert_eq!(image.graves().unwrap(), [Bytes::from_static(b"dead")]);
+            assert_eq!(image.next_due_after(i64::MIN).unwrap(), Some(50));
+            assert!(image.due_between(i64::MIN, 49, 10).unwrap().is_empty());
+            image
+                .put_landed([
+                    (Bytes::from_static(b"alive"), Some(Bytes::from_static(b"v2"))),
+                    (Bytes::from_static(b"revived"), None),
+                    (Bytes::from_static(b"new"), Some(Bytes::from_static(b"n"))),
+                ])
+                .unwrap();
+            let get = |k: &str| image.lookup(k.as_bytes()).unwrap();
+            assert_eq!(get("alive"), Some(Bytes::from_static(b"v2")));
+            assert_eq!(get("revived"), None, "removed by a landed tombstone");
+            assert_eq!(get("new"), Some(Bytes::from_static(b"n")));
+            assert_eq!(get("dead"), Some(Bytes::from_static(b"grave")));
+            let mut all = image.scan_current().unwrap();
+            all.sort();
+            let keys: Vec<&[u8]> = all.iter().map(|(k, _)| &k[..]).collect();
+            assert_eq!(keys, [&b"alive"[..], b"dead", b"new"]);
+            assert_eq!(image.condemned().unwrap(), None);
+            image.condemn("a bad block").unwrap();
+        }
+        let image = PartitionImage::open(&dir, 1 << 20).unwrap();
+        assert_eq!(
+            image.lookup(b"alive").unwrap(),
+            Some(Bytes::from_static(b"v1")),
+            "the overlay is cleared at opening"
+        );
+        assert_eq!(image.lookup(b"new").unwrap(), None);
+        assert_eq!(image.condemned().unwrap().as_deref(), Some("a bad block"));
         drop(image);
         remove_image(&dir).unwrap();
     }

@@ -102,7 +102,7 @@ mod disk {
     use crate::consumer::{epoch_end_offset, OffsetSpec, TopicPartition};
     use crate::records::IsolationLevel;
     use crate::snapshot::checkpoint::{judge, Checkpoint, Fallback, Identity, Judgement, Observed};
-    use crate::snapshot::disk::{remove_image, PartitionImage, Put, StateError, NO_DEADLINE};
+    use crate::snapshot::disk::{remove_image, PartitionImage, Put, StateError, GRAVE, NO_DEADLINE};
     use crate::snapshot::error::SnapshotError;
     use crate::snapshot::fold::Fold;
     use crate::snapshot::fold_core::{open_envelope, Opened};
@@ -443,7 +443,8 @@ mod disk {
                 .ok()
                 .and_then(|state| fold.deadline(&key, &state))
                 .unwrap_or(NO_DEADLINE),
-            _ => NO_DEADLINE,
+            Ok(Opened::Grave(_)) | Ok(Opened::GraveInputs(_)) => GRAVE,
+            Err(_) => NO_DEADLINE,
         };
         Put::value(key, value, deadline)
     }
