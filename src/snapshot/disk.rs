@@ -113,6 +113,10 @@ pub(crate) struct PartitionImage {
     /// They are committed, but the image's checkpoint does not cover them, so they are not the image:
     /// the overlay a lazily loaded key is read through first, cleared whenever the store is opened.
     work: Keyspace,
+    /// The deadlines of keys the owner dropped from memory with a timer set, as `due` holds them (not
+    /// checked against any value: the loader re-derives a key's deadline from its state). Cleared with
+    /// the overlay.
+    work_due: Keyspace,
 }
 
 impl std::fmt::Debug for PartitionImage {
@@ -148,10 +152,11 @@ impl PartitionImage {
                 .map_err(failed)
         };
         let (snap, due, meta) = (keyspace("snap")?, keyspace("due")?, keyspace("meta")?);
-        let work = keyspace("work")?;
+        let (work, work_due) = (keyspace("work")?, keyspace("work_due")?);
         // Whatever a previous owner's overlay held is not the image: the image is what its checkpoint
         // covers, and the read from there brings it up to date.
         work.clear().map_err(failed)?;
+        work_due.clear().map_err(failed)?;
         Ok(PartitionImage {
             dir: dir.to_path_buf(),
             db,
@@ -159,6 +164,7 @@ impl PartitionImage {
             due,
             meta,
             work,
+            work_due,
         })
     }
 
@@ -192,6 +198,47 @@ impl PartitionImage {
             batch.insert(&self.work, &key[..], value);
         }
         batch.commit().map_err(|e| self.failed(e))
+    }
+
+    /// Notes the deadlines of keys dropped from memory with a timer set, for
+    /// [`evicted_due_between`](Self::evicted_due_between).
+    pub(crate) fn put_evicted_deadlines(
+        &self,
+        timers: impl IntoIterator<Item = (i64, Bytes)>,
+    ) -> Result<(), StateError> {
+        let mut batch = self.db.batch();
+        for (deadline, key) in timers {
+            batch.insert(&self.work_due, due_key(deadline, &key), b"");
+        }
+        batch.commit().map_err(|e| self.failed(e))
+    }
+
+    /// The keys dropped from memory with a deadline after `after` and at or before `upto`, at most
+    /// `limit`, earliest first (a key may be named more than once, and by deadlines it no longer has).
+    pub(crate) fn evicted_due_between(
+        &self,
+        after: i64,
+        upto: i64,
+        limit: usize,
+    ) -> Result<Vec<(i64, Bytes)>, StateError> {
+        let from = after.saturating_add(1).max(FIRST_DEADLINE);
+        if from > upto {
+            return Ok(Vec::new());
+        }
+        let start = order(from).to_be_bytes().to_vec();
+        let range = match order(upto).checked_add(1) {
+            Some(end) => self.work_due.range(start..end.to_be_bytes().to_vec()),
+            None => self.work_due.range(start..),
+        };
+        let mut out = Vec::new();
+        for guard in range.take(limit) {
+            let entry = guard.key().map_err(|e| self.failed(e))?;
+            let Some((deadline, key)) = split_due_key(&entry) else {
+                return Err(self.corrupt("an evicted deadline entry shorter than its deadline"));
+            };
+            out.push((deadline, Bytes::copy_from_slice(key)));
+        }
+        Ok(out)
     }
 
     /// A key's snapshot value as it stands now: this owner's landed write when there is one, else the
@@ -621,7 +668,10 @@ mod tests {
             assert!(image.due_between(i64::MIN, 49, 10).unwrap().is_empty());
             image
                 .put_landed([
-                    (Bytes::from_static(b"alive"), Some(Bytes::from_static(b"v2"))),
+                    (
+                        Bytes::from_static(b"alive"),
+                        Some(Bytes::from_static(b"v2")),
+                    ),
                     (Bytes::from_static(b"revived"), None),
                     (Bytes::from_static(b"new"), Some(Bytes::from_static(b"n"))),
                 ])

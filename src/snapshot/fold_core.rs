@@ -372,6 +372,9 @@ struct Entry<S> {
     /// While a write of this key is in flight: the first change folded since that write was encoded.
     in_wave: Option<Option<i64>>,
     deadline: Option<i64>,
+    /// What the key costs in memory, estimated from its snapshot's size when it was last loaded or
+    /// written (only a lazily loaded partition counts it).
+    size: u32,
 }
 
 /// The writes of one persist wave: hand them to the store, then report with
@@ -462,6 +465,10 @@ pub(crate) struct PartitionCore<S> {
     marks: std::collections::BTreeMap<i64, i64>,
     /// Several inputs (`None` with one): where each input stands, and what only they need.
     inputs: Option<Box<Inputs>>,
+    /// Keys loaded when an event (or a timer) needs them, from the on-disk image, under a memory
+    /// budget (`None`: every key is in memory).
+    #[cfg(feature = "disk-state")]
+    lazy: Option<Box<lazy::Lazy>>,
 }
 
 /// A partition's bookkeeping for a flow with several co-partitioned inputs (docs/fencing.md, "Several
@@ -507,6 +514,16 @@ impl Inputs {
 /// No stream time yet.
 const NO_TIME: i64 = i64::MIN;
 
+/// What a key costs in memory, estimated: its key and snapshot, and a fixed share for the map's slot,
+/// the entry and the decoded state's own allocations.
+fn entry_size(key: &[u8], value: Option<&Bytes>) -> u32 {
+    let bytes = key.len() + value.map_or(0, |v| v.len()) + ENTRY_OVERHEAD;
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// The fixed share of [`entry_size`].
+const ENTRY_OVERHEAD: usize = 96;
+
 /// A key a wave carried.
 struct Carried {
     key: Bytes,
@@ -537,6 +554,8 @@ impl<S> PartitionCore<S> {
             stream_time: NO_TIME,
             marks: std::collections::BTreeMap::new(),
             inputs: None,
+            #[cfg(feature = "disk-state")]
+            lazy: None,
         }
     }
 
@@ -656,6 +675,53 @@ impl<S> PartitionCore<S> {
         self.replay = true;
     }
 
+    /// Restores one recovered snapshot value (an envelope) of `key`: decoded and restored as its
+    /// envelope says (one input, or several). Returns whether it was a grave. `Err` says why the
+    /// snapshot cannot be read (what the flow reports as a bad snapshot).
+    pub(crate) fn restore_envelope<F>(
+        &mut self,
+        fold: &F,
+        key: Bytes,
+        value: &[u8],
+    ) -> Result<bool, String>
+    where
+        F: Fold<State = S>,
+    {
+        let inputs = self.input_count();
+        let (last, payload) = match open_envelope(value)? {
+            Opened::Live(last_offset, payload) => (vec![last_offset], Some(payload)),
+            Opened::Grave(last_offset) => (vec![last_offset], None),
+            Opened::LiveInputs(offsets, payload) => (offsets.iter().collect(), Some(payload)),
+            Opened::GraveInputs(offsets) => (offsets.iter().collect(), None),
+        };
+        let last = match last.len() {
+            n if n == inputs => last,
+            // Written before the flow took more inputs: it accounts for the first input only.
+            1 => {
+                let mut v = vec![-1; inputs];
+                v[0] = last[0];
+                v
+            }
+            n => {
+                return Err(format!(
+                    "the snapshot accounts for {n} inputs, and this flow has {inputs}: the \
+                     inputs' order or number changed"
+                ))
+            }
+        };
+        let state = match payload {
+            Some(p) => Some(fold.decode(p).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let grave = state.is_none();
+        if inputs == 1 {
+            self.restore(fold, key, state, last[0]);
+        } else {
+            self.restore_inputs(fold, key, state, &last);
+        }
+        Ok(grave)
+    }
+
     /// Restores one recovered snapshot (its decoded state, or `None` for a grave) folded up to
     /// `last_offset`.
     pub(crate) fn restore<F>(&mut self, fold: &F, key: Bytes, state: Option<S>, last_offset: i64)
@@ -677,6 +743,7 @@ impl<S> PartitionCore<S> {
                 held: None,
                 in_wave: None,
                 deadline,
+                size: 0,
             },
         );
     }
@@ -759,6 +826,10 @@ impl<S> PartitionCore<S> {
             self.advance(input, event.offset + 1);
             return Folded::NullKey;
         };
+        if !self.ensure_loaded(fold, key) {
+            // The key could not be loaded: the partition stopped (see `needs_replay`).
+            return Folded::Skipped;
+        }
         if let Some(inputs) = &mut self.inputs {
             if let Some(last) = inputs.restored.get(key) {
                 if last.get(input).is_some_and(|l| event.offset <= *l) {
@@ -803,8 +874,10 @@ impl<S> PartitionCore<S> {
                         held: None,
                         in_wave: None,
                         deadline: None,
+                        size: 0,
                     },
                 );
+                self.came_in(key);
                 change
             }
         };
@@ -863,6 +936,9 @@ impl<S> PartitionCore<S> {
     where
         F: Fold<State = S>,
     {
+        if !self.load_due(fold, now) {
+            return 0;
+        }
         let mut fired = 0;
         let mut deferred = Vec::new();
         while let Some((deadline, _)) = self.timers.first() {
@@ -908,6 +984,7 @@ impl<S> PartitionCore<S> {
             self.changed(fold, &key, change, at, before);
         }
         self.timers.extend(deferred);
+        self.evict();
         fired
     }
 
@@ -917,7 +994,11 @@ impl<S> PartitionCore<S> {
         if self.stream {
             return None;
         }
-        self.timers.first().map(|(d, _)| *d)
+        let first = self.timers.first().map(|(d, _)| *d);
+        match (first, self.unloaded_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Records `key`'s change, held at input offset `hold_at`, where the stream time just before it was
@@ -1009,6 +1090,9 @@ impl<S> PartitionCore<S> {
                 (None, Some(v)) => (Some(grave_inputs(v)), Written::Grave),
             };
             e.in_wave = Some(None);
+            let size = entry_size(&key, value.as_ref());
+            let old = std::mem::replace(&mut e.size, size);
+            self.resized(old, size);
             let outputs = self.held_outputs.remove(&key).unwrap_or_default();
             let bytes: usize = outputs.iter().map(output_size).sum();
             self.held_output_bytes = self.held_output_bytes.saturating_sub(bytes);
@@ -1051,6 +1135,7 @@ impl<S> PartitionCore<S> {
         let id = self.next_wave;
         self.next_wave += 1;
         self.in_flight = Some((id, carried));
+        self.wave_written(&writes);
         Some(Wave { id, writes })
     }
 
@@ -1083,6 +1168,7 @@ impl<S> PartitionCore<S> {
         if landing == Landing::Fenced {
             self.fenced = true;
         }
+        self.wave_landed(&landed);
         for (i, c) in carried.into_iter().enumerate() {
             let Some(e) = self.keys.get_mut(&c.key) else {
                 continue;
@@ -1108,10 +1194,13 @@ impl<S> PartitionCore<S> {
                     self.graves.insert(c.key);
                 }
                 Written::Tombstone => {
-                    self.keys.remove(&c.key);
+                    if let Some(gone) = self.keys.remove(&c.key) {
+                        self.resized(gone.size, 0);
+                    }
                 }
             }
         }
+        self.evict();
     }
 
     /// Whether a write carrying outputs failed or ended unknown: the partition must be dropped and
@@ -1211,7 +1300,8 @@ impl<S> PartitionCore<S> {
             .filter_map(|(k, e)| e.state.as_ref().map(|s| (k, s)))
     }
 
-    /// The state of `key`, if it is live.
+    /// The state of `key`, if it is live (in memory).
+    #[cfg_attr(all(feature = "disk-state", not(test)), allow(dead_code))]
     pub(crate) fn state_of(&self, key: &[u8]) -> Option<&S> {
         self.keys.get(key).and_then(|e| e.state.as_ref())
     }
@@ -1233,6 +1323,44 @@ fn emitting(change: Change, out: &Outputs) -> Change {
         change
     }
 }
+
+/// Without the on-disk state every key is in memory: nothing to load, evict or overlay.
+#[cfg(not(feature = "disk-state"))]
+impl<S> PartitionCore<S> {
+    #[inline]
+    fn ensure_loaded<F: Fold<State = S>>(&mut self, _fold: &F, _key: &Bytes) -> bool {
+        true
+    }
+
+    #[inline]
+    fn load_due<F: Fold<State = S>>(&mut self, _fold: &F, _now: i64) -> bool {
+        true
+    }
+
+    #[inline]
+    fn unloaded_deadline(&self) -> Option<i64> {
+        None
+    }
+
+    #[inline]
+    fn came_in(&mut self, _key: &Bytes) {}
+
+    #[inline]
+    fn resized(&mut self, _old: u32, _new: u32) {}
+
+    #[inline]
+    fn evict(&mut self) {}
+
+    #[inline]
+    fn wave_written(&mut self, _writes: &[WaveWrite]) {}
+
+    #[inline]
+    fn wave_landed(&mut self, _landed: &impl Fn(usize) -> bool) {}
+}
+
+#[cfg(feature = "disk-state")]
+#[path = "fold_core_lazy.rs"]
+pub(crate) mod lazy;
 
 #[cfg(test)]
 #[path = "fold_core_tests.rs"]

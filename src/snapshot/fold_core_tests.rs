@@ -1192,3 +1192,170 @@ fn a_reset_contradicts_a_snapshot_that_reaches_any_new_offset() {
     assert_eq!(reaches(&both, &[10]), None, "two inputs, one named");
     assert_eq!(reaches(&both, &[10, 4, 1]), None);
 }
+
+/// Lazy loading under a budget that evicts every clean key changes nothing a partition does: over
+/// random events, timers (a TTL that deletes), deletes, waves that land or fail and commits, a core
+/// that loads its keys from the image a previous owner left (with its overlay of landed writes) writes
+/// exactly the waves, and ends with exactly the states, of a core that recovered every key eagerly.
+#[cfg(feature = "disk-state")]
+#[test]
+fn lazy_loading_under_a_tiny_budget_writes_what_an_eager_core_writes() {
+    use crate::snapshot::disk::{remove_image, PartitionImage, Put, GRAVE, NO_DEADLINE};
+    /// Script with a TTL whose timer deletes a key with an even count and keeps one with an odd count
+    /// (its deadline, already past, is then dropped until the key changes again).
+    struct Mixed(Script);
+    impl Fold for Mixed {
+        type State = St;
+        fn fold(&self, k: &Bytes, s: &mut Option<St>, e: &Record, o: &mut Outputs) -> Change {
+            self.0.fold(k, s, e, o)
+        }
+        fn encode(&self, s: &St) -> Bytes {
+            self.0.encode(s)
+        }
+        fn decode(&self, b: &[u8]) -> Result<St, crate::snapshot::BoxError> {
+            self.0.decode(b)
+        }
+        fn deadline(&self, k: &Bytes, s: &St) -> Option<i64> {
+            self.0.deadline(k, s)
+        }
+        fn on_deadline(&self, _k: &Bytes, s: &mut St, _now: i64, _o: &mut Outputs) -> Change {
+            if s.count % 2 == 1 {
+                Change::Keep
+            } else {
+                Change::Delete
+            }
+        }
+    }
+    let fold = Mixed(Script { ttl: Some(4_000) });
+    for seed in 1..=60u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let keys = ["a", "b", "c", "d", "e", "f", "g", "h"];
+        let input: Vec<Record> = (0..120)
+            .map(|o| {
+                let key = keys[rng.below(keys.len() as u64) as usize];
+                let value = match rng.below(8) {
+                    0 => "del",
+                    1 => "keep",
+                    _ => "x",
+                };
+                ev(o, key, value)
+            })
+            .collect();
+        // A previous owner folds the first part, every wave landing, and commits.
+        let split = 30 + rng.below(40) as usize;
+        let mut first = PartitionCore::new(0);
+        let mut log: Vec<(Bytes, Option<Bytes>)> = Vec::new();
+        for e in &input[..split] {
+            first.handle_event(&fold, e);
+            first.handle_timeout(&fold, e.timestamp);
+            if rng.below(3) == 0 {
+                if let Some(w) = first.poll_wave(&fold) {
+                    log.extend(pairs(&w));
+                    first.handle_wave_outcome(w.id, Landing::Landed);
+                    let c = first.committable();
+                    first.handle_commit_landed(c);
+                }
+            }
+        }
+        let committed = first.committed;
+        // Its compacted log, as the image and as an eager recovery read it.
+        let mut last: HashMap<Bytes, Option<Bytes>> = HashMap::new();
+        for (k, v) in log {
+            last.insert(k, v);
+        }
+        let dir =
+            std::env::temp_dir().join(format!("snapfence-lazy-core-{seed}-{}", std::process::id()));
+        let _ = remove_image(&dir);
+        let image = PartitionImage::open(&dir, 1 << 20).unwrap();
+        let puts: Vec<Put> = last
+            .iter()
+            .map(|(k, v)| match v {
+                None => Put::Remove { key: k.clone() },
+                Some(v) => {
+                    let deadline = match open_envelope(v).unwrap() {
+                        Opened::Live(_, p) => fold
+                            .deadline(k, &fold.decode(p).unwrap())
+                            .unwrap_or(NO_DEADLINE),
+                        _ => GRAVE,
+                    };
+                    Put::value(k.clone(), v, deadline)
+                }
+            })
+            .collect();
+        image.apply(puts, None, true).unwrap();
+        let mut eager = PartitionCore::new(committed);
+        for (k, v) in &last {
+            if let Some(v) = v {
+                eager.restore_envelope(&fold, k.clone(), v).unwrap();
+            }
+        }
+        let mut lazy = PartitionCore::new(committed)
+            .load_lazily(&fold, image, 1)
+            .unwrap();
+        // The new owner replays from the committed offset; both cores see the same calls.
+        let mut waves = 0;
+        for e in &input[committed as usize..] {
+            let now = e.timestamp;
+            // The image's index may name a deadline a key in memory has moved since: a tick that
+            // finds nothing. Never a later one, which would let a timer wait.
+            let never = |t: Option<i64>| t.unwrap_or(i64::MAX);
+            assert!(
+                never(lazy.poll_timeout()) <= never(eager.poll_timeout()),
+                "seed {seed}: the next deadline at {}",
+                e.offset
+            );
+            assert_eq!(
+                eager.handle_timeout(&fold, now),
+                lazy.handle_timeout(&fold, now),
+                "seed {seed}: timers fired at {now}"
+            );
+            assert_eq!(
+                eager.handle_event(&fold, e),
+                lazy.handle_event(&fold, e),
+                "seed {seed}: event {}",
+                e.offset
+            );
+            if rng.below(3) == 0 {
+                let (we, wl) = (eager.poll_wave(&fold), lazy.poll_wave(&fold));
+                assert_eq!(
+                    we.as_ref().map(keys_of),
+                    wl.as_ref().map(keys_of),
+                    "seed {seed}: the wave after event {}",
+                    e.offset
+                );
+                if let (Some(we), Some(wl)) = (we, wl) {
+                    waves += 1;
+                    let outcome = if rng.below(5) == 0 {
+                        Landing::Failed
+                    } else {
+                        Landing::Landed
+                    };
+                    eager.handle_wave_outcome(we.id, outcome);
+                    lazy.handle_wave_outcome(wl.id, outcome);
+                    if outcome == Landing::Landed {
+                        let c = eager.committable();
+                        assert_eq!(c, lazy.committable(), "seed {seed}");
+                        eager.handle_commit_landed(c);
+                        lazy.handle_commit_landed(c);
+                    }
+                }
+            }
+            assert!(lazy.take_load_failure().is_none(), "seed {seed}");
+        }
+        let mut want: Vec<(Bytes, St)> = eager
+            .states()
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect();
+        want.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut got: Vec<(Bytes, St)> = lazy.all_states(&fold).unwrap().into_iter().collect();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(got, want, "seed {seed}");
+        let stats = lazy.lazy_stats().unwrap();
+        assert!(
+            waves == 0 || stats.evicted > 0,
+            "seed {seed}: a budget of one byte evicts every clean key ({stats:?})"
+        );
+        drop(lazy);
+        remove_image(&dir).unwrap();
+    }
+}

@@ -19,7 +19,7 @@ use crate::records::IsolationLevel;
 use crate::snapshot::error::SnapshotError;
 use crate::snapshot::fold::Fold;
 use crate::snapshot::fold::TimerClock;
-use crate::snapshot::fold_core::{open_envelope, Opened, PartitionCore};
+use crate::snapshot::fold_core::PartitionCore;
 use crate::snapshot::recovery::{recover, RecoveryConfig};
 use crate::snapshot::runner::parse_stream_time;
 use crate::snapshot::state::RecoveredState;
@@ -334,6 +334,8 @@ impl<F: Fold> Shared<F> {
         let assigned_offset = start.offset;
         let offsets = start.offsets.clone();
         let began = std::time::Instant::now();
+        #[cfg(feature = "disk-state")]
+        let mut lazy_image = None;
         let recovered = match writer {
             #[cfg(feature = "postgres")]
             Writer::Pg(store) => store.read_state().await?,
@@ -345,7 +347,18 @@ impl<F: Fold> Shared<F> {
                     unreachable!("matched above")
                 };
                 super::local::stop_following(self, tp.partition).await;
-                super::local::open_partition_image(self, disk, tp).await?
+                let image = super::local::open_partition_image(self, disk, tp).await?;
+                match disk.memory_budget {
+                    // Lazily: the image stays open for the core, and no key is loaded now.
+                    Some(budget) => {
+                        lazy_image = Some((image, budget));
+                        RecoveredState::new()
+                    }
+                    None => image.load_all().map_err(|e| FlowError::State {
+                        partition: tp.partition,
+                        source: std::sync::Arc::new(e),
+                    })?,
+                }
             }
             _ => self.read_snapshot_log(tp).await?,
         };
@@ -365,45 +378,21 @@ impl<F: Fold> Shared<F> {
         let mut graves = 0usize;
         for (key, value) in &recovered {
             let key = Bytes::copy_from_slice(key);
-            let bad = |reason: String| FlowError::BadSnapshot {
-                partition: tp.partition,
-                key: key.clone(),
-                reason,
-            };
-            let inputs = core.input_count();
-            let (last, payload) = match open_envelope(value).map_err(bad)? {
-                Opened::Live(last_offset, payload) => (vec![last_offset], Some(payload)),
-                Opened::Grave(last_offset) => (vec![last_offset], None),
-                Opened::LiveInputs(offsets, payload) => (offsets.iter().collect(), Some(payload)),
-                Opened::GraveInputs(offsets) => (offsets.iter().collect(), None),
-            };
-            let last = match last.len() {
-                n if n == inputs => last,
-                // Written before the flow took more inputs: it accounts for the first input only.
-                1 => {
-                    let mut v = vec![-1; inputs];
-                    v[0] = last[0];
-                    v
-                }
-                n => {
-                    return Err(bad(format!(
-                        "the snapshot accounts for {n} inputs, and this flow has {inputs}: the \
-                         inputs' order or number changed"
-                    )))
-                }
-            };
-            let state = match payload {
-                Some(p) => Some(self.fold.decode(p).map_err(|e| bad(e.to_string()))?),
-                None => {
-                    graves += 1;
-                    None
-                }
-            };
-            if inputs == 1 {
-                core.restore(&*self.fold, key, state, last[0]);
-            } else {
-                core.restore_inputs(&*self.fold, key, state, &last);
-            }
+            let grave = core
+                .restore_envelope(&*self.fold, key.clone(), value)
+                .map_err(|reason| FlowError::BadSnapshot {
+                    partition: tp.partition,
+                    key,
+                    reason,
+                })?;
+            graves += usize::from(grave);
+        }
+        #[cfg(feature = "disk-state")]
+        if let Some((image, budget)) = lazy_image {
+            let budget = usize::try_from(budget).unwrap_or(usize::MAX);
+            core = core
+                .load_lazily(&*self.fold, image, budget)
+                .map_err(|e| super::local::load_failure(tp.partition, e))?;
         }
         let elapsed = began.elapsed();
         tracing::info!(

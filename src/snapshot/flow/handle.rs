@@ -149,6 +149,15 @@ pub enum LookupError {
     /// partition (use [`FlowHandle::get_in`] with the partition the producer chose).
     #[error("the input topic's partition count is not known")]
     NoPartitionCount,
+    /// The key is not in memory and the partition's on-disk state could not be read (the
+    /// `disk-state` feature with a memory budget): the flow stops the partition on the same failure.
+    #[error("the on-disk state of partition {partition} could not be read: {detail}")]
+    Unreadable {
+        /// The key's input partition.
+        partition: i32,
+        /// What failed.
+        detail: String,
+    },
 }
 
 /// The flow a [`FlowHandle`] waited on was closed or dropped before it was ready.
@@ -286,16 +295,26 @@ impl<F: Fold> FlowHandle<F> {
         let core = lane.core();
         let position = core.position();
         let caught_up = lane.catch_up.is_reached();
-        Ok(keys
-            .into_iter()
-            .map(|key| Lookup {
-                partition,
-                state: core.state_of(key).cloned(),
-                position,
-                generation,
-                caught_up,
+        keys.into_iter()
+            .map(|key| {
+                #[cfg(feature = "disk-state")]
+                let state =
+                    core.lookup(&*self.shared.fold, key)
+                        .map_err(|e| LookupError::Unreadable {
+                            partition,
+                            detail: super::local::load_failure(partition, e).to_string(),
+                        })?;
+                #[cfg(not(feature = "disk-state"))]
+                let state = core.state_of(key).cloned();
+                Ok(Lookup {
+                    partition,
+                    state,
+                    position,
+                    generation,
+                    caught_up,
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// The current state of every live key of `partition`, if held (a clone of the whole partition's

@@ -152,6 +152,12 @@ pub(super) async fn persist_lane<F: Fold, W: Writes>(
 /// Confirms the outputs `lane` produced at once (the unfenced mode) before a write or commit could pass
 /// them; when one was not acknowledged, the partition stops for a replay.
 async fn confirm_outputs<S, W: Writes>(lane: &Lane<S, W>) -> Result<(), FlowError> {
+    // A lazily loaded partition that could not read its image stopped folding; the failure stops
+    // the flow here, before anything is written or committed.
+    #[cfg(feature = "disk-state")]
+    if let Some(failure) = lane.core().take_load_failure() {
+        return Err(super::local::load_failure(lane.partition, failure));
+    }
     emit_immediate(lane).await?;
     let confirmed = lane.writer.confirm_outputs().await;
     if confirmed.is_err() {

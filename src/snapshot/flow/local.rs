@@ -46,6 +46,14 @@ pub struct DiskState {
     pub warm_for: std::time::Duration,
     /// How often a followed partition's image is brought up to date. Default 1 s.
     pub warm_every: std::time::Duration,
+    /// The memory the keys of each held partition may take, bytes (estimated from their snapshots'
+    /// sizes, plus a fixed share per key). `None` (the default): every key of a partition is loaded
+    /// into memory at its acquisition. With a budget, an acquisition loads no key but the graves: a
+    /// key is read from the image when an event, a timer or a lookup needs it, and keys whose every
+    /// change has landed are dropped again, oldest first, once the partition's keys exceed the budget.
+    /// Keys with a timer, a change not yet landed or outputs waiting stay in memory whatever the
+    /// budget.
+    pub memory_budget: Option<u64>,
 }
 
 impl DiskState {
@@ -57,6 +65,7 @@ impl DiskState {
             cache_bytes: 8 << 20,
             warm_for: std::time::Duration::ZERO,
             warm_every: std::time::Duration::from_secs(1),
+            memory_budget: None,
         }
     }
 }
@@ -82,11 +91,19 @@ pub struct DiskStats {
     /// Times a followed partition's image could not be brought up to date (the next try, or the next
     /// acquisition, reads on from its checkpoint).
     pub follow_failures: u64,
+    /// With a memory budget ([`DiskState::memory_budget`]), over the partitions held now (since each
+    /// was acquired): keys read from disk into memory.
+    pub keys_loaded: u64,
+    /// Keys dropped from memory under the budget, over the partitions held now.
+    pub keys_evicted: u64,
+    /// Keys in memory now, over the partitions held now.
+    pub keys_in_memory: u64,
 }
 
 #[cfg(feature = "disk-state")]
 pub(super) use self::disk::{
-    catch_up_images, follow_released, open_partition_image, stop_following, stop_following_all,
+    catch_up_images, follow_released, load_failure, open_partition_image, stop_following,
+    stop_following_all,
 };
 
 #[cfg(feature = "disk-state")]
@@ -102,12 +119,14 @@ mod disk {
     use crate::consumer::{epoch_end_offset, OffsetSpec, TopicPartition};
     use crate::records::IsolationLevel;
     use crate::snapshot::checkpoint::{judge, Checkpoint, Fallback, Identity, Judgement, Observed};
-    use crate::snapshot::disk::{remove_image, PartitionImage, Put, StateError, GRAVE, NO_DEADLINE};
+    use crate::snapshot::disk::{
+        remove_image, PartitionImage, Put, StateError, GRAVE, NO_DEADLINE,
+    };
     use crate::snapshot::error::SnapshotError;
     use crate::snapshot::fold::Fold;
+    use crate::snapshot::fold_core::lazy::LoadFailure;
     use crate::snapshot::fold_core::{open_envelope, Opened};
     use crate::snapshot::recovery::read_from;
-    use crate::snapshot::state::RecoveredState;
 
     /// The topic's `delete.retention.ms` when the broker reports none: Kafka's default, one day.
     const DEFAULT_DELETE_RETENTION_MS: i64 = 86_400_000;
@@ -190,21 +209,31 @@ mod disk {
         disk.dir.join(format!("{topic}-{partition}"))
     }
 
-    /// Brings `tp`'s image up to the snapshot partition's high watermark and returns its keys (see
-    /// [`bring_up_to_date`]).
+    /// Brings `tp`'s image up to the snapshot partition's high watermark and returns it, open (see
+    /// [`bring_up_to_date`]). The keys are read by the caller (whole, or lazily): a corrupt block
+    /// met then is handled as [`load_failure`] says.
     pub(in super::super) async fn open_partition_image<F: Fold>(
         shared: &Shared<F>,
         disk: &DiskState,
         tp: &TopicPartition,
-    ) -> Result<RecoveredState, FlowError> {
-        bring_up_to_date(
-            shared,
-            disk,
-            tp.partition,
-            Read::Acquire,
-            PartitionImage::load_all,
-        )
-        .await
+    ) -> Result<PartitionImage, FlowError> {
+        bring_up_to_date(shared, disk, tp.partition, Read::Acquire, Ok).await
+    }
+
+    /// The flow's error for a lazily loaded partition that stopped on its image. A corrupt image was
+    /// condemned on disk before (the next acquisition reads whole).
+    pub(in super::super) fn load_failure(partition: i32, failure: LoadFailure) -> FlowError {
+        match failure {
+            LoadFailure::State(e) => FlowError::State {
+                partition,
+                source: Arc::new(e),
+            },
+            LoadFailure::BadSnapshot { key, reason } => FlowError::BadSnapshot {
+                partition,
+                key,
+                reason,
+            },
+        }
     }
 
     /// Brings the image of `partition` to the high watermark ([`read_into_image`]) and hands it to
@@ -216,7 +245,7 @@ mod disk {
         disk: &DiskState,
         partition: i32,
         read: Read,
-        then: impl Fn(&PartitionImage) -> Result<T, StateError>,
+        then: impl Fn(PartitionImage) -> Result<T, StateError>,
     ) -> Result<T, FlowError> {
         let state_err = |e: StateError| FlowError::State {
             partition,
@@ -224,7 +253,7 @@ mod disk {
         };
         let attempt = || async {
             let image = read_into_image(shared, disk, partition, read).await?;
-            then(&image).map_err(state_err)
+            then(image).map_err(state_err)
         };
         let corrupt = match attempt().await {
             Err(FlowError::State { source, .. }) if source.is_corrupt() => source,
@@ -315,6 +344,18 @@ mod disk {
         };
         // The log's bounds the judgement read are the read's too: its start, and the high watermark
         // it drains to.
+        // A read that found the image corrupt while the partition was held condemned it.
+        let checkpoint = match (&image, checkpoint) {
+            (Some(image), Ok(c)) => match image.condemned() {
+                Ok(Some(why)) => Err(StateError::Corrupt {
+                    dir: dir.clone(),
+                    detail: format!("condemned while in use: {why}"),
+                }),
+                Ok(None) => Ok(c),
+                Err(e) => Err(e),
+            },
+            (_, c) => c,
+        };
         let (judgement, bounds) = match checkpoint {
             Err(e) if e.is_corrupt() => {
                 (Judgement::FullRead(Fallback::Corrupt(e.to_string())), None)

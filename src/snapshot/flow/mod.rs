@@ -599,11 +599,22 @@ impl<F: Fold> Flow<F> {
     /// the partition whole and why, and how many snapshot records were read into images. All zero with
     /// [`StateConfig::Memory`].
     pub fn disk_stats(&self) -> DiskStats {
-        self.shared
+        #[allow(unused_mut)]
+        let mut stats = self
+            .shared
             .disk_stats
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+            .clone();
+        #[cfg(feature = "disk-state")]
+        for lane in self.shared.all_lanes() {
+            if let Some(lazy) = lane.core().lazy_stats() {
+                stats.keys_loaded += lazy.loaded;
+                stats.keys_evicted += lazy.evicted;
+                stats.keys_in_memory += lazy.in_memory;
+            }
+        }
+        stats
     }
 
     /// A handle that reads [`stats`](Self::stats) from anywhere, also while [`run`](Self::run) owns

@@ -173,6 +173,16 @@ impl<F: Fold> Shared<F> {
     pub(super) fn partition_state(&self, partition: i32) -> Option<HashMap<Bytes, F::State>> {
         let lane = self.lanes().get(&partition).cloned()?;
         let core = lane.core();
+        #[cfg(feature = "disk-state")]
+        match core.all_states(&*self.fold) {
+            Ok(states) => Some(states),
+            Err(e) => {
+                let e = super::local::load_failure(partition, e);
+                tracing::warn!(partition, error = %e, "the partition's state could not be read from disk");
+                None
+            }
+        }
+        #[cfg(not(feature = "disk-state"))]
         Some(core.states().map(|(k, s)| (k.clone(), s.clone())).collect())
     }
 
