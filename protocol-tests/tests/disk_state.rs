@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -33,6 +35,8 @@ struct World {
     per_partition: HashMap<i32, i64>,
     /// Data directories made by this world, removed when it is dropped.
     dirs: Vec<PathBuf>,
+    /// The members' `DiskState::memory_budget`.
+    budget: Option<u64>,
 }
 
 impl Drop for World {
@@ -88,6 +92,7 @@ impl World {
             written: HashMap::new(),
             per_partition: HashMap::new(),
             dirs: Vec::new(),
+            budget: None,
         }
     }
 
@@ -167,7 +172,9 @@ impl World {
         let mut snapshots = SnapshotConfig::new(&self.snapshots, &self.txn_prefix);
         snapshots.recovery_stall_timeout = Some(Duration::from_secs(30));
         let mut c = FlowConfig::new(consumer, &self.input, snapshots);
-        c.state = StateConfig::Disk(DiskState::new(dir, state_version));
+        let mut disk = DiskState::new(dir, state_version);
+        disk.memory_budget = self.budget;
+        c.state = StateConfig::Disk(disk);
         c
     }
 
@@ -960,4 +967,246 @@ async fn a_rolling_restart_of_three_members_with_warm_takeovers() {
         totals.fallbacks.keys().all(|why| *why == "no_checkpoint"),
         "{totals:?}"
     );
+}
+
+/// About 120 keys of the tests' sizes (a key costs its key, its snapshot and 96 bytes).
+const SMALL_BUDGET: u64 = 16 << 10;
+
+/// With a memory budget a member keeps few keys in memory, loading each from its image when an event
+/// needs it, and still ends with the fold of all input: on an empty directory (every key new), after a
+/// restart on its directory (reading only what another member wrote meanwhile, loading nothing it was
+/// not asked for), and folding events for keys that live only on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_a_memory_budget_loads_keys_as_events_need_them() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::new(&kafka, 1, &[]).await;
+    w.budget = Some(SMALL_BUDGET);
+    let dir = w.dir("budget");
+    w.emit(0..2000, 2, "a").await;
+
+    let (held, first) = w.run_member(&dir, 1).await;
+    w.assert_folds_all(&held);
+    assert!(first.keys_evicted >= 1500, "{first:?}");
+    assert!(first.keys_in_memory < 400, "{first:?}");
+
+    // Another member (whole state in memory, its own directory) folds changes to 50 keys.
+    w.budget = None;
+    w.emit(0..50, 1, "b").await;
+    let elsewhere = w.dir("budget-elsewhere");
+    let (held, _) = w.run_member(&elsewhere, 1).await;
+    w.assert_folds_all(&held);
+
+    // Back on its directory with the budget: it reads the 50 snapshots, and loads no key, as no event
+    // asks for one; its state (read through the image) is the fold of all input.
+    w.budget = Some(SMALL_BUDGET);
+    let (held, again) = w.run_member(&dir, 1).await;
+    assert_eq!(again.resumed, 1, "{again:?}");
+    assert_eq!(again.records_read, 50, "{again:?}");
+    assert_eq!(again.keys_loaded, 0, "{again:?}");
+    w.assert_folds_all(&held);
+
+    // Events for 300 keys that are only on disk: each is loaded, folded onto its recovered state, and
+    // dropped again.
+    w.emit(1000..1300, 1, "c").await;
+    w.delete(1500).await;
+    let (held, third) = w.run_member(&dir, 1).await;
+    assert!(third.keys_loaded >= 301, "{third:?}");
+    assert!(third.keys_evicted >= 100, "{third:?}");
+    w.assert_folds_all(&held);
+}
+
+/// A key that expires (a timer deletes it `TTL` after its last event) expires whether it is in memory
+/// or not: after it was dropped from memory with its timer set (found through the deadlines the owner
+/// noted as it dropped keys), and after a restart that loaded no key (found through the image's
+/// deadline index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_of_keys_on_disk_fire() {
+    const TTL: i64 = 3_600_000;
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::new(&kafka, 1, &[]).await;
+    w.budget = Some(SMALL_BUDGET);
+    let dir = w.dir("timers");
+    // Keys 0..300 were last seen at t0, keys 300..600 ten hours later, both in the past (the broker
+    // refuses timestamps far ahead of its clock); the flow's clock is the test's.
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 20 * TTL;
+    let mut deliveries = Vec::new();
+    for k in 0..600usize {
+        let at = if k < 300 { t0 } else { t0 + 10 * TTL };
+        let record = ProducerRecord::new(w.input.as_str(), Some(Bytes::from_static(b"x")))
+            .key(Bytes::from(format!("k{k:04}")))
+            .partition(0)
+            .timestamp(at);
+        deliveries.push(w.producer.send(record).await.unwrap());
+    }
+    for d in deliveries {
+        d.await.unwrap();
+    }
+    let live = |flow: &Flow<Expiring>| -> Vec<usize> {
+        let mut keys: Vec<usize> = flow
+            .state(0)
+            .unwrap_or_default()
+            .keys()
+            .map(|k| std::str::from_utf8(&k[1..]).unwrap().parse().unwrap())
+            .collect();
+        keys.sort_unstable();
+        keys
+    };
+
+    let clock = Arc::new(ManualClock(AtomicI64::new(t0 + TTL / 2)));
+    let mut flow = start_expiring(&w, &dir, &clock).await;
+    fold_to(&mut flow, 600).await;
+    flow.persist().await.unwrap();
+    flow.commit().await.unwrap();
+    let stats = flow.disk_stats();
+    assert!(stats.keys_evicted >= 400, "{stats:?}");
+    assert_eq!(flow.tick(), 0, "nothing is due yet");
+    assert_eq!(live(&flow), (0..600).collect::<Vec<_>>());
+
+    // Past the first keys' deadline: the 300 fire, though most of them were out of memory.
+    clock.0.store(t0 + 2 * TTL, Ordering::Relaxed);
+    assert!(flow.next_deadline().is_some_and(|d| d <= t0 + TTL));
+    assert_eq!(flow.tick(), 300);
+    settle(&mut flow).await;
+    assert_eq!(live(&flow), (300..600).collect::<Vec<_>>());
+    flow.close().await.unwrap();
+
+    // A restart past every deadline: the takeover finds the other 300 in the image's index.
+    clock.0.store(t0 + 20 * TTL, Ordering::Relaxed);
+    let mut flow = start_expiring(&w, &dir, &clock).await;
+    fold_to(&mut flow, 600).await;
+    settle(&mut flow).await;
+    let stats = flow.disk_stats();
+    assert_eq!(stats.resumed, 1, "{stats:?}");
+    assert!(stats.keys_loaded >= 300, "{stats:?}");
+    assert_eq!(live(&flow), Vec::<usize>::new());
+    flow.close().await.unwrap();
+}
+
+/// A block that fails its checksum when a key is loaded stops the flow with a typed error, and marks
+/// the image so that the next start reads the partition whole (`corrupt`) and ends right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_block_met_while_loading_a_key_stops_the_flow_and_is_read_whole_next() {
+    let kafka = cluster(ClusterSpec::kafka4()).await;
+    let mut w = World::new(&kafka, 1, &[]).await;
+    w.budget = Some(SMALL_BUDGET);
+    let dir = w.dir("lazy-corrupt");
+    w.emit(0..3000, 1, "a").await;
+    let (_, _) = w.run_member(&dir, 1).await;
+
+    let image = dir.join(format!("{}-0", w.snapshots));
+    let biggest = table_files(&image)
+        .into_iter()
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .expect("the image has table files");
+    let mut bytes = std::fs::read(&biggest).unwrap();
+    let at = bytes.len() / 6;
+    bytes[at] ^= 0x40;
+    std::fs::write(&biggest, &bytes).unwrap();
+
+    // Every key gets an event, so every block of the image is read.
+    w.emit(0..3000, 1, "b").await;
+    let mut flow = Flow::start(w.client.clone(), w.config(&w.group, &dir, 1), Counter)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let err = loop {
+        let step = match flow.poll_once(Duration::from_millis(100)).await {
+            Ok(_) => flow.persist().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = step {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "the corrupt block was never met");
+    };
+    assert!(
+        matches!(&err, snapfence::snapshot::FlowError::State { source, .. } if source.is_corrupt()),
+        "{err}"
+    );
+    drop(flow);
+
+    let (held, stats) = w.run_member(&dir, 1).await;
+    assert_eq!(fallbacks(&stats, "corrupt"), 1, "{stats:?}");
+    w.assert_folds_all(&held);
+}
+
+/// Counter with an expiry: a key is deleted `ttl` after its last event's timestamp (wall clock).
+struct Expiring {
+    ttl: i64,
+}
+
+impl snapfence::snapshot::Fold for Expiring {
+    type State = (Tally, i64);
+    fn fold(
+        &self,
+        key: &Bytes,
+        state: &mut Option<(Tally, i64)>,
+        event: &snapfence::records::Record,
+        out: &mut snapfence::snapshot::Outputs,
+    ) -> snapfence::snapshot::Change {
+        let mut tally = state.map(|(t, _)| t);
+        let change = Counter.fold(key, &mut tally, event, out);
+        *state = tally.map(|t| (t, event.timestamp));
+        change
+    }
+    fn encode(&self, s: &(Tally, i64)) -> Bytes {
+        let mut v = Counter.encode(&s.0).to_vec();
+        v.extend_from_slice(&s.1.to_be_bytes());
+        Bytes::from(v)
+    }
+    fn decode(&self, b: &[u8]) -> Result<(Tally, i64), snapfence::snapshot::BoxError> {
+        let (tally, seen) = b.split_at_checked(16).ok_or("a short state")?;
+        Ok((Counter.decode(tally)?, i64::from_be_bytes(seen.try_into()?)))
+    }
+    fn deadline(&self, _key: &Bytes, s: &(Tally, i64)) -> Option<i64> {
+        Some(s.1 + self.ttl)
+    }
+    fn on_deadline(
+        &self,
+        _key: &Bytes,
+        _s: &mut (Tally, i64),
+        _now: i64,
+        _out: &mut snapfence::snapshot::Outputs,
+    ) -> snapfence::snapshot::Change {
+        snapfence::snapshot::Change::Delete
+    }
+}
+
+/// A clock the test sets.
+#[derive(Debug)]
+struct ManualClock(AtomicI64);
+
+impl snapfence::snapshot::Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+async fn start_expiring(w: &World, dir: &Path, clock: &Arc<ManualClock>) -> Flow<Expiring> {
+    let mut config = w.config(&w.group, dir, 1);
+    config.clock = clock.clone();
+    Flow::start(w.client.clone(), config, Expiring { ttl: 3_600_000 })
+        .await
+        .unwrap()
+}
+
+/// Polls until partition 0 is held and folded up to `end`.
+async fn fold_to<F: snapfence::snapshot::Fold>(flow: &mut Flow<F>, end: i64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while flow.position(0).is_none_or(|p| p < end) {
+        flow.poll_once(Duration::from_millis(100)).await.unwrap();
+        assert!(Instant::now() < deadline, "never reached offset {end}");
+    }
+}
+
+/// Persists and commits twice (graves become tombstones once a commit passed them).
+async fn settle<F: snapfence::snapshot::Fold>(flow: &mut Flow<F>) {
+    for _ in 0..2 {
+        flow.persist().await.unwrap();
+        flow.commit().await.unwrap();
+    }
 }

@@ -347,17 +347,13 @@ impl<F: Fold> Shared<F> {
                     unreachable!("matched above")
                 };
                 super::local::stop_following(self, tp.partition).await;
-                let image = super::local::open_partition_image(self, disk, tp).await?;
-                match disk.memory_budget {
+                match super::local::open_partition_image(self, disk, tp).await? {
+                    super::local::Taken::Whole(recovered) => recovered,
                     // Lazily: the image stays open for the core, and no key is loaded now.
-                    Some(budget) => {
+                    super::local::Taken::Lazy(image, budget) => {
                         lazy_image = Some((image, budget));
                         RecoveredState::new()
                     }
-                    None => image.load_all().map_err(|e| FlowError::State {
-                        partition: tp.partition,
-                        source: std::sync::Arc::new(e),
-                    })?,
                 }
             }
             _ => self.read_snapshot_log(tp).await?,

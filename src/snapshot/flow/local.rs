@@ -103,7 +103,7 @@ pub struct DiskStats {
 #[cfg(feature = "disk-state")]
 pub(super) use self::disk::{
     catch_up_images, follow_released, load_failure, open_partition_image, stop_following,
-    stop_following_all,
+    stop_following_all, Taken,
 };
 
 #[cfg(feature = "disk-state")]
@@ -127,6 +127,7 @@ mod disk {
     use crate::snapshot::fold_core::lazy::LoadFailure;
     use crate::snapshot::fold_core::{open_envelope, Opened};
     use crate::snapshot::recovery::read_from;
+    use crate::snapshot::state::RecoveredState;
 
     /// The topic's `delete.retention.ms` when the broker reports none: Kafka's default, one day.
     const DEFAULT_DELETE_RETENTION_MS: i64 = 86_400_000;
@@ -209,15 +210,34 @@ mod disk {
         disk.dir.join(format!("{topic}-{partition}"))
     }
 
-    /// Brings `tp`'s image up to the snapshot partition's high watermark and returns it, open (see
-    /// [`bring_up_to_date`]). The keys are read by the caller (whole, or lazily): a corrupt block
-    /// met then is handled as [`load_failure`] says.
+    /// What an acquisition takes from the image.
+    pub(in super::super) enum Taken {
+        /// Every key (no memory budget).
+        Whole(RecoveredState),
+        /// The image itself, open, to load keys from as they are needed (a memory budget of so many
+        /// bytes).
+        Lazy(PartitionImage, u64),
+    }
+
+    /// Brings `tp`'s image up to the snapshot partition's high watermark (see [`bring_up_to_date`])
+    /// and takes from it what the acquisition needs: every key, or, with a memory budget, the image
+    /// itself once its graves and deadline index read cleanly. A corrupt block met in these reads
+    /// reads the partition whole into a fresh image; one met later, while keys load, stops the flow
+    /// ([`load_failure`]).
     pub(in super::super) async fn open_partition_image<F: Fold>(
         shared: &Shared<F>,
         disk: &DiskState,
         tp: &TopicPartition,
-    ) -> Result<PartitionImage, FlowError> {
-        bring_up_to_date(shared, disk, tp.partition, Read::Acquire, Ok).await
+    ) -> Result<Taken, FlowError> {
+        let take = |image: PartitionImage| match disk.memory_budget {
+            None => image.load_all().map(Taken::Whole),
+            Some(budget) => {
+                image.graves()?;
+                image.next_due_after(i64::MIN)?;
+                Ok(Taken::Lazy(image, budget))
+            }
+        };
+        bring_up_to_date(shared, disk, tp.partition, Read::Acquire, take).await
     }
 
     /// The flow's error for a lazily loaded partition that stopped on its image. A corrupt image was
