@@ -39,6 +39,7 @@
 
 mod ceiling;
 mod disk;
+mod disk_scale;
 mod job;
 mod job_child;
 mod ours;
@@ -104,6 +105,14 @@ fn main() {
             init_tracing();
             disk::main(&args[1..])
         }
+        Some("disk-scale") => {
+            init_tracing();
+            disk_scale::main(&args[1..])
+        }
+        Some("disk-member") => {
+            init_tracing();
+            disk_scale::member_main(&args[1..])
+        }
         Some("stores") => {
             init_tracing();
             stores::main(&args[1..])
@@ -120,6 +129,7 @@ fn main() {
             eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n                           [--connections LIST] [--ceiling] [--before PATH]\n       snapfence-bench scale [--nodes 1|3] [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE] [--series R] [--connections LIST]
        snapfence-bench stores [--keys 1,100,1000,10000] [--waves N] [--out FILE]
        snapfence-bench disk [--keys 100000,1000000] [--changed 0.01] [--repeat R] [--out FILE]
+       snapfence-bench disk-scale [--keys 10000000] [--budget-mib 64] [--hot 100000] [--hot-events 1000000] [--changed 0.01] [--out FILE]
        snapfence-bench job [--events N] [--keys K] [--partitions P] [--runs R] [--output] [--takeover] [--out FILE]
        snapfence-bench peer WORKLOAD ARGS...");
             2

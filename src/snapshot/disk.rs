@@ -147,12 +147,20 @@ impl PartitionImage {
             .max_cached_files(Some(64))
             .open()
             .map_err(failed)?;
-        let keyspace = |name: &str| {
-            db.keyspace(name, KeyspaceCreateOptions::default)
-                .map_err(failed)
+        // Memtables are anonymous memory until flushed: sized so a partition's stay well below a
+        // memory budget's scale (fjall's default is 64 MiB each).
+        let keyspace = |name: &str, memtable: u64| {
+            db.keyspace(name, || {
+                KeyspaceCreateOptions::default().max_memtable_size(memtable)
+            })
+            .map_err(failed)
         };
-        let (snap, due, meta) = (keyspace("snap")?, keyspace("due")?, keyspace("meta")?);
-        let (work, work_due) = (keyspace("work")?, keyspace("work_due")?);
+        let (snap, due, meta) = (
+            keyspace("snap", 16 << 20)?,
+            keyspace("due", 4 << 20)?,
+            keyspace("meta", 1 << 20)?,
+        );
+        let (work, work_due) = (keyspace("work", 8 << 20)?, keyspace("work_due", 4 << 20)?);
         // Whatever a previous owner's overlay held is not the image: the image is what its checkpoint
         // covers, and the read from there brings it up to date.
         work.clear().map_err(failed)?;

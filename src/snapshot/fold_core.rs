@@ -514,15 +514,19 @@ impl Inputs {
 /// No stream time yet.
 const NO_TIME: i64 = i64::MIN;
 
-/// What a key costs in memory, estimated: its key and snapshot, and a fixed share for the map's slot,
-/// the entry and the decoded state's own allocations.
-fn entry_size(key: &[u8], value: Option<&Bytes>) -> u32 {
-    let bytes = key.len() + value.map_or(0, |v| v.len()) + ENTRY_OVERHEAD;
+/// What a key costs in memory, estimated: its key and snapshot (standing for the decoded state's own
+/// allocations), its slot in the map, and a fixed share for the map's spare room, the bookkeeping
+/// beside it and the allocator.
+fn entry_size<S>(key: &[u8], value: Option<&Bytes>) -> u32 {
+    let bytes = key.len()
+        + value.map_or(0, |v| v.len())
+        + std::mem::size_of::<(Bytes, Entry<S>)>()
+        + ENTRY_OVERHEAD;
     u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
 /// The fixed share of [`entry_size`].
-const ENTRY_OVERHEAD: usize = 96;
+const ENTRY_OVERHEAD: usize = 128;
 
 /// A key a wave carried.
 struct Carried {
@@ -826,6 +830,15 @@ impl<S> PartitionCore<S> {
             self.advance(input, event.offset + 1);
             return Folded::NullKey;
         };
+        // An event's key is a view of the fetch it came in: a key kept long (a partition under a
+        // memory budget keeps few, for long) holds its own copy, not the whole fetch.
+        let owned;
+        let key = if self.is_lazy() {
+            owned = Bytes::copy_from_slice(key);
+            &owned
+        } else {
+            key
+        };
         if !self.ensure_loaded(fold, key) {
             // The key could not be loaded: the partition stopped (see `needs_replay`).
             return Folded::Skipped;
@@ -1090,7 +1103,7 @@ impl<S> PartitionCore<S> {
                 (None, Some(v)) => (Some(grave_inputs(v)), Written::Grave),
             };
             e.in_wave = Some(None);
-            let size = entry_size(&key, value.as_ref());
+            let size = entry_size::<S>(&key, value.as_ref());
             let old = std::mem::replace(&mut e.size, size);
             self.resized(old, size);
             let outputs = self.held_outputs.remove(&key).unwrap_or_default();
@@ -1333,6 +1346,11 @@ impl<S> PartitionCore<S> {
     }
 
     #[inline]
+    fn is_lazy(&self) -> bool {
+        false
+    }
+
+    #[inline]
     fn load_due<F: Fold<State = S>>(&mut self, _fold: &F, _now: i64) -> bool {
         true
     }
@@ -1350,6 +1368,12 @@ impl<S> PartitionCore<S> {
 
     #[inline]
     fn evict(&mut self) {}
+
+    /// Whether the partition's changed keys outgrew its memory budget (never, without one).
+    #[inline]
+    pub(crate) fn wants_persist(&self) -> bool {
+        false
+    }
 
     #[inline]
     fn wave_written(&mut self, _writes: &[WaveWrite]) {}

@@ -30,9 +30,14 @@ use super::{entry_size, PartitionCore, WaveWrite, NO_TIME};
 use crate::snapshot::disk::{PartitionImage, StateError};
 use crate::snapshot::fold::Fold;
 
-/// How many keys one eviction pass looks at, at most: keys that must stay are put back at the end, so
-/// a partition whose keys all must stay does not rescan them all at every landing.
-const EVICTION_LOOKS: usize = 4096;
+/// How many keys the eviction before a load looks at, at most: keys that must stay are put back at the
+/// end, so loads while most keys must stay (a large wave in flight) do not rescan them at every load.
+/// A landing looks at every key once.
+const LOOKS_BEFORE_LOAD: usize = 64;
+
+/// Changed keys a partition over its budget must have before it persists early (fewer would make
+/// a transaction for too little room).
+const PERSIST_AT_DIRTY: usize = 1024;
 
 /// Why a lazily loaded key could not be used.
 #[derive(Debug)]
@@ -116,6 +121,11 @@ impl<S> PartitionCore<S> {
         }
     }
 
+    /// Whether keys are loaded lazily.
+    pub(super) fn is_lazy(&self) -> bool {
+        self.lazy.is_some()
+    }
+
     /// The failure that stopped a lazily loaded partition, once.
     pub(crate) fn take_load_failure(&mut self) -> Option<LoadFailure> {
         self.lazy.as_mut().and_then(|l| l.failure.take())
@@ -147,7 +157,7 @@ impl<S> PartitionCore<S> {
             return true;
         };
         // Room first: the key coming in must not be the one dropped.
-        self.evict();
+        self.evict_some(LOOKS_BEFORE_LOAD);
         if let Err(reason) = self.restore_envelope(fold, key.clone(), &value) {
             return self.load_failed(LoadFailure::BadSnapshot {
                 key: key.clone(),
@@ -161,7 +171,7 @@ impl<S> PartitionCore<S> {
                 e.deadline = None;
                 self.timers.remove(&(d, key.clone()));
             }
-            let size = entry_size(key, Some(&value));
+            let size = entry_size::<S>(key, Some(&value));
             e.size = size;
             self.resized(0, size);
         }
@@ -226,6 +236,14 @@ impl<S> PartitionCore<S> {
         }
     }
 
+    /// Whether the keys in memory exceed the budget with enough changed keys among them that a wave
+    /// would make room: the driver then persists the partition before folding on.
+    pub(crate) fn wants_persist(&self) -> bool {
+        self.lazy.as_ref().is_some_and(|l| {
+            l.resident > l.budget && self.dirty.len() >= PERSIST_AT_DIRTY && self.in_flight.is_none()
+        })
+    }
+
     /// The earliest deadline of a key not in memory (or a deadline a key in memory has moved from:
     /// a tick that finds nothing to fire).
     pub(super) fn unloaded_deadline(&self) -> Option<i64> {
@@ -236,10 +254,15 @@ impl<S> PartitionCore<S> {
         }
     }
 
-    /// A key new to the partition came into memory.
+    /// A key new to the partition came into memory (its size counts its key until its first write).
     pub(super) fn came_in(&mut self, key: &Bytes) {
-        if let Some(lazy) = self.lazy.as_mut() {
-            lazy.order.push_back(key.clone());
+        let Some(lazy) = self.lazy.as_mut() else {
+            return;
+        };
+        lazy.order.push_back(key.clone());
+        if let Some(e) = self.keys.get_mut(key) {
+            e.size = entry_size::<S>(key, None);
+            lazy.resident += e.size as usize;
         }
     }
 
@@ -250,13 +273,18 @@ impl<S> PartitionCore<S> {
         }
     }
 
-    /// Drops clean keys, oldest in first, until the keys in memory fit the budget (or every key looked
-    /// at must stay).
+    /// Drops clean keys, oldest in first, until the keys in memory fit the budget or every key was
+    /// looked at once.
     pub(super) fn evict(&mut self) {
+        self.evict_some(usize::MAX);
+    }
+
+    /// [`evict`](Self::evict), looking at `looks` keys at most.
+    fn evict_some(&mut self, looks: usize) {
         let Some(lazy) = self.lazy.as_mut() else {
             return;
         };
-        let mut looks = lazy.order.len().min(EVICTION_LOOKS);
+        let mut looks = lazy.order.len().min(looks);
         let mut timers = Vec::new();
         while lazy.resident > lazy.budget && looks > 0 {
             looks -= 1;

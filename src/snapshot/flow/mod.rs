@@ -566,7 +566,10 @@ impl<F: Fold> Flow<F> {
             .shared
             .all_lanes()
             .into_iter()
-            .filter(|lane| lane.core().held_output_bytes() >= budget)
+            .filter(|lane| {
+                let core = lane.core();
+                core.held_output_bytes() >= budget || core.wants_persist()
+            })
             .collect();
         if full.is_empty() {
             return Ok(());
@@ -739,9 +742,27 @@ impl<F: Fold> Flow<F> {
         for batch in batches {
             let lane = self.shared.lanes().get(&batch.partition.partition).cloned();
             let Some(lane) = lane else { continue };
-            folded += self.fold_batch(&lane, &batch);
-            if let Err(e) = emit_immediate(&lane).await {
-                failures.push((lane.partition, e));
+            let mut from = 0;
+            loop {
+                let (n, stopped) = self.fold_batch(&lane, &batch, from);
+                folded += n;
+                if let Err(e) = emit_immediate(&lane).await {
+                    failures.push((lane.partition, e));
+                }
+                // A partition under a memory budget whose changed keys outgrew it persists before
+                // folding on, so they become clean and can be dropped.
+                let Some(next) = stopped else { break };
+                self.persist_lanes(vec![Arc::clone(&lane)]).await?;
+                let held = self
+                    .shared
+                    .lanes()
+                    .get(&lane.partition)
+                    .is_some_and(|l| Arc::ptr_eq(l, &lane));
+                if !held {
+                    // The persist's failure dropped the partition; it is acquired again and replays.
+                    break;
+                }
+                from = next;
             }
         }
         if !failures.is_empty() {
@@ -922,11 +943,23 @@ impl<F: Fold> Flow<F> {
     }
 
     /// Folds one partition's batch under its core's lock; returns how many events were folded.
-    fn fold_batch(&self, lane: &FlowLane<F>, batch: &PartitionRecords) -> usize {
+    /// Folds `batch`'s events from the `from`-th. Returns how many were folded, and where it stopped
+    /// when the partition's changed keys outgrew its memory budget (`PartitionCore::wants_persist`)
+    /// before the batch's end.
+    fn fold_batch(
+        &self,
+        lane: &FlowLane<F>,
+        batch: &PartitionRecords,
+        from: usize,
+    ) -> (usize, Option<usize>) {
         let mut folded = 0;
         {
             let mut core = lane.core();
-            for event in &batch.records {
+            for (i, event) in batch.records.iter().enumerate().skip(from) {
+                // At least one event per call, so a persist that made no room cannot stall the fold.
+                if i > from && core.wants_persist() {
+                    return (folded, Some(i));
+                }
                 match core.handle_event(&*self.shared.fold, event) {
                     Folded::NullKey => {
                         if self.shared.null_keys.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -951,7 +984,7 @@ impl<F: Fold> Flow<F> {
                 }
             }
         }
-        folded
+        (folded, None)
     }
 
     /// Fires every timer due on [`FlowConfig::clock`] in every held partition (see [`Fold::deadline`]),

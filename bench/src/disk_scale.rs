@@ -1,0 +1,503 @@
+//! `snapfence-bench disk-scale`: the on-disk state under a memory budget at scale (issue 36's targets),
+//! against the in-memory state, in one run on one Kafka node.
+//!
+//! ```text
+//! snapfence-bench disk-scale [--keys 10000000] [--budget-mib 64] [--hot 100000] [--hot-events 1000000]
+//!                            [--changed 0.01] [--out FILE]
+//! ```
+//!
+//! One partition of N keys whose states are 100 bytes ([`Padded`]). Every member is a process of its
+//! own (`snapfence-bench disk-member`), so its peak anonymous memory (`RssAnon`, sampled every 10 ms)
+//! and peak resident set (`VmHWM`) are its alone; each times its takeover from `Flow::start` to holding
+//! the partition, and its fold of what was pending from there until it reached the input's end. In
+//! order:
+//! 1. **fold N new keys, on disk, under the budget** (member A, an empty directory);
+//! 2. **full read in memory**, then fold `--changed` of the keys once each (member B);
+//! 3. **restart on its directory** (A's directory, under the budget): reads what B wrote, then folds
+//!    `--hot-events` events over `--hot` keys (a hot working set loaded from disk);
+//! 4. **full read in memory** again, then the same number of hot events over the same keys;
+//! 5. **full read into an empty directory**, under the budget.
+//!
+//! Ratios come from this one run: the restart against the full read in memory, the full read into a
+//! directory against the one in memory (per key), and the hot fold's throughput on disk against in
+//! memory.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use protocol_tests::{dedicated, unique, ClusterSpec};
+use snapfence::consumer::{GroupConfig, GroupConsumerConfig, OffsetReset};
+use snapfence::net::{Client, ClientConfig};
+use snapfence::producer::{Producer, ProducerConfig, ProducerRecord};
+use snapfence::records::Record;
+use snapfence::snapshot::{
+    BoxError, Change, DiskState, Flow, FlowConfig, Fold, Outputs, SnapshotConfig, StateConfig,
+};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Bytes of a [`Padded`] state.
+const STATE_BYTES: usize = 100;
+
+/// A fold whose state is 100 bytes: the event count, then the last event's value, padded.
+pub struct Padded;
+
+impl Fold for Padded {
+    type State = [u8; STATE_BYTES];
+    fn fold(
+        &self,
+        _key: &Bytes,
+        state: &mut Option<Self::State>,
+        event: &Record,
+        _out: &mut Outputs,
+    ) -> Change {
+        let s = state.get_or_insert([0; STATE_BYTES]);
+        let count = u64::from_be_bytes(s[..8].try_into().unwrap_or_default()) + 1;
+        s[..8].copy_from_slice(&count.to_be_bytes());
+        let value = event.value.as_deref().unwrap_or_default();
+        let n = value.len().min(STATE_BYTES - 8);
+        s[8..8 + n].copy_from_slice(&value[..n]);
+        Change::Update
+    }
+    fn encode(&self, s: &Self::State) -> Bytes {
+        Bytes::copy_from_slice(s)
+    }
+    fn decode(&self, b: &[u8]) -> Result<Self::State, BoxError> {
+        Ok(b.try_into()?)
+    }
+}
+
+struct Options {
+    keys: usize,
+    budget_mib: u64,
+    hot: usize,
+    hot_events: usize,
+    changed: f64,
+    out: Option<PathBuf>,
+}
+
+fn options(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        keys: 10_000_000,
+        budget_mib: 64,
+        hot: 100_000,
+        hot_events: 1_000_000,
+        changed: 0.01,
+        out: None,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{flag} needs a value"));
+        let number = |v: String| v.parse::<usize>().map_err(|e| format!("{flag} {v}: {e}"));
+        match flag.as_str() {
+            "--keys" => o.keys = number(value()?)?,
+            "--budget-mib" => o.budget_mib = number(value()?)? as u64,
+            "--hot" => o.hot = number(value()?)?,
+            "--hot-events" => o.hot_events = number(value()?)?,
+            "--changed" => o.changed = value()?.parse().map_err(|e| format!("--changed: {e}"))?,
+            "--out" => o.out = Some(value()?.into()),
+            other => {
+                return Err(format!(
+                    "unknown option {other}\nusage: snapfence-bench disk-scale [--keys N] \
+                     [--budget-mib M] [--hot K] [--hot-events E] [--changed F] [--out FILE]"
+                ))
+            }
+        }
+    }
+    if !(0.0..=1.0).contains(&o.changed) || o.keys == 0 || o.hot == 0 || o.hot > o.keys {
+        return Err(
+            "--changed is a fraction; --keys and --hot at least one, --hot at most --keys".into(),
+        );
+    }
+    Ok(o)
+}
+
+pub fn main(args: &[String]) -> i32 {
+    let options = match options(args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    crate::block_on_and_write(
+        run(&options),
+        options.out.as_deref(),
+        "disk-scale benchmark",
+    )
+}
+
+/// What one member process reported.
+#[derive(Debug, Clone, Default)]
+struct Member {
+    takeover_ms: f64,
+    read: u64,
+    fold_ms: f64,
+    folded: u64,
+    rss_anon_peak_kib: u64,
+    hwm_kib: u64,
+    loaded: u64,
+    evicted: u64,
+}
+
+impl Member {
+    fn parse(stdout: &str) -> Option<Member> {
+        let line = stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("MEMBER "))?;
+        let field = |name: &str| -> Option<f64> {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))?
+                .parse()
+                .ok()
+        };
+        Some(Member {
+            takeover_ms: field("takeover_ms")?,
+            read: field("read")? as u64,
+            fold_ms: field("fold_ms")?,
+            folded: field("folded")? as u64,
+            rss_anon_peak_kib: field("rss_anon_peak_kib")? as u64,
+            hwm_kib: field("hwm_kib")? as u64,
+            loaded: field("loaded")? as u64,
+            evicted: field("evicted")? as u64,
+        })
+    }
+
+    fn events_per_s(&self) -> f64 {
+        self.folded as f64 / (self.fold_ms / 1000.0).max(1e-9)
+    }
+}
+
+struct World {
+    bootstrap: String,
+    client: Client,
+    input: String,
+    snapshots: String,
+    group: String,
+    prefix: String,
+    /// Events written to the input so far.
+    end: i64,
+}
+
+impl World {
+    async fn emit(&mut self, keys: impl Iterator<Item = usize>, tag: &str) -> Result<(), Error> {
+        let producer = Producer::new(self.client.clone(), ProducerConfig::default()).await?;
+        let mut pending = Vec::new();
+        for k in keys {
+            let r =
+                ProducerRecord::new(self.input.as_str(), Some(Bytes::from(format!("{tag}-{k}"))))
+                    .key(Bytes::from(format!("key-{k:09}")))
+                    .partition(0);
+            pending.push(producer.send(r).await?);
+            self.end += 1;
+            if pending.len() >= 20_000 {
+                for d in pending.drain(..) {
+                    d.await?;
+                }
+            }
+        }
+        for d in pending {
+            d.await?;
+        }
+        producer.close().await;
+        Ok(())
+    }
+
+    /// Runs a member process on `state` (`memory`, or a directory) with `budget` bytes (0: none) until
+    /// it folded the input's end.
+    fn member(&self, what: &str, state: &str, budget: u64) -> Result<Member, Error> {
+        eprintln!("== {what}");
+        let output = Command::new(std::env::current_exe()?)
+            .args([
+                "disk-member",
+                &self.bootstrap,
+                &self.input,
+                &self.snapshots,
+                &self.group,
+                &self.prefix,
+                state,
+                &budget.to_string(),
+                &self.end.to_string(),
+            ])
+            // The child's log lines go where the runner's go.
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let member = Member::parse(&stdout).ok_or_else(|| {
+            format!(
+                "the disk-member child ({what}) printed no result ({}); its log is above",
+                output.status
+            )
+        })?;
+        eprintln!("   {member:?}");
+        Ok(member)
+    }
+}
+
+async fn run(options: &Options) -> Result<String, Error> {
+    eprintln!("== starting one node");
+    let kafka = dedicated(ClusterSpec::kafka4()).await;
+    let client = Client::connect(ClientConfig::new(kafka.bootstrap())).await?;
+    let scratch = std::env::temp_dir().join(unique("bench-disk-scale"));
+    let mut w = World {
+        bootstrap: kafka.bootstrap(),
+        client: client.clone(),
+        input: unique("ds-input"),
+        snapshots: unique("ds-snap"),
+        group: unique("ds-group"),
+        prefix: unique("ds-txn"),
+        end: 0,
+    };
+    snapfence::admin::create_topic(&client, &w.input, 1, -1, &[]).await?;
+    snapfence::admin::create_topic(
+        &client,
+        &w.snapshots,
+        1,
+        -1,
+        &[("cleanup.policy", "compact")],
+    )
+    .await?;
+    let n = options.keys;
+    let budget = options.budget_mib << 20;
+    let dir_a = scratch.join("a");
+    let dir_e = scratch.join("empty");
+    let a_dir = dir_a.to_string_lossy().into_owned();
+
+    eprintln!("== writing {n} events, one per key");
+    w.emit(0..n, "a").await?;
+    let seed = w.member("fold N new keys on disk", &a_dir, budget)?;
+
+    let changed = ((n as f64) * options.changed).round() as usize;
+    w.emit(0..changed, "b").await?;
+    let memory_read = w.member("full read in memory, fold the changed keys", "memory", 0)?;
+
+    // The hot set: keys spread over the key space, each event a key drawn from it in turn.
+    let hot: Vec<usize> = (0..options.hot).map(|i| i * (n / options.hot)).collect();
+    let hot_events = |round: usize| (0..options.hot_events).map(move |i| (i, round));
+    w.emit(hot_events(0).map(|(i, _)| hot[i % hot.len()]), "c")
+        .await?;
+    let restart = w.member("restart on its directory, fold the hot set", &a_dir, budget)?;
+    w.emit(hot_events(1).map(|(i, _)| hot[i % hot.len()]), "d")
+        .await?;
+    let memory_hot = w.member("full read in memory, fold the hot set", "memory", 0)?;
+    let empty = w.member(
+        "full read into an empty directory",
+        &dir_e.to_string_lossy(),
+        budget,
+    )?;
+
+    let mut s = format!(
+        "Kafka {}, one node. `snapfence-bench disk-scale --keys {n} --budget-mib {} --hot {} \
+         --hot-events {} --changed {}`: one partition of {n} keys with 100-byte states; each member a \
+         process of its own. Takeover: from `Flow::start` to holding the partition. Fold: from then \
+         until every pending event is folded. RssAnon: peak of samples every 10 ms.\n\n\
+         | member | state | takeover | records read | fold | events/s | peak RssAnon | VmHWM | keys loaded / dropped |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        kafka.version(),
+        options.budget_mib,
+        options.hot,
+        options.hot_events,
+        options.changed
+    );
+    let budget_label = format!("disk, budget {} MiB", options.budget_mib);
+    for (what, state, m) in [
+        ("fold N new keys", budget_label.as_str(), &seed),
+        ("full read, fold 1% changed", "memory", &memory_read),
+        (
+            "restart on its directory, hot fold",
+            budget_label.as_str(),
+            &restart,
+        ),
+        ("full read, hot fold", "memory", &memory_hot),
+        (
+            "full read into an empty directory",
+            budget_label.as_str(),
+            &empty,
+        ),
+    ] {
+        let _ = writeln!(
+            s,
+            "| {what} | {state} | {:.0} ms | {} | {:.0} ms ({} events) | {:.0} | {} MiB | {} MiB | {} / {} |",
+            m.takeover_ms,
+            m.read,
+            m.fold_ms,
+            m.folded,
+            m.events_per_s(),
+            m.rss_anon_peak_kib / 1024,
+            m.hwm_kib / 1024,
+            m.loaded,
+            m.evicted
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nRestart / full read in memory: {:.3}x (target ≤ 0.05x). Full read into a directory / in \
+         memory: {:.2}x (target ≤ 1x). Hot fold on disk / in memory: {:.2}x (target ≥ 0.8x). Peak RssAnon \
+         of the restart on disk: {} MiB, of the full read into a directory: {} MiB (target ≤ 128 MiB).",
+        restart.takeover_ms / memory_read.takeover_ms,
+        empty.takeover_ms / memory_read.takeover_ms,
+        restart.events_per_s() / memory_hot.events_per_s(),
+        restart.rss_anon_peak_kib / 1024,
+        empty.rss_anon_peak_kib / 1024,
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    for t in [&w.input, &w.snapshots] {
+        let _ = snapfence::admin::delete_topic(&client, t).await;
+    }
+    Ok(s)
+}
+
+/// `snapfence-bench disk-member BOOTSTRAP INPUT SNAPSHOTS GROUP PREFIX STATE BUDGET END`: one member,
+/// `STATE` `memory` or a directory, `BUDGET` bytes (0: none). Takes the partition over, folds to `END`
+/// (persisting and committing every half second), persists, commits, closes, and prints `MEMBER ...`.
+pub fn member_main(args: &[String]) -> i32 {
+    let [bootstrap, input, snapshots, group, prefix, state, budget, end] = args else {
+        eprintln!(
+            "usage: snapfence-bench disk-member BOOTSTRAP INPUT SNAPSHOTS GROUP PREFIX STATE BUDGET END"
+        );
+        return 2;
+    };
+    let (Ok(budget), Ok(end)) = (budget.parse::<u64>(), end.parse::<i64>()) else {
+        eprintln!("BUDGET and END are numbers");
+        return 2;
+    };
+    let peak = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, stop) = (Arc::clone(&peak), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(kib) = crate::workload::status_kib("RssAnon:") {
+                    peak.fetch_max(kib, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let work = async move {
+        let mut g = GroupConfig::new(group);
+        g.session_timeout = Duration::from_secs(30);
+        g.max_poll_interval = Duration::from_secs(600);
+        let mut consumer = GroupConsumerConfig::new(g);
+        consumer.reader.reset = OffsetReset::Earliest;
+        let mut s = SnapshotConfig::new(snapshots, prefix);
+        s.recovery_stall_timeout = Some(Duration::from_secs(600));
+        let mut c = FlowConfig::new(consumer, input, s);
+        c.persist_every = Duration::from_secs(3600);
+        c.commit_offsets_interval = Duration::from_secs(3600);
+        if state != "memory" {
+            let mut disk = DiskState::new(state, 1);
+            disk.memory_budget = (budget > 0).then_some(budget);
+            c.state = StateConfig::Disk(disk);
+        }
+        let client = Client::connect(ClientConfig::new(bootstrap)).await?;
+        let began = Instant::now();
+        let mut flow = Flow::start(client, c, Padded).await?;
+        while flow.partitions().is_empty() {
+            if began.elapsed() > Duration::from_secs(1800) {
+                return Err::<String, Error>("the takeover never completed".into());
+            }
+            flow.poll_once(Duration::from_millis(20)).await?;
+        }
+        let takeover = began.elapsed();
+        let from = flow.position(0).unwrap_or(0);
+        let folding = Instant::now();
+        let mut persisted = Instant::now();
+        while flow.position(0).is_none_or(|p| p < end) {
+            if folding.elapsed() > Duration::from_secs(3600) {
+                return Err("the member never folded the input".into());
+            }
+            flow.poll_once(Duration::from_millis(50)).await?;
+            if persisted.elapsed() > Duration::from_millis(500) {
+                flow.persist().await?;
+                flow.commit().await?;
+                persisted = Instant::now();
+                if std::env::var_os("SNAPFENCE_BENCH_VERBOSE").is_some() {
+                    let stats = flow.disk_stats();
+                    eprintln!(
+                        "   at {:?}: RssAnon {:?} KiB, {} keys in memory, {} loaded, {} dropped",
+                        flow.position(0),
+                        crate::workload::status_kib("RssAnon:"),
+                        stats.keys_in_memory,
+                        stats.keys_loaded,
+                        stats.keys_evicted
+                    );
+                }
+            }
+        }
+        let fold = folding.elapsed();
+        flow.persist().await?;
+        flow.commit().await?;
+        let stats = flow.disk_stats();
+        flow.close().await?;
+        let read = if state == "memory" {
+            u64::try_from(from).unwrap_or(0)
+        } else {
+            stats.records_read
+        };
+        Ok(format!(
+            "MEMBER takeover_ms={:.1} read={read} fold_ms={:.1} folded={} rss_anon_peak_kib={{peak}} \
+             hwm_kib={{hwm}} loaded={} evicted={}\n",
+            takeover.as_secs_f64() * 1000.0,
+            fold.as_secs_f64() * 1000.0,
+            end - from,
+            stats.keys_loaded,
+            stats.keys_evicted,
+        ))
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start a tokio runtime: {e}");
+            return 1;
+        }
+    };
+    let result = runtime.block_on(work);
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    match result {
+        Ok(line) => {
+            let hwm = crate::workload::peak_rss_kib().unwrap_or(0);
+            print!(
+                "{}",
+                line.replace("{peak}", &peak.load(Ordering::Relaxed).to_string())
+                    .replace("{hwm}", &hwm.to_string())
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("disk-member failed: {e}");
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_line_parses_and_options_refuse_nonsense() {
+        let m = Member::parse(
+            "noise\nMEMBER takeover_ms=12.5 read=7 fold_ms=1000 folded=500 rss_anon_peak_kib=2048 \
+             hwm_kib=4096 loaded=3 evicted=2\n",
+        )
+        .unwrap();
+        assert_eq!((m.read, m.folded, m.loaded, m.evicted), (7, 500, 3, 2));
+        assert_eq!(m.events_per_s(), 500.0);
+        assert!(Member::parse("MEMBER takeover_ms=1").is_none());
+        assert!(options(&["--hot".into(), "0".into()]).is_err());
+        assert!(options(&["--keys".into(), "10".into(), "--hot".into(), "11".into()]).is_err());
+        assert_eq!(options(&[]).unwrap().keys, 10_000_000);
+    }
+}
