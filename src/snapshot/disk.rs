@@ -59,8 +59,15 @@ pub enum StateError {
         /// What failed.
         detail: String,
     },
-    /// Reading or writing the store failed (a full disk, permissions, a store locked by another
-    /// process).
+    /// The store is held by another holder: another process on the same directory, or (for a few
+    /// moments) this member's previous holder of the partition, still closing. Never read as
+    /// corruption: the image is not discarded.
+    #[error("the on-disk state in {dir} is locked by another holder")]
+    Locked {
+        /// The partition's directory.
+        dir: PathBuf,
+    },
+    /// Reading or writing the store failed (a full disk, permissions).
     #[error("the on-disk state in {dir}: {detail}")]
     Io {
         /// The partition's directory.
@@ -174,6 +181,24 @@ impl PartitionImage {
             work,
             work_due,
         })
+    }
+
+    /// [`open`](Self::open), waiting up to `wait` while the store is [locked](StateError::Locked): the
+    /// previous holder of a partition acquired again in place may still be letting go of it.
+    pub(crate) async fn open_when_free(
+        dir: &Path,
+        cache_bytes: u64,
+        wait: std::time::Duration,
+    ) -> Result<Self, StateError> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            match Self::open(dir, cache_bytes) {
+                Err(StateError::Locked { .. }) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Why the image was condemned while in use ([`condemn`](Self::condemn)), if it was.
@@ -496,7 +521,12 @@ fn classify(dir: &Path, e: fjall::Error) -> StateError {
     use lsm_tree_error as L;
     let corrupt = match &e {
         F::Storage(inner) => !matches!(inner, L::Io(_)),
-        F::Io(_) | F::Poisoned => false,
+        F::Locked => {
+            return StateError::Locked {
+                dir: dir.to_path_buf(),
+            }
+        }
+        F::Io(_) | F::Poisoned | F::KeyspaceDeleted => false,
         _ => true,
     };
     let dir = dir.to_path_buf();

@@ -240,7 +240,9 @@ impl<S> PartitionCore<S> {
     /// would make room: the driver then persists the partition before folding on.
     pub(crate) fn wants_persist(&self) -> bool {
         self.lazy.as_ref().is_some_and(|l| {
-            l.resident > l.budget && self.dirty.len() >= PERSIST_AT_DIRTY && self.in_flight.is_none()
+            l.resident > l.budget
+                && self.dirty.len() >= PERSIST_AT_DIRTY
+                && self.in_flight.is_none()
         })
     }
 

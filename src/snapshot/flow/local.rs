@@ -129,6 +129,10 @@ mod disk {
     use crate::snapshot::recovery::read_from;
     use crate::snapshot::state::RecoveredState;
 
+    /// How long an acquisition waits for a locked image to be let go (a partition acquired again in
+    /// place while its previous core is still being dropped) before failing with `Locked`.
+    const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
     /// The topic's `delete.retention.ms` when the broker reports none: Kafka's default, one day.
     const DEFAULT_DELETE_RETENTION_MS: i64 = 86_400_000;
 
@@ -355,15 +359,14 @@ mod disk {
         // (docs/fencing.md, "On-disk state").
         let read_began_ms = wall_clock_ms();
         let identity = identity_of(shared, disk, &topic, partition).await?;
-        let (image, checkpoint) = match PartitionImage::open(&dir, disk.cache_bytes) {
+        let opened = PartitionImage::open_when_free(&dir, disk.cache_bytes, LOCK_WAIT).await;
+        let (image, checkpoint) = match opened {
             Ok(image) => match image.checkpoint() {
                 Ok(c) => (Some(image), Ok(c)),
                 Err(e) => (Some(image), Err(e)),
             },
             Err(e) => (None, Err(e)),
         };
-        // The log's bounds the judgement read are the read's too: its start, and the high watermark
-        // it drains to.
         // A read that found the image corrupt while the partition was held condemned it.
         let checkpoint = match (&image, checkpoint) {
             (Some(image), Ok(c)) => match image.condemned() {
@@ -376,6 +379,8 @@ mod disk {
             },
             (_, c) => c,
         };
+        // The log's bounds the judgement read are the read's too: its start, and the high watermark
+        // it drains to.
         let (judgement, bounds) = match checkpoint {
             Err(e) if e.is_corrupt() => {
                 (Judgement::FullRead(Fallback::Corrupt(e.to_string())), None)
@@ -400,7 +405,9 @@ mod disk {
                 fell_back(shared, partition, &dir, &why);
                 drop(image);
                 remove_image(&dir).map_err(state_err)?;
-                let fresh = PartitionImage::open(&dir, disk.cache_bytes).map_err(state_err)?;
+                let fresh = PartitionImage::open_when_free(&dir, disk.cache_bytes, LOCK_WAIT)
+                    .await
+                    .map_err(state_err)?;
                 (fresh, 0)
             }
         };
