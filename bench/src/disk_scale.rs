@@ -14,8 +14,9 @@
 //! 1. **fold N new keys, on disk, under the budget** (member A, an empty directory);
 //! 2. **full read in memory**, then fold `--changed` of the keys once each (member B);
 //! 3. **restart on its directory** (A's directory, under the budget): reads what B wrote, then folds
-//!    `--hot-events` events over `--hot` keys (a hot working set loaded from disk);
-//! 4. **full read in memory** again, then the same number of hot events over the same keys;
+//!    one event per key of `--hot` keys spread over the key space (the warm-up: each is loaded from
+//!    disk), then `--hot-events` events over them (timed: the hot working set's throughput);
+//! 4. **full read in memory** again, then the same warm-up and hot events;
 //! 5. **full read into an empty directory**, under the budget.
 //!
 //! Ratios come from this one run: the restart against the full read in memory, the full read into a
@@ -137,6 +138,7 @@ pub fn main(args: &[String]) -> i32 {
 struct Member {
     takeover_ms: f64,
     read: u64,
+    warm_ms: f64,
     fold_ms: f64,
     folded: u64,
     rss_anon_peak_kib: u64,
@@ -160,6 +162,7 @@ impl Member {
         Some(Member {
             takeover_ms: field("takeover_ms")?,
             read: field("read")? as u64,
+            warm_ms: field("warm_ms")?,
             fold_ms: field("fold_ms")?,
             folded: field("folded")? as u64,
             rss_anon_peak_kib: field("rss_anon_peak_kib")? as u64,
@@ -211,7 +214,7 @@ impl World {
 
     /// Runs a member process on `state` (`memory`, or a directory) with `budget` bytes (0: none) until
     /// it folded the input's end.
-    fn member(&self, what: &str, state: &str, budget: u64) -> Result<Member, Error> {
+    fn member(&self, what: &str, state: &str, budget: u64, warm: i64) -> Result<Member, Error> {
         eprintln!("== {what}");
         let output = Command::new(std::env::current_exe()?)
             .args([
@@ -223,6 +226,7 @@ impl World {
                 &self.prefix,
                 state,
                 &budget.to_string(),
+                &warm.to_string(),
                 &self.end.to_string(),
             ])
             // The child's log lines go where the runner's go.
@@ -271,34 +275,46 @@ async fn run(options: &Options) -> Result<String, Error> {
 
     eprintln!("== writing {n} events, one per key");
     w.emit(0..n, "a").await?;
-    let seed = w.member("fold N new keys on disk", &a_dir, budget)?;
+    let seed = w.member("fold N new keys on disk", &a_dir, budget, 0)?;
 
     let changed = ((n as f64) * options.changed).round() as usize;
     w.emit(0..changed, "b").await?;
-    let memory_read = w.member("full read in memory, fold the changed keys", "memory", 0)?;
+    let memory_read = w.member("full read in memory, fold the changed keys", "memory", 0, 0)?;
 
     // The hot set: keys spread over the key space, each event a key drawn from it in turn.
     let hot: Vec<usize> = (0..options.hot).map(|i| i * (n / options.hot)).collect();
-    let hot_events = |round: usize| (0..options.hot_events).map(move |i| (i, round));
-    w.emit(hot_events(0).map(|(i, _)| hot[i % hot.len()]), "c")
+    // Each hot fold: one event per hot key first (the warm-up: each key's first load), then
+    // `--hot-events` events over the set, timed.
+    let warm = w.end + hot.len() as i64;
+    w.emit(hot.iter().copied(), "c").await?;
+    w.emit((0..options.hot_events).map(|i| hot[i % hot.len()]), "d")
         .await?;
-    let restart = w.member("restart on its directory, fold the hot set", &a_dir, budget)?;
-    w.emit(hot_events(1).map(|(i, _)| hot[i % hot.len()]), "d")
+    let restart = w.member(
+        "restart on its directory, fold the hot set",
+        &a_dir,
+        budget,
+        warm,
+    )?;
+    let warm = w.end + hot.len() as i64;
+    w.emit(hot.iter().copied(), "e").await?;
+    w.emit((0..options.hot_events).map(|i| hot[i % hot.len()]), "f")
         .await?;
-    let memory_hot = w.member("full read in memory, fold the hot set", "memory", 0)?;
+    let memory_hot = w.member("full read in memory, fold the hot set", "memory", 0, warm)?;
     let empty = w.member(
         "full read into an empty directory",
         &dir_e.to_string_lossy(),
         budget,
+        0,
     )?;
 
     let mut s = format!(
         "Kafka {}, one node. `snapfence-bench disk-scale --keys {n} --budget-mib {} --hot {} \
          --hot-events {} --changed {}`: one partition of {n} keys with 100-byte states; each member a \
-         process of its own. Takeover: from `Flow::start` to holding the partition. Fold: from then \
-         until every pending event is folded. RssAnon: peak of samples every 10 ms.\n\n\
-         | member | state | takeover | records read | fold | events/s | peak RssAnon | VmHWM | keys loaded / dropped |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+         process of its own. Takeover: from `Flow::start` to holding the partition. Warm-up: from \
+         then until one event per hot key is folded (the hot members). Fold: from then until every \
+         pending event is folded. RssAnon: peak of samples every 10 ms.\n\n\
+         | member | state | takeover | records read | warm-up | fold | events/s | peak RssAnon | VmHWM | keys loaded / dropped |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         kafka.version(),
         options.budget_mib,
         options.hot,
@@ -323,9 +339,10 @@ async fn run(options: &Options) -> Result<String, Error> {
     ] {
         let _ = writeln!(
             s,
-            "| {what} | {state} | {:.0} ms | {} | {:.0} ms ({} events) | {:.0} | {} MiB | {} MiB | {} / {} |",
+            "| {what} | {state} | {:.0} ms | {} | {:.0} ms | {:.0} ms ({} events) | {:.0} | {} MiB | {} MiB | {} / {} |",
             m.takeover_ms,
             m.read,
+            m.warm_ms,
             m.fold_ms,
             m.folded,
             m.events_per_s(),
@@ -357,14 +374,18 @@ async fn run(options: &Options) -> Result<String, Error> {
 /// `STATE` `memory` or a directory, `BUDGET` bytes (0: none). Takes the partition over, folds to `END`
 /// (persisting and committing every half second), persists, commits, closes, and prints `MEMBER ...`.
 pub fn member_main(args: &[String]) -> i32 {
-    let [bootstrap, input, snapshots, group, prefix, state, budget, end] = args else {
+    let [bootstrap, input, snapshots, group, prefix, state, budget, warm, end] = args else {
         eprintln!(
-            "usage: snapfence-bench disk-member BOOTSTRAP INPUT SNAPSHOTS GROUP PREFIX STATE BUDGET END"
+            "usage: snapfence-bench disk-member BOOTSTRAP INPUT SNAPSHOTS GROUP PREFIX STATE BUDGET WARM END"
         );
         return 2;
     };
-    let (Ok(budget), Ok(end)) = (budget.parse::<u64>(), end.parse::<i64>()) else {
-        eprintln!("BUDGET and END are numbers");
+    let (Ok(budget), Ok(warm), Ok(end)) = (
+        budget.parse::<u64>(),
+        warm.parse::<i64>(),
+        end.parse::<i64>(),
+    ) else {
+        eprintln!("BUDGET, WARM and END are numbers");
         return 2;
     };
     let peak = Arc::new(AtomicU64::new(0));
@@ -406,14 +427,25 @@ pub fn member_main(args: &[String]) -> i32 {
             flow.poll_once(Duration::from_millis(20)).await?;
         }
         let takeover = began.elapsed();
-        let from = flow.position(0).unwrap_or(0);
-        let folding = Instant::now();
+        let stats_start = flow.position(0).unwrap_or(0);
+        // Events below WARM warm the member up (each hot key's first load); the fold is timed from
+        // there, or from the takeover when it starts past WARM.
+        let mut from = flow.position(0).unwrap_or(0);
+        let mut folding = Instant::now();
+        let mut warm_ms = 0.0;
+        let mut warming = from < warm;
         let mut persisted = Instant::now();
         while flow.position(0).is_none_or(|p| p < end) {
             if folding.elapsed() > Duration::from_secs(3600) {
                 return Err("the member never folded the input".into());
             }
             flow.poll_once(Duration::from_millis(50)).await?;
+            if warming && flow.position(0).is_some_and(|p| p >= warm) {
+                warming = false;
+                warm_ms = folding.elapsed().as_secs_f64() * 1000.0;
+                from = flow.position(0).unwrap_or(warm);
+                folding = Instant::now();
+            }
             if persisted.elapsed() > Duration::from_millis(500) {
                 flow.persist().await?;
                 flow.commit().await?;
@@ -437,13 +469,13 @@ pub fn member_main(args: &[String]) -> i32 {
         let stats = flow.disk_stats();
         flow.close().await?;
         let read = if state == "memory" {
-            u64::try_from(from).unwrap_or(0)
+            u64::try_from(stats_start).unwrap_or(0)
         } else {
             stats.records_read
         };
         Ok(format!(
-            "MEMBER takeover_ms={:.1} read={read} fold_ms={:.1} folded={} rss_anon_peak_kib={{peak}} \
-             hwm_kib={{hwm}} loaded={} evicted={}\n",
+            "MEMBER takeover_ms={:.1} read={read} warm_ms={warm_ms:.1} fold_ms={:.1} folded={} \
+             rss_anon_peak_kib={{peak}} hwm_kib={{hwm}} loaded={} evicted={}\n",
             takeover.as_secs_f64() * 1000.0,
             fold.as_secs_f64() * 1000.0,
             end - from,
@@ -489,8 +521,8 @@ mod tests {
     #[test]
     fn a_member_line_parses_and_options_refuse_nonsense() {
         let m = Member::parse(
-            "noise\nMEMBER takeover_ms=12.5 read=7 fold_ms=1000 folded=500 rss_anon_peak_kib=2048 \
-             hwm_kib=4096 loaded=3 evicted=2\n",
+            "noise\nMEMBER takeover_ms=12.5 read=7 warm_ms=3 fold_ms=1000 folded=500 \
+             rss_anon_peak_kib=2048 hwm_kib=4096 loaded=3 evicted=2\n",
         )
         .unwrap();
         assert_eq!((m.read, m.folded, m.loaded, m.evicted), (7, 500, 3, 2));
