@@ -355,11 +355,16 @@ async fn run(options: &Options) -> Result<String, Error> {
     let _ = writeln!(
         s,
         "\nRestart / full read in memory: {:.3}x (target ≤ 0.05x). Full read into a directory / in \
-         memory: {:.2}x (target ≤ 1x). Hot fold on disk / in memory: {:.2}x (target ≥ 0.8x). Peak RssAnon \
+         memory: {:.2}x (target ≤ 1x). Hot fold on disk / in memory: {} (target ≥ 0.8x). Peak RssAnon \
          of the restart on disk: {} MiB, of the full read into a directory: {} MiB (target ≤ 128 MiB).",
         restart.takeover_ms / memory_read.takeover_ms,
         empty.takeover_ms / memory_read.takeover_ms,
-        restart.events_per_s() / memory_hot.events_per_s(),
+        if restart.folded > 0 && memory_hot.folded > 0 {
+            format!("{:.2}x", restart.events_per_s() / memory_hot.events_per_s())
+        } else {
+            // Too few events: the poll that took the partition over folded them all.
+            "not measured (every event was folded during the takeover: raise --hot-events)".into()
+        },
         restart.rss_anon_peak_kib / 1024,
         empty.rss_anon_peak_kib / 1024,
     );
@@ -483,35 +488,17 @@ pub fn member_main(args: &[String]) -> i32 {
             stats.keys_evicted,
         ))
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot start a tokio runtime: {e}");
-            return 1;
-        }
+    let work = async move {
+        let result = work.await;
+        stop.store(true, Ordering::Relaxed);
+        let _ = sampler.join();
+        let hwm = crate::workload::peak_rss_kib().unwrap_or(0);
+        result.map(|line| {
+            line.replace("{peak}", &peak.load(Ordering::Relaxed).to_string())
+                .replace("{hwm}", &hwm.to_string())
+        })
     };
-    let result = runtime.block_on(work);
-    stop.store(true, Ordering::Relaxed);
-    let _ = sampler.join();
-    match result {
-        Ok(line) => {
-            let hwm = crate::workload::peak_rss_kib().unwrap_or(0);
-            print!(
-                "{}",
-                line.replace("{peak}", &peak.load(Ordering::Relaxed).to_string())
-                    .replace("{hwm}", &hwm.to_string())
-            );
-            0
-        }
-        Err(e) => {
-            eprintln!("disk-member failed: {e}");
-            1
-        }
-    }
+    crate::block_on_and_write(work, None, "disk-member")
 }
 
 #[cfg(test)]

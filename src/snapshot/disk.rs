@@ -258,13 +258,8 @@ impl PartitionImage {
         if from > upto {
             return Ok(Vec::new());
         }
-        let start = order(from).to_be_bytes().to_vec();
-        let range = match order(upto).checked_add(1) {
-            Some(end) => self.work_due.range(start..end.to_be_bytes().to_vec()),
-            None => self.work_due.range(start..),
-        };
         let mut out = Vec::new();
-        for guard in range.take(limit) {
+        for guard in deadlines(&self.work_due, from, upto).take(limit) {
             let entry = guard.key().map_err(|e| self.failed(e))?;
             let Some((deadline, key)) = split_due_key(&entry) else {
                 return Err(self.corrupt("an evicted deadline entry shorter than its deadline"));
@@ -406,13 +401,8 @@ impl PartitionImage {
     /// on the way are removed.
     fn indexed(&self, from: i64, upto: i64, limit: usize) -> Result<Vec<(i64, Bytes)>, StateError> {
         let mut out = Vec::new();
-        let start = order(from).to_be_bytes().to_vec();
-        let range = match order(upto).checked_add(1) {
-            Some(end) => self.due.range(start..end.to_be_bytes().to_vec()),
-            None => self.due.range(start..),
-        };
         let mut stale = self.db.batch();
-        for guard in range {
+        for guard in deadlines(&self.due, from, upto) {
             if out.len() == limit {
                 break;
             }
@@ -495,6 +485,15 @@ pub(crate) fn remove_image(dir: &Path) -> Result<(), StateError> {
             dir: dir.to_path_buf(),
             detail: format!("removing the old image: {e}"),
         }),
+    }
+}
+
+/// The entries of a deadline index (`due`, `work_due`) from deadline `from` through `upto`, in order.
+fn deadlines(index: &Keyspace, from: i64, upto: i64) -> fjall::Iter {
+    let start = order(from).to_be_bytes().to_vec();
+    match order(upto).checked_add(1) {
+        Some(end) => index.range(start..end.to_be_bytes().to_vec()),
+        None => index.range(start..),
     }
 }
 

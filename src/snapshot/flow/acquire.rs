@@ -383,8 +383,11 @@ impl<F: Fold> Shared<F> {
                 })?;
             graves += usize::from(grave);
         }
+        #[allow(unused_mut)]
+        let mut lazily = false;
         #[cfg(feature = "disk-state")]
         if let Some((image, budget)) = lazy_image {
+            lazily = true;
             let budget = usize::try_from(budget).unwrap_or(usize::MAX);
             core = core
                 .load_lazily(&*self.fold, image, budget)
@@ -395,6 +398,8 @@ impl<F: Fold> Shared<F> {
             partition = tp.partition,
             keys = recovered.len(),
             graves,
+            // Keys are loaded as they are needed (a memory budget): `keys` counts none of them.
+            lazily,
             ?elapsed,
             assigned_offset,
             ?offsets,

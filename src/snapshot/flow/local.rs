@@ -50,9 +50,12 @@ pub struct DiskState {
     /// sizes, plus a fixed share per key). `None` (the default): every key of a partition is loaded
     /// into memory at its acquisition. With a budget, an acquisition loads no key but the graves: a
     /// key is read from the image when an event, a timer or a lookup needs it, and keys whose every
-    /// change has landed are dropped again, oldest first, once the partition's keys exceed the budget.
-    /// Keys with a timer, a change not yet landed or outputs waiting stay in memory whatever the
-    /// budget.
+    /// change has landed are dropped again, oldest first, once the partition's keys exceed the budget
+    /// (a dropped key's timer is kept in an index on disk). Keys with a change not yet landed, outputs
+    /// waiting, a grave or a timer already due stay in memory whatever the budget; when changed keys
+    /// outgrow it, the partition persists before folding on. The estimate counts each key's key,
+    /// snapshot and map entry plus a fixed share; the process's memory beside it (the store's
+    /// memtables and block cache, fetches, the allocator) is measured in docs/benchmarks.md.
     pub memory_budget: Option<u64>,
 }
 

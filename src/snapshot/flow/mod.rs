@@ -942,8 +942,7 @@ impl<F: Fold> Flow<F> {
         }
     }
 
-    /// Folds one partition's batch under its core's lock; returns how many events were folded.
-    /// Folds `batch`'s events from the `from`-th. Returns how many were folded, and where it stopped
+    /// Folds one partition's batch under its core's lock, from its `from`-th event. Returns how many were folded, and where it stopped
     /// when the partition's changed keys outgrew its memory budget (`PartitionCore::wants_persist`)
     /// before the batch's end.
     fn fold_batch(
