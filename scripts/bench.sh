@@ -12,7 +12,9 @@
 # `snapfence-bench stores`, e.g. "--keys 100 --waves 10"), BENCH_POOL (default 1; 0 skips the connections-per-broker
 # rows of issue 35, ~5 min), BENCH_JOB (default 1; 0 skips the whole job against
 # Kafka Streams, whose jars Maven fetches on first use), BENCH_JOB_ARGS (options of `snapfence-bench job`,
-# default "--output --takeover"), DECODE_RUNS (default 15),
+# default "--output --takeover"), BENCH_DISK (default 1; 0 skips the on-disk state at 10^7 keys, ~15 min and
+# ~10 GB of disk), BENCH_DISK_ARGS (options of `snapfence-bench disk-scale`, e.g. "--keys 1000000"),
+# DECODE_RUNS (default 15),
 # BENCH_PEERS_TARGET (the peers' cargo target dir, default $CARGO_TARGET_DIR/bench-peers),
 # SNAPFENCE_KAFKA_JVM_OPTS (broker JVM flags; default here "-XX:+UseG1GC", a full-speed JIT and collector,
 # instead of the test fixture's fast-start flags).
@@ -84,6 +86,13 @@ stores_runs=$(mktemp)
 SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
   "$target/release/snapfence-bench" stores ${BENCH_STORES_ARGS:-} --out "$stores_runs"
 
+disk_runs=$(mktemp)
+if [ "${BENCH_DISK:-1}" != 0 ]; then
+  echo "== disk-scale (issue 36: the on-disk state under a memory budget at 10^7 keys, against the in-memory state)"
+  SNAPFENCE_KAFKA_JVM_OPTS=${SNAPFENCE_KAFKA_JVM_OPTS:--XX:+UseG1GC} \
+    "$target/release/snapfence-bench" disk-scale ${BENCH_DISK_ARGS:-} --out "$disk_runs" --svg docs/disk-scale.svg
+fi
+
 job_runs=$(mktemp)
 if [ "${BENCH_JOB:-1}" != 0 ]; then
   echo "== job (the whole count job against Kafka Streams 4.4: CPU, memory, output latency, takeover)"
@@ -119,6 +128,12 @@ cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
   echo
   cat "$stores_runs"
   echo
+  if [ -s "$disk_runs" ]; then
+    echo "### On-disk state (\`snapfence-bench disk-scale ${BENCH_DISK_ARGS:-}\`; plot: docs/disk-scale.svg)"
+    echo
+    cat "$disk_runs"
+    echo
+  fi
   if [ -s "$job_runs" ]; then
     echo "### The whole job against Kafka Streams (\`snapfence-bench job ${BENCH_JOB_ARGS:---output --takeover}\`)"
     echo
@@ -131,5 +146,6 @@ cargo bench --bench decode -- "${DECODE_RUNS:-15}" >"$decode_runs"
   cat "$decode_runs"
   echo '```'
 } >"$out"
-rm -f "$broker_runs" "$pool_runs" "$pool_scale" "$scale_runs" "$stores_runs" "$job_runs" "$decode_runs"
+rm -f "$broker_runs" "$pool_runs" "$pool_scale" "$scale_runs" "$stores_runs" "$disk_runs" "$job_runs" \
+  "$decode_runs"
 echo "wrote $out"

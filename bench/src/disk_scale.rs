@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! snapfence-bench disk-scale [--keys 10000000] [--budget-mib 64] [--hot 100000] [--hot-events 1000000]
-//!                            [--changed 0.01] [--out FILE]
+//!                            [--changed 0.01] [--out FILE] [--svg FILE]
 //! ```
 //!
 //! One partition of N keys whose states are 100 bytes ([`Padded`]). Every member is a process of its
@@ -19,7 +19,8 @@
 //! 4. **full read in memory** again, then the same warm-up and hot events;
 //! 5. **full read into an empty directory**, under the budget.
 //!
-//! Ratios come from this one run: the restart against the full read in memory, the full read into a
+//! `--svg` draws each member's RssAnon over its life (the highest sample of every 250 ms), its takeover
+//! marked, against the 128 MiB target and the budget. Ratios come from this one run: the restart against the full read in memory, the full read into a
 //! directory against the one in memory (per key), and the hot fold's throughput on disk against in
 //! memory.
 
@@ -28,6 +29,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -80,6 +82,7 @@ struct Options {
     hot_events: usize,
     changed: f64,
     out: Option<PathBuf>,
+    svg: Option<PathBuf>,
 }
 
 fn options(args: &[String]) -> Result<Options, String> {
@@ -90,6 +93,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         hot_events: 1_000_000,
         changed: 0.01,
         out: None,
+        svg: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -102,10 +106,11 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--hot-events" => o.hot_events = number(value()?)?,
             "--changed" => o.changed = value()?.parse().map_err(|e| format!("--changed: {e}"))?,
             "--out" => o.out = Some(value()?.into()),
+            "--svg" => o.svg = Some(value()?.into()),
             other => {
                 return Err(format!(
                     "unknown option {other}\nusage: snapfence-bench disk-scale [--keys N] \
-                     [--budget-mib M] [--hot K] [--hot-events E] [--changed F] [--out FILE]"
+                     [--budget-mib M] [--hot K] [--hot-events E] [--changed F] [--out FILE] [--svg FILE]"
                 ))
             }
         }
@@ -145,6 +150,8 @@ struct Member {
     hwm_kib: u64,
     loaded: u64,
     evicted: u64,
+    /// RssAnon over the member's life: (seconds since it started, MiB), one point per 250 ms.
+    timeline: Vec<(f64, f64)>,
 }
 
 impl Member {
@@ -169,6 +176,20 @@ impl Member {
             hwm_kib: field("hwm_kib")? as u64,
             loaded: field("loaded")? as u64,
             evicted: field("evicted")? as u64,
+            timeline: stdout
+                .lines()
+                .rev()
+                .find_map(|l| l.strip_prefix("TIMELINE "))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| {
+                    let (ms, kib) = p.split_once(':')?;
+                    Some((
+                        ms.parse::<f64>().ok()? / 1000.0,
+                        kib.parse::<f64>().ok()? / 1024.0,
+                    ))
+                })
+                .collect(),
         })
     }
 
@@ -216,7 +237,20 @@ impl World {
     /// it folded the input's end.
     fn member(&self, what: &str, state: &str, budget: u64, warm: i64) -> Result<Member, Error> {
         eprintln!("== {what}");
-        let output = Command::new(std::env::current_exe()?)
+        // SNAPFENCE_BENCH_MEMBER_WRAP runs each member under a tool (say `heaptrack -o /tmp/ht`),
+        // the way its memory was profiled.
+        let wrap = std::env::var("SNAPFENCE_BENCH_MEMBER_WRAP").unwrap_or_default();
+        let mut wrap = wrap.split_whitespace();
+        let exe = std::env::current_exe()?;
+        let mut command = match wrap.next() {
+            Some(tool) => {
+                let mut c = Command::new(tool);
+                c.args(wrap).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let output = command
             .args([
                 "disk-member",
                 &self.bootstrap,
@@ -239,7 +273,11 @@ impl World {
                 output.status
             )
         })?;
-        eprintln!("   {member:?}");
+        let shown = Member {
+            timeline: Vec::new(),
+            ..member.clone()
+        };
+        eprintln!("   {shown:?} ({} RssAnon samples)", member.timeline.len());
         Ok(member)
     }
 }
@@ -322,7 +360,7 @@ async fn run(options: &Options) -> Result<String, Error> {
         options.changed
     );
     let budget_label = format!("disk, budget {} MiB", options.budget_mib);
-    for (what, state, m) in [
+    let rows = [
         ("fold N new keys", budget_label.as_str(), &seed),
         ("full read, fold 1% changed", "memory", &memory_read),
         (
@@ -336,7 +374,11 @@ async fn run(options: &Options) -> Result<String, Error> {
             budget_label.as_str(),
             &empty,
         ),
-    ] {
+    ];
+    if let Some(path) = &options.svg {
+        std::fs::write(path, svg(&rows, options.budget_mib as f64))?;
+    }
+    for (what, state, m) in rows {
         let _ = writeln!(
             s,
             "| {what} | {state} | {:.0} ms | {} | {:.0} ms | {:.0} ms ({} events) | {:.0} | {} MiB | {} MiB | {} / {} |",
@@ -375,6 +417,114 @@ async fn run(options: &Options) -> Result<String, Error> {
     Ok(s)
 }
 
+/// The colours of the plot's lines, one per member.
+const COLOURS: [&str; 5] = ["#1f6fb4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"];
+
+/// RssAnon over each member's life on a log scale, its takeover marked, with the 128 MiB target and
+/// the budget drawn across.
+fn svg(rows: &[(&str, &str, &Member)], budget_mib: f64) -> String {
+    let (left, top, w, h) = (70.0, 40.0, 600.0, 300.0);
+    let points = || rows.iter().flat_map(|(_, _, m)| m.timeline.iter());
+    let t_max = points().map(|p| p.0).fold(1.0, f64::max);
+    let (y_lo, y_hi) = (
+        8f64.log2(),
+        points().map(|p| p.1).fold(256.0, f64::max).log2().ceil(),
+    );
+    let x = |t: f64| left + t / t_max * w;
+    let y = |mib: f64| top + h - (mib.max(8.0).log2() - y_lo) / (y_hi - y_lo) * h;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="1000" height="400" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="1000" height="400" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="20" text-anchor="middle" font-weight="bold">RssAnon of each member over its life (log scale; dot: partition taken over)</text>"#,
+        left + w / 2.0
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#888"/>"##
+    );
+    // Powers of two on the y axis, seconds on the x axis.
+    let mut mib = 2f64.powf(y_lo);
+    while mib.log2() <= y_hi {
+        let (right, at, label_x) = (left + w, y(mib), left - 6.0);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" x2="{right}" y1="{at:.1}" y2="{at:.1}" stroke="#eee"/><text x="{label_x}" y="{:.1}" text-anchor="end">{mib} MiB</text>"##,
+            at + 4.0
+        );
+        mib *= 4.0;
+    }
+    let step = [1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0]
+        .into_iter()
+        .find(|s| t_max / s <= 10.0)
+        .unwrap_or(1200.0);
+    let mut t = 0.0;
+    while t <= t_max {
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{t} s</text>"#,
+            x(t),
+            top + h + 16.0
+        );
+        t += step;
+    }
+    for (label, mib, dash) in [
+        ("target 128 MiB", 128.0, "6,3"),
+        ("budget", budget_mib, "2,3"),
+    ] {
+        let (right, at, label_x) = (left + w, y(mib), left + w - 90.0);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" x2="{right}" y1="{at:.1}" y2="{at:.1}" stroke="#444" stroke-dasharray="{dash}"/><text x="{label_x}" y="{:.1}" fill="#444">{label}</text>"##,
+            at - 4.0
+        );
+    }
+    for (i, (what, state, m)) in rows.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        let path: Vec<String> = m
+            .timeline
+            .iter()
+            .map(|&(t, mib)| format!("{:.1},{:.1}", x(t), y(mib)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="1.5"/>"#,
+            path.join(" ")
+        );
+        // The takeover: the sample nearest it.
+        let taken = m.takeover_ms / 1000.0;
+        if let Some(&(t, mib)) = m
+            .timeline
+            .iter()
+            .min_by(|a, b| (a.0 - taken).abs().total_cmp(&(b.0 - taken).abs()))
+        {
+            let _ = writeln!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{colour}"/>"#,
+                x(t),
+                y(mib)
+            );
+        }
+        let ly = top + 14.0 + i as f64 * 34.0;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{0}" x2="{1}" y1="{ly}" y2="{ly}" stroke="{colour}" stroke-width="3"/><text x="{2}" y="{3}">{what}</text><text x="{2}" y="{4}" fill="#555">{state}: peak {5} MiB</text>""##,
+            left + w + 20.0,
+            left + w + 40.0,
+            left + w + 46.0,
+            ly + 4.0,
+            ly + 18.0,
+            m.rss_anon_peak_kib / 1024
+        );
+    }
+    let _ = writeln!(s, "</svg>");
+    s
+}
+
 /// `snapfence-bench disk-member BOOTSTRAP INPUT SNAPSHOTS GROUP PREFIX STATE BUDGET END`: one member,
 /// `STATE` `memory` or a directory, `BUDGET` bytes (0: none). Takes the partition over, folds to `END`
 /// (persisting and committing every half second), persists, commits, closes, and prints `MEMBER ...`.
@@ -395,12 +545,23 @@ pub fn member_main(args: &[String]) -> i32 {
     };
     let peak = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    // The highest sample of each 250 ms, for the plot.
+    let timeline: Arc<Mutex<Vec<(u128, u64)>>> = Arc::default();
     let sampler = {
-        let (peak, stop) = (Arc::clone(&peak), Arc::clone(&stop));
+        let (peak, stop, timeline) = (Arc::clone(&peak), Arc::clone(&stop), Arc::clone(&timeline));
         std::thread::spawn(move || {
+            let began = Instant::now();
+            let mut window = (Instant::now(), 0);
             while !stop.load(Ordering::Relaxed) {
                 if let Some(kib) = crate::workload::status_kib("RssAnon:") {
                     peak.fetch_max(kib, Ordering::Relaxed);
+                    window.1 = window.1.max(kib);
+                }
+                if window.0.elapsed() >= Duration::from_millis(250) {
+                    if let Ok(mut t) = timeline.lock() {
+                        t.push((began.elapsed().as_millis(), window.1));
+                    }
+                    window = (Instant::now(), 0);
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -493,9 +654,17 @@ pub fn member_main(args: &[String]) -> i32 {
         stop.store(true, Ordering::Relaxed);
         let _ = sampler.join();
         let hwm = crate::workload::peak_rss_kib().unwrap_or(0);
+        let timeline: Vec<String> = timeline
+            .lock()
+            .map(|t| t.iter().map(|(ms, kib)| format!("{ms}:{kib}")).collect())
+            .unwrap_or_default();
         result.map(|line| {
-            line.replace("{peak}", &peak.load(Ordering::Relaxed).to_string())
-                .replace("{hwm}", &hwm.to_string())
+            format!(
+                "TIMELINE {}\n{}",
+                timeline.join(" "),
+                line.replace("{peak}", &peak.load(Ordering::Relaxed).to_string())
+                    .replace("{hwm}", &hwm.to_string())
+            )
         })
     };
     crate::block_on_and_write(work, None, "disk-member")
@@ -518,5 +687,19 @@ mod tests {
         assert!(options(&["--hot".into(), "0".into()]).is_err());
         assert!(options(&["--keys".into(), "10".into(), "--hot".into(), "11".into()]).is_err());
         assert_eq!(options(&[]).unwrap().keys, 10_000_000);
+    }
+
+    #[test]
+    fn the_timeline_parses_and_every_member_is_drawn() {
+        let m = Member::parse(
+            "TIMELINE 250:1024 500:204800\nMEMBER takeover_ms=300 read=7 warm_ms=3 fold_ms=1000 \
+             folded=500 rss_anon_peak_kib=204800 hwm_kib=4096 loaded=3 evicted=2\n",
+        )
+        .unwrap();
+        assert_eq!(m.timeline, vec![(0.25, 1.0), (0.5, 200.0)]);
+        let drawn = svg(&[("a", "memory", &m), ("b", "disk", &m)], 64.0);
+        assert_eq!(drawn.matches("<polyline").count(), 2);
+        assert_eq!(drawn.matches("<circle").count(), 2);
+        assert!(drawn.contains("peak 200 MiB") && drawn.contains("target 128 MiB"));
     }
 }

@@ -129,7 +129,7 @@ fn main() {
             eprintln!("usage: snapfence-bench run [--nodes 1,3] [--rounds N|N,M] [--peers DIR] [--note TEXT] [--out FILE]\n                           [--workloads LIST] [--clients LIST] [--repeat N] [--child-timeout SECS] [--broker K=V]... [--transaction-version 1|2]\n                           [--connections LIST] [--ceiling] [--before PATH]\n       snapfence-bench scale [--nodes 1|3] [--partitions 1,8,64,1024] [--keys 10000,100000,1000000] [--out FILE] [--svg FILE] [--series R] [--connections LIST]
        snapfence-bench stores [--keys 1,100,1000,10000] [--waves N] [--out FILE]
        snapfence-bench disk [--keys 100000,1000000] [--changed 0.01] [--repeat R] [--out FILE]
-       snapfence-bench disk-scale [--keys 10000000] [--budget-mib 64] [--hot 100000] [--hot-events 1000000] [--changed 0.01] [--out FILE]
+       snapfence-bench disk-scale [--keys 10000000] [--budget-mib 64] [--hot 100000] [--hot-events 1000000] [--changed 0.01] [--out FILE] [--svg FILE]
        snapfence-bench job [--events N] [--keys K] [--partitions P] [--runs R] [--output] [--takeover] [--out FILE]
        snapfence-bench peer WORKLOAD ARGS...");
             2
