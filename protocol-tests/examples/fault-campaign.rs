@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p protocol-tests --example fault-campaign -- --rounds 200 [--seed N] [--tv 2|1|both]
 //! [--legs 4.4-tv2,4.4-tv1,4.2,3.9] [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,KIND]
-//! [--postgres] [--disk-state] [--verbose]`
+//! [--postgres] [--disk-state [--memory-budget BYTES]] [--verbose]`
 //!
 //! Starts a three-node cluster per transaction version (`--tv both`, the default, alternates rounds between
 //! a TV2 and a TV1 cluster of Kafka 4.4) or per leg named by `--legs` (Kafka 4.4 at either transaction
@@ -20,6 +20,8 @@
 //! act on the snapshot topic (foreign-txn, compaction).
 //! `--disk-state` runs the members with their state on disk (`StateConfig::Disk`), each in a directory
 //! of its own under the temporary directory, taken over by whoever restarts in its place.
+//! `--memory-budget BYTES` gives those members a memory budget (`DiskState::memory_budget`): keys stay on
+//! disk and are loaded as events, timers and lookups need them (a few KiB keeps most of them there).
 //! Members are this same executable run as `fault-campaign member ...` (examples have no sibling binaries).
 
 use std::io::Write as _;
@@ -46,6 +48,7 @@ fn main() {
     let mut kinds = Vec::new();
     let mut postgres = false;
     let mut disk_state = false;
+    let mut memory_budget = None;
     let mut it = argv.iter();
     while let Some(a) = it.next() {
         let mut value = || {
@@ -80,6 +83,7 @@ fn main() {
             "--verbose" => verbose = true,
             "--postgres" => postgres = true,
             "--disk-state" => disk_state = true,
+            "--memory-budget" => memory_budget = Some(number(&value())),
             "--faults" => {
                 for name in value().split(',') {
                     kinds.push(
@@ -149,6 +153,10 @@ fn main() {
     let state_dirs =
         disk_state.then(|| std::env::temp_dir().join(protocol_tests::unique("campaign-state")));
     cfg.state_dirs = state_dirs.clone();
+    if memory_budget.is_some() && !disk_state {
+        usage("--memory-budget needs --disk-state");
+    }
+    cfg.memory_budget = memory_budget;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -249,8 +257,10 @@ fn main() {
         let _ = std::fs::remove_dir_all(dir);
         let resumed: u64 = reports.iter().map(|r| r.disk_resumed).sum();
         let fell_back: u64 = reports.iter().map(|r| r.disk_fallbacks).sum();
+        let loaded: u64 = reports.iter().map(|r| r.disk_loaded).sum();
         println!(
-            "disk state: {resumed} image reads resumed from a checkpoint, {fell_back} read whole"
+            "disk state: {resumed} image reads resumed from a checkpoint, {fell_back} read whole, \
+             {loaded} keys loaded from disk under the memory budget"
         );
     }
     println!(
@@ -281,7 +291,7 @@ fn number(text: &str) -> u64 {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "fault-campaign: {problem}\nusage: fault-campaign [--rounds N] [--seed N] [--tv 2|1|both] [--legs LIST] \
-         [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,...] [--postgres] [--disk-state] [--verbose]"
+         [--parallel N] [--unfenced] [--round-seed X] [--faults KIND,...] [--postgres] [--disk-state [--memory-budget BYTES]] [--verbose]"
     );
     std::process::exit(2)
 }

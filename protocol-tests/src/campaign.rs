@@ -185,6 +185,9 @@ pub struct CampaignConfig {
     /// one; a member the supervisor restarts, or a restart fault replaces, takes its predecessor's
     /// directory, as a pod restarted on its volume does. `None`: state in memory.
     pub state_dirs: Option<std::path::PathBuf>,
+    /// With [`CampaignConfig::state_dirs`]: each member's memory budget in bytes
+    /// ([`MemberArgs::memory_budget`]); a small one keeps most keys on disk, loaded as they are needed.
+    pub memory_budget: Option<u64>,
 }
 
 impl CampaignConfig {
@@ -201,6 +204,7 @@ impl CampaignConfig {
             postgres: None,
             flush_pause: Duration::ZERO,
             state_dirs: None,
+            memory_budget: None,
         }
     }
 }
@@ -424,6 +428,9 @@ pub struct RoundReport {
     pub disk_resumed: u64,
     /// Reads that discarded an existing image and read the partition whole, summed.
     pub disk_fallbacks: u64,
+    /// Keys loaded from disk by members under a memory budget ([`CampaignConfig::memory_budget`]),
+    /// summed.
+    pub disk_loaded: u64,
     /// Compaction faults that saw the cleaner remove records from the snapshot topic before the kills.
     pub compacted: usize,
     /// Invariant violations.
@@ -444,7 +451,7 @@ impl fmt::Display for RoundReport {
             "seed={:#018x} kafka={} tv={} {} {} {} faults=[{}] events={} snapshots={} outputs={} \
              outputs-lost={} outputs-duplicated={} reported={} restarts={} \
              exits={} fence-exits={} rebalances={} recovered-in-place={} rejoins={} disk-resumed={} \
-             disk-fallbacks={} anomalies={} infra={} {:.1}s",
+             disk-fallbacks={} disk-loaded={} anomalies={} infra={} {:.1}s",
             self.plan.seed,
             self.broker,
             self.transaction_version,
@@ -476,6 +483,7 @@ impl fmt::Display for RoundReport {
             self.rejoins,
             self.disk_resumed,
             self.disk_fallbacks,
+            self.disk_loaded,
             self.anomalies.len(),
             self.infra.len(),
             self.elapsed.as_secs_f64()
@@ -598,6 +606,7 @@ pub async fn run_round(
         rejoins: 0,
         disk_resumed: 0,
         disk_fallbacks: 0,
+        disk_loaded: 0,
         compacted: 0,
         anomalies: Vec::new(),
         infra: Vec::new(),
@@ -696,6 +705,7 @@ impl<'a> Round<'a> {
         args.recover = plan.recover;
         args.postgres = cfg.postgres.clone();
         args.flush_pause = cfg.flush_pause;
+        args.memory_budget = cfg.memory_budget;
         // The unfenced PostgreSQL store has no producer for outputs; every other store carries them.
         if cfg.postgres.is_none() || cfg.transactional {
             let output = unique("fc-out");
@@ -1452,6 +1462,7 @@ impl<'a> Round<'a> {
             report.rebalances += log.stats[3];
             report.disk_resumed += log.disk[0];
             report.disk_fallbacks += log.disk[1];
+            report.disk_loaded += log.disk[3];
         }
         for (pid, p) in &self.proxies {
             if let Err(e) = p.check() {
@@ -2300,6 +2311,7 @@ mod tests {
             rejoins: 0,
             disk_resumed: 0,
             disk_fallbacks: 0,
+            disk_loaded: 0,
             compacted: 0,
             anomalies: vec![],
             infra: vec![],

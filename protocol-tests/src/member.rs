@@ -13,7 +13,7 @@
 //! | `persisted MICROS` | that flush succeeded after MICROS microseconds |
 //! | `committed KEY COUNT HASH` | that key's snapshot with this tally was committed by the flush |
 //! | `stats FENCES REACQUIRED REJOINS REBALANCES` | its [`FlowStats`] changed to these |
-//! | `disk RESUMED FALLBACKS READ` | its on-disk state's [`DiskStats`](snapfence::snapshot::DiskStats) changed: image reads resumed from a checkpoint, images read whole for a reason other than a missing image, records read at acquisitions |
+//! | `disk RESUMED FALLBACKS READ` | its on-disk state's [`DiskStats`](snapfence::snapshot::DiskStats) changed: image reads resumed from a checkpoint, images read whole for a reason other than a missing image, records read at acquisitions, keys loaded from disk under a memory budget |
 //! | `failed fenced=B producer_fenced=B ERROR` | persist, commit or poll failed; the process exits with status 2 |
 //! | `stopped` | its stdin closed; it flushed, committed and exits with status 0 |
 //! | `tasks N` | every 5 s: the tasks alive on its runtime (for the soak's leak check) |
@@ -91,6 +91,9 @@ pub struct MemberArgs {
     pub flush_pause: Duration,
     /// Keep the state on disk under this directory (`StateConfig::Disk`, state version 1).
     pub state_dir: Option<std::path::PathBuf>,
+    /// With [`MemberArgs::state_dir`]: the state's memory budget in bytes
+    /// (`DiskState::memory_budget`; `None`, every key loaded at acquisition).
+    pub memory_budget: Option<u64>,
 }
 
 /// Dials each broker address through its route, and refuses addresses without one.
@@ -131,6 +134,7 @@ impl MemberArgs {
             output: None,
             flush_pause: Duration::ZERO,
             state_dir: None,
+            memory_budget: None,
         }
     }
 
@@ -179,6 +183,12 @@ impl MemberArgs {
                 self.state_dir
                     .as_ref()
                     .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
+            ),
+            (
+                "--memory-budget",
+                self.memory_budget
+                    .map(|b| b.to_string())
                     .unwrap_or_default(),
             ),
             (
@@ -250,6 +260,10 @@ impl MemberArgs {
             .get("state-dir")
             .filter(|d| !d.is_empty())
             .map(std::path::PathBuf::from);
+        a.memory_budget = match map.get("memory-budget").map(String::as_str) {
+            None | Some("") => None,
+            Some(b) => Some(b.parse().map_err(|e| format!("--memory-budget {b}: {e}"))?),
+        };
         for route in map
             .get("routes")
             .map(String::as_str)
@@ -307,8 +321,9 @@ impl MemberArgs {
             .as_deref()
             .map(snapfence::snapshot::postgres::PgStoreConfig::new);
         if let Some(dir) = &self.state_dir {
-            c.state =
-                snapfence::snapshot::StateConfig::Disk(snapfence::snapshot::DiskState::new(dir, 1));
+            let mut disk = snapfence::snapshot::DiskState::new(dir, 1);
+            disk.memory_budget = self.memory_budget;
+            c.state = snapfence::snapshot::StateConfig::Disk(disk);
         }
         if !self.routes.is_empty() {
             // Through the fault proxy a lost answer is resent after the request timeout: keep it short
@@ -492,8 +507,8 @@ async fn drive<F: Fold<State = Tally>>(
                 .map(|(_, n)| n)
                 .sum();
             say(format!(
-                "disk {} {} {}",
-                disk.resumed, fallbacks, disk.records_read
+                "disk {} {} {} {}",
+                disk.resumed, fallbacks, disk.records_read, disk.keys_loaded
             ));
         }
         let now_held = flow.partitions();
@@ -562,8 +577,8 @@ pub struct MemberLog {
     /// Its last `stats` line: fences recovered in place, reacquisitions, rejoins, rebalance events.
     pub stats: [u64; 4],
     /// Its last `disk` line: image reads resumed from a checkpoint, fall-backs other than a missing
-    /// image, records read at acquisitions.
-    pub disk: [u64; 3],
+    /// image, records read at acquisitions, keys loaded from disk under a memory budget.
+    pub disk: [u64; 4],
     /// Said `stopped`.
     pub stopped: bool,
     /// Its stdout closed (it exited or was killed).
@@ -841,6 +856,7 @@ mod tests {
         a.recover = true;
         a.routes = vec![("127.0.0.1:9092".into(), "127.0.0.1:40001".into())];
         a.state_dir = Some("/var/lib/member".into());
+        a.memory_budget = Some(4096);
         let b = MemberArgs::parse(&a.to_args()).unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         let mut eager = a.clone();

@@ -249,6 +249,8 @@ async fn postgres_store_rounds_are_clean() {
 /// restart storm, a kill inside a transaction), under the faults that threaten a local image: unknown
 /// outcomes, leader restarts, compaction that removes tombstones, zombies. Every round is checked against
 /// a fold of all input like any other: no anomaly, no harness trouble, and images were resumed from.
+/// The second round's members hold no key in memory longer than they must (a one-byte memory budget):
+/// every event, timer and restart loads its key from disk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_state_rounds_are_clean() {
     use FaultKind::*;
@@ -257,20 +259,27 @@ async fn disk_state_rounds_are_clean() {
     cfg.state_dirs = Some(dirs.clone());
     let kafka = dedicated(campaign_spec(2)).await;
     let mut resumed = 0;
-    for p in [
-        plan(
-            0xd15c_0001,
-            false,
-            true,
-            &[RestartStorm, KillMidTxn, Compaction, UnknownOutcome],
+    for (p, budget) in [
+        (
+            plan(
+                0xd15c_0001,
+                false,
+                true,
+                &[RestartStorm, KillMidTxn, Compaction, UnknownOutcome],
+            ),
+            None,
         ),
-        plan(
-            0xd15c_0002,
-            true,
-            false,
-            &[Zombie, LeaderRestart, RestartStorm, Rebalance],
+        (
+            plan(
+                0xd15c_0002,
+                true,
+                false,
+                &[Zombie, LeaderRestart, RestartStorm, Rebalance],
+            ),
+            Some(1),
         ),
     ] {
+        cfg.memory_budget = budget;
         let r = run_round(&kafka, &cfg, &p).await;
         show(&r);
         assert!(
@@ -282,6 +291,11 @@ async fn disk_state_rounds_are_clean() {
         assert!(
             r.events > 0 && r.snapshots_read > 0,
             "round {r} did nothing"
+        );
+        assert_eq!(
+            r.disk_loaded > 0,
+            budget.is_some(),
+            "round {r}: keys are loaded from disk exactly when there is a memory budget"
         );
         resumed += r.disk_resumed;
     }
