@@ -28,6 +28,7 @@
 //! from the checkpoint, where the log (not this member's memory of it) says what committed.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
@@ -85,27 +86,52 @@ impl StateError {
 }
 
 /// One change to the image: a key's committed snapshot (with the deadline of its state), or its
-/// removal (a tombstone). A value is kept as it is stored ([`Put::value`]), so applying it copies
-/// nothing more.
+/// removal (a tombstone). Key and value are built once, in the store's own slices, and move into its
+/// memtable as they are: a key of up to 20 bytes is held inline, a value takes one allocation. (A full
+/// read puts millions of them; a copy made here and freed after the write interleaves short-lived
+/// blocks with the memtable's, which the allocator then cannot give back.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Put {
     Value {
-        key: Bytes,
+        key: fjall::Slice,
         /// The deadline (8 bytes), then the snapshot value.
-        stored: Vec<u8>,
+        stored: fjall::Slice,
     },
     Remove {
-        key: Bytes,
+        key: fjall::Slice,
     },
 }
 
 impl Put {
     /// `key`'s committed snapshot `value`, whose state's deadline is `deadline` ([`NO_DEADLINE`]: none).
-    pub(crate) fn value(key: Bytes, value: &[u8], deadline: i64) -> Put {
-        let mut stored = Vec::with_capacity(8 + value.len());
-        stored.extend_from_slice(&deadline.to_be_bytes());
-        stored.extend_from_slice(value);
-        Put::Value { key, stored }
+    pub(crate) fn value(key: &[u8], value: &[u8], deadline: i64) -> Put {
+        Put::Value {
+            key: fjall::Slice::from(key),
+            stored: byteview::ByteView::fused(&deadline.to_be_bytes(), value).into(),
+        }
+    }
+
+    /// `key`'s removal.
+    pub(crate) fn remove(key: &[u8]) -> Put {
+        Put::Remove {
+            key: fjall::Slice::from(key),
+        }
+    }
+}
+
+/// A keyspace the image writes in bulk, with the bytes it put into the keyspace's active memtable
+/// since it last sealed it ([`PartitionImage::seal_full`]).
+struct Bounded {
+    keyspace: Keyspace,
+    /// The memtable's nominal size.
+    max: u64,
+    filled: AtomicU64,
+}
+
+impl std::ops::Deref for Bounded {
+    type Target = Keyspace;
+    fn deref(&self) -> &Keyspace {
+        &self.keyspace
     }
 }
 
@@ -113,17 +139,17 @@ impl Put {
 pub(crate) struct PartitionImage {
     dir: PathBuf,
     db: Database,
-    snap: Keyspace,
-    due: Keyspace,
+    snap: Bounded,
+    due: Bounded,
     meta: Keyspace,
     /// This owner's writes that landed since the image was opened, by key (an empty entry: removed).
     /// They are committed, but the image's checkpoint does not cover them, so they are not the image:
     /// the overlay a lazily loaded key is read through first, cleared whenever the store is opened.
-    work: Keyspace,
+    work: Bounded,
     /// The deadlines of keys the owner dropped from memory with a timer set, as `due` holds them (not
     /// checked against any value: the loader re-derives a key's deadline from its state). Cleared with
     /// the overlay.
-    work_due: Keyspace,
+    work_due: Bounded,
 }
 
 impl std::fmt::Debug for PartitionImage {
@@ -152,22 +178,36 @@ impl PartitionImage {
             .cache_size(cache_bytes)
             .worker_threads(1)
             .max_cached_files(Some(64))
+            // An opening replays the journals into memtables, and fjall keeps up to 512 MiB of them
+            // by default: the smallest it allows bounds what a restart after a crash loads (a member
+            // that had folded 10^7 keys peaked at 240 MiB reopening its image).
+            .max_journaling_size(64 << 20)
             .open()
             .map_err(failed)?;
-        // Memtables are anonymous memory until flushed: sized so a partition's stay well below a
-        // memory budget's scale (fjall's default is 64 MiB each).
+        // Memtables are anonymous memory until flushed, and fjall holds up to five per keyspace (the
+        // active one and four sealed, after which writes wait for flushes): about 1.3 times their
+        // nominal size each in real allocations. Sized so a partition's stay well below a memory
+        // budget's scale (fjall's default is 64 MiB each; at 16 MiB, a full read of 10^7 keys held
+        // ~105 MB of memtables for `snap` alone, docs/benchmarks.md).
         let keyspace = |name: &str, memtable: u64| {
             db.keyspace(name, || {
                 KeyspaceCreateOptions::default().max_memtable_size(memtable)
             })
             .map_err(failed)
         };
+        let bounded = |name: &str, max: u64| {
+            keyspace(name, max).map(|keyspace| Bounded {
+                keyspace,
+                max,
+                filled: AtomicU64::new(0),
+            })
+        };
         let (snap, due, meta) = (
-            keyspace("snap", 16 << 20)?,
-            keyspace("due", 4 << 20)?,
+            bounded("snap", 4 << 20)?,
+            bounded("due", 1 << 20)?,
             keyspace("meta", 1 << 20)?,
         );
-        let (work, work_due) = (keyspace("work", 8 << 20)?, keyspace("work_due", 4 << 20)?);
+        let (work, work_due) = (bounded("work", 2 << 20)?, bounded("work_due", 1 << 20)?);
         // Whatever a previous owner's overlay held is not the image: the image is what its checkpoint
         // covers, and the read from there brings it up to date.
         work.clear().map_err(failed)?;
@@ -226,11 +266,14 @@ impl PartitionImage {
         writes: impl IntoIterator<Item = (Bytes, Option<Bytes>)>,
     ) -> Result<(), StateError> {
         let mut batch = self.db.batch();
+        let mut bytes = 0;
         for (key, value) in writes {
-            let value = value.map_or_else(Vec::new, |v| v.to_vec());
+            let value = value.as_deref().unwrap_or_default();
+            bytes += key.len() + value.len();
             batch.insert(&self.work, &key[..], value);
         }
-        batch.commit().map_err(|e| self.failed(e))
+        batch.commit().map_err(|e| self.failed(e))?;
+        self.seal_full(&self.work, bytes)
     }
 
     /// Notes the deadlines of keys dropped from memory with a timer set, for
@@ -240,10 +283,30 @@ impl PartitionImage {
         timers: impl IntoIterator<Item = (i64, Bytes)>,
     ) -> Result<(), StateError> {
         let mut batch = self.db.batch();
+        let mut bytes = 0;
         for (deadline, key) in timers {
+            bytes += 8 + key.len();
             batch.insert(&self.work_due, due_key(deadline, &key), b"");
         }
-        batch.commit().map_err(|e| self.failed(e))
+        batch.commit().map_err(|e| self.failed(e))?;
+        self.seal_full(&self.work_due, bytes)
+    }
+
+    /// Seals `keyspace`'s active memtable once what this image put into it since it last did reaches
+    /// the memtable's size. fjall seals it too, but by a message to the store's one worker, which a
+    /// compaction keeps busy for seconds at a time while the active memtable grows without a bound:
+    /// a full read of 10^7 keys had ~300 MB in use that way (docs/benchmarks.md). Sealed memtables
+    /// are bounded: fjall's writes wait while four of a keyspace's are queued for flushing.
+    fn seal_full(&self, keyspace: &Bounded, added: usize) -> Result<(), StateError> {
+        let added = added as u64;
+        if keyspace.filled.fetch_add(added, Ordering::Relaxed) + added < keyspace.max {
+            return Ok(());
+        }
+        keyspace.filled.store(0, Ordering::Relaxed);
+        keyspace
+            .rotate_memtable()
+            .map(drop)
+            .map_err(|e| self.failed(e))
     }
 
     /// The keys dropped from memory with a deadline after `after` and at or before `upto`, at most
@@ -348,22 +411,30 @@ impl PartitionImage {
         sync: bool,
     ) -> Result<(), StateError> {
         let mut batch = self.db.batch();
+        let (mut snap_bytes, mut due_bytes) = (0, 0);
         for put in puts {
             match put {
                 Put::Value { key, stored } => {
                     let deadline = self.split(&key, &stored)?.0;
                     if deadline != NO_DEADLINE {
+                        due_bytes += 8 + key.len();
                         batch.insert(&self.due, due_key(deadline, &key), b"");
                     }
-                    batch.insert(&self.snap, &key[..], stored);
+                    snap_bytes += key.len() + stored.len();
+                    batch.insert(&self.snap, key, stored);
                 }
-                Put::Remove { key } => batch.remove(&self.snap, &key[..]),
+                Put::Remove { key } => {
+                    snap_bytes += key.len();
+                    batch.remove(&self.snap, key);
+                }
             }
         }
         if let Some(c) = checkpoint {
             batch.insert(&self.meta, CHECKPOINT_KEY, c.encode());
         }
         batch.commit().map_err(|e| self.failed(e))?;
+        self.seal_full(&self.snap, snap_bytes)?;
+        self.seal_full(&self.due, due_bytes)?;
         if !sync {
             return Ok(());
         }
@@ -431,9 +502,17 @@ impl PartitionImage {
     }
 
     /// Writes what the journal holds into table files and waits for it, so a reopen reads tables
-    /// (whose blocks carry checksums) instead of replaying the journal.
+    /// (whose blocks carry checksums) instead of replaying the journal. The overlay's keyspaces too:
+    /// an unflushed memtable of any keyspace keeps every journal since its first write, and a reopen
+    /// replays them all into memory.
     pub(crate) fn flush(&self) -> Result<(), StateError> {
-        for keyspace in [&self.snap, &self.due, &self.meta] {
+        for keyspace in [
+            &*self.snap,
+            &*self.due,
+            &self.meta,
+            &*self.work,
+            &*self.work_due,
+        ] {
             keyspace
                 .rotate_memtable_and_wait()
                 .map_err(|e| self.failed(e))?;
@@ -563,17 +642,11 @@ mod tests {
     }
 
     fn value(key: &str, v: &str, deadline: i64) -> Put {
-        Put::value(
-            Bytes::copy_from_slice(key.as_bytes()),
-            v.as_bytes(),
-            deadline,
-        )
+        Put::value(key.as_bytes(), v.as_bytes(), deadline)
     }
 
     fn remove(key: &str) -> Put {
-        Put::Remove {
-            key: Bytes::copy_from_slice(key.as_bytes()),
-        }
+        Put::remove(key.as_bytes())
     }
 
     fn scratch(name: &str) -> PathBuf {

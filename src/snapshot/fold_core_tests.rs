@@ -1270,7 +1270,7 @@ fn lazy_loading_under_a_tiny_budget_writes_what_an_eager_core_writes() {
         let puts: Vec<Put> = last
             .iter()
             .map(|(k, v)| match v {
-                None => Put::Remove { key: k.clone() },
+                None => Put::remove(k),
                 Some(v) => {
                     let deadline = match open_envelope(v).unwrap() {
                         Opened::Live(_, p) => fold
@@ -1278,7 +1278,7 @@ fn lazy_loading_under_a_tiny_budget_writes_what_an_eager_core_writes() {
                             .unwrap_or(NO_DEADLINE),
                         _ => GRAVE,
                     };
-                    Put::value(k.clone(), v, deadline)
+                    Put::value(k, v, deadline)
                 }
             })
             .collect();

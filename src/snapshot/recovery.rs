@@ -152,7 +152,7 @@ pub async fn read_to_target<L: SnapshotLog>(
     log: &mut L,
     partition: i32,
     config: &RecoveryConfig,
-    fold: impl FnMut(&[u8], Option<&[u8]>),
+    mut fold: impl FnMut(&[u8], Option<&[u8]>),
 ) -> Result<RecoveryStats, SnapshotError> {
     // One span per read: its lines (the wait warning, progress, completion) say which read they are.
     let span = tracing::info_span!(
@@ -161,15 +161,24 @@ pub async fn read_to_target<L: SnapshotLog>(
         target = tracing::field::Empty,
         start = tracing::field::Empty,
     );
-    read(log, partition, config, None, None, fold, |_| Ok(()))
-        .instrument(span)
-        .await
+    read(
+        log,
+        partition,
+        config,
+        None,
+        None,
+        |key, value| fold(key, value),
+        |_| Ok(()),
+    )
+    .instrument(span)
+    .await
 }
 
 /// [`read_to_target`] from `from` (or the log start, when that is later) instead of the log start,
 /// calling `chunk` with the position after each fetch's records were handed to `fold`: the on-disk
 /// state applies them there (an error from `chunk` ends the read). `bounds`, when the caller has just
 /// read them, are the log start and the high watermark (the target), which are then not asked again.
+/// The key is lent as the fetch buffer's own `Bytes`, so a fold that needs one does not copy it.
 #[cfg(feature = "disk-state")]
 pub(crate) async fn read_from<L: SnapshotLog>(
     log: &mut L,
@@ -177,7 +186,7 @@ pub(crate) async fn read_from<L: SnapshotLog>(
     config: &RecoveryConfig,
     from: i64,
     bounds: Option<(i64, i64)>,
-    fold: impl FnMut(&[u8], Option<&[u8]>),
+    fold: impl FnMut(&Bytes, Option<&[u8]>),
     chunk: impl FnMut(i64) -> Result<(), SnapshotError>,
 ) -> Result<RecoveryStats, SnapshotError> {
     let span = tracing::info_span!(
@@ -198,7 +207,7 @@ async fn read<L: SnapshotLog>(
     config: &RecoveryConfig,
     from: Option<i64>,
     bounds: Option<(i64, i64)>,
-    mut fold: impl FnMut(&[u8], Option<&[u8]>),
+    mut fold: impl FnMut(&Bytes, Option<&[u8]>),
     mut chunk_done: impl FnMut(i64) -> Result<(), SnapshotError>,
 ) -> Result<RecoveryStats, SnapshotError> {
     let io = |e: LogError| SnapshotError::Read {

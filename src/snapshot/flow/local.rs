@@ -503,16 +503,15 @@ mod disk {
     /// One record of the snapshot partition as a change of the image, with the deadline of its state
     /// (none when the state does not decode: the final value is decoded again, and refused, when the
     /// partition is restored).
-    fn put_of<F: Fold>(fold: &F, key: &[u8], value: Option<&[u8]>) -> Put {
-        let key = Bytes::copy_from_slice(key);
+    fn put_of<F: Fold>(fold: &F, key: &Bytes, value: Option<&[u8]>) -> Put {
         let Some(value) = value else {
-            return Put::Remove { key };
+            return Put::remove(key);
         };
         let deadline = match open_envelope(value) {
             Ok(Opened::Live(_, payload)) | Ok(Opened::LiveInputs(_, payload)) => fold
                 .decode(payload)
                 .ok()
-                .and_then(|state| fold.deadline(&key, &state))
+                .and_then(|state| fold.deadline(key, &state))
                 .unwrap_or(NO_DEADLINE),
             Ok(Opened::Grave(_)) | Ok(Opened::GraveInputs(_)) => GRAVE,
             Err(_) => NO_DEADLINE,
