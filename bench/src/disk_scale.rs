@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! snapfence-bench disk-scale [--keys 10000000] [--budget-mib 64] [--hot 100000] [--hot-events 1000000]
-//!                            [--changed 0.01] [--out FILE] [--svg FILE]
+//!                            [--changed 0.01] [--out FILE] [--svg FILE] [--disk-only]
 //! ```
 //!
 //! One partition of N keys whose states are 100 bytes ([`Padded`]). Every member is a process of its
@@ -19,7 +19,8 @@
 //! 4. **full read in memory** again, then the same warm-up and hot events;
 //! 5. **full read into an empty directory**, under the budget.
 //!
-//! `--svg` draws each member's RssAnon over its life (the highest sample of every 250 ms), its takeover
+//! `--disk-only` skips the members in memory (for profiling the others' memory; no ratios then, and
+//! the restart also folds what member 2 would have). `--svg` draws each member's RssAnon over its life (the highest sample of every 250 ms), its takeover
 //! marked, against the 128 MiB target and the budget. Ratios come from this one run: the restart against the full read in memory, the full read into a
 //! directory against the one in memory (per key), and the hot fold's throughput on disk against in
 //! memory.
@@ -83,6 +84,7 @@ struct Options {
     changed: f64,
     out: Option<PathBuf>,
     svg: Option<PathBuf>,
+    disk_only: bool,
 }
 
 fn options(args: &[String]) -> Result<Options, String> {
@@ -94,6 +96,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         changed: 0.01,
         out: None,
         svg: None,
+        disk_only: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -107,10 +110,11 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--changed" => o.changed = value()?.parse().map_err(|e| format!("--changed: {e}"))?,
             "--out" => o.out = Some(value()?.into()),
             "--svg" => o.svg = Some(value()?.into()),
+            "--disk-only" => o.disk_only = true,
             other => {
                 return Err(format!(
                     "unknown option {other}\nusage: snapfence-bench disk-scale [--keys N] \
-                     [--budget-mib M] [--hot K] [--hot-events E] [--changed F] [--out FILE] [--svg FILE]"
+                     [--budget-mib M] [--hot K] [--hot-events E] [--changed F] [--out FILE] [--svg FILE] [--disk-only]"
                 ))
             }
         }
@@ -317,7 +321,11 @@ async fn run(options: &Options) -> Result<String, Error> {
 
     let changed = ((n as f64) * options.changed).round() as usize;
     w.emit(0..changed, "b").await?;
-    let memory_read = w.member("full read in memory, fold the changed keys", "memory", 0, 0)?;
+    let in_memory = |w: &World, what: &str, warm: i64| match options.disk_only {
+        true => Ok(Member::default()),
+        false => w.member(what, "memory", 0, warm),
+    };
+    let memory_read = in_memory(&w, "full read in memory, fold the changed keys", 0)?;
 
     // The hot set: keys spread over the key space, each event a key drawn from it in turn.
     let hot: Vec<usize> = (0..options.hot).map(|i| i * (n / options.hot)).collect();
@@ -337,7 +345,7 @@ async fn run(options: &Options) -> Result<String, Error> {
     w.emit(hot.iter().copied(), "e").await?;
     w.emit((0..options.hot_events).map(|i| hot[i % hot.len()]), "f")
         .await?;
-    let memory_hot = w.member("full read in memory, fold the hot set", "memory", 0, warm)?;
+    let memory_hot = in_memory(&w, "full read in memory, fold the hot set", warm)?;
     let empty = w.member(
         "full read into an empty directory",
         &dir_e.to_string_lossy(),
@@ -379,6 +387,9 @@ async fn run(options: &Options) -> Result<String, Error> {
         std::fs::write(path, svg(&rows, options.budget_mib as f64))?;
     }
     for (what, state, m) in rows {
+        if options.disk_only && state == "memory" {
+            continue;
+        }
         let _ = writeln!(
             s,
             "| {what} | {state} | {:.0} ms | {} | {:.0} ms | {:.0} ms ({} events) | {:.0} | {} MiB | {} MiB | {} / {} |",
@@ -394,7 +405,16 @@ async fn run(options: &Options) -> Result<String, Error> {
             m.evicted
         );
     }
-    let _ = writeln!(
+    if options.disk_only {
+        let _ = writeln!(
+            s,
+            "\nWith --disk-only: no member in memory, so no ratios. Peak RssAnon of the restart on disk: \
+             {} MiB, of the full read into a directory: {} MiB (target ≤ 128 MiB).",
+            restart.rss_anon_peak_kib / 1024,
+            empty.rss_anon_peak_kib / 1024,
+        );
+    } else {
+        let _ = writeln!(
         s,
         "\nRestart / full read in memory: {:.3}x (target ≤ 0.05x). Full read into a directory / in \
          memory: {:.2}x (target ≤ 1x). Hot fold on disk / in memory: {} (target ≥ 0.8x). Peak RssAnon \
@@ -410,11 +430,30 @@ async fn run(options: &Options) -> Result<String, Error> {
         restart.rss_anon_peak_kib / 1024,
         empty.rss_anon_peak_kib / 1024,
     );
+    }
     let _ = std::fs::remove_dir_all(&scratch);
     for t in [&w.input, &w.snapshots] {
         let _ = snapfence::admin::delete_topic(&client, t).await;
     }
     Ok(s)
+}
+
+/// What the C library's allocator holds, where it says (glibc): bytes in use, free bytes it keeps in
+/// its arenas, and bytes in blocks mapped on their own.
+fn malloc_figures() -> String {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's counters.
+        let m = unsafe { libc::mallinfo2() };
+        format!(
+            "malloc in use {} MiB, free in arenas {} MiB, mapped blocks {} MiB",
+            m.uordblks >> 20,
+            m.fordblks >> 20,
+            m.hblkhd >> 20
+        )
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    String::from("malloc figures: not on glibc")
 }
 
 /// The colours of the plot's lines, one per member.
@@ -472,9 +511,10 @@ fn svg(rows: &[(&str, &str, &Member)], budget_mib: f64) -> String {
         );
         t += step;
     }
+    let budget_label = format!("budget {budget_mib} MiB");
     for (label, mib, dash) in [
         ("target 128 MiB", 128.0, "6,3"),
-        ("budget", budget_mib, "2,3"),
+        (budget_label.as_str(), budget_mib, "2,3"),
     ] {
         let (right, at, label_x) = (left + w, y(mib), left + w - 90.0);
         let _ = writeln!(
@@ -483,7 +523,9 @@ fn svg(rows: &[(&str, &str, &Member)], budget_mib: f64) -> String {
             at - 4.0
         );
     }
-    for (i, (what, state, m)) in rows.iter().enumerate() {
+    // Members not run (`--disk-only`) have no samples.
+    let drawn = rows.iter().filter(|(_, _, m)| !m.timeline.is_empty());
+    for (i, (what, state, m)) in drawn.enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         let path: Vec<String> = m
             .timeline
@@ -552,9 +594,13 @@ pub fn member_main(args: &[String]) -> i32 {
         std::thread::spawn(move || {
             let began = Instant::now();
             let mut window = (Instant::now(), 0);
+            let mut at_peak = String::new();
+            let verbose = std::env::var_os("SNAPFENCE_BENCH_VERBOSE").is_some();
             while !stop.load(Ordering::Relaxed) {
                 if let Some(kib) = crate::workload::status_kib("RssAnon:") {
-                    peak.fetch_max(kib, Ordering::Relaxed);
+                    if kib > peak.fetch_max(kib, Ordering::Relaxed) && verbose {
+                        at_peak = malloc_figures();
+                    }
                     window.1 = window.1.max(kib);
                 }
                 if window.0.elapsed() >= Duration::from_millis(250) {
@@ -564,6 +610,9 @@ pub fn member_main(args: &[String]) -> i32 {
                     window = (Instant::now(), 0);
                 }
                 std::thread::sleep(Duration::from_millis(10));
+            }
+            if verbose {
+                eprintln!("   at the peak RssAnon: {at_peak}");
             }
         })
     };
@@ -697,9 +746,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.timeline, vec![(0.25, 1.0), (0.5, 200.0)]);
-        let drawn = svg(&[("a", "memory", &m), ("b", "disk", &m)], 64.0);
+        let not_run = Member::default();
+        let drawn = svg(
+            &[
+                ("a", "memory", &m),
+                ("b", "disk", &m),
+                ("c", "memory", &not_run),
+            ],
+            64.0,
+        );
         assert_eq!(drawn.matches("<polyline").count(), 2);
         assert_eq!(drawn.matches("<circle").count(), 2);
         assert!(drawn.contains("peak 200 MiB") && drawn.contains("target 128 MiB"));
+        assert!(drawn.contains("budget 64 MiB") && !drawn.contains(">c<"));
     }
 }
