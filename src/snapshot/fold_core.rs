@@ -49,6 +49,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::fold::{output_size, Change, Fold, Outputs};
 use crate::producer::ProducerRecord;
 use crate::records::Record;
+use keys::KeyTable;
 
 const ENVELOPE_V1: u8 = 1;
 const ENVELOPE_GRAVE: u8 = 2;
@@ -423,7 +424,7 @@ pub(crate) enum Folded {
 
 /// One partition's fold bookkeeping.
 pub(crate) struct PartitionCore<S> {
-    keys: HashMap<Bytes, Entry<S>>,
+    keys: KeyTable<Entry<S>>,
     /// Keys changed since their last write was encoded.
     dirty: HashSet<Bytes>,
     /// Deleted keys whose grave landed: a tombstone is due once a commit passes their offset.
@@ -514,14 +515,12 @@ impl Inputs {
 /// No stream time yet.
 const NO_TIME: i64 = i64::MIN;
 
-/// What a key costs in memory, estimated: its key and snapshot (standing for the decoded state's own
-/// allocations), its slot in the map, and a fixed share for the map's spare room, the bookkeeping
-/// beside it and the allocator.
-fn entry_size<S>(key: &[u8], value: Option<&Bytes>) -> u32 {
-    let bytes = key.len()
-        + value.map_or(0, |v| v.len())
-        + std::mem::size_of::<(Bytes, Entry<S>)>()
-        + ENTRY_OVERHEAD;
+/// What a key costs in memory beside its slot in the key table (which
+/// [`KeyTable::heap_bytes`] counts, spare room included), estimated: its key and snapshot (standing
+/// for the decoded state's own allocations), and a fixed share for the bookkeeping beside it (the
+/// key's own allocation and its place in the eviction order) and the allocator.
+fn entry_size(key: &[u8], value: Option<&Bytes>) -> u32 {
+    let bytes = key.len() + value.map_or(0, |v| v.len()) + ENTRY_OVERHEAD;
     u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
@@ -539,7 +538,7 @@ impl<S> PartitionCore<S> {
     /// A partition assigned at `offset` (which the group has committed, or is about to).
     pub(crate) fn new(offset: i64) -> Self {
         PartitionCore {
-            keys: HashMap::new(),
+            keys: KeyTable::new(),
             dirty: HashSet::new(),
             graves: HashSet::new(),
             timers: BTreeSet::new(),
@@ -1103,7 +1102,7 @@ impl<S> PartitionCore<S> {
                 (None, Some(v)) => (Some(grave_inputs(v)), Written::Grave),
             };
             e.in_wave = Some(None);
-            let size = entry_size::<S>(&key, value.as_ref());
+            let size = entry_size(&key, value.as_ref());
             let old = std::mem::replace(&mut e.size, size);
             self.resized(old, size);
             let outputs = self.held_outputs.remove(&key).unwrap_or_default();
@@ -1382,6 +1381,8 @@ impl<S> PartitionCore<S> {
     fn wave_landed(&mut self, _landed: &impl Fn(usize) -> bool) {}
 }
 
+#[path = "fold_core_keys.rs"]
+mod keys;
 #[cfg(feature = "disk-state")]
 #[path = "fold_core_lazy.rs"]
 pub(crate) mod lazy;

@@ -51,9 +51,10 @@ pub(crate) enum LoadFailure {
 /// A lazily loaded partition's image and bookkeeping.
 pub(crate) struct Lazy {
     image: PartitionImage,
-    /// Bytes the keys in memory may cost ([`entry_size`]).
+    /// Bytes the keys in memory may cost: [`entry_size`] of each, and the key table's
+    /// [`heap_bytes`](super::KeyTable::heap_bytes).
     budget: usize,
-    /// What the keys in memory cost now.
+    /// What the keys in memory cost now, beside the key table.
     resident: usize,
     /// Keys in memory in the order they came in; dropped from the front.
     order: VecDeque<Bytes>,
@@ -171,7 +172,7 @@ impl<S> PartitionCore<S> {
                 e.deadline = None;
                 self.timers.remove(&(d, key.clone()));
             }
-            let size = entry_size::<S>(key, Some(&value));
+            let size = entry_size(key, Some(&value));
             e.size = size;
             self.resized(0, size);
         }
@@ -240,7 +241,7 @@ impl<S> PartitionCore<S> {
     /// would make room: the driver then persists the partition before folding on.
     pub(crate) fn wants_persist(&self) -> bool {
         self.lazy.as_ref().is_some_and(|l| {
-            l.resident > l.budget
+            l.resident + self.keys.heap_bytes() > l.budget
                 && self.dirty.len() >= PERSIST_AT_DIRTY
                 && self.in_flight.is_none()
         })
@@ -263,7 +264,7 @@ impl<S> PartitionCore<S> {
         };
         lazy.order.push_back(key.clone());
         if let Some(e) = self.keys.get_mut(key) {
-            e.size = entry_size::<S>(key, None);
+            e.size = entry_size(key, None);
             lazy.resident += e.size as usize;
         }
     }
@@ -288,7 +289,9 @@ impl<S> PartitionCore<S> {
         };
         let mut looks = lazy.order.len().min(looks);
         let mut timers = Vec::new();
-        while lazy.resident > lazy.budget && looks > 0 {
+        // The table keeps its room when keys leave (their slots are reused), so this holds through.
+        let table = self.keys.heap_bytes();
+        while lazy.resident + table > lazy.budget && looks > 0 {
             looks -= 1;
             let Some(key) = lazy.order.pop_front() else {
                 break;

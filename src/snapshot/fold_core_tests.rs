@@ -1359,3 +1359,38 @@ fn lazy_loading_under_a_tiny_budget_writes_what_an_eager_core_writes() {
         remove_image(&dir).unwrap();
     }
 }
+
+/// The key table's own memory (its pages of slots, its index) counts against the budget beside the
+/// keys' estimates: a budget that the keys alone fit but the table does not keeps no clean key, and
+/// one that fits both keeps them all.
+#[cfg(feature = "disk-state")]
+#[test]
+fn the_key_tables_room_counts_against_the_budget() {
+    use crate::snapshot::disk::{remove_image, PartitionImage};
+    let fold = Script { ttl: None };
+    // Five keys' estimates (key, snapshot, fixed share) take well under 2 KiB; one page of the table
+    // takes over 64 KiB.
+    for (budget, kept) in [(4 << 10, 0), (4 << 20, 5)] {
+        let dir = std::env::temp_dir().join(format!(
+            "snapfence-lazy-table-{budget}-{}",
+            std::process::id()
+        ));
+        let _ = remove_image(&dir);
+        let image = PartitionImage::open(&dir, 1 << 20).unwrap();
+        let mut core = PartitionCore::new(0)
+            .load_lazily(&fold, image, budget)
+            .unwrap();
+        for (o, k) in ["a", "b", "c", "d", "e"].into_iter().enumerate() {
+            core.handle_event(&fold, &ev(o as i64, k, "x"));
+        }
+        let wave = core.poll_wave(&fold).unwrap();
+        core.handle_wave_outcome(wave.id, Landing::Landed);
+        let c = core.committable();
+        core.handle_commit_landed(c);
+        let stats = core.lazy_stats().unwrap();
+        assert_eq!(stats.in_memory, kept, "budget {budget}: {stats:?}");
+        assert_eq!(stats.evicted, 5 - kept, "budget {budget}: {stats:?}");
+        drop(core);
+        remove_image(&dir).unwrap();
+    }
+}

@@ -53,8 +53,9 @@ pub struct DiskState {
     /// change has landed are dropped again, oldest first, once the partition's keys exceed the budget
     /// (a dropped key's timer is kept in an index on disk). Keys with a change not yet landed, outputs
     /// waiting, a grave or a timer already due stay in memory whatever the budget; when changed keys
-    /// outgrow it, the partition persists before folding on. The estimate counts each key's key,
-    /// snapshot and map entry plus a fixed share; the process's memory beside it (the store's
+    /// outgrow it, the partition persists before folding on. The estimate counts each key's key and
+    /// snapshot plus a fixed share, and the key table's slots and index with their spare room; the
+    /// process's memory beside it (the store's
     /// memtables and block cache, fetches, the allocator) is measured in docs/benchmarks.md.
     pub memory_budget: Option<u64>,
 }
