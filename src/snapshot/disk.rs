@@ -260,7 +260,9 @@ impl PartitionImage {
 
     /// Keeps `writes` (key, then its snapshot value or `None` for a tombstone), which committed in this
     /// owner's transactions, in the overlay that [`lookup`](Self::lookup) reads first. Not synced: the
-    /// overlay is cleared at the next opening anyway.
+    /// overlay is cleared at the next opening anyway, so nothing needs a wave's writes to land in it
+    /// together, and they go in batches of at most a memtable's size: a batch holds its own copy of
+    /// every record until it commits, and its memtable is sealed only after it.
     pub(crate) fn put_landed(
         &self,
         writes: impl IntoIterator<Item = (Bytes, Option<Bytes>)>,
@@ -271,6 +273,11 @@ impl PartitionImage {
             let value = value.as_deref().unwrap_or_default();
             bytes += key.len() + value.len();
             batch.insert(&self.work, &key[..], value);
+            if bytes as u64 >= self.work.max {
+                batch.commit().map_err(|e| self.failed(e))?;
+                self.seal_full(&self.work, std::mem::take(&mut bytes))?;
+                batch = self.db.batch();
+            }
         }
         batch.commit().map_err(|e| self.failed(e))?;
         self.seal_full(&self.work, bytes)
