@@ -1066,8 +1066,10 @@ impl<S> PartitionCore<S> {
         self.dirty.insert(key.clone());
     }
 
-    /// The next wave to write: every dirty key's snapshot or grave, and every tombstone now due. `None`
-    /// when there is nothing to write, a wave is in flight, or the partition was fenced.
+    /// The next wave to write: every dirty key's snapshot or grave, and every tombstone now due, or
+    /// under a memory budget at most [`wave_limit`](Self::wave_limit) of them (the rest go in the next
+    /// waves: [`waves_owed`](Self::waves_owed)). `None` when there is nothing to write, a wave is in
+    /// flight, or the partition was fenced.
     pub(crate) fn poll_wave<F>(&mut self, fold: &F) -> Option<Wave>
     where
         F: Fold<State = S>,
@@ -1075,15 +1077,24 @@ impl<S> PartitionCore<S> {
         if self.fenced || self.replay || self.in_flight.is_some() {
             return None;
         }
-        let mut writes = Vec::with_capacity(self.dirty.len());
-        let mut carried = Vec::with_capacity(self.dirty.len());
+        let limit = self.wave_limit();
+        let mut writes = Vec::with_capacity(self.dirty.len().min(limit));
+        let mut carried = Vec::with_capacity(self.dirty.len().min(limit));
         // With several inputs an envelope says where every input stands now: the state accounts for
         // each input's events up to there (those since the key's last change left it as it is).
         let through: Option<Vec<i64>> = self
             .inputs
             .as_ref()
             .map(|i| i.positions.iter().map(|p| p - 1).collect());
-        let dirty: Vec<Bytes> = self.dirty.drain().collect();
+        let dirty: Vec<Bytes> = if self.dirty.len() <= limit {
+            self.dirty.drain().collect()
+        } else {
+            let some: Vec<Bytes> = self.dirty.iter().take(limit).cloned().collect();
+            for key in &some {
+                self.dirty.remove(key);
+            }
+            some
+        };
         for key in dirty {
             let due = self.grave_due(&key);
             let Some(e) = self.keys.get_mut(&key) else {
@@ -1123,6 +1134,7 @@ impl<S> PartitionCore<S> {
             .graves
             .iter()
             .filter(|k| self.grave_due(k))
+            .take(limit.saturating_sub(writes.len()))
             .cloned()
             .collect();
         for key in due {
@@ -1149,6 +1161,15 @@ impl<S> PartitionCore<S> {
         self.in_flight = Some((id, carried));
         self.wave_written(&writes);
         Some(Wave { id, writes })
+    }
+
+    /// How many waves writing everything changed now takes (at least one): more than one only under a
+    /// memory budget, whose waves take at most [`wave_limit`](Self::wave_limit) keys.
+    pub(crate) fn waves_owed(&self) -> usize {
+        let limit = self.wave_limit().max(1);
+        (self.dirty.len() + self.graves.len())
+            .div_ceil(limit)
+            .max(1)
     }
 
     /// Applies a wave's outcome when every write of it ended the same way (one transaction, or none
@@ -1376,6 +1397,12 @@ impl<S> PartitionCore<S> {
 
     #[inline]
     fn wave_written(&mut self, _writes: &[WaveWrite]) {}
+
+    /// Keys a wave may take: all of them, without a memory budget.
+    #[inline]
+    pub(crate) fn wave_limit(&self) -> usize {
+        usize::MAX
+    }
 
     #[inline]
     fn wave_landed(&mut self, _landed: &impl Fn(usize) -> bool) {}

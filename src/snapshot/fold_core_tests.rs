@@ -1394,3 +1394,53 @@ fn the_key_tables_room_counts_against_the_budget() {
         remove_image(&dir).unwrap();
     }
 }
+
+/// Under a memory budget a wave takes at most `WAVE_LIMIT` keys; the rest wait for the next waves of
+/// the same persist (`waves_owed`), and the committable offset stays below every key not yet landed.
+#[cfg(feature = "disk-state")]
+#[test]
+fn waves_under_a_budget_are_capped_and_the_commit_waits_for_the_rest() {
+    use crate::snapshot::disk::{remove_image, PartitionImage};
+    use crate::snapshot::fold_core::lazy::WAVE_LIMIT;
+    let fold = Script { ttl: None };
+    let dir = std::env::temp_dir().join(format!("snapfence-lazy-waves-{}", std::process::id()));
+    let _ = remove_image(&dir);
+    let image = PartitionImage::open(&dir, 1 << 20).unwrap();
+    let mut core = PartitionCore::new(0)
+        .load_lazily(&fold, image, 1 << 30)
+        .unwrap();
+    let n = WAVE_LIMIT + 100;
+    for o in 0..n {
+        core.handle_event(&fold, &ev(o as i64, &format!("k{o}"), "x"));
+    }
+    assert_eq!(core.waves_owed(), 2);
+    let first = core.poll_wave(&fold).unwrap();
+    assert_eq!(first.writes.len(), WAVE_LIMIT);
+    core.handle_wave_outcome(first.id, Landing::Landed);
+    let c = core.committable();
+    assert!(c < n as i64, "committable {c} passes keys not written");
+    assert_eq!(core.waves_owed(), 1);
+    let second = core.poll_wave(&fold).unwrap();
+    assert_eq!(second.writes.len(), 100);
+    let mut keys: Vec<Bytes> = first
+        .writes
+        .iter()
+        .chain(&second.writes)
+        .map(|w| w.key.clone())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), n, "every key written once");
+    core.handle_wave_outcome(second.id, Landing::Landed);
+    assert_eq!(core.committable(), n as i64);
+    assert!(core.poll_wave(&fold).is_none());
+    // Without a budget one wave takes everything.
+    let mut eager = PartitionCore::new(0);
+    for o in 0..n {
+        eager.handle_event(&fold, &ev(o as i64, &format!("k{o}"), "x"));
+    }
+    assert_eq!(eager.waves_owed(), 1);
+    assert_eq!(eager.poll_wave(&fold).unwrap().writes.len(), n);
+    drop(core);
+    remove_image(&dir).unwrap();
+}

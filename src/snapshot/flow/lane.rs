@@ -124,15 +124,33 @@ pub(super) fn landing(result: &Result<(), FlowError>) -> Landing {
     }
 }
 
-/// Writes one wave of `lane`: every key changed since its last write, and the tombstones now due.
+/// Writes every key of `lane` changed since its last write, and the tombstones now due: one wave, or
+/// under a memory budget as many as its limit on a wave's keys needs (counted before the first, so
+/// events folded meanwhile wait for the next persist).
 pub(super) async fn persist_lane<F: Fold, W: Writes>(
     fold: &F,
     lane: &Lane<F::State, W>,
 ) -> Result<(), FlowError> {
     let _turn = lane.turn.lock().await;
+    let waves = lane.core().waves_owed();
+    for _ in 0..waves {
+        if !write_wave(fold, lane).await? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the next wave of `lane` (the caller holds its turn); `false` when there was nothing to
+/// write.
+async fn write_wave<F: Fold, W: Writes>(
+    fold: &F,
+    lane: &Lane<F::State, W>,
+) -> Result<bool, FlowError> {
+    // Outputs produced at once since the last wave are confirmed before a write could pass them.
     confirm_outputs(lane).await?;
     let Some(wave) = lane.core().poll_wave(fold) else {
-        return Ok(());
+        return Ok(false);
     };
     let mut guard = WaveGuard {
         lane,
@@ -146,7 +164,7 @@ pub(super) async fn persist_lane<F: Fold, W: Writes>(
         .handle_wave_landings(wave.id, landing(&written.result), |i| {
             landed.get(i).copied().unwrap_or(false)
         });
-    written.result
+    written.result.map(|()| true)
 }
 
 /// Confirms the outputs `lane` produced at once (the unfenced mode) before a write or commit could pass
