@@ -35,13 +35,6 @@ use crate::snapshot::fold::Fold;
 /// A landing looks at every key once.
 const LOOKS_BEFORE_LOAD: usize = 64;
 
-/// Keys one wave of a partition under a budget takes at most. A wave's keys are in memory several
-/// times over until it lands (each envelope, the wave's and the writer's lists, the transactions'
-/// record batches, the overlay's copy), about 400 bytes a key beside the key itself: a fold that
-/// changed 10^5 keys between two persists held 40 MB of waves. The rest go in the next waves of the
-/// same persist.
-pub(crate) const WAVE_LIMIT: usize = 16 * 1024;
-
 /// Changed keys a partition over its budget must have before it persists early (fewer would make
 /// a transaction for too little room).
 const PERSIST_AT_DIRTY: usize = 1024;
@@ -337,15 +330,6 @@ impl<S> PartitionCore<S> {
         }
         if let Err(e) = lazy.image.put_evicted_deadlines(timers) {
             self.load_failed(LoadFailure::State(e));
-        }
-    }
-
-    /// Keys a wave may take: [`WAVE_LIMIT`] under a memory budget, all of them without one.
-    pub(crate) fn wave_limit(&self) -> usize {
-        if self.lazy.is_some() {
-            WAVE_LIMIT
-        } else {
-            usize::MAX
         }
     }
 

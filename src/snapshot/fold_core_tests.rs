@@ -1395,13 +1395,14 @@ fn the_key_tables_room_counts_against_the_budget() {
     }
 }
 
-/// Under a memory budget a wave takes at most `WAVE_LIMIT` keys; the rest wait for the next waves of
-/// the same persist (`waves_owed`), and the committable offset stays below every key not yet landed.
+/// A wave takes at most `WAVE_LIMIT` keys, with a memory budget or without; the rest wait for the next
+/// waves of the same persist (`waves_owed`), and the committable offset stays below every key not yet
+/// landed.
 #[cfg(feature = "disk-state")]
 #[test]
 fn waves_under_a_budget_are_capped_and_the_commit_waits_for_the_rest() {
     use crate::snapshot::disk::{remove_image, PartitionImage};
-    use crate::snapshot::fold_core::lazy::WAVE_LIMIT;
+    use crate::snapshot::fold_core::WAVE_LIMIT;
     let fold = Script { ttl: None };
     let dir = std::env::temp_dir().join(format!("snapfence-lazy-waves-{}", std::process::id()));
     let _ = remove_image(&dir);
@@ -1434,13 +1435,27 @@ fn waves_under_a_budget_are_capped_and_the_commit_waits_for_the_rest() {
     core.handle_wave_outcome(second.id, Landing::Landed);
     assert_eq!(core.committable(), n as i64);
     assert!(core.poll_wave(&fold).is_none());
-    // Without a budget one wave takes everything.
-    let mut eager = PartitionCore::new(0);
-    for o in 0..n {
-        eager.handle_event(&fold, &ev(o as i64, &format!("k{o}"), "x"));
-    }
-    assert_eq!(eager.waves_owed(), 1);
-    assert_eq!(eager.poll_wave(&fold).unwrap().writes.len(), n);
     drop(core);
     remove_image(&dir).unwrap();
+}
+
+/// Without a budget, the same cap: the second wave of a persist takes the keys the first left.
+#[test]
+fn waves_in_memory_are_capped_too() {
+    use crate::snapshot::fold_core::WAVE_LIMIT;
+    let fold = Script { ttl: None };
+    let mut core = PartitionCore::new(0);
+    let n = 2 * WAVE_LIMIT + 1;
+    for o in 0..n {
+        core.handle_event(&fold, &ev(o as i64, &format!("k{o}"), "x"));
+    }
+    assert_eq!(core.waves_owed(), 3);
+    let mut written = 0;
+    while let Some(w) = core.poll_wave(&fold) {
+        assert!(w.writes.len() <= WAVE_LIMIT);
+        written += w.writes.len();
+        core.handle_wave_outcome(w.id, Landing::Landed);
+    }
+    assert_eq!(written, n);
+    assert_eq!(core.committable(), n as i64);
 }

@@ -124,9 +124,9 @@ pub(super) fn landing(result: &Result<(), FlowError>) -> Landing {
     }
 }
 
-/// Writes every key of `lane` changed since its last write, and the tombstones now due: one wave, or
-/// under a memory budget as many as its limit on a wave's keys needs (counted before the first, so
-/// events folded meanwhile wait for the next persist).
+/// Writes every key of `lane` changed since its last write, and the tombstones now due: in as many
+/// waves as the limit on a wave's keys needs (counted before the first, so events folded meanwhile
+/// wait for the next persist).
 pub(super) async fn persist_lane<F: Fold, W: Writes>(
     fold: &F,
     lane: &Lane<F::State, W>,
