@@ -238,12 +238,13 @@ impl<S> PartitionCore<S> {
     }
 
     /// Whether the keys in memory exceed the budget with enough changed keys among them that a wave
-    /// would make room: the driver then persists the partition before folding on.
+    /// would make room: the driver then persists the partition before folding on. Also while a wave
+    /// is in flight (a periodic persist): the driver's persist then waits for it, and the fold waits
+    /// with it, instead of changing more keys than the budget holds until it lands (a fold of new keys
+    /// reached 190 000 keys in memory under a budget that holds 106 000).
     pub(crate) fn wants_persist(&self) -> bool {
         self.lazy.as_ref().is_some_and(|l| {
-            l.resident + self.keys.heap_bytes() > l.budget
-                && self.dirty.len() >= PERSIST_AT_DIRTY
-                && self.in_flight.is_none()
+            l.resident + self.keys.heap_bytes() > l.budget && self.dirty.len() >= PERSIST_AT_DIRTY
         })
     }
 
