@@ -1075,8 +1075,8 @@ impl<S> PartitionCore<S> {
     }
 
     /// The next wave to write: every dirty key's snapshot or grave, and every tombstone now due, at
-    /// most [`WAVE_LIMIT`] of them (the rest go in the next waves: [`waves_owed`](Self::waves_owed)). `None` when there is nothing to write, a wave is in
-    /// flight, or the partition was fenced.
+    /// most [`WAVE_LIMIT`] of them (the rest go in the next waves: [`waves_owed`](Self::waves_owed)).
+    /// `None` when there is nothing to write, a wave is in flight, or the partition was fenced.
     pub(crate) fn poll_wave<F>(&mut self, fold: &F) -> Option<Wave>
     where
         F: Fold<State = S>,
