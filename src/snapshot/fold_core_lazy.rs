@@ -244,7 +244,7 @@ impl<S> PartitionCore<S> {
     /// reached 190 000 keys in memory under a budget that holds 106 000).
     pub(crate) fn wants_persist(&self) -> bool {
         self.lazy.as_ref().is_some_and(|l| {
-            l.resident + self.keys.heap_bytes() > l.budget && self.dirty.len() >= PERSIST_AT_DIRTY
+            self.dirty.len() >= PERSIST_AT_DIRTY && l.resident + self.keys.heap_bytes() > l.budget
         })
     }
 
