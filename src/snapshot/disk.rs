@@ -173,6 +173,7 @@ impl PartitionImage {
             dir: dir.to_path_buf(),
             detail: format!("creating the directory: {e}"),
         })?;
+        let began = std::time::Instant::now();
         // One background worker per partition: flushes and compactions of a partition are small and
         // a member may hold hundreds of partitions on a few cores.
         let db = Database::builder(dir)
@@ -221,10 +222,12 @@ impl PartitionImage {
             keyspace("meta", 1 << 20)?,
         );
         let (work, work_due) = (bounded("work", 2 << 20)?, bounded("work_due", 1 << 20)?);
+        let opened = began.elapsed();
         // Whatever a previous owner's overlay held is not the image: the image is what its checkpoint
         // covers, and the read from there brings it up to date.
         work.clear().map_err(failed)?;
         work_due.clear().map_err(failed)?;
+        tracing::debug!(dir = %dir.display(), ?opened, cleared = ?(began.elapsed() - opened), "image opened");
         Ok(PartitionImage {
             dir: dir.to_path_buf(),
             db,
@@ -519,6 +522,22 @@ impl PartitionImage {
             }
             _ => Ok(None),
         }
+    }
+
+    /// Seals every keyspace's memtable for the background worker to write into table files, without
+    /// waiting ([`flush`](Self::flush) waits). A memtable written since the last seal would otherwise
+    /// keep its journals until enough else is written to fill it.
+    pub(crate) fn seal_all(&self) -> Result<(), StateError> {
+        for keyspace in [
+            &*self.snap,
+            &*self.due,
+            &self.meta,
+            &*self.work,
+            &*self.work_due,
+        ] {
+            keyspace.rotate_memtable().map_err(|e| self.failed(e))?;
+        }
+        Ok(())
     }
 
     /// Writes what the journal holds into table files and waits for it, so a reopen reads tables

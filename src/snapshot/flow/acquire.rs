@@ -277,7 +277,9 @@ impl<F: Fold> Shared<F> {
     pub(super) async fn acquire(&self, tp: &TopicPartition) -> Result<FlowLane<F>, FlowError> {
         // The end is read as the takeover begins, beside it: the partition is ready once it folded the
         // input that was there when it was assigned.
+        let began = std::time::Instant::now();
         let (opened, end) = tokio::join!(self.open_writer(tp), self.input_ends(tp));
+        let writer_for = began.elapsed();
         let (writer, start) = opened?;
         let end = match end {
             Ok(end) => end,
@@ -287,7 +289,9 @@ impl<F: Fold> Shared<F> {
             }
         };
         let fresh = start.fresh;
+        let phase = std::time::Instant::now();
         let recovered = self.recover(tp, start, &writer).await;
+        let recovered_for = phase.elapsed();
         let core = match recovered {
             Ok(core) => core,
             Err(e) => {
@@ -321,6 +325,14 @@ impl<F: Fold> Shared<F> {
                 "overdue timers fired at takeover"
             );
         }
+        tracing::info!(
+            partition = tp.partition,
+            elapsed = ?began.elapsed(),
+            // The producer's takeover and the input's committed offset and end, read together.
+            writer = ?writer_for,
+            recovered = ?recovered_for,
+            "partition acquired"
+        );
         Ok(lane)
     }
 
@@ -358,6 +370,8 @@ impl<F: Fold> Shared<F> {
             }
             _ => self.read_snapshot_log(tp).await?,
         };
+        let read_for = began.elapsed();
+        let phase = std::time::Instant::now();
         let mut core = if offsets.len() > 1 {
             PartitionCore::new_inputs(&offsets)
         } else {
@@ -383,6 +397,8 @@ impl<F: Fold> Shared<F> {
                 })?;
             graves += usize::from(grave);
         }
+        let restored = phase.elapsed();
+        let phase = std::time::Instant::now();
         #[allow(unused_mut)]
         let mut lazily = false;
         #[cfg(feature = "disk-state")]
@@ -401,6 +417,11 @@ impl<F: Fold> Shared<F> {
             // Keys are loaded as they are needed (a memory budget): `keys` counts none of them.
             lazily,
             ?elapsed,
+            // Reading the state (the store, or the image and what was written since), building the
+            // keys from it, and with a memory budget handing the image to the partition.
+            read = ?read_for,
+            ?restored,
+            handed_over = ?phase.elapsed(),
             assigned_offset,
             ?offsets,
             "partition recovered"
