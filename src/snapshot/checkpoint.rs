@@ -81,6 +81,9 @@ pub(crate) struct Observed {
     pub now_ms: i64,
     /// The snapshot topic's `delete.retention.ms`, read at this acquisition.
     pub delete_retention_ms: i64,
+    /// How much of the retention is kept back for clocks that stepped: the checkpoint's age plus this
+    /// must stay under `delete_retention_ms` ([`DiskState::clock_allowance`](crate::snapshot::DiskState)).
+    pub clock_allowance_ms: i64,
 }
 
 /// Why the local image is not used.
@@ -108,6 +111,7 @@ pub(crate) enum Fallback {
     TooOld {
         age_ms: i64,
         delete_retention_ms: i64,
+        allowance_ms: i64,
     },
 }
 
@@ -168,10 +172,11 @@ pub(crate) fn judge(checkpoint: Option<&Checkpoint>, seen: &Observed) -> Judgeme
         }
     }
     let age_ms = seen.now_ms.saturating_sub(c.time_ms);
-    if age_ms >= seen.delete_retention_ms || age_ms < 0 {
+    if age_ms < 0 || age_ms.saturating_add(seen.clock_allowance_ms) >= seen.delete_retention_ms {
         return Judgement::FullRead(Fallback::TooOld {
             age_ms,
             delete_retention_ms: seen.delete_retention_ms,
+            allowance_ms: seen.clock_allowance_ms,
         });
     }
     Judgement::Resume { from: c.offset }
@@ -362,6 +367,7 @@ mod tests {
             epoch_end: Some((4, 1_200)),
             now_ms: 1_700_000_000_000 + 3_600_000,
             delete_retention_ms: 86_400_000,
+            clock_allowance_ms: 0,
         }
     }
 
@@ -502,7 +508,8 @@ mod tests {
             full_read(&seen),
             Fallback::TooOld {
                 age_ms: 86_400_000,
-                delete_retention_ms: 86_400_000
+                delete_retention_ms: 86_400_000,
+                allowance_ms: 0
             }
         );
         let back = Observed {
@@ -513,8 +520,43 @@ mod tests {
             full_read(&back),
             Fallback::TooOld {
                 age_ms: -100_000_000_000,
-                delete_retention_ms: 86_400_000
+                delete_retention_ms: 86_400_000,
+                allowance_ms: 0
             }
+        );
+    }
+
+    /// The allowance for stepped clocks comes off the retention: an age that would do without it no
+    /// longer does with it.
+    #[test]
+    fn the_clock_allowance_shortens_the_retention_a_checkpoint_may_use() {
+        let seen = Observed {
+            now_ms: 1_700_000_000_000 + 86_400_000 - 10_000,
+            ..observed()
+        };
+        assert_eq!(
+            judge(Some(&checkpoint()), &seen),
+            Judgement::Resume { from: 1_000 }
+        );
+        let allowed = Observed {
+            clock_allowance_ms: 10_000,
+            ..seen.clone()
+        };
+        assert_eq!(
+            full_read(&allowed),
+            Fallback::TooOld {
+                age_ms: 86_400_000 - 10_000,
+                delete_retention_ms: 86_400_000,
+                allowance_ms: 10_000
+            }
+        );
+        let just = Observed {
+            clock_allowance_ms: 9_999,
+            ..seen
+        };
+        assert_eq!(
+            judge(Some(&checkpoint()), &just),
+            Judgement::Resume { from: 1_000 }
         );
     }
 

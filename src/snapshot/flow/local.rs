@@ -58,6 +58,13 @@ pub struct DiskState {
     /// process's memory beside it (the store's
     /// memtables and block cache, fetches, the allocator) is measured in docs/benchmarks.md.
     pub memory_budget: Option<u64>,
+    /// Kept back from the snapshot topic's `delete.retention.ms` when judging whether a checkpoint is
+    /// too old to resume from: an image is read from its checkpoint only while the checkpoint's age,
+    /// on this member's wall clock, plus this allowance is under the retention. It covers what the
+    /// age cannot see: a wall clock stepped forward or back (NTP, a restored VM), the image's
+    /// directory moved to a host whose clock differs, a broker clock stepped forward (the cleaner
+    /// then drops tombstones early). Default 10 s; docs/fencing.md ("The clock of check 5") argues it.
+    pub clock_allowance: std::time::Duration,
 }
 
 impl DiskState {
@@ -70,6 +77,7 @@ impl DiskState {
             warm_for: std::time::Duration::ZERO,
             warm_every: std::time::Duration::from_secs(1),
             memory_budget: None,
+            clock_allowance: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -397,8 +405,14 @@ mod disk {
             }
             Err(e) => return Err(state_err(e)),
             Ok(checkpoint) => {
-                let seen =
-                    observe(shared, &snapshot_tp, identity.clone(), checkpoint.as_ref()).await?;
+                let seen = observe(
+                    shared,
+                    disk,
+                    &snapshot_tp,
+                    identity.clone(),
+                    checkpoint.as_ref(),
+                )
+                .await?;
                 let bounds = Some((seen.log_start, seen.high_watermark));
                 (judge(checkpoint.as_ref(), &seen), bounds)
             }
@@ -583,6 +597,7 @@ mod disk {
     /// leader, the topic's `delete.retention.ms` now, and the clock.
     async fn observe<F: Fold>(
         shared: &Shared<F>,
+        disk: &DiskState,
         tp: &TopicPartition,
         identity: Identity,
         checkpoint: Option<&Checkpoint>,
@@ -633,6 +648,7 @@ mod disk {
             epoch_end,
             now_ms: wall_clock_ms(),
             delete_retention_ms,
+            clock_allowance_ms: i64::try_from(disk.clock_allowance.as_millis()).unwrap_or(i64::MAX),
         })
     }
 
