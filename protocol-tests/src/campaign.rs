@@ -85,11 +85,28 @@ pub enum FaultKind {
     /// `delete.retention.ms`); once the cleaner has removed records from it, every member is killed in
     /// turn so each partition's next owner recovers from a log the cleaner already worked on.
     Compaction,
+    /// An owner is frozen while [`WIDE_KEYS`] new keys of one of its partitions are written, so that
+    /// its next persist takes more keys than one transaction may carry (the flow's cap, [`WIDE_WAVE`])
+    /// and writes them in several; it is killed once the first has committed, before the last has.
+    /// The commit of the input offset waits for every transaction of a persist, so the next owner
+    /// folds the keys the later transactions missed again, and must skip those the first one holds.
+    WideChange,
 }
+
+/// Keys a `wide-change` fault writes to one partition.
+pub const WIDE_KEYS: usize = 40_000;
+
+/// The most keys one snapshot transaction of a flow carries (snapfence's wave cap): a `wide-change`
+/// kills the owner once this many of its records have committed.
+pub const WIDE_WAVE: usize = 16_384;
+
+/// The memory budget members of a `wide-change` round get at least, when the campaign sets one: a
+/// smaller one persists at every 1 024 changed keys, so no persist would need a second transaction.
+const WIDE_BUDGET: u64 = 32 << 20;
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::Zombie,
         FaultKind::KillMidTxn,
         FaultKind::LeaderRestart,
@@ -102,6 +119,7 @@ impl FaultKind {
         FaultKind::Latency,
         FaultKind::RestartStorm,
         FaultKind::Compaction,
+        FaultKind::WideChange,
     ];
 
     /// The kind named `name` (as [`name`](Self::name) spells it).
@@ -124,6 +142,7 @@ impl FaultKind {
             FaultKind::Latency => "latency",
             FaultKind::RestartStorm => "restart-storm",
             FaultKind::Compaction => "compaction",
+            FaultKind::WideChange => "wide-change",
         }
     }
 }
@@ -433,6 +452,9 @@ pub struct RoundReport {
     pub disk_loaded: u64,
     /// Compaction faults that saw the cleaner remove records from the snapshot topic before the kills.
     pub compacted: usize,
+    /// Wide-change faults that killed the owner with some but not all of its persist's transactions
+    /// committed.
+    pub split_persist_kills: usize,
     /// Invariant violations.
     pub anomalies: Vec<String>,
     /// Harness trouble (not a finding about the library).
@@ -529,10 +551,13 @@ pub fn summary(reports: &[RoundReport]) -> String {
     let open: usize = reports.iter().map(|r| r.open_txn_kills).sum();
     let compactions = by_kind.get(&FaultKind::Compaction).copied().unwrap_or(0);
     let compacted: usize = reports.iter().map(|r| r.compacted).sum();
+    let wides = by_kind.get(&FaultKind::WideChange).copied().unwrap_or(0);
+    let split: usize = reports.iter().map(|r| r.split_persist_kills).sum();
     let sum = |f: fn(&RoundReport) -> u64| reports.iter().map(f).sum::<u64>();
     out.push_str(&format!(
         "kill-mid-txn faults that left a transaction open: {open} of {kills}\n\
          compaction faults that saw the cleaner remove records first: {compacted} of {compactions}\n\
+         wide-change faults that killed an owner between the transactions of one persist: {split} of {wides}\n\
          rounds with the tolerant fence policy: {}\n\
          member exits: {} (on a fence: {}, of them in tolerant rounds: {})\n\
          rebalance events: {}, partitions recovered in place: {}, rejoins: {}\n\
@@ -608,6 +633,7 @@ pub async fn run_round(
         disk_fallbacks: 0,
         disk_loaded: 0,
         compacted: 0,
+        split_persist_kills: 0,
         anomalies: Vec::new(),
         infra: Vec::new(),
         notes: Vec::new(),
@@ -645,6 +671,8 @@ struct Round<'a> {
     spawned: usize,
     down: Option<i32>,
     foreign_keys: Vec<Bytes>,
+    /// Events the faults wrote themselves (`wide-change`), beside the round's producer's.
+    fault_events: HashMap<Bytes, Vec<Bytes>>,
     began: Instant,
     /// The node addresses a member's proxy stands in front of (empty on an external cluster: members
     /// then connect directly and the network faults are skipped).
@@ -705,7 +733,10 @@ impl<'a> Round<'a> {
         args.recover = plan.recover;
         args.postgres = cfg.postgres.clone();
         args.flush_pause = cfg.flush_pause;
-        args.memory_budget = cfg.memory_budget;
+        args.memory_budget = match cfg.memory_budget {
+            Some(b) if plan.faults.contains(&FaultKind::WideChange) => Some(b.max(WIDE_BUDGET)),
+            b => b,
+        };
         // The unfenced PostgreSQL store has no producer for outputs; every other store carries them.
         if cfg.postgres.is_none() || cfg.transactional {
             let output = unique("fc-out");
@@ -735,6 +766,7 @@ impl<'a> Round<'a> {
             spawned: 0,
             down: None,
             foreign_keys: Vec::new(),
+            fault_events: HashMap::new(),
             began: Instant::now(),
             brokers,
             proxies: HashMap::new(),
@@ -1125,6 +1157,7 @@ impl<'a> Round<'a> {
             FaultKind::Latency => self.latency(&mut notes).await,
             FaultKind::RestartStorm => self.restart_storm(&mut notes).await,
             FaultKind::Compaction => self.compaction(report, &mut notes).await,
+            FaultKind::WideChange => self.wide_change(report, &mut notes).await,
         }
         report.notes.append(&mut notes);
     }
@@ -1367,6 +1400,102 @@ impl<'a> Round<'a> {
         }
     }
 
+    /// `wide-change`: see [`FaultKind::WideChange`].
+    async fn wide_change(&mut self, report: &mut RoundReport, notes: &mut Vec<String>) {
+        let Some(i) = self.owner(notes).await else {
+            return notes.push("wide-change: no owner".into());
+        };
+        let pid = self.members[i].pid();
+        let held = self.members[i].held();
+        let p = held[self.rng.below(held.len())];
+        let base = match self.committed_end(p).await {
+            Ok(end) => end,
+            Err(e) => return report.infra.push(format!("wide-change: {e}")),
+        };
+        // Frozen while the keys are written, the owner folds them all between two persists; thawed
+        // after 1.5 s at the latest, half its session, should the writing take longer (a debug build).
+        self.members[i].pause();
+        let began = Instant::now();
+        let mut producing = tokio::spawn(produce_wide(
+            self.client.clone(),
+            self.args.input.clone(),
+            p,
+            self.plan.seed,
+        ));
+        let early = tokio::time::timeout(Duration::from_millis(1500), &mut producing).await;
+        let frozen_for = began.elapsed();
+        self.members[i].resume();
+        let written = match early {
+            Ok(done) => done,
+            Err(_) => producing.await,
+        };
+        match written {
+            Ok(Ok(w)) => self.fault_events.extend(w),
+            Ok(Err(e)) => return report.infra.push(format!("wide-change: {e}")),
+            Err(e) => return report.infra.push(format!("wide-change task: {e}")),
+        }
+        // Kill it once its first transaction committed (the partition's read_committed end moved by
+        // a whole wave), unless the persist already ended.
+        let until = Instant::now() + Duration::from_secs(20);
+        let mut seen = base;
+        while Instant::now() < until {
+            match self.committed_end(p).await {
+                Ok(end) => seen = end,
+                Err(e) => notes.push(format!("wide-change: {e}")),
+            }
+            if seen - base >= WIDE_WAVE as i64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if seen - base < WIDE_WAVE as i64 {
+            notes.push(format!(
+                "wide-change: partition {p} committed only {} records in 20 s",
+                seen - base
+            ));
+            return;
+        }
+        // `i` still names it: nothing changed the members since `owner`.
+        self.kill_member(i);
+        // A commit already on its way completes on the broker without the member.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after = self.committed_end(p).await.unwrap_or(seen);
+        let split = after - base < WIDE_KEYS as i64;
+        if split {
+            report.split_persist_kills += 1;
+        }
+        notes.push(format!(
+            "wide-change: wrote {WIDE_KEYS} keys to partition {p} while member {pid} was frozen \
+             ({:.1}s); killed it with {} records committed since ({} after), {}",
+            frozen_for.as_secs_f64(),
+            seen - base,
+            after - base,
+            if split {
+                "between the transactions of one persist"
+            } else {
+                "after its persist ended"
+            }
+        ));
+        // The supervisor restarts it, on its directory when the round keeps state on disk.
+        self.hold(Duration::from_millis(1500), notes).await;
+    }
+
+    /// The read_committed end of snapshot partition `p`.
+    async fn committed_end(&self, p: i32) -> Result<i64, String> {
+        let tp = TopicPartition::new(self.args.snapshots.as_str(), p);
+        let ends = list_offsets(
+            &self.client,
+            std::slice::from_ref(&tp),
+            OffsetSpec::Latest,
+            IsolationLevel::ReadCommitted,
+        )
+        .await
+        .map_err(|e| format!("the end of snapshot partition {p}: {e}"))?;
+        ends.get(&tp)
+            .copied()
+            .ok_or_else(|| format!("no end for snapshot partition {p}"))
+    }
+
     async fn open_foreign(&self, p: i32, key: Bytes) -> Result<TransactionalProducer, String> {
         let mut txn = TransactionalProducer::init(
             self.client.clone(),
@@ -1425,7 +1554,11 @@ impl<'a> Round<'a> {
         notes.push(self.stamp("healed; input stops"));
         stop.store(true, Ordering::SeqCst);
         let written = match producer.await {
-            Ok(Ok(w)) => w,
+            Ok(Ok(mut w)) => {
+                // A fault's keys are its own: no event of the producer's shares one.
+                w.extend(std::mem::take(&mut self.fault_events));
+                w
+            }
             Ok(Err(e)) => {
                 report.anomalies.push(format!("input producer: {e}"));
                 return;
@@ -2201,6 +2334,35 @@ async fn produce(
     Ok(written)
 }
 
+/// Writes [`WIDE_KEYS`] events to input partition `p`, each to a key of its own that no other event
+/// has (`w<p>-<n>`), as fast as the producer takes them. Returns them as the checker counts events.
+async fn produce_wide(
+    client: Client,
+    input: String,
+    p: i32,
+    seed: u64,
+) -> Result<HashMap<Bytes, Vec<Bytes>>, String> {
+    let producer = Producer::new(client, ProducerConfig::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut written = HashMap::with_capacity(WIDE_KEYS);
+    let mut pending = Vec::with_capacity(WIDE_KEYS);
+    for n in 0..WIDE_KEYS {
+        let key = Bytes::from(format!("w{p}-{n:05}"));
+        let value = Bytes::from(format!("{seed:x}-w{n}"));
+        let record = ProducerRecord::new(input.as_str(), Some(value.clone()))
+            .key(key.clone())
+            .partition(p);
+        pending.push(producer.send(record).await.map_err(|e| e.to_string())?);
+        written.insert(key, vec![value]);
+    }
+    for d in pending {
+        d.await.map_err(|e| format!("wide-change event: {e}"))?;
+    }
+    producer.close().await;
+    Ok(written)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2313,6 +2475,7 @@ mod tests {
             disk_fallbacks: 0,
             disk_loaded: 0,
             compacted: 0,
+            split_persist_kills: 0,
             anomalies: vec![],
             infra: vec![],
             notes: vec![],
