@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! snapfence-bench disk-scale [--keys 10000000] [--budget-mib 64] [--hot 100000] [--hot-events 1000000]
-//!                            [--changed 0.01] [--out FILE] [--svg FILE] [--disk-only]
+//!                            [--changed 0.01] [--restarts 1] [--out FILE] [--svg FILE] [--disk-only]
 //! ```
 //!
 //! One partition of N keys whose states are 100 bytes ([`Padded`]). Every member is a process of its
@@ -18,6 +18,9 @@
 //!    disk), then `--hot-events` events over them (timed: the hot working set's throughput);
 //! 4. **full read in memory** again, then the same warm-up and hot events;
 //! 5. **full read into an empty directory**, under the budget.
+//!
+//! `--restarts R` repeats steps 2 and 3 R times in all (each repeat changes another `--changed` of the
+//! keys), for the spread of the restart's ratio to the full read: each pair is a sample.
 //!
 //! `--disk-only` skips the members in memory (for profiling the others' memory; no ratios then, and
 //! the restart also folds what member 2 would have). `--svg` draws each member's RssAnon over its life (the highest sample of every 250 ms), its takeover
@@ -82,6 +85,7 @@ struct Options {
     hot: usize,
     hot_events: usize,
     changed: f64,
+    restarts: usize,
     out: Option<PathBuf>,
     svg: Option<PathBuf>,
     disk_only: bool,
@@ -94,6 +98,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         hot: 100_000,
         hot_events: 1_000_000,
         changed: 0.01,
+        restarts: 1,
         out: None,
         svg: None,
         disk_only: false,
@@ -108,13 +113,14 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--hot" => o.hot = number(value()?)?,
             "--hot-events" => o.hot_events = number(value()?)?,
             "--changed" => o.changed = value()?.parse().map_err(|e| format!("--changed: {e}"))?,
+            "--restarts" => o.restarts = number(value()?)?.max(1),
             "--out" => o.out = Some(value()?.into()),
             "--svg" => o.svg = Some(value()?.into()),
             "--disk-only" => o.disk_only = true,
             other => {
                 return Err(format!(
                     "unknown option {other}\nusage: snapfence-bench disk-scale [--keys N] \
-                     [--budget-mib M] [--hot K] [--hot-events E] [--changed F] [--out FILE] [--svg FILE] [--disk-only]"
+                     [--budget-mib M] [--hot K] [--hot-events E] [--changed F] [--restarts R] [--out FILE] [--svg FILE] [--disk-only]"
                 ))
             }
         }
@@ -341,6 +347,26 @@ async fn run(options: &Options) -> Result<String, Error> {
         budget,
         warm,
     )?;
+    // Each sample: (restart's takeover, its records read, the full read's takeover before it).
+    let mut samples = vec![(restart.takeover_ms, restart.read, memory_read.takeover_ms)];
+    for round in 1..options.restarts {
+        w.emit(0..changed, &format!("b{round}")).await?;
+        let read = in_memory(&w, &format!("full read in memory ({})", round + 1), 0)?;
+        let warm = w.end + hot.len() as i64;
+        w.emit(hot.iter().copied(), &format!("c{round}")).await?;
+        w.emit(
+            (0..options.hot_events).map(|i| hot[i % hot.len()]),
+            &format!("d{round}"),
+        )
+        .await?;
+        let again = w.member(
+            &format!("restart on its directory ({})", round + 1),
+            &a_dir,
+            budget,
+            warm,
+        )?;
+        samples.push((again.takeover_ms, again.read, read.takeover_ms));
+    }
     let warm = w.end + hot.len() as i64;
     w.emit(hot.iter().copied(), "e").await?;
     w.emit((0..options.hot_events).map(|i| hot[i % hot.len()]), "f")
@@ -417,10 +443,11 @@ async fn run(options: &Options) -> Result<String, Error> {
         let _ = writeln!(
         s,
         "\nRestart / full read in memory: {:.3}x (target ≤ 0.05x). Full read into a directory / in \
-         memory: {:.2}x (target ≤ 1x). Hot fold on disk / in memory: {} (target ≥ 0.8x). Peak RssAnon \
+         memory, per record read: {:.2}x (target ≤ 1x). Hot fold on disk / in memory: {} (target ≥ 0.8x). Peak RssAnon \
          of the restart on disk: {} MiB, of the full read into a directory: {} MiB (target ≤ 128 MiB).",
         restart.takeover_ms / memory_read.takeover_ms,
-        empty.takeover_ms / memory_read.takeover_ms,
+        (empty.takeover_ms / empty.read.max(1) as f64)
+            / (memory_read.takeover_ms / memory_read.read.max(1) as f64),
         if restart.folded > 0 && memory_hot.folded > 0 {
             format!("{:.2}x", restart.events_per_s() / memory_hot.events_per_s())
         } else {
@@ -430,6 +457,29 @@ async fn run(options: &Options) -> Result<String, Error> {
         restart.rss_anon_peak_kib / 1024,
         empty.rss_anon_peak_kib / 1024,
     );
+    }
+    if samples.len() > 1 {
+        let _ = writeln!(
+            s,
+            "\n{} restarts, each after another {} of the keys changed (restart takeover / records \
+             read / full read in memory before it / ratio):",
+            samples.len(),
+            options.changed
+        );
+        let mut ratios = Vec::new();
+        for (restart, read, full) in &samples {
+            let ratio = restart / full.max(1e-9);
+            ratios.push(ratio);
+            let _ = writeln!(s, "- {restart:.0} ms / {read} / {full:.0} ms / {ratio:.3}x");
+        }
+        ratios.sort_by(f64::total_cmp);
+        let _ = writeln!(
+            s,
+            "Ratio min {:.3}x, median {:.3}x, max {:.3}x (target ≤ 0.05x).",
+            ratios[0],
+            ratios[ratios.len() / 2],
+            ratios[ratios.len() - 1]
+        );
     }
     let _ = std::fs::remove_dir_all(&scratch);
     for t in [&w.input, &w.snapshots] {
