@@ -227,7 +227,12 @@ impl PartitionImage {
         // covers, and the read from there brings it up to date.
         work.clear().map_err(failed)?;
         work_due.clear().map_err(failed)?;
-        tracing::debug!(dir = %dir.display(), ?opened, cleared = ?(began.elapsed() - opened), "image opened");
+        tracing::debug!(
+            dir = %dir.display(),
+            ?opened,
+            cleared = ?(began.elapsed() - opened),
+            "image opened"
+        );
         Ok(PartitionImage {
             dir: dir.to_path_buf(),
             db,
@@ -524,17 +529,22 @@ impl PartitionImage {
         }
     }
 
+    /// Every keyspace of the image: the image's, the checkpoint's and the overlay's.
+    fn keyspaces(&self) -> [&Keyspace; 5] {
+        [
+            &self.snap,
+            &self.due,
+            &self.meta,
+            &self.work,
+            &self.work_due,
+        ]
+    }
+
     /// Seals every keyspace's memtable for the background worker to write into table files, without
     /// waiting ([`flush`](Self::flush) waits). A memtable written since the last seal would otherwise
     /// keep its journals until enough else is written to fill it.
     pub(crate) fn seal_all(&self) -> Result<(), StateError> {
-        for keyspace in [
-            &*self.snap,
-            &*self.due,
-            &self.meta,
-            &*self.work,
-            &*self.work_due,
-        ] {
+        for keyspace in self.keyspaces() {
             keyspace.rotate_memtable().map_err(|e| self.failed(e))?;
         }
         Ok(())
@@ -545,13 +555,7 @@ impl PartitionImage {
     /// an unflushed memtable of any keyspace keeps every journal since its first write, and a reopen
     /// replays them all into memory.
     pub(crate) fn flush(&self) -> Result<(), StateError> {
-        for keyspace in [
-            &*self.snap,
-            &*self.due,
-            &self.meta,
-            &*self.work,
-            &*self.work_due,
-        ] {
+        for keyspace in self.keyspaces() {
             keyspace
                 .rotate_memtable_and_wait()
                 .map_err(|e| self.failed(e))?;

@@ -1095,8 +1095,13 @@ impl<S> PartitionCore<S> {
             .inputs
             .as_ref()
             .map(|i| i.positions.iter().map(|p| p - 1).collect());
-        // Dropping the iterator after `limit` keys leaves the rest in the set.
-        let dirty: Vec<Bytes> = self.dirty.extract_if(|_| true).take(limit).collect();
+        let dirty: Vec<Bytes> = if self.dirty.len() <= limit {
+            // Empties the table outright (no tombstones left behind in its control bytes).
+            self.dirty.drain().collect()
+        } else {
+            // Dropping the iterator after `limit` keys leaves the rest in the set.
+            self.dirty.extract_if(|_| true).take(limit).collect()
+        };
         for key in dirty {
             let due = self.grave_due(&key);
             let Some(e) = self.keys.get_mut(&key) else {
